@@ -1,0 +1,32 @@
+# Quick start: `make train` and `make test`. Everything else is installed by scripts/setup.sh.
+BUILD_DIR ?= build
+JOBS ?= $(shell nproc)
+CONFIG ?= configs/qwen2_moe_tiny_adamw.yaml
+RUN_DIR ?= runs/default
+
+.PHONY: all setup configure build test train format clean
+
+all: build
+
+setup:
+	@bash scripts/setup.sh
+
+$(BUILD_DIR)/CMakeCache.txt: | setup
+	cmake -S . -B $(BUILD_DIR) -DCMAKE_BUILD_TYPE=Release
+
+configure: setup $(BUILD_DIR)/CMakeCache.txt
+
+build: configure
+	cmake --build $(BUILD_DIR) -j $(JOBS)
+
+test: build
+	ctest --test-dir $(BUILD_DIR) --output-on-failure -j $(JOBS)
+
+train: build
+	$(BUILD_DIR)/mixtrain train --config $(CONFIG) --run-dir $(RUN_DIR)
+
+format:
+	find src tests bench -name '*.cpp' -o -name '*.h' | xargs clang-format -i
+
+clean:
+	rm -rf $(BUILD_DIR)

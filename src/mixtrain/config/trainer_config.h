@@ -1,0 +1,125 @@
+// The one internal configuration tree. Both front ends (YAML: hyper-parallel dialect,
+// TOML: torchtitan-npu dialect) fill it; nothing below config/ reads a config file.
+//
+// Field names follow the canonical YAML keys (DESIGN §4). Defaults here are the defaults a
+// user gets when a key is absent; docs/config.md documents every key.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace mixtrain {
+
+struct ModelConfig {
+  std::string name = "qwen2_moe";
+  int64_t vocab_size = 512;
+  int64_t hidden_size = 64;
+  int64_t num_layers = 2;
+  int64_t num_heads = 4;
+  int64_t num_kv_heads = 2;
+  int64_t head_dim = 16;
+  int64_t moe_intermediate_size = 64;
+  int64_t num_experts = 4;
+  int64_t num_experts_per_tok = 2;
+  int64_t shared_expert_intermediate_size = 128;
+  int64_t max_seq_len = 256;
+  double rope_theta = 10000.0;
+  double rms_norm_eps = 1e-6;
+  double router_aux_loss_coef = 0.001;
+};
+
+struct DataConfig {
+  std::string kind = "synthetic";  // synthetic | tokens
+  std::string path;                // tokens: a file or a glob of llm.c shards
+  int64_t seq_len = 64;
+  int64_t micro_batch_size = 8;
+  int64_t global_batch_size = 8;  // = micro_batch_size x accumulation steps x dp size
+};
+
+struct LrSchedulerConfig {
+  int64_t warmup_steps = 10;
+  std::string decay = "cosine";  // constant | linear | cosine
+  double min_lr_ratio = 0.1;
+};
+
+struct TrainConfig {
+  int64_t steps = 100;
+  int64_t seed = 1234;
+  double max_grad_norm = 1.0;  // <= 0 disables clipping
+  int64_t log_every = 10;
+  LrSchedulerConfig lr_scheduler;
+};
+
+struct ParallelConfig {
+  int64_t dp_shard = 1;
+  int64_t dp_replicate = 1;
+  int64_t ep = 1;
+};
+
+struct CheckpointConfig {
+  std::string dir;  // empty: checkpoints off
+  int64_t interval = 0;
+  int64_t keep_last = 0;  // 0 keeps all
+  bool async = false;
+  bool save_optimizer = true;
+  std::string restore_from;
+  bool restore_optimizer = true;
+};
+
+struct AdamWConfig {
+  double lr = 1e-3;
+  std::array<double, 2> betas = {0.9, 0.999};
+  double eps = 1e-8;
+  double weight_decay = 0.01;
+};
+
+struct MuonConfig {
+  double lr = 0.02;
+  double weight_decay = 0.0;
+  double momentum = 0.95;
+  bool nesterov = true;
+  int64_t ns_steps = 5;
+  std::string ns_variant = "asym5";                    // legacy | asym5 | hybrid | custom
+  std::vector<std::array<double, 3>> ns_coefficients;  // custom only
+  double ns_epsilon = 1e-7;
+  std::string ns_dtype = "bfloat16";  // bfloat16 | float32
+  double matched_adamw_rms = 0.2;
+  std::string adjust_lr_fn = "match_rms_adamw";  // original | match_rms_adamw
+  std::string momentum_style = "sum";            // sum | ema | ema_add
+  std::vector<std::string> adamw_keywords;       // extra names routed to AdamW
+};
+
+struct OptimizerConfig {
+  std::string target = "AdamW";  // AdamW | Muon (dotted seed paths are normalised)
+  bool fp32_main_params = false;
+  AdamWConfig adamw;
+  MuonConfig muon;
+  std::string routing = "yaml";  // yaml | toml: which dialect's Muon routing rule applies
+  bool swap_optimizer = false;
+  int64_t swap_merge_buckets = 1;
+};
+
+struct MixPrecisionConfig {
+  std::string param_dtype = "float32";
+  std::optional<std::string> reduce_dtype;  // absent unless configured (RFC case 2.5)
+  std::string output_dtype = "float32";
+  bool cast_forward_inputs = true;
+};
+
+struct TrainerConfig {
+  std::string dialect = "yaml";  // yaml | toml: the front end that produced this tree
+  std::string source_file;
+  std::optional<std::string> model_init_dtype;  // null: keep the dtype the model was built in
+  ModelConfig model;
+  DataConfig data;
+  TrainConfig train;
+  ParallelConfig parallel;
+  CheckpointConfig checkpoint;
+  OptimizerConfig optimizer;
+  MixPrecisionConfig mix_precision;  // fsdp_config.mix_precision
+};
+
+}  // namespace mixtrain

@@ -1,1 +1,5 @@
-int main() { return 0; }
+#include "mixtrain/cli/cli.h"
+
+int main(int argc, char** argv) {
+  return mixtrain::run_cli(argc, argv);
+}

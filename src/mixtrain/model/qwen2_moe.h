@@ -1,0 +1,73 @@
+// Tiny Qwen2-MoE (Hugging Face Qwen2MoeForCausalLM), built natively on LibTorch.
+//
+// Parameter names and shapes are HF's, so checkpoints map 1:1 (E = num_experts,
+// I = moe_intermediate_size, S = shared_expert_intermediate_size, H = hidden_size, D = head_dim):
+//   model.embed_tokens.weight                              [vocab, H]
+//   model.layers.N.self_attn.q_proj.{weight,bias}           [num_heads*D, H], [num_heads*D]
+//   model.layers.N.self_attn.{k,v}_proj.{weight,bias}       [num_kv_heads*D, H], [num_kv_heads*D]
+//   model.layers.N.self_attn.o_proj.weight                  [H, num_heads*D]
+//   model.layers.N.mlp.gate.weight                          [E, H]            (router)
+//   model.layers.N.mlp.experts.{gate_proj,up_proj}          [E, I, H]
+//   model.layers.N.mlp.experts.down_proj                    [E, H, I]
+//   model.layers.N.mlp.shared_expert.{gate,up}_proj.weight  [S, H]
+//   model.layers.N.mlp.shared_expert.down_proj.weight       [H, S]
+//   model.layers.N.mlp.shared_expert_gate.weight            [1, H]
+//   model.layers.N.{input,post_attention}_layernorm.weight  [H]
+//   model.norm.weight [H], lm_head.weight [vocab, H] (untied)
+// The experts are stored as 3-D tensors (the layout of current HF and of expert parallelism);
+// the model has no buffers: rotary cos/sin are computed per forward in float32 (HF keeps inv_freq
+// as a non-persistent buffer, which LibTorch cannot mark as such, and which would be rounded to
+// bf16 by model_init_dtype).
+//
+// Numerics follow HF: RMSNorm in float32 and cast back; attention softmax in float32; router
+// softmax in float32, top-k without renormalisation (norm_topk_prob = false), routing weights cast
+// to the compute dtype; SwiGLU experts; shared expert scaled by sigmoid(shared_expert_gate(x)).
+// Compute dtype = parameter dtype: float32 and bfloat16 run on CPU. A float16 model can be built
+// and converted, but LibTorch 1.13 has no float16 GEMM on CPU, so its forward needs a GPU or a
+// float32/bfloat16 compute copy (fsdp param_dtype).
+#pragma once
+
+#include <torch/types.h>
+
+#include <cstdint>
+#include <memory>
+#include <utility>
+#include <vector>
+
+#include "mixtrain/config/trainer_config.h"
+#include "mixtrain/model/causal_lm.h"
+
+namespace mixtrain::qwen2_moe {
+
+// Builds a float32 model initialised from `seed` with a local CPU generator, HF style:
+// normal(0, 0.02) for linear, embedding and expert weights, zero biases, ones for norms.
+// Throws ConfigError naming the model.* key when the shapes cannot work (e.g. num_heads not a
+// multiple of num_kv_heads, num_experts_per_tok > num_experts, odd head_dim).
+std::shared_ptr<CausalLM> make_qwen2_moe(const ModelConfig& config, uint64_t seed);
+
+// HF load_balancing_loss_func (Switch Transformer eq. 4-6) over all layers' router logits
+// (each [tokens, E]; concatenated along tokens, so every layer's tokens count alike):
+//   p = softmax(logits) in float32, T = total tokens over all layers,
+//   f_e = |{t : e in top_k(p_t)}| / T   (fraction of tokens routed to e; sums to top_k),
+//   P_e = (1/T) sum_t p_t,e              (mean router probability of e),
+//   loss = E * sum_e f_e * P_e.
+// Gradient flows through P only (top-k is not differentiable). Returns a float32 scalar; 0 for an
+// empty list. Balanced routing gives top_k; all tokens on the same experts give up to E.
+torch::Tensor load_balancing_loss(const std::vector<torch::Tensor>& router_logits,
+                                  int64_t num_experts, int64_t top_k);
+
+// Rotary tables for positions 0..seq_len-1, float32 [seq_len, head_dim], HF layout:
+// inv_freq_i = theta^(-2i/head_dim), angle = pos * inv_freq, both halves repeat the angles.
+std::pair<torch::Tensor, torch::Tensor> rotary_cos_sin(int64_t seq_len, int64_t head_dim,
+                                                       double rope_theta);
+
+// x * cos + rotate_half(x) * sin for x [batch, heads, seq, head_dim]; cos/sin [seq, head_dim]
+// are cast to x's dtype (as HF).
+torch::Tensor apply_rotary_pos_emb(const torch::Tensor& x, const torch::Tensor& cos,
+                                   const torch::Tensor& sin);
+
+// Grouped-query attention: [batch, kv_heads, seq, D] -> [batch, kv_heads * n_rep, seq, D], query
+// head h reads kv head h / n_rep (HF repeat_kv, = repeat_interleave on dim 1).
+torch::Tensor repeat_kv(const torch::Tensor& x, int64_t n_rep);
+
+}  // namespace mixtrain::qwen2_moe

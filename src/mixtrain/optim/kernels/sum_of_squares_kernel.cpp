@@ -1,0 +1,137 @@
+// Compiled three times (CPU_CAPABILITY = DEFAULT, AVX2, AVX512); see the header for the
+// contract. Vectorized<float> is 16 lanes only because CMake defines CPU_CAPABILITY_AVX512
+// for that build; in DEFAULT it is ATen's scalar emulation.
+#include "mixtrain/optim/kernels/sum_of_squares_kernel.h"
+
+#include <ATen/Parallel.h>
+#include <ATen/cpu/vec/vec.h>
+#include <c10/util/BFloat16.h>
+#include <c10/util/Exception.h>
+#include <c10/util/Half.h>
+
+#if defined(CPU_CAPABILITY_AVX2) || defined(CPU_CAPABILITY_AVX512)
+#include <immintrin.h>
+#endif
+
+#include <algorithm>
+#include <vector>
+
+namespace mixtrain {
+namespace CPU_CAPABILITY {
+namespace {
+
+using Vec = at::vec::Vectorized<float>;
+constexpr int64_t kLanes = Vec::size();
+// Squares are summed in float32 lanes over a block, then the lanes are added in double: each
+// lane then sums at most kBlock / (4 * kLanes) terms, which keeps the float32 rounding error
+// near 1e-6 relative, while the double flush costs a few percent of the loop.
+constexpr int64_t kBlock = 4096;
+static_assert(kBlock % (4 * kLanes) == 0, "a block is whole unrolled vector groups");
+static_assert(kSumOfSquaresChunk % kBlock == 0, "a chunk is whole blocks");
+
+// Loads kLanes consecutive values as float32.
+inline Vec load_float(const float* p) {
+  return Vec::loadu(p);
+}
+inline Vec load_float(const c10::BFloat16* p) {
+  Vec out;
+  at::vec::load_fp32_from_bf16(p, out);
+  return out;
+}
+inline Vec load_float(const c10::Half* p) {
+  // LibTorch 1.13 has no Vectorized<Half> conversion helper (2.x has load_fp32_from_fp16);
+  // F16C (enabled with -mf16c in both vector builds) converts a full vector in one instruction.
+#if defined(CPU_CAPABILITY_AVX512)
+  return Vec(_mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))));
+#elif defined(CPU_CAPABILITY_AVX2)
+  return Vec(_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+#else
+  float values[kLanes];
+  for (int64_t k = 0; k < kLanes; ++k) values[k] = static_cast<float>(p[k]);
+  return Vec::loadu(values);
+#endif
+}
+
+inline double lanes_to_double(const Vec& v) {
+  float values[kLanes];
+  v.store(values);
+  double sum = 0.0;
+  for (int64_t k = 0; k < kLanes; ++k) sum += values[k];
+  return sum;
+}
+
+// One chunk (at most kSumOfSquaresChunk elements), always summed in the same order.
+template <typename T>
+double chunk_sum_of_squares(const T* p, int64_t n) {
+  double total = 0.0;
+  int64_t i = 0;
+  for (; i + kBlock <= n; i += kBlock) {
+    // Four independent accumulators hide the FMA latency.
+    Vec a0(0.f), a1(0.f), a2(0.f), a3(0.f);
+    for (int64_t j = i; j < i + kBlock; j += 4 * kLanes) {
+      const Vec x0 = load_float(p + j);
+      const Vec x1 = load_float(p + j + kLanes);
+      const Vec x2 = load_float(p + j + 2 * kLanes);
+      const Vec x3 = load_float(p + j + 3 * kLanes);
+      a0 = at::vec::fmadd(x0, x0, a0);
+      a1 = at::vec::fmadd(x1, x1, a1);
+      a2 = at::vec::fmadd(x2, x2, a2);
+      a3 = at::vec::fmadd(x3, x3, a3);
+    }
+    total += (lanes_to_double(a0) + lanes_to_double(a1)) + (lanes_to_double(a2) + lanes_to_double(a3));
+  }
+  Vec acc(0.f);
+  for (; i + kLanes <= n; i += kLanes) {
+    const Vec x = load_float(p + i);
+    acc = at::vec::fmadd(x, x, acc);
+  }
+  total += lanes_to_double(acc);
+  for (; i < n; ++i) {
+    const double x = static_cast<float>(p[i]);
+    total += x * x;
+  }
+  return total;
+}
+
+template <typename T>
+double sum_of_squares_typed(const T* p, int64_t numel) {
+  if (numel <= kSumOfSquaresChunk) return chunk_sum_of_squares(p, numel);
+  const int64_t chunks = (numel + kSumOfSquaresChunk - 1) / kSumOfSquaresChunk;
+  std::vector<double> partial(static_cast<size_t>(chunks));
+  at::parallel_for(0, chunks, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t c = begin; c < end; ++c) {
+      const int64_t offset = c * kSumOfSquaresChunk;
+      partial[static_cast<size_t>(c)] =
+          chunk_sum_of_squares(p + offset, std::min(kSumOfSquaresChunk, numel - offset));
+    }
+  });
+  // Chunk order, independent of which thread computed which chunk.
+  double total = 0.0;
+  for (const double v : partial) total += v;
+  return total;
+}
+
+}  // namespace
+
+double sum_of_squares(const void* data, int64_t numel, c10::ScalarType dtype) {
+  TORCH_CHECK(numel >= 0, "sum_of_squares: negative numel ", numel);
+  if (numel == 0) return 0.0;
+  switch (dtype) {
+    case c10::ScalarType::Float:
+      return sum_of_squares_typed(static_cast<const float*>(data), numel);
+    case c10::ScalarType::BFloat16:
+      return sum_of_squares_typed(static_cast<const c10::BFloat16*>(data), numel);
+    case c10::ScalarType::Half:
+      return sum_of_squares_typed(static_cast<const c10::Half*>(data), numel);
+    default:
+      TORCH_CHECK(false, "sum_of_squares: unsupported dtype ", dtype);
+  }
+  return 0.0;
+}
+
+int64_t float_vector_size() {
+  return kLanes;
+}
+
+}  // namespace CPU_CAPABILITY
+}  // namespace mixtrain

@@ -1,0 +1,36 @@
+// Sum of squares of a contiguous floating buffer: the per-capability kernel variants.
+//
+// sum_of_squares_kernel.cpp is compiled once per capability (DESIGN §1), defining these
+// functions in namespace DEFAULT, AVX2 and AVX512; callers dispatch with select_kernel()
+// (core/cpu_capability.h). Call an AVX2/AVX512 variant only when the CPU supports it.
+//
+// Contract of sum_of_squares(data, numel, dtype): dtype is float32, bfloat16 or float16
+// (anything else throws c10::Error); squares are accumulated in float32 vectors (16-bit
+// values converted to float on load) and reduced in double every few thousand elements; the
+// buffer is split into fixed chunks of kSumOfSquaresChunk elements processed by
+// at::parallel_for and combined in chunk order, so the result is bit-identical for any thread
+// count (but may differ between capabilities in the last bits: different lane grouping).
+#pragma once
+
+#include <c10/core/ScalarType.h>
+
+#include <cstdint>
+
+namespace mixtrain {
+
+constexpr int64_t kSumOfSquaresChunk = int64_t{1} << 16;
+
+namespace DEFAULT {
+double sum_of_squares(const void* data, int64_t numel, c10::ScalarType dtype);
+int64_t float_vector_size();  // at::vec::Vectorized<float>::size() in this build
+}  // namespace DEFAULT
+namespace AVX2 {
+double sum_of_squares(const void* data, int64_t numel, c10::ScalarType dtype);
+int64_t float_vector_size();
+}  // namespace AVX2
+namespace AVX512 {
+double sum_of_squares(const void* data, int64_t numel, c10::ScalarType dtype);
+int64_t float_vector_size();
+}  // namespace AVX512
+
+}  // namespace mixtrain

@@ -1,0 +1,50 @@
+// Per-step training metrics as JSON Lines: <run_dir>/metrics.jsonl.
+//
+// One JSON object per step, keys in this order: step, loss, grad_norm, lr, tokens_per_s,
+// elapsed_s, aux_loss. A non-finite value (a NaN loss, an infinite grad norm) is written as
+// null so every line stays valid JSON. Each line is flushed to the kernel before write()
+// returns, so a Ctrl-C or a crash of the process loses nothing already written (a power loss
+// may; we do not fsync per step). Opening creates run_dir and its parents and truncates an
+// existing metrics.jsonl: a new run starts a new file. Any failure to create, open or write
+// throws UserError naming the path. Only rank 0 is meant to construct one.
+#pragma once
+
+#include <cstdint>
+#include <cstdio>
+#include <memory>
+#include <string>
+
+namespace mixtrain {
+
+struct StepMetrics {
+  int64_t step = 0;
+  double loss = 0.0;
+  double grad_norm = 0.0;
+  double lr = 0.0;
+  double tokens_per_s = 0.0;
+  double elapsed_s = 0.0;  // seconds since the training loop started
+  double aux_loss = 0.0;   // router load-balancing loss (already scaled by its coefficient)
+};
+
+class MetricsWriter {
+ public:
+  explicit MetricsWriter(const std::string& run_dir);
+
+  // Appends one line and flushes it; throws UserError if the line cannot be written.
+  void write(const StepMetrics& metrics);
+
+  // <run_dir>/metrics.jsonl
+  const std::string& path() const { return path_; }
+
+ private:
+  struct FileCloser {
+    void operator()(std::FILE* f) const { std::fclose(f); }
+  };
+  std::string path_;
+  std::unique_ptr<std::FILE, FileCloser> file_;
+};
+
+// One metrics line (no trailing newline); exposed so tests and tools share the exact format.
+std::string metrics_json_line(const StepMetrics& metrics);
+
+}  // namespace mixtrain

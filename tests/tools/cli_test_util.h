@@ -36,7 +36,8 @@ inline std::string source_path(const std::string& relative) {
 class TempDir {
  public:
   TempDir() {
-    std::string pattern = (std::filesystem::temp_directory_path() / "mixtrain-test-XXXXXX").string();
+    std::string pattern =
+        (std::filesystem::temp_directory_path() / "mixtrain-test-XXXXXX").string();
     path_ = mkdtemp(pattern.data());
   }
   ~TempDir() {

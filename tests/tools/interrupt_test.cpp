@@ -1,8 +1,8 @@
 // Ctrl-C during `mixtrain train`: the run stops between steps with exit code 130, every
 // completed step is in metrics.jsonl as whole JSON lines, and the loss picture is written.
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <signal.h>
-#include <fcntl.h>
 #include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -29,14 +29,11 @@ size_t count_lines(const std::string& path) {
 
 TEST(Interrupt, CtrlCFlushesMetricsAndExits130) {
   TempDir run;
-  std::vector<std::string> args = {MIXTRAIN_BINARY,
-                                   "train",
-                                   "--config",
-                                   source_path("configs/qwen2_moe_tiny_adamw.yaml"),
-                                   "--set",
-                                   "train.steps=100000",
-                                   "--run-dir",
-                                   run.path()};
+  std::vector<std::string> args = {
+      MIXTRAIN_BINARY, "train",
+      "--config",      source_path("configs/qwen2_moe_tiny_adamw.yaml"),
+      "--set",         "train.steps=100000",
+      "--run-dir",     run.path()};
   std::vector<char*> argv;
   for (auto& a : args) argv.push_back(a.data());
   argv.push_back(nullptr);

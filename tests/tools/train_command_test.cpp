@@ -20,8 +20,9 @@ std::vector<nlohmann::json> read_metrics(const std::string& path) {
 
 TEST(TrainCommand, ThirtyStepsOfTheAdamWConfigCutTheLossByTenPercent) {
   TempDir run;
-  CommandResult r = run_mixtrain("train --config " + source_path("configs/qwen2_moe_tiny_adamw.yaml") +
-                                 " --set train.steps=30 --run-dir " + run.path());
+  CommandResult r =
+      run_mixtrain("train --config " + source_path("configs/qwen2_moe_tiny_adamw.yaml") +
+                   " --set train.steps=30 --run-dir " + run.path());
   ASSERT_EQ(r.exit_code, 0) << r.output;
   std::vector<nlohmann::json> rows = read_metrics(run.file("metrics.jsonl"));
   ASSERT_EQ(rows.size(), 30u);
@@ -36,8 +37,8 @@ TEST(TrainCommand, ThirtyStepsOfTheAdamWConfigCutTheLossByTenPercent) {
   EXPECT_LE(last, 0.9 * first) << "first " << first << " last " << last;
   EXPECT_TRUE(std::filesystem::exists(run.file("loss.svg")));
   // The four start-up blocks of the RFC's section 10.
-  for (const char* block : {"Trainer config", "Model config", "Effective adamw config",
-                            "Effective muon config"}) {
+  for (const char* block :
+       {"Trainer config", "Model config", "Effective adamw config", "Effective muon config"}) {
     EXPECT_NE(r.output.find(block), std::string::npos) << block;
   }
   EXPECT_NE(r.output.find(run.file("metrics.jsonl")), std::string::npos);
@@ -45,8 +46,9 @@ TEST(TrainCommand, ThirtyStepsOfTheAdamWConfigCutTheLossByTenPercent) {
 
 TEST(TrainCommand, BadOverrideExitsTwoBeforeWritingAnything) {
   TempDir run;
-  CommandResult r = run_mixtrain("train --config " + source_path("configs/qwen2_moe_tiny_adamw.yaml") +
-                                 " --set train.stepz=3 --run-dir " + run.file("out"));
+  CommandResult r =
+      run_mixtrain("train --config " + source_path("configs/qwen2_moe_tiny_adamw.yaml") +
+                   " --set train.stepz=3 --run-dir " + run.file("out"));
   EXPECT_EQ(r.exit_code, 2) << r.output;
   EXPECT_NE(r.output.find("train.stepz"), std::string::npos) << r.output;
   EXPECT_FALSE(std::filesystem::exists(run.file("out")));
@@ -72,15 +74,40 @@ TEST(TrainCommand, MuonConfigIsRefusedNotFaked) {
   EXPECT_FALSE(std::filesystem::exists(run.file("out/metrics.jsonl")));
 }
 
+// A valid llm.c shard (256 int32 header: magic 20240520, version 1, count; uint16 tokens).
+void write_token_shard(const std::string& path, const std::vector<uint16_t>& tokens) {
+  std::vector<int32_t> header(256, 0);
+  header[0] = 20240520;
+  header[1] = 1;
+  header[2] = static_cast<int32_t>(tokens.size());
+  std::ofstream out(path, std::ios::binary);
+  out.write(reinterpret_cast<const char*>(header.data()), header.size() * sizeof(int32_t));
+  out.write(reinterpret_cast<const char*>(tokens.data()), tokens.size() * sizeof(uint16_t));
+}
+
+TEST(TrainCommand, TrainsOnATokenShard) {
+  TempDir run;
+  std::vector<uint16_t> tokens(5000);
+  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<uint16_t>((i * 7) % 500);
+  write_token_shard(run.file("train_000.bin"), tokens);
+  CommandResult r =
+      run_mixtrain("train --config " + source_path("configs/qwen2_moe_tiny_adamw.yaml") +
+                   " --set data.kind=tokens --set data.path=" + run.file("train_*.bin") +
+                   " --set train.steps=3 --run-dir " + run.file("out"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(read_metrics(run.file("out/metrics.jsonl")).size(), 3u);
+}
+
 TEST(TrainCommand, BadTokenFileNamesTheFile) {
   TempDir run;
   {
     std::ofstream bad(run.file("bad.bin"), std::ios::binary);
     bad << "not a token shard";
   }
-  CommandResult r = run_mixtrain("train --config " + source_path("configs/qwen2_moe_tiny_adamw.yaml") +
-                                 " --set data.kind=tokens --set data.path=" + run.file("bad.bin") +
-                                 " --run-dir " + run.file("out"));
+  CommandResult r =
+      run_mixtrain("train --config " + source_path("configs/qwen2_moe_tiny_adamw.yaml") +
+                   " --set data.kind=tokens --set data.path=" + run.file("bad.bin") +
+                   " --run-dir " + run.file("out"));
   EXPECT_EQ(r.exit_code, 1) << r.output;
   EXPECT_NE(r.output.find(run.file("bad.bin")), std::string::npos) << r.output;
 }

@@ -69,7 +69,10 @@ struct Axis {
 double nice_spacing(double raw) {
   double magnitude = std::pow(10.0, std::floor(std::log10(raw)));
   double f = raw / magnitude;
-  double nice = f < 1.5 ? 1 : f < 3 ? 2 : f < 7 ? 5 : 10;
+  // Round the spacing up, so there are at most about kTargetTicks intervals; the slack keeps
+  // an exact 2.0 that arrives as 2.0000000000000004 from becoming 5.
+  constexpr double kSlack = 1e-9;
+  double nice = f <= 1 + kSlack ? 1 : f <= 2 + kSlack ? 2 : f <= 5 + kSlack ? 5 : 10;
   return nice * magnitude;
 }
 
@@ -78,8 +81,10 @@ Axis make_axis(double lo, double hi, bool integer_ticks) {
   constexpr int kTargetTicks = 5;
   double spacing = nice_spacing((hi - lo) / kTargetTicks);
   if (integer_ticks) spacing = std::max(spacing, 1.0);
-  double axis_lo = std::floor(lo / spacing) * spacing;
-  double axis_hi = std::ceil(hi / spacing) * spacing;
+  // The slack absorbs rounding in lo / spacing (2.0 / 0.2 is not exactly 10), which would
+  // otherwise add a tick beyond the data.
+  double axis_lo = std::floor(lo / spacing + 1e-9) * spacing;
+  double axis_hi = std::ceil(hi / spacing - 1e-9) * spacing;
   double count = std::round((axis_hi - axis_lo) / spacing);
   Axis axis;
   // Extreme ranges (values near the double limit, overflowed spans) get plain end ticks

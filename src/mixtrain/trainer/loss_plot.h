@@ -2,11 +2,12 @@
 //
 // The chart has a title, both axes with "nice" tick labels (1/2/5 x 10^k), and one polyline
 // through the finite points in the order given (NaN/Inf losses are skipped). A single point
-// is also drawn as a dot; no finite point gives the frame and a "no data" note. Degenerate
-// ranges (one step, a constant loss) are widened so nothing divides by zero. The file is
-// written atomically: a temporary file in the same directory, fsync, then rename over path,
-// so a reader never sees half a picture. The parent directory must exist. Failure throws
-// UserError naming the path and leaves no temporary file behind.
+// is also drawn as a dot; no finite point gives the frame and a "no data" note. Above 4000
+// points the polyline keeps only the lowest and highest point of each pixel column: the same
+// picture at a bounded file size. Degenerate ranges (one step, a constant loss) are widened so
+// nothing divides by zero. The file is written atomically: a temporary file in the same
+// directory, fsync, then rename over path, so a reader never sees half a picture. The parent
+// directory must exist. Failure throws UserError naming the path and leaves no temporary file.
 #pragma once
 
 #include <cstdint>

@@ -61,7 +61,7 @@ ProgressBar::~ProgressBar() {
 
 double ProgressBar::eta_seconds(int64_t step, double elapsed_s) const {
   if (total_steps_ <= 0 || step <= base_step_) return std::numeric_limits<double>::quiet_NaN();
-  double per_step = (elapsed_s - base_elapsed_) / static_cast<double>(step - base_step_);
+  double per_step = elapsed_s / static_cast<double>(step - base_step_);
   return per_step * static_cast<double>(std::max<int64_t>(0, total_steps_ - step));
 }
 
@@ -70,7 +70,6 @@ void ProgressBar::update(int64_t step, double loss, double tokens_per_s, double 
     // The first reported step took place between loop start (elapsed 0) and now.
     started_ = true;
     base_step_ = step - 1;
-    base_elapsed_ = 0.0;
   }
   const bool last = total_steps_ > 0 && step >= total_steps_;
   const std::string loss_text = printf_string("loss %.4f", loss);

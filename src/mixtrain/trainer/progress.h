@@ -38,9 +38,8 @@ class ProgressBar {
   int64_t log_every_;
   bool is_terminal_;
   std::FILE* out_;
-  bool started_ = false;  // the first update has fixed the ETA baseline
-  int64_t base_step_ = 0;
-  double base_elapsed_ = 0.0;
+  bool started_ = false;    // the first update has fixed the ETA baseline
+  int64_t base_step_ = 0;   // the step before the first update, which began at elapsed 0
   bool line_open_ = false;  // terminal mode: a drawn line not yet ended by '\n'
   size_t last_width_ = 0;   // characters of the last terminal draw, for overwriting leftovers
 };

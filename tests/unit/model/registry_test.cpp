@@ -1,0 +1,81 @@
+// Model registry: name lookup, ConfigError for unknown names and impossible shapes, seeding.
+#include "mixtrain/model/registry.h"
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <string>
+
+#include "mixtrain/core/error.h"
+
+namespace mixtrain {
+namespace {
+
+ModelConfig small_config() {
+  ModelConfig c;  // defaults are the tiny model; shrink the vocabulary to keep the test quick
+  c.vocab_size = 50;
+  return c;
+}
+
+// Runs build_model and returns the ConfigError message ("" if none was thrown).
+std::string config_error(const ModelConfig& c) {
+  try {
+    build_model(c, 1);
+  } catch (const ConfigError& e) {
+    EXPECT_EQ(e.exit_code(), 2);
+    return e.what();
+  }
+  return "";
+}
+
+TEST(ModelRegistry, BuildsQwen2MoeByName) {
+  const auto c = small_config();
+  auto model = build_model(c, 1);
+  ASSERT_NE(model, nullptr);
+  EXPECT_EQ(model->config().name, "qwen2_moe");
+  EXPECT_EQ(model->config().vocab_size, 50);
+  const auto out = model->forward(torch::zeros({1, 4}, torch::kInt64));
+  EXPECT_EQ(out.logits.sizes().vec(), (std::vector<int64_t>{1, 4, 50}));
+}
+
+TEST(ModelRegistry, ListsItsNames) {
+  const auto names = registered_model_names();
+  EXPECT_NE(std::find(names.begin(), names.end(), "qwen2_moe"), names.end());
+}
+
+TEST(ModelRegistry, SeedDecidesTheParameters) {
+  const auto c = small_config();
+  auto a = build_model(c, 5), b = build_model(c, 5), d = build_model(c, 6);
+  const auto pa = a->named_parameters(), pb = b->named_parameters(), pd = d->named_parameters();
+  const std::string name = "model.layers.0.mlp.experts.gate_proj";
+  EXPECT_TRUE(torch::equal(*pa.find(name), *pb.find(name)));
+  EXPECT_FALSE(torch::equal(*pa.find(name), *pd.find(name)));
+}
+
+TEST(ModelRegistry, UnknownNameIsAConfigErrorNamingTheKey) {
+  auto c = small_config();
+  c.name = "llama_moe";
+  const auto message = config_error(c);
+  EXPECT_NE(message.find("model.name"), std::string::npos) << message;
+  EXPECT_NE(message.find("llama_moe"), std::string::npos) << message;
+  EXPECT_NE(message.find("qwen2_moe"), std::string::npos) << message;  // what is available
+}
+
+TEST(ModelRegistry, ImpossibleShapesAreConfigErrorsNamingTheKey) {
+  auto c = small_config();
+  c.num_kv_heads = 3;  // does not divide num_heads = 4
+  EXPECT_NE(config_error(c).find("model.num_kv_heads"), std::string::npos);
+  c = small_config();
+  c.num_experts_per_tok = c.num_experts + 1;
+  EXPECT_NE(config_error(c).find("model.num_experts_per_tok"), std::string::npos);
+  c = small_config();
+  c.head_dim = 7;  // rotary embeddings rotate pairs
+  EXPECT_NE(config_error(c).find("model.head_dim"), std::string::npos);
+  c = small_config();
+  c.num_layers = 0;
+  EXPECT_NE(config_error(c).find("model.num_layers"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace mixtrain

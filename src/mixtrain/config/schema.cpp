@@ -1,0 +1,219 @@
+#include "mixtrain/config/schema.h"
+
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <optional>
+#include <type_traits>
+#include <unordered_map>
+
+namespace mixtrain {
+
+std::string format_number(double value) {
+  char buffer[64];
+  int precision = 1;
+  for (; precision <= 17; ++precision) {
+    std::snprintf(buffer, sizeof(buffer), "%.*g", precision, value);
+    if (std::strtod(buffer, nullptr) == value) break;
+  }
+  // Like Python's repr: plain digits below 1e16 (10000, not 1e+04).
+  const double magnitude = std::fabs(value);
+  if (magnitude >= 1 && magnitude < 1e16) {
+    const int digits = static_cast<int>(std::floor(std::log10(magnitude))) + 1;
+    if (digits > precision) std::snprintf(buffer, sizeof(buffer), "%.*g", digits, value);
+  }
+  return buffer;
+}
+
+std::string format_pair(const std::array<double, 2>& pair) {
+  return "[" + format_number(pair[0]) + ", " + format_number(pair[1]) + "]";
+}
+
+std::string format_triples(const std::vector<std::array<double, 3>>& triples) {
+  std::string text = "[";
+  for (size_t i = 0; i < triples.size(); ++i) {
+    if (i > 0) text += ", ";
+    text += "[" + format_number(triples[i][0]) + ", " + format_number(triples[i][1]) + ", " +
+            format_number(triples[i][2]) + "]";
+  }
+  return text + "]";
+}
+
+std::string format_string_list(const std::vector<std::string>& strings) {
+  std::string text = "[";
+  for (size_t i = 0; i < strings.size(); ++i) text += (i > 0 ? ", " : "") + strings[i];
+  return text + "]";
+}
+
+namespace {
+
+// Typed read and display per field type; the leaf() template below picks them by type.
+void read_into(bool& out, const DocValue& v, const Where& w) {
+  out = read_bool(v, w);
+}
+void read_into(int64_t& out, const DocValue& v, const Where& w) {
+  out = read_int(v, w);
+}
+void read_into(double& out, const DocValue& v, const Where& w) {
+  out = read_float(v, w);
+}
+void read_into(std::string& out, const DocValue& v, const Where& w) {
+  out = read_string(v, w);
+}
+void read_into(std::optional<std::string>& out, const DocValue& v, const Where& w) {
+  if (v.kind == DocValue::Kind::kNull) {
+    out.reset();
+  } else {
+    out = read_string(v, w);
+  }
+}
+void read_into(std::array<double, 2>& out, const DocValue& v, const Where& w) {
+  out = read_float_pair(v, w);
+}
+void read_into(std::vector<std::array<double, 3>>& out, const DocValue& v, const Where& w) {
+  out = read_float_triples(v, w);
+}
+void read_into(std::vector<std::string>& out, const DocValue& v, const Where& w) {
+  out = read_string_list(v, w);
+}
+
+std::string display(bool v) {
+  return v ? "true" : "false";
+}
+std::string display(int64_t v) {
+  return std::to_string(v);
+}
+std::string display(double v) {
+  return format_number(v);
+}
+std::string display(const std::string& v) {
+  return v.empty() ? "\"\"" : v;
+}
+std::string display(const std::optional<std::string>& v) {
+  return v ? *v : "null";
+}
+std::string display(const std::array<double, 2>& v) {
+  return format_pair(v);
+}
+std::string display(const std::vector<std::array<double, 3>>& v) {
+  return format_triples(v);
+}
+std::string display(const std::vector<std::string>& v) {
+  return format_string_list(v);
+}
+
+// `access` is a generic lambda returning a reference to the field, so one lambda serves both
+// the mutable setter and the const formatter.
+template <typename Access>
+LeafSpec leaf(std::string key, Access access, bool settable = true) {
+  LeafSpec spec;
+  spec.key = std::move(key);
+  spec.settable = settable;
+  spec.assign = [access](TrainerConfig& c, const DocValue& v, const Where& w) {
+    read_into(access(c), v, w);
+  };
+  spec.format = [access](const TrainerConfig& c) { return display(access(c)); };
+  return spec;
+}
+
+#define MIXTRAIN_LEAF(key, field) \
+  leaf(                           \
+      key, [](auto& c) -> auto& { return c.field; })
+#define MIXTRAIN_DERIVED_LEAF(key, field) \
+  leaf(                                   \
+      key, [](auto& c) -> auto& { return c.field; }, false)
+
+std::vector<LeafSpec> build_leaves() {
+  return {
+      MIXTRAIN_DERIVED_LEAF("dialect", dialect),
+      MIXTRAIN_DERIVED_LEAF("source_file", source_file),
+      MIXTRAIN_LEAF("model_init_dtype", model_init_dtype),
+      MIXTRAIN_LEAF("model.name", model.name),
+      MIXTRAIN_LEAF("model.vocab_size", model.vocab_size),
+      MIXTRAIN_LEAF("model.hidden_size", model.hidden_size),
+      MIXTRAIN_LEAF("model.num_layers", model.num_layers),
+      MIXTRAIN_LEAF("model.num_heads", model.num_heads),
+      MIXTRAIN_LEAF("model.num_kv_heads", model.num_kv_heads),
+      MIXTRAIN_LEAF("model.head_dim", model.head_dim),
+      MIXTRAIN_LEAF("model.moe_intermediate_size", model.moe_intermediate_size),
+      MIXTRAIN_LEAF("model.num_experts", model.num_experts),
+      MIXTRAIN_LEAF("model.num_experts_per_tok", model.num_experts_per_tok),
+      MIXTRAIN_LEAF("model.shared_expert_intermediate_size", model.shared_expert_intermediate_size),
+      MIXTRAIN_LEAF("model.max_seq_len", model.max_seq_len),
+      MIXTRAIN_LEAF("model.rope_theta", model.rope_theta),
+      MIXTRAIN_LEAF("model.rms_norm_eps", model.rms_norm_eps),
+      MIXTRAIN_LEAF("model.router_aux_loss_coef", model.router_aux_loss_coef),
+      MIXTRAIN_LEAF("data.kind", data.kind),
+      MIXTRAIN_LEAF("data.path", data.path),
+      MIXTRAIN_LEAF("data.seq_len", data.seq_len),
+      MIXTRAIN_LEAF("data.micro_batch_size", data.micro_batch_size),
+      MIXTRAIN_LEAF("data.global_batch_size", data.global_batch_size),
+      MIXTRAIN_LEAF("train.steps", train.steps),
+      MIXTRAIN_LEAF("train.seed", train.seed),
+      MIXTRAIN_LEAF("train.max_grad_norm", train.max_grad_norm),
+      MIXTRAIN_LEAF("train.log_every", train.log_every),
+      MIXTRAIN_LEAF("train.lr_scheduler.warmup_steps", train.lr_scheduler.warmup_steps),
+      MIXTRAIN_LEAF("train.lr_scheduler.decay", train.lr_scheduler.decay),
+      MIXTRAIN_LEAF("train.lr_scheduler.min_lr_ratio", train.lr_scheduler.min_lr_ratio),
+      MIXTRAIN_LEAF("parallel.dp_shard", parallel.dp_shard),
+      MIXTRAIN_LEAF("parallel.dp_replicate", parallel.dp_replicate),
+      MIXTRAIN_LEAF("parallel.ep", parallel.ep),
+      MIXTRAIN_LEAF("checkpoint.dir", checkpoint.dir),
+      MIXTRAIN_LEAF("checkpoint.interval", checkpoint.interval),
+      MIXTRAIN_LEAF("checkpoint.keep_last", checkpoint.keep_last),
+      MIXTRAIN_LEAF("checkpoint.async", checkpoint.async),
+      MIXTRAIN_LEAF("checkpoint.save_optimizer", checkpoint.save_optimizer),
+      MIXTRAIN_LEAF("checkpoint.restore_from", checkpoint.restore_from),
+      MIXTRAIN_LEAF("checkpoint.restore_optimizer", checkpoint.restore_optimizer),
+      MIXTRAIN_LEAF("optimizer._target_", optimizer.target),
+      MIXTRAIN_LEAF("optimizer.fp32_main_params", optimizer.fp32_main_params),
+      MIXTRAIN_LEAF("optimizer.muon_config.muon_lr", optimizer.muon.lr),
+      MIXTRAIN_LEAF("optimizer.muon_config.muon_weight_decay", optimizer.muon.weight_decay),
+      MIXTRAIN_LEAF("optimizer.muon_config.muon_momentum", optimizer.muon.momentum),
+      MIXTRAIN_LEAF("optimizer.muon_config.muon_nesterov", optimizer.muon.nesterov),
+      MIXTRAIN_LEAF("optimizer.muon_config.muon_ns_steps", optimizer.muon.ns_steps),
+      MIXTRAIN_LEAF("optimizer.muon_config.muon_ns_variant", optimizer.muon.ns_variant),
+      MIXTRAIN_LEAF("optimizer.muon_config.muon_ns_coefficients", optimizer.muon.ns_coefficients),
+      MIXTRAIN_LEAF("optimizer.muon_config.muon_ns_epsilon", optimizer.muon.ns_epsilon),
+      MIXTRAIN_LEAF("optimizer.muon_config.muon_ns_dtype", optimizer.muon.ns_dtype),
+      MIXTRAIN_LEAF("optimizer.muon_config.muon_matched_adamw_rms",
+                    optimizer.muon.matched_adamw_rms),
+      MIXTRAIN_LEAF("optimizer.muon_config.muon_adjust_lr_fn", optimizer.muon.adjust_lr_fn),
+      MIXTRAIN_LEAF("optimizer.muon_config.muon_momentum_style", optimizer.muon.momentum_style),
+      MIXTRAIN_LEAF("optimizer.muon_config.muon_adamw_keywords", optimizer.muon.adamw_keywords),
+      MIXTRAIN_LEAF("optimizer.adamw_config.adamw_lr", optimizer.adamw.lr),
+      MIXTRAIN_LEAF("optimizer.adamw_config.adamw_weight_decay", optimizer.adamw.weight_decay),
+      MIXTRAIN_LEAF("optimizer.adamw_config.adamw_betas", optimizer.adamw.betas),
+      MIXTRAIN_LEAF("optimizer.adamw_config.adamw_eps", optimizer.adamw.eps),
+      MIXTRAIN_DERIVED_LEAF("optimizer.routing", optimizer.routing),
+      MIXTRAIN_LEAF("optimizer.swap_optimizer", optimizer.swap_optimizer),
+      MIXTRAIN_LEAF("optimizer.swap_merge_buckets", optimizer.swap_merge_buckets),
+      MIXTRAIN_LEAF("fsdp_config.mix_precision.param_dtype", mix_precision.param_dtype),
+      MIXTRAIN_LEAF("fsdp_config.mix_precision.reduce_dtype", mix_precision.reduce_dtype),
+      MIXTRAIN_LEAF("fsdp_config.mix_precision.output_dtype", mix_precision.output_dtype),
+      MIXTRAIN_LEAF("fsdp_config.mix_precision.cast_forward_inputs",
+                    mix_precision.cast_forward_inputs),
+  };
+}
+
+#undef MIXTRAIN_LEAF
+#undef MIXTRAIN_DERIVED_LEAF
+
+}  // namespace
+
+const std::vector<LeafSpec>& canonical_leaves() {
+  static const std::vector<LeafSpec> leaves = build_leaves();
+  return leaves;
+}
+
+const LeafSpec* find_canonical_leaf(const std::string& key) {
+  static const std::unordered_map<std::string, const LeafSpec*> index = [] {
+    std::unordered_map<std::string, const LeafSpec*> map;
+    for (const LeafSpec& spec : canonical_leaves()) map[spec.key] = &spec;
+    return map;
+  }();
+  const auto it = index.find(key);
+  return it == index.end() ? nullptr : it->second;
+}
+
+}  // namespace mixtrain

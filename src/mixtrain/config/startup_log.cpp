@@ -1,0 +1,95 @@
+#include "mixtrain/config/startup_log.h"
+
+#include <algorithm>
+#include <array>
+#include <sstream>
+#include <vector>
+
+#include "mixtrain/config/schema.h"
+#include "mixtrain/config/show.h"
+
+namespace mixtrain {
+namespace {
+
+using Row = std::array<std::string, 4>;
+
+std::string format_rows(const std::string& title, const std::vector<Row>& rows) {
+  std::array<size_t, 4> width{};
+  for (const Row& row : rows) {
+    for (size_t i = 0; i < row.size(); ++i) width[i] = std::max(width[i], row[i].size());
+  }
+  std::ostringstream out;
+  out << title << "\n";
+  for (const Row& row : rows) {
+    std::string line = "  ";
+    for (size_t i = 0; i < row.size(); ++i) {
+      line += row[i];
+      if (i + 1 < row.size()) line += std::string(width[i] - row[i].size() + 2, ' ');
+    }
+    out << line << "\n";
+  }
+  return out.str();
+}
+
+const ResolvedLeaf* find_leaf(const ResolvedConfig& resolved, const std::string& key) {
+  for (const ResolvedLeaf& leaf : resolved.leaves) {
+    if (leaf.key == key) return &leaf;
+  }
+  return nullptr;
+}
+
+// One row per canonical leaf under `prefix`: default, configured, final.
+std::string effective_block(const ResolvedConfig& resolved, const std::string& title,
+                            const std::string& prefix) {
+  const TrainerConfig defaults;
+  std::vector<Row> rows = {{"parameter", "constructor default", "configured", "final"}};
+  for (const LeafSpec& spec : canonical_leaves()) {
+    if (spec.key.rfind(prefix, 0) != 0) continue;
+    const ResolvedLeaf* leaf = find_leaf(resolved, spec.key);
+    const std::string final_value = spec.format(resolved.config);
+    std::string configured = "-";
+    if (leaf != nullptr &&
+        (leaf->source == ValueSource::kFile || leaf->source == ValueSource::kOverride)) {
+      configured = leaf->value + " (" + value_source_name(leaf->source) +
+                   (leaf->origin.empty() ? "" : ": " + leaf->origin) + ")";
+    } else if (leaf != nullptr && leaf->source == ValueSource::kDerived) {
+      configured = "derived from " + leaf->origin;
+    }
+    rows.push_back(
+        {spec.key.substr(prefix.size()), spec.format(defaults), configured, final_value});
+  }
+  return format_rows(title, rows);
+}
+
+}  // namespace
+
+std::string format_trainer_config_block(const ResolvedConfig& resolved) {
+  return "Trainer config:\n" + format_leaf_table(resolved, "  ", false);
+}
+
+std::string format_model_config_block(const ModelConfig& model) {
+  TrainerConfig holder;
+  holder.model = model;
+  std::ostringstream out;
+  out << "Model config:\n";
+  const std::string prefix = "model.";
+  for (const LeafSpec& spec : canonical_leaves()) {
+    if (spec.key.rfind(prefix, 0) != 0) continue;
+    out << "  " << spec.key.substr(prefix.size()) << ": " << spec.format(holder) << "\n";
+  }
+  return out.str();
+}
+
+std::string format_effective_adamw_block(const ResolvedConfig& resolved) {
+  return effective_block(resolved, "Effective adamw config:", "optimizer.adamw_config.");
+}
+
+std::string format_effective_muon_block(const ResolvedConfig& resolved) {
+  if (resolved.config.optimizer.target != "Muon") {
+    return "Effective muon config: not used (optimizer._target_ is " +
+           resolved.config.optimizer.target + ")\n";
+  }
+  return effective_block(resolved, "Effective muon config:", "optimizer.muon_config.");
+}
+
+}  // namespace mixtrain

@@ -1,0 +1,24 @@
+// The four start-up log blocks of the RFC's section 10, as multi-line strings (the trainer
+// logs them once, on rank 0):
+//   Trainer config:          every resolved leaf with its source (incl. model_init_dtype and
+//                            optimizer.fp32_main_params, whether defaulted or set)
+//   Model config:            the model's hyper-parameters
+//   Effective adamw config:  per hyper-parameter: constructor default, configured value, final
+//   Effective muon config:   the same for Muon, or "not used" when the target is AdamW
+// "Constructor default" is the value of AdamWConfig{} / MuonConfig{} (torch.optim.AdamW's
+// defaults and the YAML dialect's Muon defaults); "configured" is what the file or --set gave
+// ("-" when nothing did, or what a derived value came from); "final" is what the optimizer gets.
+#pragma once
+
+#include <string>
+
+#include "mixtrain/config/load.h"
+
+namespace mixtrain {
+
+std::string format_trainer_config_block(const ResolvedConfig& resolved);
+std::string format_model_config_block(const ModelConfig& model);
+std::string format_effective_adamw_block(const ResolvedConfig& resolved);
+std::string format_effective_muon_block(const ResolvedConfig& resolved);
+
+}  // namespace mixtrain

@@ -1,0 +1,208 @@
+#include "mixtrain/config/validate.h"
+
+#include <initializer_list>
+
+#include "mixtrain/config/document.h"
+#include "mixtrain/config/schema.h"
+
+namespace mixtrain {
+namespace {
+
+class Checker {
+ public:
+  Checker(const TrainerConfig& config, const Provenance& provenance)
+      : config_(config), provenance_(provenance) {}
+
+  [[noreturn]] void fail(const std::string& key, const std::string& rule) const {
+    throw_config_error({provenance_.origin_of(key), provenance_.user_key(key)}, rule);
+  }
+  // "got <value>" as the config shows it, so the user sees what was actually resolved.
+  [[noreturn]] void fail_value(const std::string& key, const std::string& rule) const {
+    fail(key, rule + ", got " + find_canonical_leaf(key)->format(config_));
+  }
+
+  void positive(const std::string& key, double value) const {
+    if (!(value > 0)) fail_value(key, "must be > 0");
+  }
+  void non_negative(const std::string& key, double value) const {
+    if (!(value >= 0)) fail_value(key, "must be >= 0");
+  }
+  void unit_interval_open_right(const std::string& key, double value) const {
+    if (!(value >= 0 && value < 1)) fail_value(key, "must be in [0, 1)");
+  }
+  void one_of(const std::string& key, const std::string& value,
+              std::initializer_list<const char*> allowed) const {
+    std::string list;
+    for (const char* name : allowed) {
+      if (value == name) return;
+      list += (list.empty() ? "" : ", ") + std::string(name);
+    }
+    fail(key, "must be one of " + list + ", got '" + value + "'");
+  }
+  void dtype(const std::string& key, const std::string& value) const {
+    one_of(key, value, {"float16", "bfloat16", "float32"});
+  }
+
+ private:
+  const TrainerConfig& config_;
+  const Provenance& provenance_;
+};
+
+void check_model(const Checker& check, const ModelConfig& m) {
+  check.one_of("model.name", m.name, {"qwen2_moe"});
+  check.positive("model.vocab_size", m.vocab_size);
+  check.positive("model.hidden_size", m.hidden_size);
+  check.positive("model.num_layers", m.num_layers);
+  check.positive("model.num_heads", m.num_heads);
+  check.positive("model.num_kv_heads", m.num_kv_heads);
+  check.positive("model.head_dim", m.head_dim);
+  check.positive("model.moe_intermediate_size", m.moe_intermediate_size);
+  check.positive("model.num_experts", m.num_experts);
+  check.positive("model.num_experts_per_tok", m.num_experts_per_tok);
+  check.positive("model.shared_expert_intermediate_size", m.shared_expert_intermediate_size);
+  check.positive("model.max_seq_len", m.max_seq_len);
+  check.positive("model.rope_theta", m.rope_theta);
+  check.positive("model.rms_norm_eps", m.rms_norm_eps);
+  check.non_negative("model.router_aux_loss_coef", m.router_aux_loss_coef);
+  if (m.num_heads % m.num_kv_heads != 0) {
+    check.fail_value("model.num_kv_heads", "must divide model.num_heads (" +
+                                               std::to_string(m.num_heads) +
+                                               ") for grouped-query attention");
+  }
+  if (m.num_experts_per_tok > m.num_experts) {
+    check.fail_value("model.num_experts_per_tok",
+                     "must be <= model.num_experts (" + std::to_string(m.num_experts) + ")");
+  }
+  // Rotary embeddings rotate pairs of dimensions.
+  if (m.head_dim % 2 != 0) check.fail_value("model.head_dim", "must be even (rotary embeddings)");
+}
+
+void check_data_and_parallel(const Checker& check, const TrainerConfig& c) {
+  // Degrees first: the TOML dialect derives the global batch from them.
+  check.positive("parallel.dp_shard", c.parallel.dp_shard);
+  check.positive("parallel.dp_replicate", c.parallel.dp_replicate);
+  check.positive("parallel.ep", c.parallel.ep);
+  check.one_of("data.kind", c.data.kind, {"synthetic", "tokens"});
+  if (c.data.kind == "tokens" && c.data.path.empty()) {
+    check.fail("data.path", "is required when data.kind is tokens (a file or a glob of shards)");
+  }
+  check.positive("data.seq_len", c.data.seq_len);
+  if (c.data.seq_len > c.model.max_seq_len) {
+    check.fail_value("data.seq_len",
+                     "must be <= model.max_seq_len (" + std::to_string(c.model.max_seq_len) + ")");
+  }
+  check.positive("data.micro_batch_size", c.data.micro_batch_size);
+  check.positive("data.global_batch_size", c.data.global_batch_size);
+  const int64_t dp_size = c.parallel.dp_shard * c.parallel.dp_replicate;
+  const int64_t per_step = c.data.micro_batch_size * dp_size;
+  if (c.data.global_batch_size % per_step != 0) {
+    check.fail_value("data.global_batch_size",
+                     "must be a multiple of data.micro_batch_size x parallel.dp_replicate x "
+                     "parallel.dp_shard = " +
+                         std::to_string(per_step) + " (global = micro x accumulation x dp)");
+  }
+  if (c.model.num_experts % c.parallel.ep != 0) {
+    check.fail_value("parallel.ep",
+                     "must divide model.num_experts (" + std::to_string(c.model.num_experts) + ")");
+  }
+  if (dp_size % c.parallel.ep != 0) {
+    check.fail_value("parallel.ep", "must divide the data-parallel size dp_replicate x dp_shard (" +
+                                        std::to_string(dp_size) + ")");
+  }
+}
+
+void check_train_and_checkpoint(const Checker& check, const TrainerConfig& c) {
+  check.positive("train.steps", c.train.steps);
+  check.non_negative("train.seed", c.train.seed);
+  check.positive("train.log_every", c.train.log_every);
+  check.non_negative("train.lr_scheduler.warmup_steps", c.train.lr_scheduler.warmup_steps);
+  check.one_of("train.lr_scheduler.decay", c.train.lr_scheduler.decay,
+               {"constant", "linear", "cosine"});
+  const double min_ratio = c.train.lr_scheduler.min_lr_ratio;
+  if (!(min_ratio >= 0 && min_ratio <= 1)) {
+    check.fail_value("train.lr_scheduler.min_lr_ratio", "must be in [0, 1]");
+  }
+  check.non_negative("checkpoint.interval", c.checkpoint.interval);
+  check.non_negative("checkpoint.keep_last", c.checkpoint.keep_last);
+}
+
+void check_optimizer(const Checker& check, const OptimizerConfig& o) {
+  check.one_of("optimizer._target_", o.target, {"AdamW", "Muon"});
+  check.non_negative("optimizer.adamw_config.adamw_lr", o.adamw.lr);
+  check.non_negative("optimizer.adamw_config.adamw_weight_decay", o.adamw.weight_decay);
+  check.positive("optimizer.adamw_config.adamw_eps", o.adamw.eps);
+  for (double beta : o.adamw.betas) {
+    check.unit_interval_open_right("optimizer.adamw_config.adamw_betas", beta);
+  }
+
+  const MuonConfig& m = o.muon;
+  check.non_negative("optimizer.muon_config.muon_lr", m.lr);
+  check.non_negative("optimizer.muon_config.muon_weight_decay", m.weight_decay);
+  check.unit_interval_open_right("optimizer.muon_config.muon_momentum", m.momentum);
+  check.positive("optimizer.muon_config.muon_ns_steps", m.ns_steps);
+  check.one_of("optimizer.muon_config.muon_ns_variant", m.ns_variant,
+               {"legacy", "asym5", "hybrid", "custom"});
+  const std::string coefficients = "optimizer.muon_config.muon_ns_coefficients";
+  if (m.ns_variant == "custom") {
+    if (m.ns_coefficients.empty()) {
+      check.fail(coefficients, "is required when muon_ns_variant is custom");
+    }
+    if (static_cast<int64_t>(m.ns_coefficients.size()) != m.ns_steps) {
+      check.fail(coefficients, "has " + std::to_string(m.ns_coefficients.size()) +
+                                   " [a, b, c] triples but muon_ns_steps is " +
+                                   std::to_string(m.ns_steps) + "; give one triple per step");
+    }
+  } else if (!m.ns_coefficients.empty()) {
+    check.fail(coefficients,
+               "is only used with muon_ns_variant: custom (variant is '" + m.ns_variant + "')");
+  }
+  // asym5 is a fixed five-step schedule; running it longer would silently cut or repeat it.
+  if (m.ns_variant == "asym5" && m.ns_steps > 5) {
+    check.fail_value("optimizer.muon_config.muon_ns_steps",
+                     "must be <= 5 with muon_ns_variant asym5 (a five-step schedule)");
+  }
+  check.positive("optimizer.muon_config.muon_ns_epsilon", m.ns_epsilon);
+  check.one_of("optimizer.muon_config.muon_ns_dtype", m.ns_dtype, {"bfloat16", "float32"});
+  check.positive("optimizer.muon_config.muon_matched_adamw_rms", m.matched_adamw_rms);
+  check.one_of("optimizer.muon_config.muon_adjust_lr_fn", m.adjust_lr_fn,
+               {"original", "match_rms_adamw"});
+  check.one_of("optimizer.muon_config.muon_momentum_style", m.momentum_style,
+               {"sum", "ema", "ema_add"});
+  for (const std::string& keyword : m.adamw_keywords) {
+    if (keyword.empty()) {
+      check.fail("optimizer.muon_config.muon_adamw_keywords", "must not contain empty names");
+    }
+  }
+  check.one_of("optimizer.routing", o.routing, {"yaml", "toml"});
+  check.positive("optimizer.swap_merge_buckets", o.swap_merge_buckets);
+}
+
+void check_precision(const Checker& check, const TrainerConfig& c) {
+  if (c.model_init_dtype) check.dtype("model_init_dtype", *c.model_init_dtype);
+  check.dtype("fsdp_config.mix_precision.param_dtype", c.mix_precision.param_dtype);
+  check.dtype("fsdp_config.mix_precision.output_dtype", c.mix_precision.output_dtype);
+  if (c.mix_precision.reduce_dtype) {
+    check.dtype("fsdp_config.mix_precision.reduce_dtype", *c.mix_precision.reduce_dtype);
+  }
+  // RFC case 2.5: main_grad is fp32, so the gradient reduction must be too; never rewritten.
+  if (c.optimizer.fp32_main_params && c.mix_precision.reduce_dtype.value_or("") != "float32") {
+    const std::string got =
+        c.mix_precision.reduce_dtype ? "it is " + *c.mix_precision.reduce_dtype : "it is not set";
+    check.fail("optimizer.fp32_main_params",
+               "true requires fsdp_config.mix_precision.reduce_dtype: float32 (" + got +
+                   "); set it explicitly, it is never changed automatically");
+  }
+}
+
+}  // namespace
+
+void validate_config(const TrainerConfig& config, const Provenance& provenance) {
+  const Checker check(config, provenance);
+  check_precision(check, config);
+  check_model(check, config.model);
+  check_data_and_parallel(check, config);
+  check_train_and_checkpoint(check, config);
+  check_optimizer(check, config.optimizer);
+}
+
+}  // namespace mixtrain

@@ -1,0 +1,90 @@
+#include "mixtrain/config/schema.h"
+
+#include <gtest/gtest.h>
+
+#include <set>
+
+#include "mixtrain/config/yaml_reader.h"
+#include "unit/config/temp_config.h"
+
+namespace mixtrain {
+namespace {
+
+using testing::config_error_of;
+
+TEST(SchemaTest, KeysAreUniqueAndCoverEveryField) {
+  std::set<std::string> keys;
+  for (const LeafSpec& spec : canonical_leaves()) {
+    EXPECT_TRUE(keys.insert(spec.key).second) << "duplicate " << spec.key;
+  }
+  // Fields of trainer_config.h: dialect, source_file, model_init_dtype (3); model (15);
+  // data (5); train (4) + lr_scheduler (3); parallel (3); checkpoint (7); optimizer target,
+  // fp32_main_params, routing, swap_optimizer, swap_merge_buckets (5); adamw (4); muon (13);
+  // mix_precision (4).
+  EXPECT_EQ(keys.size(), 3u + 15 + 5 + 4 + 3 + 3 + 7 + 5 + 4 + 13 + 4);
+  for (const char* key :
+       {"model_init_dtype", "optimizer._target_", "optimizer.fp32_main_params",
+        "optimizer.muon_config.muon_ns_coefficients", "optimizer.adamw_config.adamw_betas",
+        "fsdp_config.mix_precision.reduce_dtype", "train.lr_scheduler.min_lr_ratio",
+        "checkpoint.restore_optimizer", "optimizer.swap_merge_buckets"}) {
+    EXPECT_NE(find_canonical_leaf(key), nullptr) << key;
+  }
+  EXPECT_EQ(find_canonical_leaf("optimizer.muon_config"), nullptr);
+}
+
+TEST(SchemaTest, DerivedLeavesAreNotSettable) {
+  EXPECT_FALSE(find_canonical_leaf("dialect")->settable);
+  EXPECT_FALSE(find_canonical_leaf("source_file")->settable);
+  EXPECT_FALSE(find_canonical_leaf("optimizer.routing")->settable);
+  EXPECT_TRUE(find_canonical_leaf("optimizer.adamw_config.adamw_lr")->settable);
+}
+
+TEST(SchemaTest, AssignConvertsAndFormatReadsBack) {
+  TrainerConfig config;
+  const Where where{"f.yaml", "k"};
+  find_canonical_leaf("optimizer.adamw_config.adamw_betas")
+      ->assign(config, parse_yaml_value("[0.8, 0.99]", where), where);
+  EXPECT_EQ(config.optimizer.adamw.betas[0], 0.8);
+  EXPECT_EQ(config.optimizer.adamw.betas[1], 0.99);
+  EXPECT_EQ(find_canonical_leaf("optimizer.adamw_config.adamw_betas")->format(config),
+            "[0.8, 0.99]");
+
+  find_canonical_leaf("model_init_dtype")
+      ->assign(config, parse_yaml_value("bfloat16", where), where);
+  EXPECT_EQ(config.model_init_dtype.value_or(""), "bfloat16");
+  find_canonical_leaf("model_init_dtype")->assign(config, parse_yaml_value("null", where), where);
+  EXPECT_FALSE(config.model_init_dtype.has_value());
+  EXPECT_EQ(find_canonical_leaf("model_init_dtype")->format(config), "null");
+
+  EXPECT_EQ(
+      config_error_of([&] {
+        find_canonical_leaf("train.steps")->assign(config, parse_yaml_value("ten", where), where);
+      }),
+      "f.yaml: k: expected an integer, got string 'ten'");
+}
+
+TEST(SchemaTest, DefaultsFormat) {
+  const TrainerConfig defaults;
+  EXPECT_EQ(find_canonical_leaf("optimizer.muon_config.muon_ns_epsilon")->format(defaults),
+            "1e-07");
+  EXPECT_EQ(find_canonical_leaf("optimizer.muon_config.muon_nesterov")->format(defaults), "true");
+  EXPECT_EQ(find_canonical_leaf("fsdp_config.mix_precision.reduce_dtype")->format(defaults),
+            "null");
+  EXPECT_EQ(find_canonical_leaf("checkpoint.dir")->format(defaults), "\"\"");
+  EXPECT_EQ(find_canonical_leaf("optimizer.muon_config.muon_ns_coefficients")->format(defaults),
+            "[]");
+}
+
+TEST(SchemaTest, NumbersFormatShortestRoundTrip) {
+  EXPECT_EQ(format_number(0.001), "0.001");
+  EXPECT_EQ(format_number(2.2e-4), "0.00022");
+  EXPECT_EQ(format_number(1e-8), "1e-08");
+  EXPECT_EQ(format_number(0.95), "0.95");
+  EXPECT_EQ(format_number(10000.0), "10000");
+  EXPECT_EQ(format_number(0.1 + 0.2), "0.30000000000000004");
+  EXPECT_EQ(format_triples({{3.4445, -4.775, 2.0315}}), "[[3.4445, -4.775, 2.0315]]");
+  EXPECT_EQ(format_string_list({"router", "gate"}), "[router, gate]");
+}
+
+}  // namespace
+}  // namespace mixtrain

@@ -1,0 +1,80 @@
+#include "mixtrain/config/show.h"
+
+#include <gtest/gtest.h>
+
+#include <sstream>
+
+#include "unit/config/temp_config.h"
+
+namespace mixtrain {
+namespace {
+
+using testing::TempDir;
+
+std::vector<std::string> lines_of(const std::string& text) {
+  std::vector<std::string> lines;
+  std::istringstream in(text);
+  for (std::string line; std::getline(in, line);) lines.push_back(line);
+  return lines;
+}
+
+// The line for `key`, split on runs of spaces.
+std::vector<std::string> row_of(const std::string& text, const std::string& key) {
+  for (const std::string& line : lines_of(text)) {
+    if (line.rfind(key + " ", 0) != 0) continue;
+    std::vector<std::string> cells;
+    std::istringstream in(line);
+    for (std::string cell; in >> cell;) cells.push_back(cell);
+    return cells;
+  }
+  return {};
+}
+
+TEST(ShowTest, EveryLeafWithValueAndSource) {
+  TempDir dir;
+  const std::string path = dir.write("c.yaml", "train:\n  steps: 50\n");
+  const ResolvedConfig r = load_config(path, {"data.seq_len=32"});
+  const std::string text = format_config_show(r);
+  const auto lines = lines_of(text);
+  ASSERT_EQ(lines.size(), 1 + r.leaves.size());  // header + one line per leaf
+  EXPECT_EQ(row_of(text, "key"), (std::vector<std::string>{"key", "value", "source", "from"}));
+  EXPECT_EQ(row_of(text, "train.steps"), (std::vector<std::string>{"train.steps", "50", "file"}));
+  EXPECT_EQ(row_of(text, "data.seq_len"),
+            (std::vector<std::string>{"data.seq_len", "32", "--set"}));
+  EXPECT_EQ(row_of(text, "model.vocab_size"),
+            (std::vector<std::string>{"model.vocab_size", "512", "default"}));
+  EXPECT_EQ(row_of(text, "optimizer.routing")[2], "derived");
+  EXPECT_EQ(row_of(text, "fsdp_config.mix_precision.reduce_dtype")[1], "null");
+}
+
+TEST(ShowTest, ColumnsAreAligned) {
+  TempDir dir;
+  const std::string text = format_config_show(load_config(dir.write("c.yaml", ""), {}));
+  const auto lines = lines_of(text);
+  const size_t value_column = lines[0].find("value");
+  ASSERT_NE(value_column, std::string::npos);
+  for (const std::string& line : lines) {
+    EXPECT_EQ(line[value_column - 1], ' ') << line;
+    EXPECT_NE(line[value_column], ' ') << line;
+  }
+}
+
+TEST(ShowTest, TomlShowsTheKeyAsWrittenAndDerivations) {
+  TempDir dir;
+  const std::string text =
+      format_config_show(load_config(dir.write("c.toml", testing::kMuonExample1Toml), {}));
+  EXPECT_EQ(row_of(text, "optimizer.adamw_config.adamw_lr"),
+            (std::vector<std::string>{"optimizer.adamw_config.adamw_lr", "0.00022", "file",
+                                      "optimizer.lr"}));
+  const auto muon_wd = row_of(text, "optimizer.muon_config.muon_weight_decay");
+  ASSERT_GE(muon_wd.size(), 4u);
+  EXPECT_EQ(muon_wd[1], "0.1");
+  EXPECT_EQ(muon_wd[2], "derived");
+  EXPECT_EQ(muon_wd[3], "optimizer.weight_decay");
+  EXPECT_EQ(row_of(text, "optimizer.muon_config.muon_ns_variant")[1], "hybrid");
+  EXPECT_EQ(row_of(text, "optimizer.muon_config.muon_momentum_style")[1], "ema_add");
+  EXPECT_EQ(row_of(text, "optimizer.muon_config.muon_matched_adamw_rms")[1], "0.18");
+}
+
+}  // namespace
+}  // namespace mixtrain

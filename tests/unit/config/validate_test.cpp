@@ -1,0 +1,243 @@
+// Every validation rule, through load_config, in both dialects. Messages are compared without
+// the temp-file prefix: "<key as the user wrote it>: <rule>".
+#include "mixtrain/config/validate.h"
+
+#include <gtest/gtest.h>
+
+#include "mixtrain/config/load.h"
+#include "unit/config/temp_config.h"
+
+namespace mixtrain {
+namespace {
+
+using testing::config_error_of;
+using testing::TempDir;
+
+std::string error_in(const std::string& name, const std::string& text,
+                     const std::vector<std::string>& overrides = {}) {
+  TempDir dir;
+  const std::string path = dir.write(name, text);
+  const std::string message = config_error_of([&] { load_config(path, overrides); });
+  const std::string prefix = path + ": ";
+  return message.rfind(prefix, 0) == 0 ? message.substr(prefix.size()) : message;
+}
+std::string yaml_error(const std::string& text) {
+  return error_in("c.yaml", text);
+}
+std::string toml_error(const std::string& text) {
+  return error_in("c.toml", text);
+}
+
+void expect_valid(const std::string& name, const std::string& text) {
+  TempDir dir;
+  const std::string path = dir.write(name, text);
+  EXPECT_NO_THROW(load_config(path, {})) << text;
+}
+
+TEST(ValidateTest, Fp32MainParamsRequiresFloat32ReduceNamingBothKeys) {
+  const std::string missing = yaml_error("optimizer:\n  fp32_main_params: true\n");
+  EXPECT_EQ(missing,
+            "optimizer.fp32_main_params: true requires fsdp_config.mix_precision.reduce_dtype: "
+            "float32 (it is not set); set it explicitly, it is never changed automatically");
+  const std::string bf16 = yaml_error(
+      "optimizer:\n  fp32_main_params: true\nfsdp_config:\n  mix_precision:\n"
+      "    reduce_dtype: bfloat16\n");
+  EXPECT_NE(bf16.find("optimizer.fp32_main_params"), std::string::npos);
+  EXPECT_NE(bf16.find("fsdp_config.mix_precision.reduce_dtype"), std::string::npos);
+  EXPECT_NE(bf16.find("(it is bfloat16)"), std::string::npos);
+  expect_valid("c.yaml",
+               "optimizer:\n  fp32_main_params: true\nfsdp_config:\n  mix_precision:\n"
+               "    reduce_dtype: float32\n");
+  // Without fp32 main params a missing or low-precision reduce dtype is fine.
+  expect_valid("c.yaml", "fsdp_config:\n  mix_precision:\n    reduce_dtype: bfloat16\n");
+}
+
+TEST(ValidateTest, DtypeNames) {
+  EXPECT_EQ(yaml_error("model_init_dtype: fp8\n"),
+            "model_init_dtype: must be one of float16, bfloat16, float32, got 'fp8'");
+  EXPECT_EQ(yaml_error("fsdp_config:\n  mix_precision:\n    param_dtype: bf16\n"),
+            "fsdp_config.mix_precision.param_dtype: must be one of float16, bfloat16, float32, "
+            "got 'bf16'");
+  EXPECT_EQ(toml_error("[training]\nmixed_precision_reduce = \"float64\"\n"),
+            "training.mixed_precision_reduce: must be one of float16, bfloat16, float32, got "
+            "'float64'");
+  EXPECT_EQ(toml_error("[training]\nmixed_precision_param = \"half\"\n"),
+            "training.mixed_precision_param: must be one of float16, bfloat16, float32, got "
+            "'half'");
+  expect_valid("c.yaml", "model_init_dtype: null\n");
+  expect_valid("c.yaml", "model_init_dtype: float16\n");
+}
+
+TEST(ValidateTest, ModelShape) {
+  EXPECT_EQ(yaml_error("model:\n  vocab_size: 0\n"), "model.vocab_size: must be > 0, got 0");
+  EXPECT_EQ(toml_error("[model]\nhidden_size = -4\n"), "model.hidden_size: must be > 0, got -4");
+  EXPECT_EQ(yaml_error("model:\n  num_heads: 6\n  num_kv_heads: 4\n"),
+            "model.num_kv_heads: must divide model.num_heads (6) for grouped-query attention, "
+            "got 4");
+  EXPECT_EQ(toml_error("[model]\nnum_heads = 5\n"),  // num_kv_heads stays 2
+            "model.num_kv_heads: must divide model.num_heads (5) for grouped-query attention, "
+            "got 2");
+  EXPECT_EQ(yaml_error("model:\n  num_experts_per_tok: 5\n"),
+            "model.num_experts_per_tok: must be <= model.num_experts (4), got 5");
+  EXPECT_EQ(yaml_error("model:\n  head_dim: 15\n"),
+            "model.head_dim: must be even (rotary embeddings), got 15");
+  EXPECT_EQ(yaml_error("model:\n  rms_norm_eps: 0\n"), "model.rms_norm_eps: must be > 0, got 0");
+  EXPECT_EQ(yaml_error("model:\n  name: llama\n"),
+            "model.name: must be one of qwen2_moe, got 'llama'");
+}
+
+TEST(ValidateTest, DataAndBatch) {
+  EXPECT_EQ(yaml_error("data:\n  kind: web\n"),
+            "data.kind: must be one of synthetic, tokens, got 'web'");
+  EXPECT_EQ(yaml_error("data:\n  kind: tokens\n"),
+            "data.path: is required when data.kind is tokens (a file or a glob of shards)");
+  EXPECT_EQ(toml_error("[training]\ndataset = \"tokens\"\n"),
+            "training.dataset_path: is required when data.kind is tokens (a file or a glob of "
+            "shards)");
+  EXPECT_EQ(yaml_error("data:\n  seq_len: 512\n"),
+            "data.seq_len: must be <= model.max_seq_len (256), got 512");
+  EXPECT_EQ(toml_error("[training]\nseq_len = 300\n"),
+            "training.seq_len: must be <= model.max_seq_len (256), got 300");
+  EXPECT_EQ(yaml_error("data:\n  micro_batch_size: 0\n"),
+            "data.micro_batch_size: must be > 0, got 0");
+  EXPECT_EQ(yaml_error("data:\n  micro_batch_size: 4\n  global_batch_size: 10\n"),
+            "data.global_batch_size: must be a multiple of data.micro_batch_size x "
+            "parallel.dp_replicate x parallel.dp_shard = 4 (global = micro x accumulation x dp), "
+            "got 10");
+  EXPECT_EQ(toml_error("[training]\nlocal_batch_size = 4\nglobal_batch_size = 12\n"
+                       "[parallelism]\ndata_parallel_shard_degree = 2\n"),
+            "training.global_batch_size: must be a multiple of data.micro_batch_size x "
+            "parallel.dp_replicate x parallel.dp_shard = 8 (global = micro x accumulation x dp), "
+            "got 12");
+  // micro 4 x accumulation 2 x dp 2 = 16.
+  expect_valid("c.yaml",
+               "data:\n  micro_batch_size: 4\n  global_batch_size: 16\nparallel:\n  dp_shard: 2\n");
+}
+
+TEST(ValidateTest, Parallel) {
+  EXPECT_EQ(yaml_error("parallel:\n  dp_shard: 0\n"), "parallel.dp_shard: must be > 0, got 0");
+  EXPECT_EQ(toml_error("[parallelism]\ndata_parallel_shard_degree = -1\n"),
+            "parallelism.data_parallel_shard_degree: must be > 0, got -1");
+  EXPECT_EQ(yaml_error("parallel:\n  ep: 3\n  dp_shard: 3\ndata:\n  global_batch_size: 24\n"),
+            "parallel.ep: must divide model.num_experts (4), got 3");
+  EXPECT_EQ(toml_error("[parallelism]\nexpert_parallel_degree = 2\n"),
+            "parallelism.expert_parallel_degree: must divide the data-parallel size dp_replicate "
+            "x dp_shard (1), got 2");
+}
+
+TEST(ValidateTest, TrainScheduleCheckpoint) {
+  EXPECT_EQ(yaml_error("train:\n  steps: 0\n"), "train.steps: must be > 0, got 0");
+  EXPECT_EQ(toml_error("[training]\nsteps = -5\n"), "training.steps: must be > 0, got -5");
+  EXPECT_EQ(yaml_error("train:\n  log_every: 0\n"), "train.log_every: must be > 0, got 0");
+  EXPECT_EQ(toml_error("[metrics]\nlog_freq = 0\n"), "metrics.log_freq: must be > 0, got 0");
+  EXPECT_EQ(yaml_error("train:\n  lr_scheduler:\n    warmup_steps: -1\n"),
+            "train.lr_scheduler.warmup_steps: must be >= 0, got -1");
+  EXPECT_EQ(yaml_error("train:\n  lr_scheduler:\n    decay: step\n"),
+            "train.lr_scheduler.decay: must be one of constant, linear, cosine, got 'step'");
+  EXPECT_EQ(toml_error("[lr_scheduler]\ndecay_type = \"sqrt\"\n"),
+            "lr_scheduler.decay_type: must be one of constant, linear, cosine, got 'sqrt'");
+  EXPECT_EQ(toml_error("[lr_scheduler]\nmin_lr_factor = 1.5\n"),
+            "lr_scheduler.min_lr_factor: must be in [0, 1], got 1.5");
+  EXPECT_EQ(yaml_error("checkpoint:\n  keep_last: -1\n"),
+            "checkpoint.keep_last: must be >= 0, got -1");
+  EXPECT_EQ(toml_error("[checkpoint]\ninterval = -2\n"),
+            "checkpoint.interval: must be >= 0, got -2");
+}
+
+TEST(ValidateTest, AdamWRanges) {
+  EXPECT_EQ(yaml_error("optimizer:\n  adamw_config:\n    adamw_lr: -0.1\n"),
+            "optimizer.adamw_config.adamw_lr: must be >= 0, got -0.1");
+  EXPECT_EQ(toml_error("[optimizer]\nlr = -1\n"), "optimizer.lr: must be >= 0, got -1");
+  EXPECT_EQ(yaml_error("optimizer:\n  adamw_config:\n    adamw_betas: [0.9, 1.0]\n"),
+            "optimizer.adamw_config.adamw_betas: must be in [0, 1), got [0.9, 1]");
+  EXPECT_EQ(toml_error("[optimizer]\nbeta1 = -0.1\n"),
+            "optimizer.beta1, optimizer.beta2: must be in [0, 1), got [-0.1, 0.95]");
+  EXPECT_EQ(yaml_error("optimizer:\n  adamw_config:\n    adamw_eps: 0\n"),
+            "optimizer.adamw_config.adamw_eps: must be > 0, got 0");
+  EXPECT_EQ(toml_error("[optimizer]\neps = 0.0\n"), "optimizer.eps: must be > 0, got 0");
+  EXPECT_EQ(yaml_error("optimizer:\n  adamw_config:\n    adamw_weight_decay: -0.01\n"),
+            "optimizer.adamw_config.adamw_weight_decay: must be >= 0, got -0.01");
+  EXPECT_EQ(toml_error("[optimizer]\nweight_decay = -0.1\n"),
+            "optimizer.weight_decay: must be >= 0, got -0.1");
+  EXPECT_EQ(yaml_error("optimizer:\n  _target_: SGD\n"),
+            "optimizer._target_: must be one of AdamW, Muon, got 'SGD'");
+  EXPECT_EQ(toml_error("[optimizer]\nname = \"muon\"\n"),
+            "optimizer.name: must be one of AdamW, Muon, got 'muon'");
+}
+
+TEST(ValidateTest, MuonRanges) {
+  const std::string m = "optimizer:\n  _target_: Muon\n  muon_config:\n";
+  EXPECT_EQ(yaml_error(m + "    muon_lr: -1\n"),
+            "optimizer.muon_config.muon_lr: must be >= 0, got -1");
+  EXPECT_EQ(yaml_error(m + "    muon_momentum: 1.0\n"),
+            "optimizer.muon_config.muon_momentum: must be in [0, 1), got 1");
+  EXPECT_EQ(toml_error("[optimizer]\nmuon_momentum = 1.2\n"),
+            "optimizer.muon_momentum: must be in [0, 1), got 1.2");
+  EXPECT_EQ(yaml_error(m + "    muon_weight_decay: -1\n"),
+            "optimizer.muon_config.muon_weight_decay: must be >= 0, got -1");
+  EXPECT_EQ(yaml_error(m + "    muon_ns_steps: 0\n"),
+            "optimizer.muon_config.muon_ns_steps: must be > 0, got 0");
+  EXPECT_EQ(toml_error("[optimizer]\nmuon_ns_steps = 0\n"),
+            "optimizer.muon_ns_steps: must be > 0, got 0");
+  EXPECT_EQ(yaml_error(m + "    muon_ns_variant: quintic\n"),
+            "optimizer.muon_config.muon_ns_variant: must be one of legacy, asym5, hybrid, "
+            "custom, got 'quintic'");
+  EXPECT_EQ(yaml_error(m + "    muon_ns_epsilon: 0\n"),
+            "optimizer.muon_config.muon_ns_epsilon: must be > 0, got 0");
+  EXPECT_EQ(yaml_error(m + "    muon_ns_dtype: float16\n"),
+            "optimizer.muon_config.muon_ns_dtype: must be one of bfloat16, float32, got "
+            "'float16'");
+  EXPECT_EQ(yaml_error(m + "    muon_matched_adamw_rms: 0\n"),
+            "optimizer.muon_config.muon_matched_adamw_rms: must be > 0, got 0");
+  EXPECT_EQ(yaml_error(m + "    muon_adjust_lr_fn: moonshot\n"),
+            "optimizer.muon_config.muon_adjust_lr_fn: must be one of original, match_rms_adamw, "
+            "got 'moonshot'");
+  EXPECT_EQ(toml_error("[optimizer]\nmuon_adjust_lr_fn = \"keller\"\n"),
+            "optimizer.muon_adjust_lr_fn: must be one of original, match_rms_adamw, got 'keller'");
+  EXPECT_EQ(yaml_error(m + "    muon_momentum_style: nesterov\n"),
+            "optimizer.muon_config.muon_momentum_style: must be one of sum, ema, ema_add, got "
+            "'nesterov'");
+  EXPECT_EQ(yaml_error(m + "    muon_adamw_keywords: ['']\n"),
+            "optimizer.muon_config.muon_adamw_keywords: must not contain empty names");
+  EXPECT_EQ(yaml_error("optimizer:\n  swap_merge_buckets: 0\n"),
+            "optimizer.swap_merge_buckets: must be > 0, got 0");
+  EXPECT_EQ(toml_error("[optimizer]\nswap_merge_buckets = 0\n"),
+            "optimizer.swap_merge_buckets: must be > 0, got 0");
+}
+
+TEST(ValidateTest, NewtonSchulzSchedules) {
+  const std::string m = "optimizer:\n  _target_: Muon\n  muon_config:\n";
+  // asym5 is exactly five steps: more is an error, never a silent cut.
+  EXPECT_EQ(yaml_error(m + "    muon_ns_steps: 6\n"),
+            "optimizer.muon_config.muon_ns_steps: must be <= 5 with muon_ns_variant asym5 (a "
+            "five-step schedule), got 6");
+  expect_valid("c.yaml", m + "    muon_ns_steps: 3\n");
+  EXPECT_EQ(yaml_error(m + "    muon_ns_variant: custom\n"),
+            "optimizer.muon_config.muon_ns_coefficients: is required when muon_ns_variant is "
+            "custom");
+  EXPECT_EQ(yaml_error(m + "    muon_ns_variant: custom\n    muon_ns_steps: 3\n"
+                           "    muon_ns_coefficients: [[3, -4, 2], [2, -1.5, 0.5]]\n"),
+            "optimizer.muon_config.muon_ns_coefficients: has 2 [a, b, c] triples but "
+            "muon_ns_steps is 3; give one triple per step");
+  EXPECT_EQ(yaml_error(m + "    muon_ns_variant: legacy\n    muon_ns_coefficients: [[3, -4, 2]]\n"),
+            "optimizer.muon_config.muon_ns_coefficients: is only used with muon_ns_variant: "
+            "custom (variant is 'legacy')");
+  EXPECT_NE(yaml_error(m + "    muon_ns_variant: custom\n    muon_ns_steps: 1\n"
+                           "    muon_ns_coefficients: [[3, -4]]\n")
+                .find("item 0 to be a list of 3 numbers"),
+            std::string::npos);
+  expect_valid("c.yaml", m + "    muon_ns_variant: custom\n    muon_ns_steps: 2\n"
+                             "    muon_ns_coefficients: [[3, -4, 2], [2, -1.5, 0.5]]\n");
+  expect_valid("c.yaml", m + "    muon_ns_variant: hybrid\n    muon_ns_steps: 10\n");
+  expect_valid("c.toml",
+               "[optimizer]\nname = \"Muon\"\nmuon_ns_steps = 10\nmuon_hybrid_ns = true\n");
+}
+
+TEST(ValidateTest, OverriddenValuesAreReportedAsSet) {
+  EXPECT_EQ(error_in("c.yaml", "", {"train.steps=0"}), "--set: train.steps: must be > 0, got 0");
+  EXPECT_EQ(error_in("c.toml", "", {"optimizer.eps=-1"}),
+            "--set: optimizer.eps: must be > 0, got -1");
+}
+
+}  // namespace
+}  // namespace mixtrain

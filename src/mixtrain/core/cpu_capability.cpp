@@ -33,13 +33,12 @@ CpuCapability resolve_cpu_capability(CpuCapability hardware, const char* request
   } else if (name == "avx512") {
     wanted = CpuCapability::kAvx512;
   } else {
-    throw ConfigError("MIXTRAIN_CPU_CAPABILITY='" + name +
-                      "' is not one of default, avx2, avx512");
+    throw ConfigError("MIXTRAIN_CPU_CAPABILITY='" + name + "' is not one of default, avx2, avx512");
   }
   if (wanted > hardware) {
     // Running an AVX-512 kernel on a CPU without it would die with SIGILL.
-    log_warn(std::string("MIXTRAIN_CPU_CAPABILITY=") + name + " is above what this CPU supports; using " +
-             cpu_capability_name(hardware));
+    log_warn(std::string("MIXTRAIN_CPU_CAPABILITY=") + name +
+             " is above what this CPU supports; using " + cpu_capability_name(hardware));
     return hardware;
   }
   return wanted;

@@ -4,12 +4,14 @@
 // functions in namespace DEFAULT, AVX2 and AVX512; callers dispatch with select_kernel()
 // (core/cpu_capability.h). Call an AVX2/AVX512 variant only when the CPU supports it.
 //
-// Contract of sum_of_squares(data, numel, dtype): dtype is float32, bfloat16 or float16
-// (anything else throws c10::Error); squares are accumulated in float32 vectors (16-bit
-// values converted to float on load) and reduced in double every few thousand elements; the
-// buffer is split into fixed chunks of kSumOfSquaresChunk elements processed by
-// at::parallel_for and combined in chunk order, so the result is bit-identical for any thread
-// count (but may differ between capabilities in the last bits: different lane grouping).
+// Contract of sum_of_squares(buffers, count): the sum, over all buffers, of the squares of
+// their elements. Each buffer is contiguous float32, bfloat16 or float16 (anything else with
+// numel > 0 throws std::invalid_argument); squares are accumulated in float32 vectors (16-bit
+// values converted to float on load) and reduced in double every few thousand elements. Every
+// buffer is cut into fixed chunks of kSumOfSquaresChunk elements, all chunks of all buffers go
+// through one at::parallel_for, and the chunk sums are added in list order, so the result is
+// bit-identical for any thread count (it may differ between capabilities in the last bits:
+// different lane grouping).
 #pragma once
 
 #include <c10/core/ScalarType.h>
@@ -20,16 +22,22 @@ namespace mixtrain {
 
 constexpr int64_t kSumOfSquaresChunk = int64_t{1} << 16;
 
+struct SquaresBuffer {
+  const void* data;
+  int64_t numel;
+  c10::ScalarType dtype;
+};
+
 namespace DEFAULT {
-double sum_of_squares(const void* data, int64_t numel, c10::ScalarType dtype);
+double sum_of_squares(const SquaresBuffer* buffers, int64_t count);
 int64_t float_vector_size();  // at::vec::Vectorized<float>::size() in this build
 }  // namespace DEFAULT
 namespace AVX2 {
-double sum_of_squares(const void* data, int64_t numel, c10::ScalarType dtype);
+double sum_of_squares(const SquaresBuffer* buffers, int64_t count);
 int64_t float_vector_size();
 }  // namespace AVX2
 namespace AVX512 {
-double sum_of_squares(const void* data, int64_t numel, c10::ScalarType dtype);
+double sum_of_squares(const SquaresBuffer* buffers, int64_t count);
 int64_t float_vector_size();
 }  // namespace AVX512
 

@@ -1,0 +1,64 @@
+#include "mixtrain/optim/grad_clip.h"
+
+#include <ATen/ATen.h>
+
+#include <cmath>
+
+#include "mixtrain/core/cpu_capability.h"
+#include "mixtrain/optim/kernels/sum_of_squares_kernel.h"
+
+namespace mixtrain {
+
+namespace {
+
+bool kernel_eligible(const at::Tensor& t) {
+  const auto dtype = t.scalar_type();
+  return t.device().is_cpu() &&
+         (dtype == at::kFloat || dtype == at::kBFloat16 || dtype == at::kHalf);
+}
+
+// Sum of squares of all defined tensors: the eligible ones through one kernel call (one parallel
+// region for the whole list), the rest through ATen in double.
+double total_sum_of_squares(const std::vector<at::Tensor>& tensors) {
+  using Kernel = double (*)(const SquaresBuffer*, int64_t);
+  static const Kernel kernel =
+      select_kernel<Kernel>(DEFAULT::sum_of_squares, AVX2::sum_of_squares, AVX512::sum_of_squares);
+  std::vector<at::Tensor> contiguous;  // keeps copies of non-contiguous tensors alive
+  std::vector<SquaresBuffer> buffers;
+  double other = 0.0;
+  for (const auto& t : tensors) {
+    if (!t.defined() || t.numel() == 0) continue;
+    if (!kernel_eligible(t)) {
+      other += t.to(at::kDouble).square().sum().item<double>();
+      continue;
+    }
+    contiguous.push_back(t.contiguous());  // no copy when already contiguous
+    buffers.push_back({contiguous.back().data_ptr(), t.numel(), t.scalar_type()});
+  }
+  return kernel(buffers.data(), static_cast<int64_t>(buffers.size())) + other;
+}
+
+}  // namespace
+
+double sum_of_squares(const at::Tensor& tensor) {
+  return total_sum_of_squares({tensor});
+}
+
+double global_grad_norm(const std::vector<at::Tensor>& grads) {
+  return std::sqrt(total_sum_of_squares(grads));
+}
+
+double clip_grad_norm(const std::vector<at::Tensor>& grads, double max_norm) {
+  const double norm = global_grad_norm(grads);
+  if (max_norm <= 0.0 || !std::isfinite(norm)) return norm;
+  const double coefficient = max_norm / (norm + 1e-6);
+  if (coefficient < 1.0) {
+    at::NoGradGuard no_grad;  // grads may be leaves of a graph; scaling is not part of it
+    for (const auto& grad : grads) {
+      if (grad.defined()) grad.mul_(coefficient);
+    }
+  }
+  return norm;
+}
+
+}  // namespace mixtrain

@@ -1,0 +1,29 @@
+// Global gradient-norm clipping, as torch.nn.utils.clip_grad_norm_ with norm_type 2.
+//
+// The norm is computed in double from the vectorized sum-of-squares kernel
+// (kernels/sum_of_squares_kernel.h, dispatched on cpu_capability()): float32, bfloat16 and
+// float16 CPU tensors take the kernel; any other tensor (float64, another device) is summed
+// by ATen in double. Undefined tensors are skipped; non-contiguous ones are made contiguous
+// for the norm. The result is bit-identical for any thread count.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <vector>
+
+namespace mixtrain {
+
+// Sum of squares of one tensor's elements, in double (0 for an undefined tensor).
+double sum_of_squares(const at::Tensor& tensor);
+
+// Global L2 norm over all tensors: sqrt of the sum of their squares (kernel chunks added in
+// tensor order; float64 / non-CPU tensors added after them).
+double global_grad_norm(const std::vector<at::Tensor>& grads);
+
+// Scales every grad in place by max_norm / (norm + 1e-6) when that coefficient is < 1
+// (torch's formula) and returns the pre-clip norm. max_norm <= 0: no clipping, just the norm.
+// A non-finite norm is returned as is and the grads are left untouched (the caller decides:
+// skip the step, or fail).
+double clip_grad_norm(const std::vector<at::Tensor>& grads, double max_norm);
+
+}  // namespace mixtrain

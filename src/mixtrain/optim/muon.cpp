@@ -1,0 +1,332 @@
+#include "mixtrain/optim/muon.h"
+
+#include <ATen/ATen.h>
+#include <c10/core/GradMode.h>
+
+#include <algorithm>
+#include <cmath>
+#include <set>
+#include <stdexcept>
+#include <utility>
+
+#include "mixtrain/core/dtype.h"
+
+namespace mixtrain {
+
+MomentumStyle parse_momentum_style(const std::string& name) {
+  if (name == "sum") return MomentumStyle::kSum;
+  if (name == "ema") return MomentumStyle::kEma;
+  if (name == "ema_add") return MomentumStyle::kEmaAdd;
+  throw std::invalid_argument("unknown Muon momentum style '" + name +
+                              "' (expected sum, ema or ema_add)");
+}
+
+AdjustLrFn parse_adjust_lr_fn(const std::string& name) {
+  if (name == "original") return AdjustLrFn::kOriginal;
+  if (name == "match_rms_adamw") return AdjustLrFn::kMatchRmsAdamw;
+  throw std::invalid_argument("unknown Muon adjust_lr_fn '" + name +
+                              "' (expected original or match_rms_adamw)");
+}
+
+std::string momentum_style_name(MomentumStyle style) {
+  switch (style) {
+    case MomentumStyle::kSum:
+      return "sum";
+    case MomentumStyle::kEma:
+      return "ema";
+    case MomentumStyle::kEmaAdd:
+      return "ema_add";
+  }
+  throw std::logic_error("momentum_style_name: bad enum value");
+}
+
+std::string adjust_lr_fn_name(AdjustLrFn fn) {
+  switch (fn) {
+    case AdjustLrFn::kOriginal:
+      return "original";
+    case AdjustLrFn::kMatchRmsAdamw:
+      return "match_rms_adamw";
+  }
+  throw std::logic_error("adjust_lr_fn_name: bad enum value");
+}
+
+at::Tensor muon_momentum_update(at::Tensor& momentum_buffer, const at::Tensor& grad, double mu,
+                                MomentumStyle style, bool nesterov) {
+  TORCH_CHECK(momentum_buffer.sizes() == grad.sizes(), "muon_momentum_update: buffer shape ",
+              momentum_buffer.sizes(), " differs from grad shape ", grad.sizes());
+  // A bf16 grad of an fp32 main param accumulates in the buffer's precision.
+  const at::Tensor g = grad.to(momentum_buffer.scalar_type());
+  switch (style) {
+    case MomentumStyle::kSum:
+      momentum_buffer.mul_(mu).add_(g);
+      return nesterov ? g.add(momentum_buffer, mu) : momentum_buffer;
+    case MomentumStyle::kEma:
+      momentum_buffer.lerp_(g, 1.0 - mu);
+      return nesterov ? g.lerp(momentum_buffer, mu) : momentum_buffer;
+    case MomentumStyle::kEmaAdd:
+      momentum_buffer.lerp_(g, 1.0 - mu);
+      return nesterov ? g.add(momentum_buffer, mu) : momentum_buffer;
+  }
+  throw std::logic_error("muon_momentum_update: bad MomentumStyle");
+}
+
+double muon_update_scale(int64_t rows, int64_t cols, AdjustLrFn fn, double matched_adamw_rms) {
+  TORCH_CHECK(rows > 0 && cols > 0, "muon_update_scale: empty matrix ", rows, "x", cols);
+  const auto a = static_cast<double>(rows);
+  const auto b = static_cast<double>(cols);
+  switch (fn) {
+    case AdjustLrFn::kOriginal:
+      return std::sqrt(std::max(1.0, a / b));
+    case AdjustLrFn::kMatchRmsAdamw:
+      return matched_adamw_rms * std::sqrt(std::max(a, b));
+  }
+  throw std::logic_error("muon_update_scale: bad AdjustLrFn");
+}
+
+void muon_apply_update(at::Tensor& param, const at::Tensor& orthogonalized, double lr,
+                       double weight_decay, double scale) {
+  TORCH_CHECK(param.sizes() == orthogonalized.sizes(), "muon_apply_update: update shape ",
+              orthogonalized.sizes(), " differs from parameter shape ", param.sizes());
+  // Multiplying by exactly 1 changes nothing, so skip the pass.
+  if (weight_decay != 0.0) param.mul_(1.0 - lr * weight_decay);
+  param.add_(orthogonalized, -lr * scale);
+}
+
+MuonOptions MuonOptions::from_config(const MuonConfig& config) {
+  const auto ns_dtype = parse_float_dtype(config.ns_dtype);
+  if (!ns_dtype) {
+    throw std::invalid_argument("unknown muon_ns_dtype '" + config.ns_dtype +
+                                "' (expected bfloat16 or float32)");
+  }
+  MuonOptions options;
+  options.lr(config.lr)
+      .weight_decay(config.weight_decay)
+      .momentum(config.momentum)
+      .nesterov(config.nesterov)
+      .ns_steps(config.ns_steps)
+      .ns_variant(config.ns_variant)
+      .ns_coefficients(config.ns_coefficients)
+      .ns_epsilon(config.ns_epsilon)
+      .ns_dtype(*ns_dtype)
+      .matched_adamw_rms(config.matched_adamw_rms)
+      .adjust_lr_fn(parse_adjust_lr_fn(config.adjust_lr_fn))
+      .momentum_style(parse_momentum_style(config.momentum_style));
+  options.validate();
+  return options;
+}
+
+void MuonOptions::validate() const {
+  auto fail = [](const std::string& what) { throw std::invalid_argument("Muon: " + what); };
+  if (!(lr() >= 0.0)) fail("lr must be >= 0, got " + std::to_string(lr()));
+  if (!(weight_decay() >= 0.0)) {
+    fail("weight_decay must be >= 0, got " + std::to_string(weight_decay()));
+  }
+  if (!(momentum() >= 0.0 && momentum() < 1.0)) {
+    fail("momentum must be in [0, 1), got " + std::to_string(momentum()));
+  }
+  if (!(ns_epsilon() >= 0.0)) fail("ns_epsilon must be >= 0, got " + std::to_string(ns_epsilon()));
+  if (!(matched_adamw_rms() > 0.0)) {
+    fail("matched_adamw_rms must be > 0, got " + std::to_string(matched_adamw_rms()));
+  }
+  if (ns_dtype() != at::kBFloat16 && ns_dtype() != at::kFloat && ns_dtype() != at::kDouble) {
+    fail("ns_dtype must be bfloat16 or float32, got " + dtype_name(ns_dtype()));
+  }
+  newton_schulz_schedule(ns_variant(), ns_steps(), ns_coefficients());  // throws if invalid
+}
+
+Muon::Muon(std::vector<torch::optim::OptimizerParamGroup> groups, MuonOptions defaults)
+    : LeafOptimizer(std::move(groups), std::make_unique<MuonOptions>(defaults)) {
+  defaults.validate();
+  rebuild_batches();
+}
+
+Muon::Muon(std::vector<at::Tensor> params, MuonOptions defaults)
+    : Muon(std::vector<torch::optim::OptimizerParamGroup>{torch::optim::OptimizerParamGroup(
+               std::move(params))},
+           std::move(defaults)) {}
+
+void Muon::rebuild_batches() {
+  batches_.assign(param_groups_.size(), {});
+  cached_params_.assign(param_groups_.size(), {});
+  for (size_t g = 0; g < param_groups_.size(); ++g) {
+    const auto* options = dynamic_cast<const MuonOptions*>(&param_groups_[g].options());
+    if (options == nullptr) {
+      throw std::invalid_argument("Muon: param group " + std::to_string(g) +
+                                  " has options of another optimizer");
+    }
+    options->validate();
+    auto& batches = batches_[g];
+    for (const auto& p : param_groups_[g].params()) {
+      if (p.dim() < 2) {
+        throw std::invalid_argument("Muon updates matrices (ndim >= 2); got a parameter of shape " +
+                                    c10::str(p.sizes()) + " (route it to AdamW)");
+      }
+      const int64_t rows = p.size(-2);
+      const int64_t cols = p.size(-1);
+      auto same_shape = [&](const ShapeBatch& b) {
+        return b.device == p.device() && b.rows == rows && b.cols == cols;
+      };
+      auto it = std::find_if(batches.begin(), batches.end(), same_shape);
+      if (it == batches.end()) it = batches.insert(batches.end(), {p.device(), rows, cols, {}});
+      it->params.push_back(p);
+      cached_params_[g].push_back(p.unsafeGetTensorImpl());
+    }
+  }
+}
+
+bool Muon::batches_match_groups() const {
+  if (cached_params_.size() != param_groups_.size()) return false;
+  for (size_t g = 0; g < param_groups_.size(); ++g) {
+    const auto& params = param_groups_[g].params();
+    if (cached_params_[g].size() != params.size()) return false;
+    for (size_t i = 0; i < params.size(); ++i) {
+      if (cached_params_[g][i] != params[i].unsafeGetTensorImpl()) return false;
+    }
+  }
+  return true;
+}
+
+void Muon::reset_parameter_caches() {
+  rebuild_batches();
+}
+
+std::vector<Muon::BatchInfo> Muon::batches(size_t group) const {
+  TORCH_CHECK(group < batches_.size(), "Muon::batches: no group ", group);
+  std::vector<BatchInfo> out;
+  for (const auto& b : batches_[group]) out.push_back({b.rows, b.cols, b.params});
+  return out;
+}
+
+at::Tensor Muon::step(LossClosure closure) {
+  at::Tensor loss;
+  if (closure) {
+    at::AutoGradMode enable_grad(true);
+    loss = closure();
+  }
+  at::NoGradGuard no_grad;
+  // add_param_group() or replace_parameter() without reset_parameter_caches().
+  if (!batches_match_groups()) rebuild_batches();
+  for (size_t g = 0; g < param_groups_.size(); ++g) {
+    const auto& options = static_cast<const MuonOptions&>(param_groups_[g].options());
+    const auto schedule =
+        newton_schulz_schedule(options.ns_variant(), options.ns_steps(), options.ns_coefficients());
+    for (const auto& batch : batches_[g]) step_batch(options, schedule, batch);
+  }
+  return loss;
+}
+
+void Muon::step_batch(const MuonOptions& options, const std::vector<NsCoefficients>& schedule,
+                      const ShapeBatch& batch) {
+  std::vector<at::Tensor> params;
+  std::vector<at::Tensor> directions;  // u per parameter, in the parameter's dtype
+  int64_t matrices = 0;
+  for (const auto& p : batch.params) {
+    const at::Tensor& grad = p.grad();
+    if (!grad.defined()) continue;
+    TORCH_CHECK(!grad.is_sparse(), "Muon does not support sparse gradients");
+    auto& slot = state_[state_key(p)];
+    if (!slot) {
+      auto fresh = std::make_unique<MuonParamState>();
+      fresh->momentum_buffer(at::zeros(p.sizes(), p.options()));
+      slot = std::move(fresh);
+    }
+    auto& state = static_cast<MuonParamState&>(*slot);
+    state.step(state.step() + 1);
+    directions.push_back(muon_momentum_update(state.momentum_buffer(), grad, options.momentum(),
+                                              options.momentum_style(), options.nesterov()));
+    params.push_back(p);
+    matrices += p.numel() / (batch.rows * batch.cols);
+  }
+  if (params.empty()) return;
+
+  // One [matrices, rows, cols] tensor for all of them; each copy_ also converts to ns_dtype.
+  at::Tensor stacked;
+  if (directions.size() == 1) {
+    stacked = directions[0].reshape({-1, batch.rows, batch.cols});
+  } else {
+    stacked = at::empty({matrices, batch.rows, batch.cols},
+                        directions[0].options().dtype(options.ns_dtype()));
+    int64_t offset = 0;
+    for (const auto& u : directions) {
+      const int64_t count = u.numel() / (batch.rows * batch.cols);
+      stacked.narrow(0, offset, count).copy_(u.reshape({count, batch.rows, batch.cols}));
+      offset += count;
+    }
+  }
+  directions.clear();  // drop the Nesterov temporaries before the GEMMs
+  const at::Tensor orthogonalized =
+      newton_schulz(stacked, schedule, options.ns_epsilon(), options.ns_dtype());
+  const double scale = muon_update_scale(batch.rows, batch.cols, options.adjust_lr_fn(),
+                                         options.matched_adamw_rms());
+
+  int64_t offset = 0;
+  for (auto& p : params) {
+    const int64_t count = p.numel() / (batch.rows * batch.cols);
+    const at::Tensor o = orthogonalized.narrow(0, offset, count).view(p.sizes());
+    offset += count;
+    muon_apply_update(p, o, options.lr(), options.weight_decay(), scale);
+    at::Tensor target = copy_back_target(p);
+    if (target.defined()) target.copy_(p);
+  }
+}
+
+NamedTensorList Muon::export_state(const at::Tensor& param) const {
+  auto it = state_.find(state_key(param));
+  if (it == state_.end()) return {};
+  const auto& state = static_cast<const MuonParamState&>(*it->second);
+  return {{"momentum_buffer", state.momentum_buffer()},
+          {"step", at::scalar_tensor(state.step(), at::kLong)}};
+}
+
+void Muon::import_state(const at::Tensor& param, const NamedTensorList& state) {
+  bool in_group = false;
+  for (const auto& group : param_groups_) {
+    for (const auto& p : group.params()) in_group = in_group || p.is_same(param);
+  }
+  if (!in_group) throw std::invalid_argument("muon: import_state: parameter is not in any group");
+
+  at::Tensor momentum_buffer;
+  at::Tensor step;
+  for (const auto& [name, tensor] : state) {
+    at::Tensor* slot = name == "momentum_buffer" ? &momentum_buffer
+                       : name == "step"          ? &step
+                                                 : nullptr;
+    if (slot == nullptr)
+      throw std::invalid_argument("muon: import_state: unknown key '" + name + "'");
+    if (slot->defined())
+      throw std::invalid_argument("muon: import_state: duplicate key '" + name + "'");
+    *slot = tensor;
+  }
+  if (!momentum_buffer.defined()) {
+    throw std::invalid_argument("muon: import_state: missing key 'momentum_buffer'");
+  }
+  if (!step.defined()) throw std::invalid_argument("muon: import_state: missing key 'step'");
+  if (momentum_buffer.sizes() != param.sizes()) {
+    throw std::invalid_argument("muon: import_state: momentum_buffer shape " +
+                                c10::str(momentum_buffer.sizes()) +
+                                " differs from parameter shape " + c10::str(param.sizes()));
+  }
+  if (step.numel() != 1) {
+    throw std::invalid_argument("muon: import_state: step must hold one value, got shape " +
+                                c10::str(step.sizes()));
+  }
+  // torch.optim stores step as a float32 tensor; accept any dtype holding a whole number.
+  const double step_value = step.item<double>();
+  if (!(step_value >= 0.0) || step_value != std::floor(step_value)) {
+    throw std::invalid_argument("muon: import_state: step must be a whole number >= 0, got " +
+                                std::to_string(step_value));
+  }
+
+  auto fresh = std::make_unique<MuonParamState>();
+  fresh->step(static_cast<int64_t>(step_value));
+  fresh->momentum_buffer(
+      momentum_buffer.to(param.device(), param.scalar_type(), /*non_blocking=*/false, /*copy=*/true)
+          .contiguous());
+  state_[state_key(param)] = std::move(fresh);
+}
+
+void Muon::set_lr(double lr) {
+  for (auto& group : param_groups_) group.options().set_lr(lr);
+}
+
+}  // namespace mixtrain

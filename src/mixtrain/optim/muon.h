@@ -1,0 +1,134 @@
+// Muon (MomentUm Orthogonalized by Newton–Schulz) for matrix parameters, DESIGN §5.
+//
+// Per parameter p with gradient g, in this order:
+//   momentum_buffer, u = muon_momentum_update(...)         (sum | ema | ema_add, Nesterov or not)
+//   O = newton_schulz(u, schedule(ns_variant, ns_steps), ns_epsilon, ns_dtype)
+//   p *= 1 - lr * weight_decay;  p -= lr * scale * O       (lr: the group's base lr)
+//   scale = sqrt(max(1, A/B))               (adjust_lr_fn original)
+//         = matched_adamw_rms * sqrt(max(A, B))   (match_rms_adamw; A, B: last two dims)
+// A 3-D parameter [E, A, B] is E independent A x B matrices (MoE experts). Within a group, all
+// matrices of one shape go through ONE batched newton_schulz call; that changes nothing but
+// GEMM rounding (newton_schulz treats the leading dim as independent matrices).
+//
+// The same-shape batches are cached per parameter object (RFC 7.3); reset_parameter_caches()
+// rebuilds them after replace_parameter(). step() also rebuilds them when it finds the group
+// lists changed, so a stale cache can never update a replaced tensor.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <c10/core/ScalarType.h>
+#include <torch/arg.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "mixtrain/config/trainer_config.h"
+#include "mixtrain/optim/leaf_optimizer.h"
+#include "mixtrain/optim/newton_schulz.h"
+
+namespace mixtrain {
+
+enum class MomentumStyle { kSum, kEma, kEmaAdd };
+enum class AdjustLrFn { kOriginal, kMatchRmsAdamw };
+
+// "sum" | "ema" | "ema_add"; "original" | "match_rms_adamw". Anything else: invalid_argument.
+MomentumStyle parse_momentum_style(const std::string& name);
+AdjustLrFn parse_adjust_lr_fn(const std::string& name);
+std::string momentum_style_name(MomentumStyle style);
+std::string adjust_lr_fn_name(AdjustLrFn fn);
+
+// Updates momentum_buffer in place from grad (converted to the buffer's dtype) and returns the
+// direction u to orthogonalize (mu = momentum):
+//   sum:     buf = mu*buf + g;          u = nesterov ? g + mu*buf : buf
+//   ema:     buf = lerp(buf, g, 1-mu);  u = nesterov ? lerp(g, buf, mu) : buf
+//   ema_add: buf = lerp(buf, g, 1-mu);  u = nesterov ? g + mu*buf : buf
+// Without Nesterov, u IS the buffer (no copy): do not modify it in place.
+at::Tensor muon_momentum_update(at::Tensor& momentum_buffer, const at::Tensor& grad, double mu,
+                                MomentumStyle style, bool nesterov);
+
+// original: sqrt(max(1, rows/cols)); match_rms_adamw: matched_adamw_rms * sqrt(max(rows, cols)).
+double muon_update_scale(int64_t rows, int64_t cols, AdjustLrFn fn, double matched_adamw_rms);
+
+// p *= 1 - lr*weight_decay; p -= lr*scale*O. O (same shape as p) is added as p.add_(O, alpha)
+// does: in the promoted dtype of p and O, rounded once into p's dtype.
+void muon_apply_update(at::Tensor& param, const at::Tensor& orthogonalized, double lr,
+                       double weight_decay, double scale);
+
+// Defaults are the YAML defaults of DESIGN §5 (MuonConfig).
+struct MuonOptions : public torch::optim::OptimizerCloneableOptions<MuonOptions> {
+  MuonOptions() = default;
+  TORCH_ARG(double, lr) = 0.02;
+  TORCH_ARG(double, weight_decay) = 0.0;
+  TORCH_ARG(double, momentum) = 0.95;
+  TORCH_ARG(bool, nesterov) = true;
+  TORCH_ARG(int64_t, ns_steps) = 5;
+  TORCH_ARG(std::string, ns_variant) = "asym5";
+  TORCH_ARG(std::vector<NsCoefficients>, ns_coefficients);  // custom only
+  TORCH_ARG(double, ns_epsilon) = 1e-7;
+  TORCH_ARG(c10::ScalarType, ns_dtype) = c10::ScalarType::BFloat16;
+  TORCH_ARG(double, matched_adamw_rms) = 0.2;
+  TORCH_ARG(AdjustLrFn, adjust_lr_fn) = AdjustLrFn::kMatchRmsAdamw;
+  TORCH_ARG(MomentumStyle, momentum_style) = MomentumStyle::kSum;
+
+ public:
+  double get_lr() const override { return lr(); }
+  void set_lr(const double new_lr) override { lr(new_lr); }
+
+  // Throws std::invalid_argument for an unknown variant, dtype, momentum style or lr mode.
+  static MuonOptions from_config(const MuonConfig& config);
+  // Throws std::invalid_argument naming the bad option (negative lr, momentum outside [0, 1),
+  // an invalid schedule, ns_dtype other than bfloat16/float32/float64, ...).
+  void validate() const;
+};
+
+struct MuonParamState : public torch::optim::OptimizerCloneableParamState<MuonParamState> {
+  TORCH_ARG(int64_t, step) = 0;
+  TORCH_ARG(at::Tensor, momentum_buffer);  // param's dtype (float32 for main params)
+};
+
+class Muon : public LeafOptimizer {
+ public:
+  // Every parameter must have ndim >= 2 (std::invalid_argument naming its shape otherwise);
+  // groups without options get `defaults`.
+  explicit Muon(std::vector<torch::optim::OptimizerParamGroup> groups, MuonOptions defaults = {});
+  explicit Muon(std::vector<at::Tensor> params, MuonOptions defaults = {});
+
+  // Parameters without a gradient are skipped (no state, no update).
+  at::Tensor step(LossClosure closure = nullptr) override;
+  std::string kind() const override { return "muon"; }
+
+  // "momentum_buffer" (aliases the live buffer) and "step" (0-dim int64); empty before the
+  // parameter's first step.
+  NamedTensorList export_state(const at::Tensor& param) const override;
+  void import_state(const at::Tensor& param, const NamedTensorList& state) override;
+  void set_lr(double lr) override;
+  void reset_parameter_caches() override;
+
+  // The cached same-shape batches of one group, in first-appearance order (for logs and
+  // tests): each is one newton_schulz call per step over all of its matrices.
+  struct BatchInfo {
+    int64_t rows;
+    int64_t cols;
+    std::vector<at::Tensor> params;
+  };
+  std::vector<BatchInfo> batches(size_t group) const;
+
+ private:
+  // All parameters of one group whose matrices are rows x cols on one device.
+  struct ShapeBatch {
+    c10::Device device;
+    int64_t rows;
+    int64_t cols;
+    std::vector<at::Tensor> params;
+  };
+  void rebuild_batches();
+  bool batches_match_groups() const;
+  void step_batch(const MuonOptions& options, const std::vector<NsCoefficients>& schedule,
+                  const ShapeBatch& batch);
+
+  std::vector<std::vector<ShapeBatch>> batches_;         // per param group
+  std::vector<std::vector<const void*>> cached_params_;  // TensorImpl of each group's params
+};
+
+}  // namespace mixtrain

@@ -1,0 +1,492 @@
+// Muon tests. Expected values are worked out by hand (momentum, scale, weight decay) or by an
+// independent float64 reimplementation of DESIGN §5 written below (reference_muon), never
+// copied from Muon's own output.
+#include "mixtrain/optim/muon.h"
+
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace mixtrain {
+namespace {
+
+using torch::optim::OptimizerParamGroup;
+
+at::Tensor random_normal(at::IntArrayRef shape, uint64_t seed) {
+  auto gen = at::detail::createCPUGenerator(seed);
+  return at::randn(shape, gen, at::kFloat);
+}
+
+double max_abs_diff(const at::Tensor& a, const at::Tensor& b) {
+  return (a.to(at::kDouble) - b.to(at::kDouble)).abs().max().item<double>();
+}
+
+// ---- momentum: 2x3 matrix, two steps, mu = 0.75 ----
+// Hand derivation (g1, g2 below; every coefficient is a dyadic fraction, so float32 computes
+// them exactly and the comparison is exact up to the 1e-6 we allow for lerp's formula):
+//   sum:      buf1 = g1                 buf2 = 0.75 g1 + g2
+//             nesterov u1 = 1.75 g1     u2 = g2 + 0.75 buf2 = 1.75 g2 + 0.5625 g1
+//   ema:      buf1 = 0.25 g1            buf2 = 0.75 buf1 + 0.25 g2 = 0.1875 g1 + 0.25 g2
+//             nesterov u = g + 0.75 (buf - g):  u1 = 0.4375 g1,  u2 = 0.4375 g2 + 0.140625 g1
+//   ema_add:  buf as ema; nesterov u = g + 0.75 buf: u1 = 1.1875 g1, u2 = 1.1875 g2 + 0.140625 g1
+// Without Nesterov u = buf.
+struct MomentumCase {
+  MomentumStyle style;
+  bool nesterov;
+  // u1 = k1 g1; u2 = k2a g1 + k2b g2; buf2 = b2a g1 + b2b g2
+  double k1, k2a, k2b, b2a, b2b;
+};
+
+TEST(MuonMomentumTest, EachFormAndNesterovOnA2x3MatrixForTwoSteps) {
+  const at::Tensor g1 = at::tensor({1.0f, -2.0f, 4.0f, 0.5f, 8.0f, -1.0f}).view({2, 3});
+  const at::Tensor g2 = at::tensor({2.0f, 2.0f, -4.0f, 1.0f, 0.0f, 3.0f}).view({2, 3});
+  const std::vector<MomentumCase> cases = {
+      {MomentumStyle::kSum, true, 1.75, 0.5625, 1.75, 0.75, 1.0},
+      {MomentumStyle::kSum, false, 1.0, 0.75, 1.0, 0.75, 1.0},
+      {MomentumStyle::kEma, true, 0.4375, 0.140625, 0.4375, 0.1875, 0.25},
+      {MomentumStyle::kEma, false, 0.25, 0.1875, 0.25, 0.1875, 0.25},
+      {MomentumStyle::kEmaAdd, true, 1.1875, 0.140625, 1.1875, 0.1875, 0.25},
+      {MomentumStyle::kEmaAdd, false, 0.25, 0.1875, 0.25, 0.1875, 0.25},
+  };
+  for (const auto& c : cases) {
+    const std::string what = momentum_style_name(c.style) + (c.nesterov ? " nesterov" : "");
+    at::Tensor buf = at::zeros({2, 3});
+    const at::Tensor u1 = muon_momentum_update(buf, g1, 0.75, c.style, c.nesterov);
+    EXPECT_LT(max_abs_diff(u1, c.k1 * g1), 1e-6) << what;
+    const at::Tensor u2 = muon_momentum_update(buf, g2, 0.75, c.style, c.nesterov);
+    EXPECT_LT(max_abs_diff(u2, c.k2a * g1 + c.k2b * g2), 1e-6) << what;
+    EXPECT_LT(max_abs_diff(buf, c.b2a * g1 + c.b2b * g2), 1e-6) << what;
+  }
+}
+
+TEST(MuonMomentumTest, LowPrecisionGradAccumulatesInTheBufferDtype) {
+  at::Tensor buf = at::zeros({2, 2});
+  const at::Tensor g = at::full({2, 2}, 3.0, at::kBFloat16);
+  const at::Tensor u = muon_momentum_update(buf, g, 0.5, MomentumStyle::kSum, true);
+  EXPECT_EQ(buf.scalar_type(), at::kFloat);
+  EXPECT_TRUE(at::equal(u, at::full({2, 2}, 4.5f)));  // 3 + 0.5 * 3
+}
+
+TEST(MuonMomentumTest, ParsesStyleAndLrModeNames) {
+  EXPECT_EQ(parse_momentum_style("sum"), MomentumStyle::kSum);
+  EXPECT_EQ(parse_momentum_style("ema"), MomentumStyle::kEma);
+  EXPECT_EQ(parse_momentum_style("ema_add"), MomentumStyle::kEmaAdd);
+  EXPECT_THROW(parse_momentum_style("nesterov"), std::invalid_argument);
+  EXPECT_EQ(parse_adjust_lr_fn("original"), AdjustLrFn::kOriginal);
+  EXPECT_EQ(parse_adjust_lr_fn("match_rms_adamw"), AdjustLrFn::kMatchRmsAdamw);
+  EXPECT_THROW(parse_adjust_lr_fn("spectral"), std::invalid_argument);
+  EXPECT_EQ(adjust_lr_fn_name(AdjustLrFn::kMatchRmsAdamw), "match_rms_adamw");
+}
+
+// ---- scale: by hand ----
+// tall 8x2:  original sqrt(max(1, 4)) = 2;      match_rms_adamw 0.2 sqrt(8) = 0.565685...
+// wide 2x8:  original sqrt(max(1, 1/4)) = 1;    match_rms_adamw 0.2 sqrt(8)
+// 3-D [3, 9, 4] uses its last two dims 9x4: original sqrt(9/4) = 1.5; match 0.18 sqrt(9) = 0.54
+TEST(MuonScaleTest, TallWideAndExpertShapes) {
+  EXPECT_DOUBLE_EQ(muon_update_scale(8, 2, AdjustLrFn::kOriginal, 0.2), 2.0);
+  EXPECT_DOUBLE_EQ(muon_update_scale(8, 2, AdjustLrFn::kMatchRmsAdamw, 0.2), 0.2 * std::sqrt(8.0));
+  EXPECT_DOUBLE_EQ(muon_update_scale(2, 8, AdjustLrFn::kOriginal, 0.2), 1.0);
+  EXPECT_DOUBLE_EQ(muon_update_scale(2, 8, AdjustLrFn::kMatchRmsAdamw, 0.2), 0.2 * std::sqrt(8.0));
+  EXPECT_DOUBLE_EQ(muon_update_scale(9, 4, AdjustLrFn::kOriginal, 0.18), 1.5);
+  EXPECT_DOUBLE_EQ(muon_update_scale(9, 4, AdjustLrFn::kMatchRmsAdamw, 0.18), 0.54);
+}
+
+// ---- update: by hand ----
+// p = [[1, 2], [3, 4]], O = [[0.5, -0.5], [1, 0]], lr 0.1, wd 0.5, scale 2:
+// p *= 1 - 0.05  -> [[0.95, 1.9], [2.85, 3.8]];  p -= 0.2 O -> [[0.85, 2.0], [2.65, 3.8]]
+// (float32 rounding of 0.95 x and the subtraction: 1e-6 on values below 4).
+TEST(MuonApplyUpdateTest, DecoupledWeightDecayThenScaledStep) {
+  at::Tensor p = at::tensor({1.0f, 2.0f, 3.0f, 4.0f}).view({2, 2});
+  const at::Tensor o = at::tensor({0.5f, -0.5f, 1.0f, 0.0f}).view({2, 2});
+  muon_apply_update(p, o, 0.1, 0.5, 2.0);
+  EXPECT_LT(max_abs_diff(p, at::tensor({0.85, 2.0, 2.65, 3.8}).view({2, 2})), 1e-6);
+}
+
+// A bfloat16 param takes a float32 O as p.add_(O, alpha) does: computed in float32, rounded
+// once (after the weight decay multiply, which rounds on its own as in the reference).
+TEST(MuonApplyUpdateTest, LowPrecisionParamRoundsOnce) {
+  const at::Tensor start = random_normal({4, 4}, 11).to(at::kBFloat16);
+  const at::Tensor o = random_normal({4, 4}, 12);
+  at::Tensor p = start.clone();
+  muon_apply_update(p, o, 0.01, 0.1, 1.5);
+  const at::Tensor decayed = (start.to(at::kDouble) * (1 - 0.001)).to(at::kBFloat16);
+  const at::Tensor expected =
+      (decayed.to(at::kDouble) - 0.015 * o.to(at::kDouble)).to(at::kBFloat16);
+  // Both roundings are to nearest even of values computed exactly enough (float32 vs float64
+  // intermediates can differ only for ties within 2^-24 relative, absent on random data).
+  EXPECT_TRUE(at::equal(p, expected));
+}
+
+// ---- independent float64 reference of one Muon step (DESIGN §5) ----
+constexpr std::array<std::array<double, 3>, 5> kAsym5 = {{{4.0848, -6.8946, 2.9270},
+                                                          {3.9505, -6.3029, 2.6377},
+                                                          {3.7418, -5.5913, 2.3037},
+                                                          {2.8769, -3.1427, 1.2046},
+                                                          {2.8366, -3.0525, 1.2012}}};
+
+at::Tensor reference_orthogonalize(const at::Tensor& m, double eps) {
+  const bool tall = m.size(0) > m.size(1);
+  at::Tensor x = tall ? m.t() : m;
+  x = x / (std::sqrt((x * x).sum().item<double>()) + eps);
+  for (const auto& [a, b, c] : kAsym5) {
+    const at::Tensor gram = x.mm(x.t());
+    x = a * x + (b * gram + c * gram.mm(gram)).mm(x);
+  }
+  return tall ? x.t() : x;
+}
+
+struct ReferenceParam {
+  at::Tensor p;    // float64
+  at::Tensor buf;  // float64
+};
+
+// One step with momentum `style`, asym5 x5, eps 1e-7, match_rms_adamw with rms, on float64.
+void reference_step(ReferenceParam& r, const at::Tensor& grad, double lr, double wd, double mu,
+                    MomentumStyle style, bool nesterov, double rms) {
+  const at::Tensor g = grad.to(at::kDouble);
+  at::Tensor u;
+  if (style == MomentumStyle::kSum) {
+    r.buf = mu * r.buf + g;
+    u = nesterov ? g + mu * r.buf : r.buf;
+  } else {
+    r.buf = r.buf + (1 - mu) * (g - r.buf);
+    if (!nesterov) {
+      u = r.buf;
+    } else {
+      u = style == MomentumStyle::kEma ? g + mu * (r.buf - g) : g + mu * r.buf;
+    }
+  }
+  const int64_t rows = r.p.size(-2), cols = r.p.size(-1);
+  const at::Tensor matrices = u.reshape({-1, rows, cols});
+  std::vector<at::Tensor> orthogonal;
+  for (int64_t i = 0; i < matrices.size(0); ++i) {
+    orthogonal.push_back(reference_orthogonalize(matrices[i], 1e-7));
+  }
+  const at::Tensor o = at::stack(orthogonal).view(r.p.sizes());
+  const double scale = rms * std::sqrt(static_cast<double>(std::max(rows, cols)));
+  r.p = r.p * (1 - lr * wd) - lr * scale * o;
+}
+
+// Tolerance of a step against the float64 reference, per element of p and per step, in units
+// of lr*scale (one update element is lr*scale*O with |O| <~ 1):
+//   float32 NS: float32 rounding of O through 5 steps plus the float32 rounding of p ~ 1
+//     (1.2e-7 per step, which alone is ~1.2e-5 lr*scale here): 1e-4 lr*scale + 1e-6
+//     (measured: <= 4.2e-5 lr*scale after two steps);
+//   bfloat16 NS: the elementwise error of bf16 Newton-Schulz: its singular values may sit up to
+//     ~0.06 outside asym5's exact band (newton_schulz_test) and its singular vectors carry bf16
+//     rounding: 0.12 lr*scale (measured: <= 0.04 lr*scale after one step, 0.083 after two).
+double step_tolerance(c10::ScalarType ns_dtype, double lr_scale, int steps) {
+  return steps * (ns_dtype == at::kFloat ? 1e-4 * lr_scale + 1e-6 : 0.12 * lr_scale);
+}
+
+struct FullStepCase {
+  MomentumStyle style;
+  bool nesterov;
+};
+
+TEST(MuonStepTest, MatchesAnIndependentFloat64Reference) {
+  const double lr = 0.02, wd = 0.1, mu = 0.95, rms = 0.2;
+  for (const auto ns_dtype : {at::kFloat, at::kBFloat16}) {
+    for (const FullStepCase c :
+         {FullStepCase{MomentumStyle::kSum, true}, FullStepCase{MomentumStyle::kEma, true},
+          FullStepCase{MomentumStyle::kEmaAdd, false}}) {
+      const std::string what = std::string(c10::toString(ns_dtype)) + " " +
+                               momentum_style_name(c.style) + (c.nesterov ? " nesterov" : "");
+      // A wide matrix and a 3-D tall-expert tensor.
+      at::Tensor wide = random_normal({4, 6}, 21);
+      at::Tensor experts = random_normal({2, 5, 3}, 22);
+      ReferenceParam ref_wide{wide.to(at::kDouble), at::zeros({4, 6}, at::kDouble)};
+      ReferenceParam ref_experts{experts.to(at::kDouble), at::zeros({2, 5, 3}, at::kDouble)};
+      Muon muon({wide, experts}, MuonOptions()
+                                     .lr(lr)
+                                     .weight_decay(wd)
+                                     .momentum(mu)
+                                     .nesterov(c.nesterov)
+                                     .momentum_style(c.style)
+                                     .ns_dtype(ns_dtype)
+                                     .matched_adamw_rms(rms));
+      for (int step = 1; step <= 2; ++step) {
+        const at::Tensor g_wide = random_normal({4, 6}, 100 + step);
+        const at::Tensor g_experts = random_normal({2, 5, 3}, 200 + step);
+        wide.mutable_grad() = g_wide;
+        experts.mutable_grad() = g_experts;
+        muon.step();
+        reference_step(ref_wide, g_wide, lr, wd, mu, c.style, c.nesterov, rms);
+        reference_step(ref_experts, g_experts, lr, wd, mu, c.style, c.nesterov, rms);
+        const double scale_wide = rms * std::sqrt(6.0), scale_experts = rms * std::sqrt(5.0);
+        EXPECT_LT(max_abs_diff(wide, ref_wide.p), step_tolerance(ns_dtype, lr * scale_wide, step))
+            << what << " step " << step;
+        EXPECT_LT(max_abs_diff(experts, ref_experts.p),
+                  step_tolerance(ns_dtype, lr * scale_experts, step))
+            << what << " step " << step;
+      }
+      // The momentum buffer has no Newton-Schulz in it: float32 exact to rounding.
+      EXPECT_LT(max_abs_diff(muon.export_state(wide)[0].second, ref_wide.buf), 1e-5) << what;
+    }
+  }
+}
+
+// original mode on a tall matrix: scale sqrt(6/2) and lr as given; checked through the update
+// size, which for an exactly orthogonalized full-rank tall matrix has every singular value of
+// O near 1 (hybrid10: within 6e-4 of 1 in float32), so ||delta p||_2 ~ lr * sqrt(3).
+TEST(MuonStepTest, OriginalModeScalesTallMatricesBySqrtAspect) {
+  at::Tensor p = at::zeros({6, 2});
+  Muon muon({p}, MuonOptions()
+                     .lr(0.1)
+                     .adjust_lr_fn(AdjustLrFn::kOriginal)
+                     .ns_variant("hybrid")
+                     .ns_steps(10)
+                     .ns_dtype(at::kFloat));
+  p.mutable_grad() = random_normal({6, 2}, 31);
+  muon.step();
+  const at::Tensor s = at::linalg_svdvals(p.to(at::kDouble));
+  EXPECT_NEAR(s.max().item<double>(), 0.1 * std::sqrt(3.0), 1e-3);
+  EXPECT_NEAR(s.min().item<double>(), 0.1 * std::sqrt(3.0), 1e-3);
+}
+
+// ---- batching ----
+// Two 6x4 matrices and a [3, 6, 4] expert tensor share one Newton-Schulz call (5 matrices); each
+// alone in its own Muon must give the same update. float32: the same per-matrix GEMMs, so equal
+// to float32 rounding (1e-6 on p ~ 1). bfloat16: batched and single GEMMs may take different
+// oneDNN/cpublas paths and round differently (on other shapes a 4 x 24 x 16 batch and its single
+// matrices differ by up to 0.07 per element of O after 5 steps); Newton-Schulz amplifies that
+// like any rounding, so the two may differ by up to twice the bf16 step tolerance against the
+// exact result. Measured here with LibTorch 1.13: bitwise equal in both dtypes.
+TEST(MuonBatchTest, SameShapeBatchEqualsPerParameterSteps) {
+  for (const auto ns_dtype : {at::kFloat, at::kBFloat16}) {
+    const MuonOptions options = MuonOptions().lr(0.05).weight_decay(0.01).ns_dtype(ns_dtype);
+    std::vector<at::Tensor> batched = {random_normal({6, 4}, 41), random_normal({6, 4}, 42),
+                                       random_normal({3, 6, 4}, 43), random_normal({5, 5}, 44)};
+    std::vector<at::Tensor> single;
+    for (const auto& p : batched) single.push_back(p.clone());
+    Muon together(batched, options);
+    std::vector<std::unique_ptr<Muon>> alone;
+    for (const auto& p : single) alone.push_back(std::make_unique<Muon>(std::vector{p}, options));
+
+    const auto layout = together.batches(0);
+    ASSERT_EQ(layout.size(), 2u);
+    EXPECT_EQ(layout[0].rows, 6);
+    EXPECT_EQ(layout[0].cols, 4);
+    EXPECT_EQ(layout[0].params.size(), 3u);
+    EXPECT_EQ(layout[1].params.size(), 1u);
+
+    for (int step = 1; step <= 2; ++step) {
+      for (size_t i = 0; i < batched.size(); ++i) {
+        const at::Tensor g = random_normal(batched[i].sizes(), 1000 * step + i);
+        batched[i].mutable_grad() = g;
+        single[i].mutable_grad() = g.clone();
+      }
+      together.step();
+      for (auto& m : alone) m->step();
+    }
+    const double scale = 0.2 * std::sqrt(6.0);
+    const double tol =
+        ns_dtype == at::kFloat ? 1e-6 : 2 * step_tolerance(ns_dtype, 0.05 * scale, 2);
+    for (size_t i = 0; i < batched.size(); ++i) {
+      EXPECT_LT(max_abs_diff(batched[i], single[i]), tol)
+          << c10::toString(ns_dtype) << " param " << i;
+    }
+  }
+}
+
+// ---- parameter replacement (RFC 7.3) ----
+TEST(MuonReplaceTest, StateMovesAndRebuiltBatchesUpdateTheNewTensor) {
+  const MuonOptions options = MuonOptions().ns_dtype(at::kFloat);
+  at::Tensor old_param = random_normal({4, 8}, 51);
+  at::Tensor twin = old_param.clone();  // same history, never replaced
+  Muon muon({old_param}, options);
+  Muon reference({twin}, options);
+  const at::Tensor g1 = random_normal({4, 8}, 52);
+  old_param.mutable_grad() = g1;
+  twin.mutable_grad() = g1.clone();
+  muon.step();
+  reference.step();
+
+  at::Tensor new_param = old_param.detach().clone();
+  const at::Tensor old_before = old_param.clone();
+  muon.replace_parameter(old_param, new_param);
+  muon.reset_parameter_caches();
+  EXPECT_TRUE(muon.export_state(old_param).empty());
+  ASSERT_EQ(muon.export_state(new_param).size(), 2u);
+  ASSERT_EQ(muon.batches(0).size(), 1u);
+  EXPECT_TRUE(muon.batches(0)[0].params[0].is_same(new_param));
+
+  const at::Tensor g2 = random_normal({4, 8}, 53);
+  new_param.mutable_grad() = g2;
+  twin.mutable_grad() = g2.clone();
+  muon.step();
+  reference.step();
+  EXPECT_TRUE(at::equal(old_param, old_before));  // the replaced tensor is left alone
+  EXPECT_TRUE(at::equal(new_param, twin));        // same computation on the same values
+  EXPECT_EQ(muon.export_state(new_param)[1].second.item<int64_t>(), 2);
+}
+
+// Forgetting reset_parameter_caches() must not update the replaced tensor either.
+TEST(MuonReplaceTest, StepRebuildsStaleBatches) {
+  at::Tensor old_param = random_normal({3, 3}, 61);
+  Muon muon({old_param}, MuonOptions().ns_dtype(at::kFloat));
+  at::Tensor new_param = old_param.clone();
+  muon.replace_parameter(old_param, new_param);
+  new_param.mutable_grad() = random_normal({3, 3}, 62);
+  const at::Tensor old_before = old_param.clone();
+  muon.step();
+  EXPECT_TRUE(at::equal(old_param, old_before));
+  EXPECT_FALSE(at::equal(new_param, old_before));
+}
+
+// ---- state export / import ----
+TEST(MuonStateTest, ExportImportContinuesBitwise) {
+  const MuonOptions options = MuonOptions().weight_decay(0.1);
+  at::Tensor p = random_normal({5, 7}, 71);
+  Muon muon({p}, options);
+  EXPECT_TRUE(muon.export_state(p).empty());  // no state before the first step
+  for (int step = 1; step <= 2; ++step) {
+    p.mutable_grad() = random_normal({5, 7}, 71 + step);
+    muon.step();
+  }
+  const NamedTensorList exported = muon.export_state(p);
+  ASSERT_EQ(exported.size(), 2u);
+  EXPECT_EQ(exported[0].first, "momentum_buffer");
+  EXPECT_EQ(exported[1].first, "step");
+  EXPECT_EQ(exported[1].second.item<int64_t>(), 2);
+
+  at::Tensor restored = p.clone();
+  Muon resumed({restored}, options);
+  resumed.import_state(restored, exported);
+  EXPECT_FALSE(resumed.export_state(restored)[0].second.is_same(exported[0].second));  // a copy
+
+  const at::Tensor g = random_normal({5, 7}, 79);
+  p.mutable_grad() = g;
+  restored.mutable_grad() = g.clone();
+  muon.step();
+  resumed.step();
+  EXPECT_TRUE(at::equal(p, restored));
+  EXPECT_EQ(resumed.export_state(restored)[1].second.item<int64_t>(), 3);
+}
+
+TEST(MuonStateTest, ImportRejectsBadState) {
+  at::Tensor p = at::zeros({2, 3});
+  Muon muon({p});
+  const at::Tensor buf = at::zeros({2, 3});
+  const at::Tensor step = at::scalar_tensor(4.0);  // torch.optim's float32 step is accepted
+  EXPECT_NO_THROW(muon.import_state(p, {{"momentum_buffer", buf}, {"step", step}}));
+  EXPECT_EQ(muon.export_state(p)[1].second.item<int64_t>(), 4);
+  EXPECT_THROW(muon.import_state(p, {{"step", step}}), std::invalid_argument);
+  EXPECT_THROW(muon.import_state(p, {{"momentum_buffer", buf}}), std::invalid_argument);
+  EXPECT_THROW(muon.import_state(p, {{"momentum_buffer", buf}, {"step", step}, {"exp_avg", buf}}),
+               std::invalid_argument);
+  EXPECT_THROW(muon.import_state(p, {{"momentum_buffer", at::zeros({3, 2})}, {"step", step}}),
+               std::invalid_argument);
+  EXPECT_THROW(muon.import_state(p, {{"momentum_buffer", buf}, {"step", at::scalar_tensor(1.5)}}),
+               std::invalid_argument);
+  EXPECT_THROW(muon.import_state(at::zeros({2, 3}), {{"momentum_buffer", buf}, {"step", step}}),
+               std::invalid_argument);
+}
+
+// ---- copy-back ----
+TEST(MuonCopyBackTest, ModelParamIsTheMainParamRoundedToBfloat16) {
+  at::Tensor model = random_normal({6, 10}, 81).to(at::kBFloat16);
+  at::Tensor main = model.to(at::kFloat);
+  Muon muon({main}, MuonOptions().lr(0.01).weight_decay(0.1));
+  muon.set_copy_back(main, model);
+  for (int step = 1; step <= 3; ++step) {
+    main.mutable_grad() = random_normal({6, 10}, 81 + step);
+    muon.step();
+    EXPECT_EQ(model.scalar_type(), at::kBFloat16);
+    EXPECT_TRUE(at::equal(model, main.to(at::kBFloat16))) << "step " << step;
+  }
+  EXPECT_FALSE(at::equal(model.to(at::kFloat), main));  // main keeps the low mantissa bits
+}
+
+// ---- construction, options, grads ----
+TEST(MuonTest, RejectsVectorParameters) {
+  try {
+    Muon muon({at::zeros({3, 3}), at::zeros({4})});
+    FAIL() << "a 1-D parameter must be rejected";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("[4]"), std::string::npos) << e.what();
+  }
+}
+
+TEST(MuonTest, RejectsInvalidOptions) {
+  EXPECT_THROW(Muon({at::zeros({2, 2})}, MuonOptions().ns_steps(6)), std::invalid_argument);
+  EXPECT_THROW(Muon({at::zeros({2, 2})}, MuonOptions().momentum(1.0)), std::invalid_argument);
+  EXPECT_THROW(Muon({at::zeros({2, 2})}, MuonOptions().lr(-1.0)), std::invalid_argument);
+  EXPECT_THROW(Muon({at::zeros({2, 2})}, MuonOptions().ns_dtype(at::kHalf)), std::invalid_argument);
+  EXPECT_THROW(Muon({at::zeros({2, 2})}, MuonOptions().ns_variant("custom")),
+               std::invalid_argument);  // custom needs ns_steps coefficient sets
+}
+
+TEST(MuonTest, DefaultsAndFromConfigFollowTheConfig) {
+  const MuonConfig defaults;
+  const MuonOptions d;
+  EXPECT_EQ(d.lr(), defaults.lr);
+  EXPECT_EQ(d.weight_decay(), defaults.weight_decay);
+  EXPECT_EQ(d.momentum(), defaults.momentum);
+  EXPECT_EQ(d.nesterov(), defaults.nesterov);
+  EXPECT_EQ(d.ns_steps(), defaults.ns_steps);
+  EXPECT_EQ(d.ns_variant(), defaults.ns_variant);
+  EXPECT_EQ(d.ns_epsilon(), defaults.ns_epsilon);
+  EXPECT_EQ(d.ns_dtype(), at::kBFloat16);
+  EXPECT_EQ(d.matched_adamw_rms(), defaults.matched_adamw_rms);
+  EXPECT_EQ(d.adjust_lr_fn(), AdjustLrFn::kMatchRmsAdamw);
+  EXPECT_EQ(d.momentum_style(), MomentumStyle::kSum);
+
+  MuonConfig toml;
+  toml.lr = 2.2e-4;
+  toml.weight_decay = 0.1;
+  toml.ns_steps = 10;
+  toml.ns_variant = "hybrid";
+  toml.ns_dtype = "float32";
+  toml.matched_adamw_rms = 0.18;
+  toml.adjust_lr_fn = "original";
+  toml.momentum_style = "ema_add";
+  const MuonOptions o = MuonOptions::from_config(toml);
+  EXPECT_EQ(o.lr(), 2.2e-4);
+  EXPECT_EQ(o.weight_decay(), 0.1);
+  EXPECT_EQ(o.ns_steps(), 10);
+  EXPECT_EQ(o.ns_variant(), "hybrid");
+  EXPECT_EQ(o.ns_dtype(), at::kFloat);
+  EXPECT_EQ(o.matched_adamw_rms(), 0.18);
+  EXPECT_EQ(o.adjust_lr_fn(), AdjustLrFn::kOriginal);
+  EXPECT_EQ(o.momentum_style(), MomentumStyle::kEmaAdd);
+
+  toml.ns_dtype = "int8";
+  EXPECT_THROW(MuonOptions::from_config(toml), std::invalid_argument);
+  toml.ns_dtype = "bfloat16";
+  toml.ns_variant = "asym5";  // 10 steps: the asym5 error
+  EXPECT_THROW(MuonOptions::from_config(toml), std::invalid_argument);
+}
+
+TEST(MuonTest, SetLrReachesEveryGroupAndParamsWithoutGradAreSkipped) {
+  at::Tensor a = at::ones({2, 2});
+  at::Tensor b = at::ones({3, 2});
+  std::vector<OptimizerParamGroup> groups;
+  groups.emplace_back(std::vector<at::Tensor>{a});
+  groups.emplace_back(std::vector<at::Tensor>{b},
+                      std::make_unique<MuonOptions>(MuonOptions().lr(0.5)));
+  Muon muon(groups, MuonOptions().lr(0.1));
+  EXPECT_EQ(muon.param_groups()[0].options().get_lr(), 0.1);
+  EXPECT_EQ(muon.param_groups()[1].options().get_lr(), 0.5);
+  muon.set_lr(0.03);
+  EXPECT_EQ(muon.param_groups()[0].options().get_lr(), 0.03);
+  EXPECT_EQ(muon.param_groups()[1].options().get_lr(), 0.03);
+
+  a.mutable_grad() = at::ones({2, 2});
+  muon.step();
+  EXPECT_FALSE(at::equal(a, at::ones({2, 2})));
+  EXPECT_TRUE(at::equal(b, at::ones({3, 2})));
+  EXPECT_TRUE(muon.export_state(b).empty());
+  EXPECT_EQ(muon.kind(), "muon");
+}
+
+}  // namespace
+}  // namespace mixtrain

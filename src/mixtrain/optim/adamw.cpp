@@ -1,0 +1,217 @@
+#include "mixtrain/optim/adamw.h"
+
+#include <ATen/ATen.h>
+
+#include <cmath>
+#include <memory>
+#include <stdexcept>
+#include <utility>
+
+#include "mixtrain/core/cpu_capability.h"
+#include "mixtrain/optim/kernels/adamw_kernel.h"
+
+namespace mixtrain {
+namespace {
+
+using torch::optim::AdamWOptions;
+using torch::optim::AdamWParamState;
+
+void check_options(const AdamWOptions& options, const std::string& where) {
+  auto fail = [&](const std::string& what) {
+    throw std::invalid_argument("adamw: " + where + ": " + what);
+  };
+  if (options.amsgrad()) fail("amsgrad is not supported");
+  if (!(options.lr() >= 0)) fail("invalid learning rate " + std::to_string(options.lr()));
+  if (!(options.eps() >= 0)) fail("invalid eps " + std::to_string(options.eps()));
+  const double beta1 = std::get<0>(options.betas());
+  const double beta2 = std::get<1>(options.betas());
+  if (!(beta1 >= 0 && beta1 < 1)) fail("invalid beta1 " + std::to_string(beta1));
+  if (!(beta2 >= 0 && beta2 < 1)) fail("invalid beta2 " + std::to_string(beta2));
+  if (!(options.weight_decay() >= 0)) {
+    fail("invalid weight_decay " + std::to_string(options.weight_decay()));
+  }
+}
+
+// The double scalars of torch/optim/adamw.py, cast to float as each ATen op casts its Scalar.
+AdamWStepScalars step_scalars(const AdamWOptions& options, int64_t step) {
+  const double lr = options.lr();
+  const double beta1 = std::get<0>(options.betas());
+  const double beta2 = std::get<1>(options.betas());
+  const double bias_correction1 = 1 - std::pow(beta1, static_cast<double>(step));
+  const double bias_correction2 = 1 - std::pow(beta2, static_cast<double>(step));
+  AdamWStepScalars s;
+  s.decay = static_cast<float>(1 - lr * options.weight_decay());
+  s.exp_avg_weight = static_cast<float>(1 - beta1);
+  s.beta2 = static_cast<float>(beta2);
+  s.one_minus_beta2 = static_cast<float>(1 - beta2);
+  s.bias_correction2_sqrt = static_cast<float>(std::sqrt(bias_correction2));
+  s.eps = static_cast<float>(options.eps());
+  s.neg_step_size = static_cast<float>(-(lr / bias_correction1));
+  return s;
+}
+
+// The reference op sequence (adamw.h), for every case the fused kernel does not take.
+void unfused_step(const AdamWOptions& options, int64_t step, const at::Tensor& param,
+                  const at::Tensor& grad, const at::Tensor& exp_avg, const at::Tensor& exp_avg_sq) {
+  const double lr = options.lr();
+  const double beta1 = std::get<0>(options.betas());
+  const double beta2 = std::get<1>(options.betas());
+  const double bias_correction1 = 1 - std::pow(beta1, static_cast<double>(step));
+  const double bias_correction2 = 1 - std::pow(beta2, static_cast<double>(step));
+  const double step_size = lr / bias_correction1;
+  param.mul_(1 - lr * options.weight_decay());
+  exp_avg.lerp_(grad, 1 - beta1);
+  exp_avg_sq.mul_(beta2).addcmul_(grad, grad, 1 - beta2);
+  const at::Tensor denom = (exp_avg_sq.sqrt() / std::sqrt(bias_correction2)).add_(options.eps());
+  param.addcdiv_(exp_avg, denom, -step_size);
+}
+
+bool fusable(const at::Tensor& t) {
+  return t.device().is_cpu() && t.scalar_type() == at::kFloat && t.is_contiguous() &&
+         t.layout() == at::kStrided;
+}
+
+bool fusable_model_param(const at::Tensor& model, const at::Tensor& param) {
+  return model.device().is_cpu() && model.is_contiguous() && model.numel() == param.numel() &&
+         (model.scalar_type() == at::kBFloat16 || model.scalar_type() == at::kHalf);
+}
+
+using AdamWKernel = void (*)(const AdamWStepScalars&, float*, const float*, float*, float*, void*,
+                             c10::ScalarType, int64_t);
+
+AdamWKernel adamw_kernel() {
+  static const AdamWKernel kernel =
+      select_kernel<AdamWKernel>(DEFAULT::adamw_step, AVX2::adamw_step, AVX512::adamw_step);
+  return kernel;
+}
+
+at::Tensor state_tensor_like(const at::Tensor& value, const at::Tensor& param) {
+  // A private copy in the param's dtype, laid out like the param.
+  at::Tensor out = at::empty_like(param, at::MemoryFormat::Preserve);
+  out.copy_(value);
+  return out;
+}
+
+}  // namespace
+
+AdamW::AdamW(std::vector<torch::optim::OptimizerParamGroup> groups, AdamWOptions defaults)
+    : LeafOptimizer(std::move(groups), std::make_unique<AdamWOptions>(defaults)) {
+  check_options(defaults, "defaults");
+  for (size_t i = 0; i < param_groups_.size(); ++i) {
+    check_options(static_cast<const AdamWOptions&>(param_groups_[i].options()),
+                  "param group " + std::to_string(i));
+  }
+}
+
+at::Tensor AdamW::step(LossClosure closure) {
+  at::NoGradGuard no_grad;
+  at::Tensor loss;
+  if (closure != nullptr) {
+    at::AutoGradMode enable_grad(true);
+    loss = closure();
+  }
+  for (auto& group : param_groups_) {
+    const auto& options = static_cast<const AdamWOptions&>(group.options());
+    for (auto& param : group.params()) {
+      if (!param.grad().defined()) continue;
+      const at::Tensor& grad = param.grad();
+      TORCH_CHECK(!grad.is_sparse(), "adamw: sparse gradients are not supported");
+      auto& slot = state_[state_key(param)];
+      if (!slot) {
+        auto fresh = std::make_unique<AdamWParamState>();
+        fresh->step(0);
+        fresh->exp_avg(at::zeros_like(param, at::MemoryFormat::Preserve));
+        fresh->exp_avg_sq(at::zeros_like(param, at::MemoryFormat::Preserve));
+        slot = std::move(fresh);
+      }
+      auto& state = static_cast<AdamWParamState&>(*slot);
+      state.step(state.step() + 1);
+      const at::Tensor model = copy_back_target(param);
+
+      if (fusable(param) && fusable(grad) && fusable(state.exp_avg()) &&
+          fusable(state.exp_avg_sq()) && grad.numel() == param.numel()) {
+        const bool fuse_model = model.defined() && fusable_model_param(model, param);
+        adamw_kernel()(step_scalars(options, state.step()), param.data_ptr<float>(),
+                       grad.data_ptr<float>(), state.exp_avg().data_ptr<float>(),
+                       state.exp_avg_sq().data_ptr<float>(),
+                       fuse_model ? model.data_ptr() : nullptr,
+                       fuse_model ? model.scalar_type() : at::kFloat, param.numel());
+        // Written through raw pointers: bump the version counters as the in-place ops would,
+        // so autograd still notices a graph that saved one of them.
+        for (const at::Tensor* t : {&param, &state.exp_avg(), &state.exp_avg_sq()}) {
+          t->unsafeGetTensorImpl()->bump_version();
+        }
+        if (fuse_model) {
+          model.unsafeGetTensorImpl()->bump_version();
+        } else if (model.defined()) {
+          model.copy_(param);
+        }
+        continue;
+      }
+      unfused_step(options, state.step(), param, grad.to(param.scalar_type()), state.exp_avg(),
+                   state.exp_avg_sq());
+      if (model.defined()) model.copy_(param);  // copy_ rounds to nearest even, as to() does
+    }
+  }
+  return loss;
+}
+
+NamedTensorList AdamW::export_state(const at::Tensor& param) const {
+  auto it = state_.find(state_key(param));
+  if (it == state_.end()) return {};
+  const auto& state = static_cast<const AdamWParamState&>(*it->second);
+  return {{"exp_avg", state.exp_avg()},
+          {"exp_avg_sq", state.exp_avg_sq()},
+          {"step", at::scalar_tensor(state.step(), at::kLong)}};
+}
+
+void AdamW::import_state(const at::Tensor& param, const NamedTensorList& state) {
+  const std::string key = state_key(param);
+  if (state.empty()) {
+    state_.erase(key);
+    return;
+  }
+  at::Tensor exp_avg, exp_avg_sq, step;
+  for (const auto& [name, value] : state) {
+    at::Tensor* slot = name == "exp_avg"      ? &exp_avg
+                       : name == "exp_avg_sq" ? &exp_avg_sq
+                       : name == "step"       ? &step
+                                              : nullptr;
+    if (slot == nullptr)
+      throw std::invalid_argument("adamw: import_state: unknown key '" + name + "'");
+    if (slot->defined())
+      throw std::invalid_argument("adamw: import_state: duplicate key '" + name + "'");
+    if (!value.defined())
+      throw std::invalid_argument("adamw: import_state: '" + name + "' is undefined");
+    *slot = value;
+  }
+  for (const auto& [name, value] : {std::pair<const char*, at::Tensor&>{"exp_avg", exp_avg},
+                                    {"exp_avg_sq", exp_avg_sq},
+                                    {"step", step}}) {
+    if (!value.defined()) {
+      throw std::invalid_argument(std::string("adamw: import_state: missing key '") + name + "'");
+    }
+  }
+  for (const auto& [name, value] :
+       {std::pair<const char*, at::Tensor&>{"exp_avg", exp_avg}, {"exp_avg_sq", exp_avg_sq}}) {
+    if (value.sizes() != param.sizes()) {
+      throw std::invalid_argument(std::string("adamw: import_state: '") + name + "' has shape " +
+                                  c10::str(value.sizes()) + ", the parameter " +
+                                  c10::str(param.sizes()));
+    }
+  }
+  if (step.numel() != 1 || at::isFloatingType(step.scalar_type()) || step.item<int64_t>() < 0) {
+    throw std::invalid_argument("adamw: import_state: 'step' must be one non-negative integer");
+  }
+  auto fresh = std::make_unique<AdamWParamState>();
+  fresh->step(step.item<int64_t>());
+  fresh->exp_avg(state_tensor_like(exp_avg, param));
+  fresh->exp_avg_sq(state_tensor_like(exp_avg_sq, param));
+  state_[key] = std::move(fresh);
+}
+
+void AdamW::set_lr(double lr) {
+  for (auto& group : param_groups_) group.options().set_lr(lr);
+}
+
+}  // namespace mixtrain

@@ -1,0 +1,60 @@
+// AdamW, fused: torch.optim.AdamW with amsgrad off (DESIGN §5), as a LibTorch optimizer.
+//
+// Per parameter p with gradient g and its own step count t (1 at its first step), with the
+// group's lr, betas (beta1, beta2), eps and weight_decay (wd); exactly PyTorch's single-tensor
+// update (torch/optim/adamw.py, foreach=False, the CPU default), scalars computed in double:
+//   p.mul_(1 - lr * wd)
+//   exp_avg.lerp_(g, 1 - beta1)
+//   exp_avg_sq.mul_(beta2).addcmul_(g, g, 1 - beta2)
+//   bias_correction1 = 1 - beta1^t;  bias_correction2 = 1 - beta2^t
+//   step_size = lr / bias_correction1
+//   denom = (exp_avg_sq.sqrt() / sqrt(bias_correction2)).add_(eps)
+//   p.addcdiv_(exp_avg, denom, -step_size)
+// then, when set_copy_back() gave p a bfloat16/float16 model param, model_param = p rounded to
+// nearest even (what Tensor::to gives).
+//
+// Fused path (float32 contiguous CPU param, grad and moments): one vectorized pass
+// (kernels/adamw_kernel.h) that also writes the model param. It is BITWISE equal to the op
+// sequence above run by LibTorch 1.13 at the same CPU capability (ATen picks the best the CPU
+// has, as we do; ATEN_CPU_CAPABILITY and MIXTRAIN_CPU_CAPABILITY lower them). The capability
+// matters: ATen's AVX2/AVX-512 builds fuse lerp_ and addcmul_ into multiply-adds and its
+// DEFAULT build does not, and each of our variants does what ATen's does (verified against the
+// installed LibTorch 1.13 by tests/unit/optim/adamw_test.cpp). Everything else (a
+// bfloat16/float16 param without main params, non-contiguous tensors) runs that op sequence
+// itself, with state in the param's dtype.
+//
+// Differs from torch::optim::AdamW (LibTorch's C++ port) in the last bits only: that one
+// updates exp_avg as mul_(beta1).add_(g, 1 - beta1) instead of lerp_.
+//
+// State: torch::optim::AdamWParamState (step, exp_avg, exp_avg_sq; zeros in the param's dtype
+// at its first step), keyed like torch's. Params whose grad is undefined are skipped.
+#pragma once
+
+#include <torch/optim/adamw.h>
+
+#include <string>
+#include <vector>
+
+#include "mixtrain/optim/leaf_optimizer.h"
+
+namespace mixtrain {
+
+class AdamW : public LeafOptimizer {
+ public:
+  // Throws std::invalid_argument for amsgrad(true) or an out-of-range hyperparameter in the
+  // defaults or any group.
+  explicit AdamW(std::vector<torch::optim::OptimizerParamGroup> groups,
+                 torch::optim::AdamWOptions defaults = {});
+
+  at::Tensor step(LossClosure closure = nullptr) override;
+  std::string kind() const override { return "adamw"; }
+
+  // "exp_avg", "exp_avg_sq" (aliases of the live state) and "step" (int64 scalar tensor);
+  // empty before the param's first step.
+  NamedTensorList export_state(const at::Tensor& param) const override;
+  // The same three names; an empty list clears the param's state.
+  void import_state(const at::Tensor& param, const NamedTensorList& state) override;
+  void set_lr(double lr) override;
+};
+
+}  // namespace mixtrain

@@ -1,0 +1,25 @@
+// Builds the optimizer stack from the config, in the RFC 7.2 order:
+//   route_parameters -> leaves (AdamW; Muon when the target is Muon), one param group per
+//   distinct (lr, weight_decay), in model order -> ChainedOptimizer -> MixedPrecisionOptimizer
+//   iff optimizer.fp32_main_params.
+// Logs the routing table with log_info. float16 params without fp32_main_params are a
+// ConfigError: float16 needs fp32 main params and loss scaling (DESIGN §6).
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "mixtrain/config/trainer_config.h"
+#include "mixtrain/optim/training_optimizer.h"
+
+namespace mixtrain {
+
+std::unique_ptr<TrainingOptimizer> build_optimizer(
+    const std::vector<std::pair<std::string, at::Tensor>>& named_params,
+    const TrainerConfig& config);
+
+}  // namespace mixtrain

@@ -1,0 +1,334 @@
+#include "mixtrain/optim/chained_optimizer.h"
+
+#include <ATen/ATen.h>
+#include <c10/core/GradMode.h>
+
+#include <map>
+#include <set>
+#include <sstream>
+#include <stdexcept>
+#include <unordered_set>
+
+#include "mixtrain/core/dtype.h"
+
+namespace mixtrain {
+namespace {
+
+std::string format_sizes(at::IntArrayRef sizes) {
+  std::ostringstream out;
+  out << '[';
+  for (size_t i = 0; i < sizes.size(); ++i) out << (i ? ", " : "") << sizes[i];
+  out << ']';
+  return out.str();
+}
+
+bool starts_with(const std::string& text, const std::string& prefix) {
+  return text.compare(0, prefix.size(), prefix) == 0;
+}
+
+}  // namespace
+
+std::string format_load_problems(const std::string& what,
+                                 const std::vector<std::string>& problems) {
+  std::string message = what + ": " + std::to_string(problems.size()) + " problem(s)";
+  for (const auto& problem : problems) message += "\n  - " + problem;
+  return message;
+}
+
+void ChainedOptimizer::add_leaf(std::unique_ptr<LeafOptimizer> leaf,
+                                const NamedTensors& named_params) {
+  if (!leaf) throw std::invalid_argument("ChainedOptimizer::add_leaf: null leaf");
+  const std::string kind = leaf->kind();
+  std::unordered_map<const void*, size_t> in_groups;  // leaf param -> times seen
+  for (const auto& group : leaf->param_groups()) {
+    for (const auto& p : group.params()) ++in_groups[p.unsafeGetTensorImpl()];
+  }
+  std::unordered_set<const void*> named;
+  for (const auto& [name, param] : named_params) {
+    const void* impl = param.unsafeGetTensorImpl();
+    if (entries_.count(name))
+      throw std::invalid_argument("ChainedOptimizer::add_leaf(" + kind + "): parameter name '" +
+                                  name + "' is already in the chain");
+    if (optimizer_param_names_.count(impl) || model_param_names_.count(impl))
+      throw std::invalid_argument("ChainedOptimizer::add_leaf(" + kind + "): parameter '" + name +
+                                  "' is already in the chain under another name");
+    auto it = in_groups.find(impl);
+    if (it == in_groups.end())
+      throw std::invalid_argument("ChainedOptimizer::add_leaf(" + kind + "): parameter '" + name +
+                                  "' is not in the leaf's param groups");
+    if (it->second != 1 || !named.insert(impl).second)
+      throw std::invalid_argument("ChainedOptimizer::add_leaf(" + kind + "): parameter '" + name +
+                                  "' appears more than once");
+  }
+  if (named.size() != in_groups.size())
+    throw std::invalid_argument("ChainedOptimizer::add_leaf(" + kind +
+                                "): " + std::to_string(in_groups.size() - named.size()) +
+                                " parameter(s) of the leaf's groups have no name");
+
+  const size_t index = leaves_.size();
+  for (const auto& [name, param] : named_params) {
+    entries_[name] = Entry{param, param, index, at::Tensor()};
+    names_.push_back(name);
+    optimizer_param_names_[param.unsafeGetTensorImpl()] = name;
+    model_param_names_[param.unsafeGetTensorImpl()] = name;
+  }
+  std::vector<double> lrs;
+  for (const auto& group : leaf->param_groups()) lrs.push_back(group.options().get_lr());
+  base_lrs_.push_back(std::move(lrs));
+  leaves_.push_back(std::move(leaf));
+}
+
+const ChainedOptimizer::Entry& ChainedOptimizer::entry(const std::string& name) const {
+  auto it = entries_.find(name);
+  if (it == entries_.end())
+    throw std::invalid_argument("optimizer: no trainable parameter named '" + name + "'");
+  return it->second;
+}
+
+const at::Tensor& ChainedOptimizer::model_param(const std::string& name) const {
+  return entry(name).model_param;
+}
+
+const at::Tensor& ChainedOptimizer::optimizer_param(const std::string& name) const {
+  return entry(name).optimizer_param;
+}
+
+LeafOptimizer& ChainedOptimizer::leaf_of(const std::string& name) const {
+  return *leaves_[entry(name).leaf];
+}
+
+const std::string& ChainedOptimizer::name_of(const at::Tensor& param) const {
+  const void* impl = param.unsafeGetTensorImpl();
+  auto it = optimizer_param_names_.find(impl);
+  if (it != optimizer_param_names_.end()) return it->second;
+  it = model_param_names_.find(impl);
+  if (it != model_param_names_.end()) return it->second;
+  throw std::invalid_argument("optimizer: tensor is neither an optimizer nor a model parameter");
+}
+
+void ChainedOptimizer::replace_parameter(const std::string& name, const at::Tensor& new_param) {
+  replace_parameters({{name, new_param}});
+}
+
+void ChainedOptimizer::replace_parameters(const NamedTensors& replacements) {
+  for (const auto& [name, new_param] : replacements) {
+    const Entry& e = entry(name);
+    if (new_param.sizes() != e.optimizer_param.sizes())
+      throw std::invalid_argument("optimizer: replacement for '" + name + "' has shape " +
+                                  format_sizes(new_param.sizes()) + ", expected " +
+                                  format_sizes(e.optimizer_param.sizes()));
+  }
+  std::set<size_t> touched;
+  for (const auto& [name, new_param] : replacements) {
+    Entry& e = entries_.at(name);
+    leaves_[e.leaf]->replace_parameter(e.optimizer_param, new_param);
+    optimizer_param_names_.erase(e.optimizer_param.unsafeGetTensorImpl());
+    e.optimizer_param = new_param;
+    optimizer_param_names_[new_param.unsafeGetTensorImpl()] = name;
+    touched.insert(e.leaf);
+  }
+  // Muon caches per-parameter batches; they must not keep the replaced tensors (RFC 7.3).
+  for (size_t leaf : touched) leaves_[leaf]->reset_parameter_caches();
+}
+
+ChainedOptimizer::StateInitialization ChainedOptimizer::initialize_state() {
+  StateInitialization created;
+  for (size_t l = 0; l < leaves_.size(); ++l) {
+    LeafOptimizer& leaf = *leaves_[l];
+    std::vector<std::string> stateless;
+    for (const auto& name : names_) {
+      const Entry& e = entries_.at(name);
+      if (e.leaf == l && leaf.export_state(e.optimizer_param).empty()) stateless.push_back(name);
+    }
+    if (stateless.empty()) continue;
+
+    // Only the stateless params get a (zero) grad, so the others' state does not advance;
+    // lr 0 makes the update and the decoupled weight decay (1 - lr * wd) identities. The
+    // values are restored anyway, so even the sign of a zero cannot change.
+    std::vector<std::pair<at::Tensor, at::Tensor>> saved_grads;
+    std::vector<double> saved_lrs;
+    for (auto& group : leaf.param_groups()) {
+      for (auto& p : group.params()) {
+        saved_grads.emplace_back(p, p.grad());
+        p.mutable_grad().reset();
+      }
+      saved_lrs.push_back(group.options().get_lr());
+      group.options().set_lr(0.0);
+    }
+    std::vector<std::pair<at::Tensor, at::Tensor>> saved_values;
+    for (const auto& name : stateless) {
+      const at::Tensor& p = entries_.at(name).optimizer_param;
+      saved_values.emplace_back(p, p.detach().clone());
+      p.mutable_grad() = at::zeros_like(p.detach());
+    }
+    std::unordered_set<StateKey> keys_before;
+    for (const auto& kv : leaf.state()) keys_before.insert(kv.first);
+
+    auto restore = [&] {
+      c10::NoGradGuard no_grad;
+      for (auto& [p, value] : saved_values) p.copy_(value);
+      for (auto& [p, grad] : saved_grads) p.mutable_grad() = grad;
+      size_t g = 0;
+      for (auto& group : leaf.param_groups()) group.options().set_lr(saved_lrs[g++]);
+    };
+    try {
+      leaf.step();
+    } catch (...) {
+      restore();
+      for (auto it = leaf.state().begin(); it != leaf.state().end();) {
+        it = keys_before.count(it->first) ? std::next(it) : leaf.state().erase(it);
+      }
+      throw;
+    }
+    restore();
+    for (const auto& kv : leaf.state()) {
+      if (!keys_before.count(kv.first)) created.keys_.emplace_back(l, kv.first);
+    }
+    created.names_.insert(created.names_.end(), stateless.begin(), stateless.end());
+  }
+  return created;
+}
+
+void ChainedOptimizer::undo_initialize_state(const StateInitialization& created) {
+  for (const auto& [leaf, key] : created.keys_) leaves_[leaf]->state().erase(key);
+}
+
+std::vector<std::string> ChainedOptimizer::check_state_dict(const NamedTensors& state) const {
+  std::vector<std::string> problems;
+  std::map<std::string, at::Tensor> given;
+  for (const auto& [key, tensor] : state) {
+    if (!starts_with(key, kOptimizerStatePrefix)) {
+      problems.push_back("unexpected key " + key);
+    } else if (!given.emplace(key, tensor).second) {
+      problems.push_back("duplicate key " + key);
+    }
+  }
+  std::set<std::string> expected;
+  for (const auto& name : names_) {
+    const Entry& e = entries_.at(name);
+    for (const auto& [state_name, live] : leaves_[e.leaf]->export_state(e.optimizer_param)) {
+      const std::string key = kOptimizerStatePrefix + name + "." + state_name;
+      expected.insert(key);
+      auto it = given.find(key);
+      if (it == given.end()) {
+        problems.push_back("missing key " + key);
+        continue;
+      }
+      const at::Tensor& t = it->second;
+      if (!t.defined()) {
+        problems.push_back(key + ": undefined tensor");
+        continue;
+      }
+      if (t.sizes() != live.sizes())
+        problems.push_back(key + ": shape " + format_sizes(t.sizes()) + ", expected " +
+                           format_sizes(live.sizes()));
+      if (t.scalar_type() != live.scalar_type())
+        problems.push_back(key + ": dtype " + dtype_name(t.scalar_type()) + ", expected " +
+                           dtype_name(live.scalar_type()));
+    }
+  }
+  for (const auto& [key, tensor] : given) {
+    if (expected.count(key)) continue;
+    const std::string rest = key.substr(std::string(kOptimizerStatePrefix).size());
+    const size_t dot = rest.rfind('.');
+    const std::string name = dot == std::string::npos ? rest : rest.substr(0, dot);
+    problems.push_back("unexpected key " + key +
+                       (entries_.count(name)
+                            ? " (parameter '" + name + "' is updated by " + leaf_of(name).kind() +
+                                  ", which has no such state)"
+                            : " (no trainable parameter '" + name + "')"));
+  }
+  return problems;
+}
+
+void ChainedOptimizer::import_checked_state(const NamedTensors& state) {
+  std::unordered_map<std::string, at::Tensor> by_key(state.begin(), state.end());
+  for (const auto& name : names_) {
+    const Entry& e = entries_.at(name);
+    LeafOptimizer& leaf = *leaves_[e.leaf];
+    NamedTensorList imported;
+    for (const auto& [state_name, live] : leaf.export_state(e.optimizer_param)) {
+      imported.emplace_back(state_name, by_key.at(kOptimizerStatePrefix + name + "." + state_name));
+    }
+    if (!imported.empty()) leaf.import_state(e.optimizer_param, imported);
+  }
+}
+
+void ChainedOptimizer::load_state_dict(const NamedTensors& state) {
+  StateInitialization created = initialize_state();
+  std::vector<std::string> problems = check_state_dict(state);
+  if (!problems.empty()) {
+    undo_initialize_state(created);
+    throw std::invalid_argument(format_load_problems("optimizer load_state_dict", problems));
+  }
+  import_checked_state(state);
+}
+
+at::Tensor& ChainedOptimizer::main_grad(const std::string& name) {
+  entry(name);  // throws for an unknown name
+  Entry& e = entries_.at(name);
+  if (!e.main_grad.defined())
+    e.main_grad = at::zeros(e.model_param.sizes(), e.model_param.options().dtype(at::kFloat));
+  return e.main_grad;
+}
+
+at::Tensor ChainedOptimizer::main_grad_if_defined(const std::string& name) const {
+  return entry(name).main_grad;
+}
+
+void ChainedOptimizer::prepare_grads() {
+  for (const auto& name : names_) {
+    const Entry& e = entries_.at(name);
+    if (!e.main_grad.defined()) continue;
+    // float32 params read main_grad itself (RFC 8.2: model_param.grad = main_grad).
+    e.optimizer_param.mutable_grad() = e.main_grad.scalar_type() == e.optimizer_param.scalar_type()
+                                           ? e.main_grad
+                                           : e.main_grad.to(e.optimizer_param.scalar_type());
+  }
+}
+
+std::vector<at::Tensor> ChainedOptimizer::grads_for_clipping() {
+  std::vector<at::Tensor> grads;
+  for (const auto& name : names_) {
+    const at::Tensor& grad = entries_.at(name).optimizer_param.grad();
+    if (grad.defined()) grads.push_back(grad);
+  }
+  return grads;
+}
+
+bool ChainedOptimizer::step_with_ready_grads() {
+  for (auto& leaf : leaves_) leaf->step();
+  return true;
+}
+
+void ChainedOptimizer::zero_grad() {
+  for (const auto& name : names_) {
+    Entry& e = entries_.at(name);
+    e.optimizer_param.mutable_grad().reset();
+    e.model_param.mutable_grad().reset();
+    e.main_grad.reset();
+  }
+}
+
+void ChainedOptimizer::set_lr_factor(double factor) {
+  for (size_t l = 0; l < leaves_.size(); ++l) {
+    auto& groups = leaves_[l]->param_groups();
+    if (groups.size() != base_lrs_[l].size())
+      throw std::logic_error("optimizer: " + leaves_[l]->kind() +
+                             " param groups were added after add_leaf; their base lr is unknown");
+    for (size_t g = 0; g < groups.size(); ++g) groups[g].options().set_lr(base_lrs_[l][g] * factor);
+  }
+}
+
+NamedTensors ChainedOptimizer::state_dict() const {
+  NamedTensors state;
+  for (const auto& name : names_) {
+    const Entry& e = entries_.at(name);
+    for (const auto& [state_name, tensor] : leaves_[e.leaf]->export_state(e.optimizer_param)) {
+      state.emplace_back(kOptimizerStatePrefix + name + "." + state_name, tensor);
+    }
+  }
+  return state;
+}
+
+}  // namespace mixtrain

@@ -1,0 +1,127 @@
+// ChainedOptimizer (RFC 7.1, 7.3; Megatron's ChainedOptimizer): the leaf optimizers (AdamW,
+// and Muon when configured) behind one TrainingOptimizer interface, for
+// fp32_main_params: false. The leaves read the optimizer params' .grad.
+//
+// It keeps the two-way maps optimizer param <-> model param and name <-> model param, so the
+// LR schedule, logs and checkpoints keep using the model's fully qualified names after the
+// mixed-precision wrapper swapped main params into the leaf groups (replace_parameter).
+// State is keyed by the model param's name: optimizer.state.<fqn>.<state name>.
+//
+// main_grad(name) (a float32 buffer, e.g. written by FSDP) takes precedence over .grad:
+// prepare_grads sets the optimizer param's grad to it (the same tensor for a float32 param,
+// a cast otherwise). accumulate_model_grads is a no-op: .grad accumulates by itself.
+//
+// load_state_dict (RFC 9.2): first creates the lazy state of every parameter that has none
+// with one zero-lr step on zero grads (parameters untouched), then checks every key, shape
+// and dtype against it; on any problem it drops that created state again and throws
+// std::invalid_argument listing all problems. Every optimizer.state key of every trainable
+// parameter must be present; any other key is an error.
+#pragma once
+
+#include <torch/optim/optimizer.h>
+
+#include <memory>
+#include <string>
+#include <type_traits>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "mixtrain/optim/leaf_optimizer.h"
+#include "mixtrain/optim/training_optimizer.h"
+
+namespace mixtrain {
+
+class ChainedOptimizer : public TrainingOptimizer {
+ public:
+  // Key type of torch::optim::Optimizer::state() (a string in LibTorch 1.13).
+  using StateKey =
+      std::decay_t<decltype(std::declval<const torch::optim::Optimizer&>().state().begin()->first)>;
+
+  // What initialize_state() created, so undo_initialize_state() can drop exactly that.
+  class StateInitialization {
+   public:
+    const std::vector<std::string>& names() const { return names_; }
+
+   private:
+    friend class ChainedOptimizer;
+    std::vector<std::string> names_;
+    std::vector<std::pair<size_t, StateKey>> keys_;  // (leaf index, state key)
+  };
+
+  ChainedOptimizer() = default;
+
+  // Adds a leaf. named_params lists every parameter of the leaf's groups exactly once, by
+  // model name (the leaf's params are the model params at this point). Throws
+  // std::invalid_argument for a mismatch or a name/parameter another leaf already has.
+  void add_leaf(std::unique_ptr<LeafOptimizer> leaf, const NamedTensors& named_params);
+  // The routing table routing() reports (build_optimizer sets it).
+  void set_routing(std::vector<RouteEntry> routes) { routes_ = std::move(routes); }
+
+  const std::vector<std::unique_ptr<LeafOptimizer>>& leaves() const { return leaves_; }
+  // Parameter names in the order they were added.
+  const std::vector<std::string>& names() const { return names_; }
+  bool contains(const std::string& name) const { return entries_.count(name) != 0; }
+  // These throw std::invalid_argument for an unknown name or parameter.
+  const at::Tensor& model_param(const std::string& name) const;
+  const at::Tensor& optimizer_param(const std::string& name) const;
+  LeafOptimizer& leaf_of(const std::string& name) const;
+  // Name of an optimizer param (or of a model param: both maps are searched), by identity.
+  const std::string& name_of(const at::Tensor& param) const;
+
+  // Puts new_param where the optimizer param of `name` was in its leaf group (its state
+  // moves with it), rebuilds the leaf's per-parameter caches and updates the maps. The model
+  // param of `name` stays. The batch form rebuilds each touched leaf's caches once.
+  void replace_parameter(const std::string& name, const at::Tensor& new_param);
+  void replace_parameters(const NamedTensors& replacements);
+
+  // RFC 9.2: gives every parameter without state its (zero) state by one leaf step with lr 0
+  // and zero grads; parameter values, grads, lrs and existing state are as before. Copy-back
+  // targets of the stepped params are written (with the unchanged value rounded), so the
+  // mixed-precision wrapper redirects them first.
+  StateInitialization initialize_state();
+  void undo_initialize_state(const StateInitialization& created);
+  // Every problem of `state` (optimizer.state.* keys only) against the current state
+  // structure: missing, unexpected or duplicate keys, shape and dtype mismatches.
+  std::vector<std::string> check_state_dict(const NamedTensors& state) const;
+
+  // TrainingOptimizer
+  at::Tensor& main_grad(const std::string& name) override;
+  void accumulate_model_grads() override {}
+  double loss_scale() const override { return 1.0; }
+  void prepare_grads() override;
+  std::vector<at::Tensor> grads_for_clipping() override;
+  bool step_with_ready_grads() override;
+  void zero_grad() override;
+  void set_lr_factor(double factor) override;
+  const std::vector<RouteEntry>& routing() const override { return routes_; }
+  NamedTensors state_dict() const override;
+  void load_state_dict(const NamedTensors& state) override;
+
+  // main_grad of `name` if it was created since the last zero_grad, else undefined.
+  at::Tensor main_grad_if_defined(const std::string& name) const;
+  // Imports already checked optimizer.state.* entries into the leaves (copies).
+  void import_checked_state(const NamedTensors& state);
+
+ private:
+  struct Entry {
+    at::Tensor model_param;
+    at::Tensor optimizer_param;
+    size_t leaf = 0;
+    at::Tensor main_grad;
+  };
+  const Entry& entry(const std::string& name) const;
+
+  std::vector<std::unique_ptr<LeafOptimizer>> leaves_;
+  std::vector<std::vector<double>> base_lrs_;  // [leaf][group]: lr as built
+  std::vector<std::string> names_;
+  std::unordered_map<std::string, Entry> entries_;
+  std::unordered_map<const void*, std::string> optimizer_param_names_;  // by TensorImpl
+  std::unordered_map<const void*, std::string> model_param_names_;      // by TensorImpl
+  std::vector<RouteEntry> routes_;
+};
+
+// Joins load problems into one message: "<what>: N problem(s):\n  - ...".
+std::string format_load_problems(const std::string& what, const std::vector<std::string>& problems);
+
+}  // namespace mixtrain

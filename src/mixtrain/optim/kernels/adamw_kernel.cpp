@@ -1,0 +1,223 @@
+// Compiled three times (CPU_CAPABILITY = DEFAULT, AVX2, AVX512); see the header for the
+// contract.
+//
+// Bitwise agreement with the unfused ATen ops rests on three facts about LibTorch 1.13's CPU
+// kernels, measured against the installed library (tests/unit/optim/adamw_test.cpp re-checks
+// them for every capability):
+// - mul_, div, add_ (alpha 1), sqrt and addcdiv_ round each operation once, in every build:
+//   addcdiv_ is self + (value * t1) / t2, with no multiply-add to fuse.
+// - lerp_ (self + w * (end - self), or end - (end - self) * (1 - w) for |w| >= 0.5) and
+//   addcmul_ (self + value * t1 * t2) are written as plain expressions, which GCC contracts
+//   into one fused multiply-add in ATen's AVX2 and AVX-512 builds (compiled with -mfma) and
+//   cannot in the DEFAULT build. at::vec::fmadd is exactly that: a fused multiply-add in our
+//   AVX2/AVX-512 builds and a * b + c with two roundings in DEFAULT.
+// - to(kBFloat16) and to(kHalf) round to nearest even.
+// Everything else must NOT be fused: see rounded() below.
+#include "mixtrain/optim/kernels/adamw_kernel.h"
+
+#include <ATen/Parallel.h>
+#include <ATen/cpu/vec/vec.h>
+#include <c10/util/BFloat16.h>
+#include <c10/util/Exception.h>
+#include <c10/util/Half.h>
+
+#if defined(CPU_CAPABILITY_AVX2) || defined(CPU_CAPABILITY_AVX512)
+#include <immintrin.h>
+#endif
+
+#include <algorithm>
+#include <cmath>
+#include <type_traits>
+
+#if defined(CPU_CAPABILITY_AVX512) && defined(__GNUC__) && !defined(__clang__)
+// GCC 12 false positive: its AVX-512 intrinsics start from _mm512_undefined_epi32(), a
+// deliberately self-initialised register, and -Wmaybe-uninitialized reports it wherever
+// ATen's bf16 conversion is inlined into our code.
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+
+namespace mixtrain {
+namespace CPU_CAPABILITY {
+namespace {
+
+using Vec = at::vec::Vectorized<float>;
+constexpr int64_t kLanes = Vec::size();
+// One iteration updates two vectors: Vectorized<BFloat16> packs two float vectors.
+constexpr int64_t kBlock = 2 * kLanes;
+static_assert(kAdamWChunk % kBlock == 0, "a chunk is whole blocks");
+
+// Returns v, rounded to float here. GCC contracts a product feeding an addition into a fused
+// multiply-add (-ffp-contract=fast is its C++ default) wherever the target has FMA; ATen
+// stores param.mul_(decay) before addcdiv_ reads it, so that product must stay rounded. The
+// empty asm makes the value opaque to the optimizer and costs no instruction.
+inline Vec rounded(Vec v) {
+#if defined(CPU_CAPABILITY_AVX512)
+  __m512 r = v;
+  __asm__("" : "+v"(r));
+  return Vec(r);
+#elif defined(CPU_CAPABILITY_AVX2)
+  __m256 r = v;
+  __asm__("" : "+x"(r));
+  return Vec(r);
+#else
+  return v;  // no FMA instructions in the baseline x86-64 build: nothing can be fused
+#endif
+}
+
+struct VecScalars {
+  explicit VecScalars(const AdamWStepScalars& s)
+      : decay(s.decay),
+        exp_avg_weight(s.exp_avg_weight),
+        one_minus_exp_avg_weight(1.f - s.exp_avg_weight),  // lerp's (1 - weight), in float
+        beta2(s.beta2),
+        one_minus_beta2(s.one_minus_beta2),
+        bias_correction2_sqrt(s.bias_correction2_sqrt),
+        eps(s.eps),
+        neg_step_size(s.neg_step_size),
+        small_weight(std::abs(s.exp_avg_weight) < 0.5f) {}
+  Vec decay, exp_avg_weight, one_minus_exp_avg_weight, beta2, one_minus_beta2,
+      bias_correction2_sqrt, eps, neg_step_size;
+  bool small_weight;  // which of lerp's two formulas ATen uses
+};
+
+// One AdamW update of kLanes elements; returns the new param, updates the moments in place.
+// Each line is one op of the unfused sequence (adamw.h), with its rounding.
+inline Vec adamw_update(const VecScalars& s, Vec param, const Vec& grad, Vec& exp_avg,
+                        Vec& exp_avg_sq) {
+  // param.mul_(1 - lr * weight_decay)
+  param = rounded(param * s.decay);
+  // exp_avg.lerp_(grad, 1 - beta1)
+  const Vec diff = grad - exp_avg;
+  exp_avg = s.small_weight ? at::vec::fmadd(s.exp_avg_weight, diff, exp_avg)
+                           : at::vec::fmadd(diff.neg(), s.one_minus_exp_avg_weight, grad);
+  // exp_avg_sq.mul_(beta2).addcmul_(grad, grad, 1 - beta2)
+  exp_avg_sq = at::vec::fmadd(s.one_minus_beta2 * grad, grad, exp_avg_sq * s.beta2);
+  // denom = (exp_avg_sq.sqrt() / sqrt(bias_correction2)).add_(eps)
+  const Vec denom = exp_avg_sq.sqrt() / s.bias_correction2_sqrt + s.eps;
+  // param.addcdiv_(exp_avg, denom, -step_size)
+  return param + s.neg_step_size * exp_avg / denom;
+}
+
+// The model-param type when there is no copy-back target: nothing is written.
+struct NoModelParam {};
+
+template <typename ModelT>
+inline ModelT* at_offset(ModelT* model, int64_t offset) {
+  return model + offset;
+}
+inline NoModelParam* at_offset(NoModelParam* model, int64_t /*offset*/) {
+  return model;
+}
+
+inline void store_model(Vec /*p0*/, Vec /*p1*/, NoModelParam* /*out*/) {}
+
+inline void store_model(Vec p0, Vec p1, c10::BFloat16* out) {
+  // ATen's own float -> bfloat16 rounding (round to nearest even).
+  at::vec::convert_float_bfloat16(p0, p1).store(out);
+}
+
+inline void store_model(Vec p0, Vec p1, c10::Half* out) {
+  // LibTorch 1.13 has no vectorized float -> Half helper; F16C (-mf16c in both vector builds)
+  // rounds to nearest even like c10::Half's software conversion, subnormals and overflow
+  // included.
+#if defined(CPU_CAPABILITY_AVX512)
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(out),
+                      _mm512_cvtps_ph(p0, _MM_FROUND_TO_NEAREST_INT));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + kLanes),
+                      _mm512_cvtps_ph(p1, _MM_FROUND_TO_NEAREST_INT));
+#elif defined(CPU_CAPABILITY_AVX2)
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(out), _mm256_cvtps_ph(p0, _MM_FROUND_TO_NEAREST_INT));
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(out + kLanes),
+                   _mm256_cvtps_ph(p1, _MM_FROUND_TO_NEAREST_INT));
+#else
+  float values[kBlock];
+  p0.store(values);
+  p1.store(values + kLanes);
+  for (int64_t k = 0; k < kBlock; ++k) out[k] = c10::Half(values[k]);
+#endif
+}
+
+// Updates kBlock elements at the given pointers.
+template <typename ModelT>
+inline void adamw_block(const VecScalars& s, float* param, const float* grad, float* exp_avg,
+                        float* exp_avg_sq, ModelT* model) {
+  Vec exp_avg0 = Vec::loadu(exp_avg), exp_avg1 = Vec::loadu(exp_avg + kLanes);
+  Vec exp_avg_sq0 = Vec::loadu(exp_avg_sq), exp_avg_sq1 = Vec::loadu(exp_avg_sq + kLanes);
+  const Vec p0 = adamw_update(s, Vec::loadu(param), Vec::loadu(grad), exp_avg0, exp_avg_sq0);
+  const Vec p1 =
+      adamw_update(s, Vec::loadu(param + kLanes), Vec::loadu(grad + kLanes), exp_avg1, exp_avg_sq1);
+  p0.store(param);
+  p1.store(param + kLanes);
+  exp_avg0.store(exp_avg);
+  exp_avg1.store(exp_avg + kLanes);
+  exp_avg_sq0.store(exp_avg_sq);
+  exp_avg_sq1.store(exp_avg_sq + kLanes);
+  store_model(p0, p1, model);
+}
+
+// Elements [0, n) of one chunk. The last n % kBlock elements go through the same vector code
+// on zero-padded copies, so every element sees the same operations.
+template <typename ModelT>
+void adamw_range(const VecScalars& s, float* param, const float* grad, float* exp_avg,
+                 float* exp_avg_sq, ModelT* model, int64_t n) {
+  int64_t i = 0;
+  for (; i + kBlock <= n; i += kBlock) {
+    adamw_block(s, param + i, grad + i, exp_avg + i, exp_avg_sq + i, at_offset(model, i));
+  }
+  const int64_t rest = n - i;
+  if (rest == 0) return;
+  float p[kBlock] = {}, g[kBlock] = {}, m[kBlock] = {}, v[kBlock] = {};
+  ModelT out[kBlock];
+  std::copy_n(param + i, rest, p);
+  std::copy_n(grad + i, rest, g);
+  std::copy_n(exp_avg + i, rest, m);
+  std::copy_n(exp_avg_sq + i, rest, v);
+  adamw_block(s, p, g, m, v, out);
+  std::copy_n(p, rest, param + i);
+  std::copy_n(m, rest, exp_avg + i);
+  std::copy_n(v, rest, exp_avg_sq + i);
+  if constexpr (!std::is_same<ModelT, NoModelParam>::value) std::copy_n(out, rest, model + i);
+}
+
+template <typename ModelT>
+void adamw_chunks(const AdamWStepScalars& scalars, float* param, const float* grad, float* exp_avg,
+                  float* exp_avg_sq, ModelT* model, int64_t numel) {
+  const VecScalars s(scalars);
+  const int64_t chunks = (numel + kAdamWChunk - 1) / kAdamWChunk;
+  at::parallel_for(0, chunks, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t c = begin; c < end; ++c) {
+      const int64_t offset = c * kAdamWChunk;
+      adamw_range(s, param + offset, grad + offset, exp_avg + offset, exp_avg_sq + offset,
+                  at_offset(model, offset), std::min(kAdamWChunk, numel - offset));
+    }
+  });
+}
+
+}  // namespace
+
+void adamw_step(const AdamWStepScalars& scalars, float* param, const float* grad, float* exp_avg,
+                float* exp_avg_sq, void* model_param, c10::ScalarType model_dtype, int64_t numel) {
+  TORCH_CHECK(numel >= 0, "adamw_step: negative numel ", numel);
+  if (numel == 0) return;
+  if (model_param == nullptr) {
+    NoModelParam* none = nullptr;
+    adamw_chunks(scalars, param, grad, exp_avg, exp_avg_sq, none, numel);
+    return;
+  }
+  switch (model_dtype) {
+    case c10::ScalarType::BFloat16:
+      adamw_chunks(scalars, param, grad, exp_avg, exp_avg_sq,
+                   static_cast<c10::BFloat16*>(model_param), numel);
+      return;
+    case c10::ScalarType::Half:
+      adamw_chunks(scalars, param, grad, exp_avg, exp_avg_sq, static_cast<c10::Half*>(model_param),
+                   numel);
+      return;
+    default:
+      TORCH_CHECK(false, "adamw_step: model param dtype must be bfloat16 or float16, not ",
+                  model_dtype);
+  }
+}
+
+}  // namespace CPU_CAPABILITY
+}  // namespace mixtrain

@@ -1,0 +1,50 @@
+// Fused AdamW update of one contiguous float32 tensor: the per-capability kernel variants.
+//
+// adamw_kernel.cpp is compiled once per capability (DESIGN §1), defining adamw_step in
+// namespaces DEFAULT, AVX2 and AVX512; AdamW dispatches with select_kernel()
+// (core/cpu_capability.h). Call an AVX2/AVX512 variant only when the CPU supports it.
+//
+// One pass reads param, grad, exp_avg, exp_avg_sq, writes param, exp_avg, exp_avg_sq and,
+// when model_param is not null, param rounded to nearest even into the bfloat16 or float16
+// model_param (bitwise what Tensor::to(kBFloat16 / kHalf) gives, NaN payloads aside). Each
+// element gets exactly the float operations ATen 1.13's CPU kernels of the same capability
+// perform for the unfused op sequence (see adamw.h): so the result is bitwise that sequence's.
+// The work is split into fixed chunks of kAdamWChunk elements run by at::parallel_for; the
+// update is elementwise, so the result does not depend on the thread count.
+#pragma once
+
+#include <c10/core/ScalarType.h>
+
+#include <cstdint>
+
+namespace mixtrain {
+
+constexpr int64_t kAdamWChunk = int64_t{1} << 16;
+
+// The scalar operands of one step, each the float ATen's op would see: torch computes them in
+// double (Python floats) and the op casts the double Scalar to float.
+struct AdamWStepScalars {
+  float decay;                  // 1 - lr * weight_decay          param.mul_
+  float exp_avg_weight;         // 1 - beta1                      exp_avg.lerp_ weight
+  float beta2;                  //                                exp_avg_sq.mul_
+  float one_minus_beta2;        // 1 - beta2                      addcmul_ value
+  float bias_correction2_sqrt;  // sqrt(1 - beta2^step)           divisor of sqrt(exp_avg_sq)
+  float eps;                    //                                add_
+  float neg_step_size;          // -lr / (1 - beta1^step)         addcdiv_ value
+};
+
+// model_dtype is kBFloat16 or kHalf when model_param is not null (ignored otherwise).
+namespace DEFAULT {
+void adamw_step(const AdamWStepScalars& scalars, float* param, const float* grad, float* exp_avg,
+                float* exp_avg_sq, void* model_param, c10::ScalarType model_dtype, int64_t numel);
+}  // namespace DEFAULT
+namespace AVX2 {
+void adamw_step(const AdamWStepScalars& scalars, float* param, const float* grad, float* exp_avg,
+                float* exp_avg_sq, void* model_param, c10::ScalarType model_dtype, int64_t numel);
+}  // namespace AVX2
+namespace AVX512 {
+void adamw_step(const AdamWStepScalars& scalars, float* param, const float* grad, float* exp_avg,
+                float* exp_avg_sq, void* model_param, c10::ScalarType model_dtype, int64_t numel);
+}  // namespace AVX512
+
+}  // namespace mixtrain

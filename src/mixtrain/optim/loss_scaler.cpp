@@ -1,0 +1,63 @@
+#include "mixtrain/optim/loss_scaler.h"
+
+#include <ATen/ATen.h>
+
+#include <algorithm>
+#include <sstream>
+#include <stdexcept>
+
+#include "mixtrain/core/logging.h"
+
+namespace mixtrain {
+
+DynamicLossScaler::DynamicLossScaler(DynamicLossScalerOptions options)
+    : options_(options), scale_(options.initial_scale) {
+  if (!(options_.initial_scale > 0) || !(options_.min_scale > 0))
+    throw std::invalid_argument("loss scaler: initial_scale and min_scale must be > 0");
+  if (!(options_.growth_factor > 1))
+    throw std::invalid_argument("loss scaler: growth_factor must be > 1");
+  if (!(options_.backoff_factor > 0 && options_.backoff_factor < 1))
+    throw std::invalid_argument("loss scaler: backoff_factor must be in (0, 1)");
+  if (options_.growth_interval < 1)
+    throw std::invalid_argument("loss scaler: growth_interval must be >= 1");
+}
+
+bool DynamicLossScaler::unscale_and_check(const std::vector<at::Tensor>& grads) const {
+  const double inv_scale = 1.0 / scale_;
+  bool found_inf = false;
+  for (const auto& grad : grads) {
+    if (!grad.defined()) continue;
+    grad.mul_(inv_scale);
+    // Keep unscaling the rest even after an overflow: the grads stay consistent for a
+    // caller that inspects them, and the step is skipped anyway.
+    if (!found_inf) found_inf = !at::isfinite(grad).all().item<bool>();
+  }
+  return found_inf;
+}
+
+void DynamicLossScaler::update(bool found_inf) {
+  if (found_inf) {
+    const double old_scale = scale_;
+    scale_ = std::max(scale_ * options_.backoff_factor, options_.min_scale);
+    growth_tracker_ = 0;
+    ++skipped_steps_;
+    std::ostringstream message;
+    message << "float16 loss scaling: inf/nan in the gradients, step skipped (" << skipped_steps_
+            << " skipped so far); loss scale " << old_scale << " -> " << scale_;
+    log_warn(message.str());
+    return;
+  }
+  if (++growth_tracker_ >= options_.growth_interval) {
+    scale_ *= options_.growth_factor;
+    growth_tracker_ = 0;
+  }
+}
+
+void DynamicLossScaler::restore(double scale, int64_t growth_tracker, int64_t skipped_steps) {
+  if (!(scale > 0)) throw std::invalid_argument("loss scaler: restored scale must be > 0");
+  scale_ = scale;
+  growth_tracker_ = growth_tracker;
+  skipped_steps_ = skipped_steps;
+}
+
+}  // namespace mixtrain

@@ -1,0 +1,67 @@
+// The optimizer interface the trainer drives: ChainedOptimizer (fp32_main_params: false) or
+// MixedPrecisionOptimizer (true), built by build_optimizer().
+//
+// One step, in Megatron's order (RFC 8.2, DESIGN §3):
+//   accumulate_model_grads() after each micro-batch (or FSDP adds into main_grad(name)),
+//   prepare_grads(), clip over grads_for_clipping(), step_with_ready_grads(), zero_grad().
+// Every parameter is addressed by its model fully qualified name (RFC 7.3); checkpoint keys
+// follow DESIGN §8:
+//   optimizer.state.<fqn>.<exp_avg|exp_avg_sq|momentum_buffer|step>
+//   optimizer._mixed_precision_optimizer.fp32_from_fp16_params.<fqn>  (low-precision only)
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "mixtrain/core/safetensors.h"
+#include "mixtrain/optim/routing.h"
+
+namespace mixtrain {
+
+inline constexpr const char* kOptimizerStatePrefix = "optimizer.state.";
+inline constexpr const char* kMainParamPrefix =
+    "optimizer._mixed_precision_optimizer.fp32_from_fp16_params.";
+
+class TrainingOptimizer {
+ public:
+  virtual ~TrainingOptimizer() = default;
+
+  // float32 gradient-accumulation buffer of a model param (RFC main_grad), created zeroed on
+  // first use. FSDP adds reduce-scattered grads here; the single-process trainer calls
+  // accumulate_model_grads() after each micro-batch. Throws std::invalid_argument for an
+  // unknown name. The reference stays valid until zero_grad().
+  virtual at::Tensor& main_grad(const std::string& name) = 0;
+  // fp32_main_params: for each param with a .grad: main_grad += grad (in float32), then
+  // .grad = undefined. The plain chain leaves .grad where it is (no-op).
+  virtual void accumulate_model_grads() = 0;
+  // 1.0 except with float16 dynamic loss scaling; the trainer multiplies the loss by it.
+  virtual double loss_scale() const = 0;
+  // RFC 8.2 prepare_grads (+ unscale and inf/nan check for float16).
+  virtual void prepare_grads() = 0;
+  // The float32 grads the leaves will read (defined ones only), for clipping in place.
+  virtual std::vector<at::Tensor> grads_for_clipping() = 0;
+  // Leaves step (+ copy-back). false: skipped (float16 overflow).
+  virtual bool step_with_ready_grads() = 0;
+  bool step() {
+    prepare_grads();
+    return step_with_ready_grads();
+  }
+  // Sets every grad, optimizer-param grad and main_grad to undefined (RFC: "= None"), so the
+  // next step sees only what is accumulated after it.
+  virtual void zero_grad() = 0;
+  // Every group's lr = the lr it was built with * factor.
+  virtual void set_lr_factor(double factor) = 0;
+  virtual const std::vector<RouteEntry>& routing() const = 0;
+  virtual int64_t skipped_steps() const { return 0; }
+
+  // Checkpoint view, keys as above. Tensors alias the live state (clone to snapshot).
+  virtual NamedTensors state_dict() const = 0;
+  // Validates every key, shape and dtype first and modifies nothing on error
+  // (std::invalid_argument listing every problem). See the implementations for the branches.
+  virtual void load_state_dict(const NamedTensors& state) = 0;
+};
+
+}  // namespace mixtrain

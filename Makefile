@@ -1,7 +1,7 @@
 # Quick start: `make train` and `make test`. Everything else is installed by scripts/setup.sh.
 BUILD_DIR ?= build
 JOBS ?= $(shell nproc)
-CONFIG ?= configs/qwen2_moe_tiny_adamw.yaml
+CONFIG ?= configs/qwen2_moe_tiny.yaml
 RUN_DIR ?= runs/default
 
 .PHONY: all setup configure build test train format clean

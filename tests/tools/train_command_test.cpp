@@ -65,12 +65,39 @@ TEST(TrainCommand, UnknownFlagExitsTwo) {
   EXPECT_EQ(r.exit_code, 2) << r.output;
 }
 
-TEST(TrainCommand, MuonConfigIsRefusedNotFaked) {
+// The RFC's section-1 config: bfloat16 model, FP32 main params, Muon + AdamW, single process.
+TEST(TrainCommand, RfcConfigTrainsAndKeepsTheLowPrecisionModel) {
   TempDir run;
   CommandResult r = run_mixtrain("train --config " + source_path("configs/qwen2_moe_tiny.yaml") +
+                                 " --set train.steps=30 --run-dir " + run.path());
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  std::vector<nlohmann::json> rows = read_metrics(run.file("metrics.jsonl"));
+  ASSERT_EQ(rows.size(), 30u);
+  EXPECT_LE(rows.back()["loss"].get<double>(), 0.9 * rows.front()["loss"].get<double>());
+  // The routing table is logged: Muon for matrices, AdamW for embeddings and norms.
+  EXPECT_NE(r.output.find("model.layers.0.mlp.experts.gate_proj"), std::string::npos);
+  EXPECT_NE(r.output.find("muon"), std::string::npos);
+}
+
+TEST(TrainCommand, MuonTomlExampleTrainsAndItsLossFalls) {
+  TempDir run;
+  CommandResult r = run_mixtrain("train --config " + source_path("configs/qwen2_moe_tiny.toml") +
+                                 " --set training.steps=30 --run-dir " + run.path());
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  std::vector<nlohmann::json> rows = read_metrics(run.file("metrics.jsonl"));
+  ASSERT_EQ(rows.size(), 30u);
+  // Example 1's lr (2.2e-4) is tuned for large models: the tiny model learns slowly with it,
+  // so this only asks for a clear fall, not the 10% of the AdamW config.
+  EXPECT_LT(rows.back()["loss"].get<double>(), 0.98 * rows.front()["loss"].get<double>());
+}
+
+TEST(TrainCommand, WhatNeedsDistributionIsRefusedNotFaked) {
+  TempDir run;
+  CommandResult r = run_mixtrain("train --config " + source_path("configs/qwen2_moe_tiny.yaml") +
+                                 " --set fsdp_config.mix_precision.param_dtype=float32" +
                                  " --run-dir " + run.file("out"));
   EXPECT_EQ(r.exit_code, 2) << r.output;
-  EXPECT_NE(r.output.find("optimizer._target_"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("fsdp_config.mix_precision.param_dtype"), std::string::npos) << r.output;
   EXPECT_FALSE(std::filesystem::exists(run.file("out/metrics.jsonl")));
 }
 

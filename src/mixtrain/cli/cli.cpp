@@ -14,6 +14,7 @@
 #include "mixtrain/config/show.h"
 #include "mixtrain/core/error.h"
 #include "mixtrain/core/logging.h"
+#include "mixtrain/trainer/optim_replay.h"
 #include "mixtrain/trainer/trainer.h"
 
 namespace mixtrain {
@@ -48,6 +49,13 @@ int config_show_command(const std::string& config_path, const std::vector<std::s
   return 0;
 }
 
+int optim_replay_command(const std::string& config_path, const std::vector<std::string>& overrides,
+                         const ReplayPaths& paths) {
+  ResolvedConfig resolved = load_config(config_path, overrides);
+  run_optim_replay(resolved, paths);
+  return 0;
+}
+
 }  // namespace
 
 int run_cli(int argc, char** argv) {
@@ -63,6 +71,18 @@ int run_cli(int argc, char** argv) {
   train->add_option("--set", overrides, "override a key: --set a.b.c=value (repeatable)");
   train->add_option("--run-dir", run_dir,
                     "where metrics.jsonl and loss.svg go (default runs/<config name>)");
+
+  ReplayPaths replay_paths;
+  CLI::App* replay = app.add_subcommand(
+      "optim-replay", "run the configured optimizer on given params and fp32 grads (safetensors)");
+  replay->add_option("--config", config_path, "config file (.yaml/.yml or .toml)")->required();
+  replay->add_option("--set", overrides, "override a key: --set a.b.c=value (repeatable)");
+  replay->add_option("--params", replay_paths.params, "parameters by name, in model dtype")
+      ->required();
+  replay->add_option("--grads", replay_paths.grads, "float32 grads keyed step.<k>.<name>")
+      ->required();
+  replay->add_option("--out", replay_paths.out, "output: model.*, main params, optimizer state")
+      ->required();
 
   CLI::App* config = app.add_subcommand("config", "inspect configurations");
   config->require_subcommand(1);
@@ -84,6 +104,7 @@ int run_cli(int argc, char** argv) {
   try {
     if (train->parsed()) return train_command(config_path, overrides, run_dir);
     if (show->parsed()) return config_show_command(config_path, overrides);
+    if (replay->parsed()) return optim_replay_command(config_path, overrides, replay_paths);
   } catch (const UserError& e) {
     std::cerr << "mixtrain: error: " << e.what() << std::endl;
     return e.exit_code();

@@ -19,6 +19,18 @@ std::string dtype_name(c10::ScalarType dtype) {
       return "float16";
     case c10::kDouble:
       return "float64";
+    case c10::kLong:
+      return "int64";
+    case c10::kInt:
+      return "int32";
+    case c10::kShort:
+      return "int16";
+    case c10::kChar:
+      return "int8";
+    case c10::kByte:
+      return "uint8";
+    case c10::kBool:
+      return "bool";
     default:
       return c10::toString(dtype);
   }

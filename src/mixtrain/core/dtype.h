@@ -11,7 +11,7 @@ namespace mixtrain {
 // "float32"/"fp32"/"float", "bfloat16"/"bf16", "float16"/"fp16"/"half"; nullopt otherwise.
 std::optional<c10::ScalarType> parse_float_dtype(const std::string& name);
 
-// Canonical config spelling of a dtype ("bfloat16", ...); c10's name for non-float types.
+// Canonical spelling of a dtype as PyTorch prints it without "torch." ("bfloat16", "int64").
 std::string dtype_name(c10::ScalarType dtype);
 
 }  // namespace mixtrain

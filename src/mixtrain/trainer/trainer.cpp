@@ -18,9 +18,11 @@
 #include "mixtrain/data/dataset.h"
 #include "mixtrain/model/init_dtype.h"
 #include "mixtrain/model/registry.h"
+#include "mixtrain/optim/build_optimizer.h"
 #include "mixtrain/optim/grad_clip.h"
 #include "mixtrain/optim/lr_schedule.h"
 #include "mixtrain/optim/param_groups.h"
+#include "mixtrain/optim/training_optimizer.h"
 #include "mixtrain/trainer/interrupt.h"
 #include "mixtrain/trainer/loss_plot.h"
 #include "mixtrain/trainer/metrics_writer.h"
@@ -31,24 +33,27 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// This build trains float32 models single-process with LibTorch's own AdamW. Anything else is
-// refused up front with the key that asks for it, never approximated.
-void refuse_unsupported(const TrainerConfig& config) {
+// Single-process training computes in the model's own dtype. What needs the distributed
+// machinery (sharding, a compute dtype other than the stored one) or checkpoints is refused
+// up front with the key that asks for it, never approximated.
+void refuse_unsupported(const TrainerConfig& config, c10::ScalarType model_dtype) {
   auto refuse = [&](const std::string& key, const std::string& why) {
     throw ConfigError(config.source_file + ": " + key + ": " + why);
   };
-  const std::string single = " (this build trains float32 models in one process with AdamW)";
-  if (config.optimizer.target != "AdamW")
-    refuse("optimizer._target_",
-           config.optimizer.target + " is not available yet: the Muon stack is not built" + single);
-  if (config.optimizer.fp32_main_params)
-    refuse("optimizer.fp32_main_params",
-           "true is not available yet: the mixed-precision optimizer is not built" + single);
-  if (config.model_init_dtype && *config.model_init_dtype != "float32")
-    refuse("model_init_dtype", *config.model_init_dtype + " models are not trainable yet" + single);
-  if (config.mix_precision.param_dtype != "float32")
+  const std::string single = " (this build trains in one process)";
+  if (model_dtype == c10::kHalf)
+    refuse("model_init_dtype",
+           "float16 models need compute in fsdp_config.mix_precision.param_dtype float32 or "
+           "bfloat16 (LibTorch 1.13 has no float16 GEMM on CPU), which needs the FSDP "
+           "parameter path; not available yet" +
+               single);
+  if (parse_float_dtype(config.mix_precision.param_dtype) != model_dtype)
     refuse("fsdp_config.mix_precision.param_dtype",
-           config.mix_precision.param_dtype + " compute is not available yet" + single);
+           config.mix_precision.param_dtype + " differs from the model dtype " +
+               dtype_name(model_dtype) +
+               "; computing in another dtype than the stored one needs the FSDP parameter "
+               "path, not available yet" +
+               single);
   if (config.parallel.dp_shard != 1 || config.parallel.dp_replicate != 1 || config.parallel.ep != 1)
     refuse("parallel", "distributed training is not available yet" + single);
   if (!config.checkpoint.dir.empty() || !config.checkpoint.restore_from.empty())
@@ -57,41 +62,15 @@ void refuse_unsupported(const TrainerConfig& config) {
     refuse("optimizer.swap_optimizer", "the swap optimizer is not available yet" + single);
 }
 
-// torch.optim.AdamW with two groups: decay, and no decay for bias/norm parameters (YAML
-// dialect). torchtitan (TOML dialect) applies weight_decay to every parameter.
-std::unique_ptr<torch::optim::AdamW> build_adamw(const CausalLM& model,
-                                                 const OptimizerConfig& config) {
-  NamedParameters params;
-  for (const auto& item : model.named_parameters()) params.emplace_back(item.key(), item.value());
-  DecaySplit split;
-  if (config.routing == "toml") {
-    split.decay = params;
-  } else {
-    split = split_by_weight_decay(params);
-  }
-  const AdamWConfig& adamw = config.adamw;
-  auto options = [&](double weight_decay) {
-    return std::make_unique<torch::optim::AdamWOptions>(torch::optim::AdamWOptions(adamw.lr)
-                                                            .betas({adamw.betas[0], adamw.betas[1]})
-                                                            .eps(adamw.eps)
-                                                            .weight_decay(weight_decay));
-  };
-  auto tensors = [](const NamedParameters& named) {
-    std::vector<torch::Tensor> out;
-    for (const auto& item : named) out.push_back(item.second);
-    return out;
-  };
-  std::vector<torch::optim::OptimizerParamGroup> groups;
-  if (!split.decay.empty()) groups.emplace_back(tensors(split.decay), options(adamw.weight_decay));
-  if (!split.no_decay.empty()) groups.emplace_back(tensors(split.no_decay), options(0.0));
-  return std::make_unique<torch::optim::AdamW>(std::move(groups),
-                                               torch::optim::AdamWOptions(adamw.lr));
+c10::ScalarType model_dtype_of(const TrainerConfig& config) {
+  if (!config.model_init_dtype) return c10::kFloat;  // models are built in float32
+  return *parse_float_dtype(*config.model_init_dtype);
 }
 
-void set_learning_rate(torch::optim::AdamW& optimizer, double base_lr, double factor) {
-  for (auto& group : optimizer.param_groups()) {
-    static_cast<torch::optim::AdamWOptions&>(group.options()).lr(base_lr * factor);
-  }
+NamedParameters named_parameters_of(const CausalLM& model) {
+  NamedParameters params;
+  for (const auto& item : model.named_parameters()) params.emplace_back(item.key(), item.value());
+  return params;
 }
 
 void configure_threads() {
@@ -108,7 +87,7 @@ struct StepLoss {
 
 // Forward/backward over the micro-batches of one optimizer step; gradients accumulate in .grad.
 StepLoss accumulate_gradients(CausalLM& model, TokenDataset& data, const TrainerConfig& config,
-                              int64_t accumulation_steps) {
+                              int64_t accumulation_steps, TrainingOptimizer& optimizer) {
   StepLoss total;
   for (int64_t micro = 0; micro < accumulation_steps; ++micro) {
     Batch batch = data.next_batch(config.data.micro_batch_size, config.data.seq_len);
@@ -117,26 +96,19 @@ StepLoss accumulate_gradients(CausalLM& model, TokenDataset& data, const Trainer
     torch::Tensor cross_entropy = torch::nn::functional::cross_entropy(
         out.logits.reshape({-1, vocab}).to(torch::kFloat), batch.labels.reshape({-1}));
     torch::Tensor loss = cross_entropy + config.model.router_aux_loss_coef * out.aux_loss;
-    (loss / static_cast<double>(accumulation_steps)).backward();
+    (loss * (optimizer.loss_scale() / static_cast<double>(accumulation_steps))).backward();
+    optimizer.accumulate_model_grads();  // fp32 main_grad accumulation across micro-batches
     total.loss += loss.item<double>() / accumulation_steps;
     total.aux_loss += out.aux_loss.item<double>() / accumulation_steps;
   }
   return total;
 }
 
-std::vector<at::Tensor> gradients_of(const CausalLM& model) {
-  std::vector<at::Tensor> grads;
-  for (const auto& param : model.parameters()) {
-    if (param.grad().defined()) grads.push_back(param.grad());
-  }
-  return grads;
-}
-
 }  // namespace
 
 TrainSummary run_training(const ResolvedConfig& resolved, const TrainOptions& options) {
   const TrainerConfig& config = resolved.config;
-  refuse_unsupported(config);
+  refuse_unsupported(config, model_dtype_of(config));
   configure_threads();
   warn_if_reference_blas();
   log_info(format_trainer_config_block(resolved));
@@ -147,7 +119,8 @@ TrainSummary run_training(const ResolvedConfig& resolved, const TrainOptions& op
   if (config.model_init_dtype) init_dtype = parse_float_dtype(*config.model_init_dtype);
   apply_model_init_dtype(*model, init_dtype);
   log_info(format_model_config_block(config.model));
-  auto optimizer = build_adamw(*model, config.optimizer);
+  std::unique_ptr<TrainingOptimizer> optimizer =
+      build_optimizer(named_parameters_of(*model), config);
   log_info(format_effective_adamw_block(resolved));
   log_info(format_effective_muon_block(resolved));
 
@@ -175,11 +148,13 @@ TrainSummary run_training(const ResolvedConfig& resolved, const TrainOptions& op
     }
     const auto step_start = Clock::now();
     const double lr_factor = schedule.factor(step);
-    set_learning_rate(*optimizer, config.optimizer.adamw.lr, lr_factor);
+    optimizer->set_lr_factor(lr_factor);
 
-    StepLoss loss = accumulate_gradients(*model, *data, config, accumulation_steps);
-    const double grad_norm = clip_grad_norm(gradients_of(*model), config.train.max_grad_norm);
-    optimizer->step();
+    StepLoss loss = accumulate_gradients(*model, *data, config, accumulation_steps, *optimizer);
+    optimizer->prepare_grads();
+    const double grad_norm =
+        clip_grad_norm(optimizer->grads_for_clipping(), config.train.max_grad_norm);
+    optimizer->step_with_ready_grads();
     optimizer->zero_grad();
 
     const auto now = Clock::now();

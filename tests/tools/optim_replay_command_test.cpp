@@ -164,6 +164,24 @@ TEST_F(OptimReplay, BadGradientFilesAreRefusedAndNothingIsWritten) {
   expect_rejected(dir_.file("p.safetensors"));
 }
 
+// float16 params get dynamic loss scaling (2^16): the replay must feed the grads scaled as a
+// scaled backward would, so the result equals the unscaled AdamW formula.
+TEST_F(OptimReplay, Float16ParamsWithLossScalingMatchTheFormula) {
+  write_config("optimizer:\n  _target_: AdamW\n  fp32_main_params: true\n");
+  const at::Tensor w = at::tensor({0.5, -0.25, 1.0, 2.0}, at::kDouble).to(at::kHalf);
+  const at::Tensor g = at::tensor({0.125f, -0.5f, 0.0f, 1.0f});
+  write_safetensors(dir_.file("p.safetensors"), {{"w", w}});
+  write_safetensors(dir_.file("g.safetensors"), {{"step.1.w", g}});
+  CommandResult r = replay();
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  auto out = as_map(read_safetensors(dir_.file("o.safetensors")).tensors);
+  AdamWReference ref{w.to(at::kDouble), at::zeros({4}, at::kDouble), at::zeros({4}, at::kDouble)};
+  ref.step(g.to(at::kDouble), 1, 1e-3, 0.01);
+  const at::Tensor main = out.at("optimizer._mixed_precision_optimizer.fp32_from_fp16_params.w");
+  EXPECT_TRUE(at::allclose(main.to(at::kDouble), ref.p, 1e-6, 1e-6)) << main << ref.p;
+  EXPECT_TRUE(at::equal(out.at("model.w"), main.to(at::kHalf)));
+}
+
 TEST_F(OptimReplay, Float16ParamsWithoutMainParamsIsAConfigError) {
   write_config("optimizer:\n  _target_: AdamW\n  fp32_main_params: false\n");
   write_safetensors(dir_.file("p.safetensors"), {{"w", at::zeros({2, 2}, at::kHalf)}});

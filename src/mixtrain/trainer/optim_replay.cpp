@@ -113,8 +113,11 @@ int64_t run_optim_replay(const ResolvedConfig& resolved, const ReplayPaths& path
   LrSchedule lr_schedule(config.train.lr_scheduler, steps);
   for (int64_t k = 1; k <= steps; ++k) {
     optimizer->set_lr_factor(schedule ? lr_schedule.factor(k) : 1.0);
+    // The given grads are true gradients; a float16 stack expects them as a loss-scaled
+    // backward would deliver them (the scale is a power of two, so unscaling is exact).
+    const double loss_scale = optimizer->loss_scale();
     for (auto& [name, param] : params) {
-      const at::Tensor& grad = grads[k - 1].at(name);
+      const at::Tensor grad = grads[k - 1].at(name) * loss_scale;
       if (config.optimizer.fp32_main_params) {
         optimizer->main_grad(name).copy_(grad);
       } else {

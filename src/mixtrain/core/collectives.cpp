@@ -1,0 +1,42 @@
+#include "mixtrain/core/collectives.h"
+
+#include <ATen/ATen.h>
+
+#include <stdexcept>
+
+namespace mixtrain {
+namespace {
+
+class LocalCollectives final : public Collectives {
+ public:
+  explicit LocalCollectives(std::string name) : name_(std::move(name)) {}
+  int rank() const override { return 0; }
+  int size() const override { return 1; }
+  std::string name() const override { return name_; }
+  void all_reduce_sum(at::Tensor&) override {}
+  at::Tensor all_gather(const at::Tensor& local) override { return local.clone(); }
+  at::Tensor reduce_scatter_sum(const at::Tensor& full) override { return full.clone(); }
+  at::Tensor all_to_all(const at::Tensor& input, const std::vector<int64_t>& send_counts,
+                        const std::vector<int64_t>& recv_counts) override {
+    if (send_counts.size() != 1 || recv_counts.size() != 1 || send_counts[0] != recv_counts[0] ||
+        send_counts[0] != input.size(0)) {
+      throw std::invalid_argument(name_ + ": all_to_all on one rank must send every row to itself");
+    }
+    return input.clone();
+  }
+  void broadcast(at::Tensor&, int root) override {
+    if (root != 0) throw std::invalid_argument(name_ + ": broadcast root out of range");
+  }
+  void barrier() override {}
+
+ private:
+  std::string name_;
+};
+
+}  // namespace
+
+std::unique_ptr<Collectives> make_local_collectives(const std::string& name) {
+  return std::make_unique<LocalCollectives>(name);
+}
+
+}  // namespace mixtrain

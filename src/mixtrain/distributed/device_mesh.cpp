@@ -1,0 +1,249 @@
+#include "mixtrain/distributed/device_mesh.h"
+
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+
+#include <chrono>
+#include <cstdlib>
+#include <map>
+#include <mutex>
+#include <sstream>
+#include <type_traits>
+
+#include "mixtrain/core/error.h"
+#include "mixtrain/core/logging.h"
+#include "mixtrain/distributed/gloo_collectives.h"
+
+namespace mixtrain {
+namespace {
+
+std::chrono::milliseconds to_ms(double seconds) {
+  return std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000.0));
+}
+
+// LibTorch 2.x has TCPStoreOptions::useLibUV; Debian's builds lack libuv, so it must be false.
+// 1.13 has no such field: set it only where it exists.
+template <typename Options, typename = void>
+struct HasUseLibUV : std::false_type {};
+template <typename Options>
+struct HasUseLibUV<Options, std::void_t<decltype(std::declval<Options&>().useLibUV)>>
+    : std::true_type {};
+template <typename Options>
+void disable_libuv(Options& options) {
+  if constexpr (HasUseLibUV<Options>::value) options.useLibUV = false;
+}
+
+std::string first_line(const std::exception& error) {
+  std::string text = error.what();
+  if (const auto* c10_error = dynamic_cast<const c10::Error*>(&error)) {
+    text = c10_error->what_without_backtrace();
+  }
+  const auto newline = text.find('\n');
+  if (newline != std::string::npos) text.resize(newline);
+  return text;
+}
+
+// One TCPStore per process and master address: rank 0 serves it for the whole job, and a
+// process that builds several meshes (tests) reuses it under a fresh key prefix each time.
+struct StoreRegistry {
+  std::mutex mutex;
+  std::map<std::string, c10::intrusive_ptr<c10d::Store>> stores;
+  std::map<std::string, int> meshes_built;
+};
+StoreRegistry& registry() {
+  static StoreRegistry* instance = new StoreRegistry();  // never destroyed: outlives statics
+  return *instance;
+}
+
+c10::intrusive_ptr<c10d::Store> connect_store(const RankInfo& info, double join_timeout_s) {
+  c10d::TCPStoreOptions options;
+  options.port = static_cast<std::uint16_t>(info.master_port);
+  options.isServer = info.rank == 0;
+  options.numWorkers = static_cast<std::size_t>(info.world_size);
+  options.waitWorkers = false;  // we wait in join(), with our own timeout and message
+  options.timeout = to_ms(join_timeout_s);
+  disable_libuv(options);
+  try {
+    return c10::make_intrusive<c10d::TCPStore>(info.master_addr, options);
+  } catch (const std::exception& error) {
+    throw UserError("rendezvous: rank " + std::to_string(info.rank) + " cannot " +
+                    (info.rank == 0 ? "host" : "reach") + " the store at " + info.master_addr +
+                    ":" + std::to_string(info.master_port) + " (waited up to " +
+                    std::to_string(static_cast<int>(join_timeout_s)) + " s): " + first_line(error));
+  }
+}
+
+// Every rank checks in; returns when all world_size ranks have, or throws after the timeout.
+void join(c10d::Store& store, const RankInfo& info, double join_timeout_s) {
+  try {
+    const int64_t arrived = store.add("join", 1);
+    if (arrived == info.world_size) store.set("joined", std::vector<uint8_t>{1});
+    store.wait({"joined"}, to_ms(join_timeout_s));
+  } catch (const std::exception& error) {
+    int64_t arrived = -1;
+    try {
+      arrived = store.add("join", 0);
+    } catch (const std::exception&) {
+    }
+    throw UserError("rendezvous: rank " + std::to_string(info.rank) + " waited " +
+                    std::to_string(static_cast<int>(join_timeout_s)) + " s for all " +
+                    std::to_string(info.world_size) + " ranks to join at " + info.master_addr +
+                    ":" + std::to_string(info.master_port) +
+                    (arrived >= 0 ? ", " + std::to_string(arrived) + " joined" : std::string()) +
+                    ": " + first_line(error));
+  }
+}
+
+bool is_loopback(const std::string& address) {
+  return address.rfind("127.", 0) == 0 || address == "localhost" || address == "::1";
+}
+
+std::vector<std::shared_ptr<::gloo::transport::Device>> gloo_devices(const RankInfo& info) {
+  std::vector<std::shared_ptr<::gloo::transport::Device>> devices;
+  const char* interfaces = std::getenv("GLOO_SOCKET_IFNAME");
+  if (interfaces != nullptr && *interfaces != '\0') {
+    std::stringstream list(interfaces);
+    std::string name;
+    while (std::getline(list, name, ',')) {
+      if (!name.empty()) devices.push_back(c10d::ProcessGroupGloo::createDeviceForInterface(name));
+    }
+  }
+  if (devices.empty()) {
+    devices.push_back(is_loopback(info.master_addr)
+                          ? c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1")
+                          : c10d::ProcessGroupGloo::createDefaultDevice());
+  }
+  return devices;
+}
+
+std::string join_ranks(const std::vector<int>& ranks) {
+  std::string text;
+  for (int r : ranks) text += (text.empty() ? "" : ",") + std::to_string(r);
+  return text;
+}
+
+}  // namespace
+
+MeshLayout mesh_layout(int rank, int world_size, const ParallelConfig& parallel) {
+  const int64_t replicate = parallel.dp_replicate;
+  const int64_t shard = parallel.dp_shard;
+  const int64_t ep = parallel.ep;
+  if (replicate < 1)
+    throw ConfigError("parallel.dp_replicate: must be >= 1, got " + std::to_string(replicate));
+  if (shard < 1) throw ConfigError("parallel.dp_shard: must be >= 1, got " + std::to_string(shard));
+  if (ep < 1) throw ConfigError("parallel.ep: must be >= 1, got " + std::to_string(ep));
+  if (replicate * shard != world_size) {
+    throw ConfigError("parallel.dp_replicate x parallel.dp_shard = " + std::to_string(replicate) +
+                      " x " + std::to_string(shard) + " = " + std::to_string(replicate * shard) +
+                      " must equal the world size " + std::to_string(world_size));
+  }
+  if (shard % ep != 0) {
+    throw ConfigError("parallel.ep: must divide parallel.dp_shard (" + std::to_string(shard) +
+                      "), got " + std::to_string(ep));
+  }
+  if (rank < 0 || rank >= world_size) {
+    throw std::invalid_argument("mesh_layout: rank " + std::to_string(rank) + " out of range");
+  }
+  const int row = static_cast<int>(rank / shard);
+  const int column = static_cast<int>(rank % shard);
+  const int block = static_cast<int>(column / ep);
+  const int position = static_cast<int>(column % ep);
+  MeshLayout layout;
+  for (int r = 0; r < world_size; ++r) layout.world.push_back(r);
+  for (int j = 0; j < shard; ++j) layout.dp_shard.push_back(static_cast<int>(row * shard + j));
+  for (int i = 0; i < replicate; ++i)
+    layout.dp_replicate.push_back(static_cast<int>(i * shard + column));
+  for (int k = 0; k < ep; ++k) layout.ep.push_back(static_cast<int>(row * shard + block * ep + k));
+  for (int i = 0; i < replicate; ++i) {
+    for (int b = 0; b < shard / ep; ++b) {
+      layout.expert_dp.push_back(static_cast<int>(i * shard + b * ep + position));
+    }
+  }
+  return layout;
+}
+
+DeviceMesh make_single_process_mesh() {
+  DeviceMesh mesh;
+  mesh.world = make_local_collectives("world");
+  mesh.dp_shard_group = make_local_collectives("dp_shard");
+  mesh.dp_replicate_group = make_local_collectives("dp_replicate");
+  mesh.ep_group = make_local_collectives("ep");
+  mesh.expert_dp_group = make_local_collectives("expert_dp");
+  return mesh;
+}
+
+DeviceMesh make_device_mesh(const RankInfo& info, const ParallelConfig& parallel,
+                            double timeout_s) {
+  if (!(timeout_s > 0)) {
+    throw ConfigError("distributed.timeout_s: must be > 0, got " + std::to_string(timeout_s));
+  }
+  const MeshLayout layout = mesh_layout(info.rank, info.world_size, parallel);
+  DeviceMesh mesh;
+  mesh.rank = info.rank;
+  mesh.world_size = info.world_size;
+  mesh.dp_replicate = parallel.dp_replicate;
+  mesh.dp_shard = parallel.dp_shard;
+  mesh.ep = parallel.ep;
+  if (info.world_size == 1) {
+    DeviceMesh single = make_single_process_mesh();
+    mesh.world = single.world;
+    mesh.dp_shard_group = single.dp_shard_group;
+    mesh.dp_replicate_group = single.dp_replicate_group;
+    mesh.ep_group = single.ep_group;
+    mesh.expert_dp_group = single.expert_dp_group;
+    return mesh;
+  }
+
+  const double join_timeout_s = std::max(timeout_s, 30.0);
+  c10::intrusive_ptr<c10d::Store> store;
+  std::string prefix;
+  {
+    StoreRegistry& reg = registry();
+    std::lock_guard<std::mutex> lock(reg.mutex);
+    const std::string address = info.master_addr + ":" + std::to_string(info.master_port);
+    auto& cached = reg.stores[address];
+    if (!cached) cached = connect_store(info, join_timeout_s);
+    store = cached;
+    prefix = "mixtrain/mesh" + std::to_string(reg.meshes_built[address]++) + "/";
+  }
+  auto mesh_store = c10::make_intrusive<c10d::PrefixStore>(prefix, store);
+  join(*mesh_store, info, join_timeout_s);
+  mesh_store->setTimeout(to_ms(timeout_s));
+  store->setTimeout(to_ms(timeout_s));
+
+  const auto devices = gloo_devices(info);
+  std::map<std::vector<int>, c10::intrusive_ptr<c10d::ProcessGroupGloo>> groups;
+  auto make_group = [&](const char* name,
+                        const std::vector<int>& members) -> std::shared_ptr<Collectives> {
+    if (members.size() == 1) return make_local_collectives(name);
+    auto& group = groups[members];
+    if (!group) {
+      const int group_rank =
+          static_cast<int>(std::find(members.begin(), members.end(), info.rank) - members.begin());
+      auto options = c10d::ProcessGroupGloo::Options::create(to_ms(timeout_s));
+      options->devices = devices;
+      options->threads = 1;  // every call waits for its Work: a second thread would idle
+      auto group_store = c10::make_intrusive<c10d::PrefixStore>(
+          std::string(name) + "/" + join_ranks(members), mesh_store);
+      try {
+        group = c10::make_intrusive<c10d::ProcessGroupGloo>(
+            group_store, group_rank, static_cast<int>(members.size()), options);
+      } catch (const std::exception& error) {
+        throw UserError("rendezvous: rank " + std::to_string(info.rank) + " cannot connect the " +
+                        name + " group (ranks " + join_ranks(members) + "): " + first_line(error));
+      }
+    }
+    return std::make_shared<GlooCollectives>(group, name, info.rank);
+  };
+  // Same kind order on every rank: each kind partitions the world, so no rank waits on a group
+  // whose other members are busy connecting a different one.
+  mesh.world = make_group("world", layout.world);
+  mesh.dp_shard_group = make_group("dp_shard", layout.dp_shard);
+  mesh.dp_replicate_group = make_group("dp_replicate", layout.dp_replicate);
+  mesh.ep_group = make_group("ep", layout.ep);
+  mesh.expert_dp_group = make_group("expert_dp", layout.expert_dp);
+  return mesh;
+}
+
+}  // namespace mixtrain

@@ -1,0 +1,54 @@
+// The process groups of one job (DESIGN §7, issue 4 part 3).
+//
+// World rank r = replicate_index * dp_shard + shard_index: row-major over (dp_replicate,
+// dp_shard), as torch's DeviceMesh. Groups seen from rank r:
+//   world               all ranks
+//   dp_shard_group      the dp_shard ranks of r's replicate row (FSDP shards)
+//   dp_replicate_group  the dp_replicate ranks with r's shard index (DDP replicas)
+//   ep_group            consecutive blocks of ep ranks inside r's row (ep divides dp_shard)
+//   expert_dp_group     the ranks at r's position in their ep block, over all rows and blocks:
+//                       the ranks holding the same experts (their gradients are averaged)
+// Group-local rank order is world-rank order. A one-rank group is a LocalCollectives; groups
+// with the same members share one ProcessGroupGloo.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "mixtrain/config/trainer_config.h"
+#include "mixtrain/core/collectives.h"
+#include "mixtrain/distributed/rendezvous.h"
+
+namespace mixtrain {
+
+struct DeviceMesh {
+  int rank = 0, world_size = 1;
+  int64_t dp_replicate = 1, dp_shard = 1, ep = 1;
+  std::shared_ptr<Collectives> world, dp_shard_group, dp_replicate_group, ep_group, expert_dp_group;
+
+  int64_t replicate_index() const { return rank / dp_shard; }
+  int64_t shard_index() const { return rank % dp_shard; }
+};
+
+// One process: every group is a LocalCollectives.
+DeviceMesh make_single_process_mesh();
+
+// Joins the job described by `rank` (see detect_rank_info). Checks first (ConfigError, before
+// any connection): every degree >= 1, world size == dp_replicate * dp_shard, ep divides
+// dp_shard. Then rendezvous on a TCPStore hosted by rank 0 at MASTER_ADDR:MASTER_PORT; ranks
+// start at different times, so joining waits up to max(timeout_s, 30 s); afterwards store reads
+// and every Gloo collective time out after timeout_s. Gloo binds to the interfaces in
+// GLOO_SOCKET_IFNAME (comma-separated) if set, else to loopback when MASTER_ADDR is a loopback
+// address, else to the address this host's name resolves to. Every rank must build its meshes
+// in the same order (each one gets its own store prefix).
+DeviceMesh make_device_mesh(const RankInfo& rank, const ParallelConfig& parallel, double timeout_s);
+
+// The world ranks of each group kind for `rank`, in group-rank order (pure; the mesh and the
+// tests use it). Throws ConfigError on the same conditions as make_device_mesh.
+struct MeshLayout {
+  std::vector<int> world, dp_shard, dp_replicate, ep, expert_dp;
+};
+MeshLayout mesh_layout(int rank, int world_size, const ParallelConfig& parallel);
+
+}  // namespace mixtrain

@@ -1,0 +1,178 @@
+#include "mixtrain/distributed/gloo_collectives.h"
+
+#include <ATen/ATen.h>
+
+#include <numeric>
+#include <stdexcept>
+
+#include "mixtrain/core/error.h"
+
+namespace mixtrain {
+namespace {
+
+// Gloo moves bytes; bfloat16 and float16 have the same width, so a float16 view of a bfloat16
+// tensor carries its exact bits. Never used for a reduction (the sum would be wrong).
+at::Tensor wire_view(const at::Tensor& tensor) {
+  return tensor.scalar_type() == at::kBFloat16 ? tensor.view(at::kHalf) : tensor;
+}
+
+bool gloo_dtype(at::ScalarType type) {
+  switch (type) {
+    case at::kFloat:
+    case at::kDouble:
+    case at::kHalf:
+    case at::kBFloat16:
+    case at::kByte:
+    case at::kChar:
+    case at::kInt:
+    case at::kLong:
+      return true;
+    default:
+      return false;
+  }
+}
+
+}  // namespace
+
+GlooCollectives::GlooCollectives(c10::intrusive_ptr<c10d::ProcessGroupGloo> group, std::string name,
+                                 int world_rank)
+    : group_(std::move(group)),
+      name_(std::move(name)),
+      rank_(group_->getRank()),
+      size_(group_->getSize()),
+      world_rank_(world_rank) {}
+
+void GlooCollectives::wait(const c10::intrusive_ptr<c10d::Work>& work, const char* op) const {
+  try {
+    work->wait();
+  } catch (const std::exception& error) {
+    // c10::Error::what() carries a C++ backtrace after the first line; the first line is the
+    // reason ("Connection closed by peer ...", "Timed out waiting 3000ms for recv ...").
+    std::string reason = error.what();
+    if (const auto* c10_error = dynamic_cast<const c10::Error*>(&error)) {
+      reason = c10_error->what_without_backtrace();
+    }
+    const auto newline = reason.find('\n');
+    if (newline != std::string::npos) reason.resize(newline);
+    throw UserError(name_ + ": " + op + " failed on rank " + std::to_string(world_rank_) + ": " +
+                    reason);
+  }
+}
+
+void GlooCollectives::check_input(const at::Tensor& tensor, const char* op) const {
+  if (!tensor.defined() || !tensor.device().is_cpu() || !tensor.is_contiguous()) {
+    throw std::invalid_argument(name_ + ": " + op + " needs a defined, contiguous CPU tensor");
+  }
+  if (!gloo_dtype(tensor.scalar_type())) {
+    throw std::invalid_argument(name_ + ": " + op + " does not support dtype " +
+                                std::string(c10::toString(tensor.scalar_type())));
+  }
+}
+
+void GlooCollectives::all_reduce_sum(at::Tensor& tensor) {
+  check_input(tensor, "all_reduce_sum");
+  if (tensor.scalar_type() == at::kBFloat16) {
+    throw std::invalid_argument(name_ + ": all_reduce_sum of bfloat16 is not offered; reduce " +
+                                "in float32");
+  }
+  std::vector<at::Tensor> tensors = {tensor};
+  wait(group_->allreduce(tensors), "all_reduce_sum");
+}
+
+at::Tensor GlooCollectives::all_gather(const at::Tensor& local) {
+  check_input(local, "all_gather");
+  std::vector<int64_t> shape = local.sizes().vec();
+  if (shape.empty()) shape.push_back(1);  // a scalar gathers into a vector
+  const int64_t rows = shape[0];
+  shape[0] = rows * size_;
+  at::Tensor result = at::empty(shape, local.options());
+  if (result.numel() == 0) return result;
+  at::Tensor wire_result = wire_view(result);
+  std::vector<at::Tensor> inputs = {
+      wire_view(local).reshape(wire_result.narrow(0, 0, rows).sizes())};
+  // List form (1.13 has no _allgather_base): Gloo copies each rank's block into these views.
+  std::vector<std::vector<at::Tensor>> outputs(1);
+  for (int r = 0; r < size_; ++r) outputs[0].push_back(wire_result.narrow(0, r * rows, rows));
+  wait(group_->allgather(outputs, inputs), "all_gather");
+  return result;
+}
+
+at::Tensor GlooCollectives::reduce_scatter_sum(const at::Tensor& full) {
+  check_input(full, "reduce_scatter_sum");
+  const at::ScalarType type = full.scalar_type();
+  if (type == at::kBFloat16 || type == at::kByte || type == at::kChar) {
+    throw std::invalid_argument(name_ + ": reduce_scatter_sum of " +
+                                std::string(c10::toString(type)) +
+                                " is not offered; reduce in float32");
+  }
+  if (full.dim() == 0 || full.size(0) % size_ != 0) {
+    throw std::invalid_argument(name_ + ": reduce_scatter_sum needs dim 0 divisible by the " +
+                                "group size " + std::to_string(size_));
+  }
+  const int64_t rows = full.size(0) / size_;
+  if (full.numel() == 0) return at::empty_like(full).narrow(0, 0, rows).contiguous();
+  // Equal-split alltoall: block j of `received` is rank j's chunk rank(); the same bytes on the
+  // wire as a ring reduce-scatter.
+  at::Tensor received = at::empty_like(full);
+  at::Tensor input = full;
+  std::vector<int64_t> equal_splits;  // empty: equal splits
+  wait(group_->alltoall_base(received, input, equal_splits, equal_splits), "reduce_scatter_sum");
+  // Sum in rank order, so every rank and the single-process reference (r0 + r1 + ...) agree
+  // bit for bit; float16 accumulates in float32 and rounds once.
+  const bool widen = type == at::kHalf;
+  at::Tensor sum = received.narrow(0, 0, rows)
+                       .to(widen ? at::kFloat : type, /*non_blocking=*/false,
+                           /*copy=*/true);
+  for (int r = 1; r < size_; ++r) sum.add_(received.narrow(0, r * rows, rows));
+  return widen ? sum.to(type) : sum;
+}
+
+at::Tensor GlooCollectives::all_to_all(const at::Tensor& input,
+                                       const std::vector<int64_t>& send_counts,
+                                       const std::vector<int64_t>& recv_counts) {
+  check_input(input, "all_to_all");
+  if (static_cast<int>(send_counts.size()) != size_ ||
+      static_cast<int>(recv_counts.size()) != size_) {
+    throw std::invalid_argument(name_ + ": all_to_all needs one send and one receive count per " +
+                                "rank (" + std::to_string(size_) + ")");
+  }
+  for (size_t i = 0; i < send_counts.size(); ++i) {
+    if (send_counts[i] < 0 || recv_counts[i] < 0) {
+      throw std::invalid_argument(name_ + ": all_to_all counts must be >= 0");
+    }
+  }
+  const int64_t send_total = std::accumulate(send_counts.begin(), send_counts.end(), int64_t{0});
+  const int64_t recv_total = std::accumulate(recv_counts.begin(), recv_counts.end(), int64_t{0});
+  if (input.dim() == 0 || send_total != input.size(0)) {
+    throw std::invalid_argument(name_ + ": all_to_all send counts sum to " +
+                                std::to_string(send_total) + " but the input has " +
+                                std::to_string(input.dim() == 0 ? 0 : input.size(0)) + " rows");
+  }
+  std::vector<int64_t> shape = input.sizes().vec();
+  shape[0] = recv_total;
+  at::Tensor result = at::empty(shape, input.options());
+  at::Tensor wire_input = wire_view(input);
+  at::Tensor wire_result = wire_view(result);
+  std::vector<int64_t> send = send_counts;
+  std::vector<int64_t> recv = recv_counts;
+  wait(group_->alltoall_base(wire_result, wire_input, recv, send), "all_to_all");
+  return result;
+}
+
+void GlooCollectives::broadcast(at::Tensor& tensor, int root) {
+  check_input(tensor, "broadcast");
+  if (root < 0 || root >= size_) {
+    throw std::invalid_argument(name_ + ": broadcast root " + std::to_string(root) +
+                                " out of range");
+  }
+  std::vector<at::Tensor> tensors = {wire_view(tensor)};
+  c10d::BroadcastOptions options;
+  options.rootRank = root;
+  wait(group_->broadcast(tensors, options), "broadcast");
+}
+
+void GlooCollectives::barrier() {
+  wait(group_->barrier(), "barrier");
+}
+
+}  // namespace mixtrain

@@ -1,0 +1,66 @@
+// Local worker processes: `mixtrain train --nproc N` (DESIGN §7, issue 4 parts 1-2).
+//
+// Workers are the binary itself, re-executed (/proc/self/exe), never a bare fork: OpenMP and
+// Gloo threads do not survive fork. Each worker gets RANK, WORLD_SIZE, LOCAL_RANK,
+// LOCAL_WORLD_SIZE, MASTER_ADDR=127.0.0.1, MASTER_PORT=<a free port>, MIXTRAIN_LAUNCHED=1 and,
+// unless already set, OMP_NUM_THREADS = max(1, cores / N). Workers die with the launcher
+// (PR_SET_PDEATHSIG), so even a SIGKILLed launcher leaves no orphan.
+//
+// Failure policy: when a worker exits non-zero or by a signal, the launcher logs which rank and
+// how, gives the others a short drain period to exit by themselves (their Gloo ops fail at once
+// on a closed connection, or after distributed.timeout_s on a hung peer, and they print why),
+// then SIGTERMs the rest and SIGKILLs what is left after a grace period. SIGINT/SIGTERM sent to
+// the launcher are forwarded to the workers. Every worker is reaped before returning.
+#pragma once
+
+#include <sys/types.h>
+
+#include <map>
+#include <string>
+#include <vector>
+
+namespace mixtrain {
+
+// Starts `nproc` workers running `argv` (argv[0] is the program name shown to the worker; the
+// caller has removed --nproc), waits for all, returns 0 iff every worker exited with 0.
+// `timeout_s` is distributed.timeout_s: the drain period after a failure is min(timeout_s, 2 s).
+int launch_local_workers(int nproc, const std::vector<std::string>& argv, double timeout_s);
+
+// --- building blocks, also used by the multi-process test harness --------------------------
+
+struct WorkerSpec {
+  std::vector<std::string> argv;           // argv[0] is the displayed name; exe is /proc/self/exe
+  std::map<std::string, std::string> env;  // added to (overriding) the launcher's environment
+  std::string output_path;                 // stdout+stderr go here; empty: inherited
+};
+
+struct WorkerOutcome {
+  pid_t pid = -1;
+  int exit_code = -1;                // valid when signal == 0
+  int signal = 0;                    // the signal that ended the worker, 0 if it exited
+  bool stopped_by_launcher = false;  // SIGTERM/SIGKILL came from the launcher (after a failure)
+  double seconds = 0;                // from start until reaped
+  bool ok() const { return signal == 0 && exit_code == 0; }
+  std::string describe() const;  // "exited with code 1", "killed by signal 9 (SIGKILL)"
+};
+
+struct LaunchOptions {
+  double drain_s = 2.0;         // after the first failure, before SIGTERM to the others
+  double kill_grace_s = 3.0;    // after SIGTERM, before SIGKILL
+  double deadline_s = 0.0;      // > 0: treat workers still running after this as failed
+  bool forward_signals = true;  // forward SIGINT/SIGTERM received meanwhile
+  bool log_failures = true;     // log each failed rank (mixtrain logging, stderr)
+};
+
+// Starts one process per spec (index = rank), applies the failure policy above, reaps all.
+// Throws UserError if a process cannot be started (after stopping the ones already started).
+std::vector<WorkerOutcome> run_worker_processes(const std::vector<WorkerSpec>& workers,
+                                                const LaunchOptions& options);
+
+// A TCP port on 127.0.0.1 that was free a moment ago (bound to port 0, then released).
+int pick_free_port();
+
+// max(1, usable cores / nproc): the intra-op threads per local worker.
+int threads_per_worker(int nproc);
+
+}  // namespace mixtrain

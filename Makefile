@@ -3,6 +3,7 @@ BUILD_DIR ?= build
 JOBS ?= $(shell nproc)
 CONFIG ?= configs/qwen2_moe_tiny.yaml
 RUN_DIR ?= runs/default
+NPROC ?= 2
 
 .PHONY: all setup configure build test train format clean
 
@@ -23,7 +24,7 @@ test: build
 	ctest --test-dir $(BUILD_DIR) --output-on-failure -j $(JOBS)
 
 train: build
-	$(BUILD_DIR)/mixtrain train --config $(CONFIG) --run-dir $(RUN_DIR)
+	$(BUILD_DIR)/mixtrain train --config $(CONFIG) --nproc $(NPROC) --run-dir $(RUN_DIR)
 
 format:
 	find src tests bench -name '*.cpp' -o -name '*.h' | xargs clang-format -i

@@ -91,10 +91,26 @@ TEST(TrainCommand, MuonTomlExampleTrainsAndItsLossFalls) {
   EXPECT_LT(rows.back()["loss"].get<double>(), 0.98 * rows.front()["loss"].get<double>());
 }
 
-TEST(TrainCommand, WhatNeedsDistributionIsRefusedNotFaked) {
+// A float16 model computes in float32 on CPU (no float16 GEMM in LibTorch 1.13) through the
+// FSDP compute-dtype path, with fp32 main params and dynamic loss scaling.
+TEST(TrainCommand, Float16ModelTrainsWithFloat32Compute) {
   TempDir run;
   CommandResult r = run_mixtrain("train --config " + source_path("configs/qwen2_moe_tiny.yaml") +
+                                 " --set model_init_dtype=float16" +
                                  " --set fsdp_config.mix_precision.param_dtype=float32" +
+                                 " --set fsdp_config.mix_precision.output_dtype=float32" +
+                                 " --set train.steps=5 --run-dir " + run.path());
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  std::vector<nlohmann::json> rows = read_metrics(run.file("metrics.jsonl"));
+  ASSERT_EQ(rows.size(), 5u);
+  EXPECT_LT(rows.back()["loss"].get<double>(), rows.front()["loss"].get<double>());
+}
+
+TEST(TrainCommand, Float16ComputeIsRefusedNotFaked) {
+  TempDir run;
+  CommandResult r = run_mixtrain("train --config " + source_path("configs/qwen2_moe_tiny.yaml") +
+                                 " --set model_init_dtype=float16" +
+                                 " --set fsdp_config.mix_precision.param_dtype=float16" +
                                  " --run-dir " + run.file("out"));
   EXPECT_EQ(r.exit_code, 2) << r.output;
   EXPECT_NE(r.output.find("fsdp_config.mix_precision.param_dtype"), std::string::npos) << r.output;

@@ -5,6 +5,7 @@
 #include <CLI/CLI.hpp>
 
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <iostream>
 #include <string>
@@ -14,6 +15,7 @@
 #include "mixtrain/config/show.h"
 #include "mixtrain/core/error.h"
 #include "mixtrain/core/logging.h"
+#include "mixtrain/distributed/launcher.h"
 #include "mixtrain/trainer/optim_replay.h"
 #include "mixtrain/trainer/trainer.h"
 
@@ -22,19 +24,71 @@ namespace {
 
 constexpr int kExitInterrupted = 130;
 
+// argv without "--nproc N" / "--nproc=N": what each local worker runs.
+std::vector<std::string> worker_argv(int argc, char** argv) {
+  std::vector<std::string> out;
+  for (int i = 0; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (arg == "--nproc") {
+      ++i;
+      continue;
+    }
+    if (arg.rfind("--nproc=", 0) == 0) continue;
+    out.push_back(arg);
+  }
+  return out;
+}
+
+// `--nproc N` (N > 1) in the launching process: validate the config once, here, then start N
+// local workers running the same command; the workers (MIXTRAIN_LAUNCHED=1) do the work.
+bool should_launch(int nproc) {
+  return nproc > 1 && std::getenv("MIXTRAIN_LAUNCHED") == nullptr;
+}
+
+int launch(int nproc, const std::vector<std::string>& argv, double timeout_s) {
+  return launch_local_workers(nproc, argv, timeout_s);
+}
+
 std::string default_run_dir(const std::string& config_path) {
   return (std::filesystem::path("runs") / std::filesystem::path(config_path).stem()).string();
 }
 
+// --set key of the FSDP degree in the config's own dialect.
+std::string dp_shard_key(const TrainerConfig& config) {
+  return config.dialect == "toml" ? "parallelism.data_parallel_shard_degree" : "parallel.dp_shard";
+}
+
 int train_command(const std::string& config_path, const std::vector<std::string>& overrides,
-                  std::string run_dir) {
+                  std::string run_dir, int nproc, int argc, char** argv) {
   ResolvedConfig resolved = load_config(config_path, overrides);
+  if (should_launch(nproc)) {
+    // A config without data-parallel degrees runs as N-way FSDP (torchtitan's shard degree -1).
+    std::vector<std::string> argv_for_workers = worker_argv(argc, argv);
+    const ParallelConfig& parallel = resolved.config.parallel;
+    if (parallel.dp_replicate * parallel.dp_shard == 1) {
+      const std::string set = dp_shard_key(resolved.config) + "=" + std::to_string(nproc);
+      std::vector<std::string> with_shard = overrides;
+      with_shard.push_back(set);
+      resolved = load_config(config_path, with_shard);  // validate the batch split once, here
+      argv_for_workers.push_back("--set");
+      argv_for_workers.push_back(set);
+    }
+    const int64_t world = resolved.config.parallel.dp_replicate * resolved.config.parallel.dp_shard;
+    if (world != nproc) {
+      throw ConfigError(
+          resolved.config.source_file + ": parallel: --nproc " + std::to_string(nproc) +
+          " but parallel.dp_replicate x parallel.dp_shard = " + std::to_string(world));
+    }
+    return launch(nproc, argv_for_workers, resolved.config.distributed.timeout_s);
+  }
   TrainOptions options;
   options.run_dir = run_dir.empty() ? default_run_dir(config_path) : run_dir;
   options.is_terminal = isatty(fileno(stderr)) != 0;
   TrainSummary summary = run_training(resolved, options);
-  log_info("metrics: " + summary.metrics_path);
-  log_info("loss curve: " + summary.plot_path);
+  if (!summary.metrics_path.empty()) {  // rank 0
+    log_info("metrics: " + summary.metrics_path);
+    log_info("loss curve: " + summary.plot_path);
+  }
   if (summary.interrupted) {
     log_warn("interrupted after step " + std::to_string(summary.steps_completed) +
              "; metrics are complete up to that step");
@@ -50,8 +104,11 @@ int config_show_command(const std::string& config_path, const std::vector<std::s
 }
 
 int optim_replay_command(const std::string& config_path, const std::vector<std::string>& overrides,
-                         const ReplayPaths& paths) {
+                         const ReplayPaths& paths, int nproc, int argc, char** argv) {
   ResolvedConfig resolved = load_config(config_path, overrides);
+  if (should_launch(nproc)) {  // FSDP layout over nproc ranks, whatever parallel.* says
+    return launch(nproc, worker_argv(argc, argv), resolved.config.distributed.timeout_s);
+  }
   run_optim_replay(resolved, paths);
   return 0;
 }
@@ -69,6 +126,9 @@ int run_cli(int argc, char** argv) {
   CLI::App* train = app.add_subcommand("train", "train a model from a YAML or TOML config");
   train->add_option("--config", config_path, "config file (.yaml/.yml or .toml)")->required();
   train->add_option("--set", overrides, "override a key: --set a.b.c=value (repeatable)");
+  int nproc = 1;
+  train->add_option("--nproc", nproc, "local worker processes (data-parallel ranks)")
+      ->check(CLI::Range(1, 4096));
   train->add_option("--run-dir", run_dir,
                     "where metrics.jsonl and loss.svg go (default runs/<config name>)");
 
@@ -76,6 +136,8 @@ int run_cli(int argc, char** argv) {
   CLI::App* replay = app.add_subcommand(
       "optim-replay", "run the configured optimizer on given params and fp32 grads (safetensors)");
   replay->add_option("--config", config_path, "config file (.yaml/.yml or .toml)")->required();
+  replay->add_option("--nproc", nproc, "local worker processes: FSDP over N ranks")
+      ->check(CLI::Range(1, 4096));
   replay->add_option("--set", overrides, "override a key: --set a.b.c=value (repeatable)");
   replay->add_option("--params", replay_paths.params, "parameters by name, in model dtype")
       ->required();
@@ -102,9 +164,10 @@ int run_cli(int argc, char** argv) {
   }
 
   try {
-    if (train->parsed()) return train_command(config_path, overrides, run_dir);
+    if (train->parsed()) return train_command(config_path, overrides, run_dir, nproc, argc, argv);
     if (show->parsed()) return config_show_command(config_path, overrides);
-    if (replay->parsed()) return optim_replay_command(config_path, overrides, replay_paths);
+    if (replay->parsed())
+      return optim_replay_command(config_path, overrides, replay_paths, nproc, argc, argv);
   } catch (const UserError& e) {
     std::cerr << "mixtrain: error: " << e.what() << std::endl;
     return e.exit_code();

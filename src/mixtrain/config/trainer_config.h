@@ -59,6 +59,12 @@ struct ParallelConfig {
   int64_t ep = 1;
 };
 
+struct DistributedConfig {
+  // A collective or store read waiting longer than this fails the rank with a message (a dead
+  // or hung peer); TOML: [comm] train_timeout_seconds.
+  double timeout_s = 60.0;
+};
+
 struct CheckpointConfig {
   std::string dir;  // empty: checkpoints off
   int64_t interval = 0;
@@ -89,7 +95,9 @@ struct MuonConfig {
   double matched_adamw_rms = 0.2;
   std::string adjust_lr_fn = "match_rms_adamw";  // original | match_rms_adamw
   std::string momentum_style = "sum";            // sum | ema | ema_add
-  std::vector<std::string> adamw_keywords;       // extra names routed to AdamW
+  // Wire dtype of distributed Muon's all_to_all / all_gather: bfloat16 | float32.
+  std::string communication_dtype = "bfloat16";
+  std::vector<std::string> adamw_keywords;  // extra names routed to AdamW
 };
 
 struct OptimizerConfig {
@@ -117,6 +125,7 @@ struct TrainerConfig {
   DataConfig data;
   TrainConfig train;
   ParallelConfig parallel;
+  DistributedConfig distributed;
   CheckpointConfig checkpoint;
   OptimizerConfig optimizer;
   MixPrecisionConfig mix_precision;  // fsdp_config.mix_precision

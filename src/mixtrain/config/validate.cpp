@@ -105,10 +105,12 @@ void check_data_and_parallel(const Checker& check, const TrainerConfig& c) {
     check.fail_value("parallel.ep",
                      "must divide model.num_experts (" + std::to_string(c.model.num_experts) + ")");
   }
-  if (dp_size % c.parallel.ep != 0) {
-    check.fail_value("parallel.ep", "must divide the data-parallel size dp_replicate x dp_shard (" +
-                                        std::to_string(dp_size) + ")");
+  // Expert-parallel groups are blocks of ep ranks inside one dp_shard row (DeviceMesh).
+  if (c.parallel.dp_shard % c.parallel.ep != 0) {
+    check.fail_value("parallel.ep",
+                     "must divide parallel.dp_shard (" + std::to_string(c.parallel.dp_shard) + ")");
   }
+  check.positive("distributed.timeout_s", c.distributed.timeout_s);
 }
 
 void check_train_and_checkpoint(const Checker& check, const TrainerConfig& c) {
@@ -168,6 +170,8 @@ void check_optimizer(const Checker& check, const OptimizerConfig& o) {
                {"original", "match_rms_adamw"});
   check.one_of("optimizer.muon_config.muon_momentum_style", m.momentum_style,
                {"sum", "ema", "ema_add"});
+  check.one_of("optimizer.muon_config.muon_communication_dtype", m.communication_dtype,
+               {"bfloat16", "float32"});
   for (const std::string& keyword : m.adamw_keywords) {
     if (keyword.empty()) {
       check.fail("optimizer.muon_config.muon_adamw_keywords", "must not contain empty names");

@@ -6,10 +6,21 @@
 //   cross_entropy(logits, labels) + config().router_aux_loss_coef * aux_loss;
 // the coefficient is applied by the caller, not here, so metrics can report both terms.
 // Models without a router return aux_loss = 0.
+//
+// Parameter materialization (DESIGN §7): forward never computes with a parameter directly; it
+// asks the installed ParameterMaterializer for the tensor to compute with. Without one (the
+// default) that is the parameter itself, so a plain model is unchanged, bit for bit. The
+// data-parallel wrappers (distributed/fsdp.h) install one that all-gathers the local shard
+// (FSDP) or casts to param_dtype, and routes the gradient back through a reduce-scatter /
+// all-reduce into main_grad or .grad.
 #pragma once
 
 #include <torch/nn/module.h>
 #include <torch/types.h>
+
+#include <memory>
+#include <string>
+#include <vector>
 
 #include "mixtrain/config/trainer_config.h"
 
@@ -20,10 +31,51 @@ struct CausalLMOutput {
   torch::Tensor aux_loss;  // scalar float32, NOT yet multiplied by router_aux_loss_coef
 };
 
+// The hooks a model's forward calls, named after torch FSDP2's unshard / post-forward reshard.
+// Contract the model keeps: every parameter use goes through unshard(name, param); a module
+// calls post_forward(names, output) once its forward has made its last use of the tensors
+// unshard returned for `names`, every such use feeds `output`, and the module continues with
+// the returned tensor only. Floating model inputs pass through cast_forward_input and the logits
+// through cast_forward_output.
+class ParameterMaterializer {
+ public:
+  virtual ~ParameterMaterializer() = default;
+  // The tensor to compute with for parameter `name` (its fully qualified name).
+  virtual torch::Tensor unshard(const std::string& name, const torch::Tensor& param) = 0;
+  // After the last forward use of `names` in a module: may free their full tensors
+  // (reshard_after_forward) and arrange that backward gathers them again before the module's
+  // backward runs. Returns the tensor the model continues with (identity by default).
+  virtual torch::Tensor post_forward(const std::vector<std::string>& names,
+                                     const torch::Tensor& output) {
+    (void)names;
+    return output;
+  }
+  virtual torch::Tensor cast_forward_input(const torch::Tensor& input) { return input; }
+  virtual torch::Tensor cast_forward_output(const torch::Tensor& output) { return output; }
+};
+
 class CausalLM : public torch::nn::Module {
  public:
   virtual CausalLMOutput forward(const torch::Tensor& input_ids) = 0;
   virtual const ModelConfig& config() const = 0;
+
+  // Installs (or, with nullptr, removes) the materializer every later forward uses. The model
+  // holds it (shared), so the autograd graphs it builds stay valid while the model lives.
+  void set_parameter_materializer(std::shared_ptr<ParameterMaterializer> materializer) {
+    *materializer_ = std::move(materializer);
+  }
+  const std::shared_ptr<ParameterMaterializer>& parameter_materializer() const {
+    return *materializer_;
+  }
+
+ protected:
+  // Shared with the model's submodules, which read it at every forward (so installing a
+  // materializer after construction reaches all of them).
+  using MaterializerSlot = std::shared_ptr<std::shared_ptr<ParameterMaterializer>>;
+  const MaterializerSlot& materializer_slot() const { return materializer_; }
+
+ private:
+  MaterializerSlot materializer_ = std::make_shared<std::shared_ptr<ParameterMaterializer>>();
 };
 
 }  // namespace mixtrain

@@ -5,7 +5,10 @@
 
 #include <cmath>
 #include <limits>
+#include <memory>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "mixtrain/core/error.h"
 
@@ -17,36 +20,76 @@ bool ends_with(const std::string& s, const std::string& suffix) {
          s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
+// How a module reaches its parameters: through the model's materializer (causal_lm.h), under
+// their fully qualified names. No materializer: the parameter itself.
+struct ParamAccess {
+  std::shared_ptr<std::shared_ptr<ParameterMaterializer>> slot;
+  std::string prefix;  // e.g. "model.layers.0.self_attn.q_proj."
+
+  ParamAccess child(const std::string& name) const { return {slot, prefix + name + "."}; }
+  torch::Tensor unshard(const std::string& local_name, const torch::Tensor& param) const {
+    const auto& m = *slot;
+    return m ? m->unshard(prefix + local_name, param) : param;
+  }
+  torch::Tensor post_forward(const std::vector<std::string>& local_names,
+                             const torch::Tensor& output) const {
+    const auto& m = *slot;
+    if (!m) return output;
+    std::vector<std::string> names;
+    names.reserve(local_names.size());
+    for (const auto& n : local_names) names.push_back(prefix + n);
+    return m->post_forward(names, output);
+  }
+};
+
 // Parameters are registered directly (not through torch::nn::Linear/Embedding) because those
 // initialise themselves from the global RNG in their constructors; ours are filled once, from
 // the seed, by init_weights().
 class Linear : public torch::nn::Module {
  public:
-  Linear(int64_t in_features, int64_t out_features, bool bias) {
+  Linear(int64_t in_features, int64_t out_features, bool bias, ParamAccess access)
+      : access_(std::move(access)) {
     weight = register_parameter("weight", torch::empty({out_features, in_features}));
     if (bias) this->bias = register_parameter("bias", torch::empty({out_features}));
   }
-  torch::Tensor forward(const torch::Tensor& x) { return at::linear(x, weight, bias); }
+  torch::Tensor forward(const torch::Tensor& x) {
+    if (!bias.defined()) {
+      return access_.post_forward({"weight"}, at::linear(x, access_.unshard("weight", weight)));
+    }
+    return access_.post_forward({"weight", "bias"}, at::linear(x, access_.unshard("weight", weight),
+                                                               access_.unshard("bias", bias)));
+  }
 
   torch::Tensor weight;
   torch::Tensor bias;  // undefined when the layer has none
+
+ private:
+  ParamAccess access_;
 };
 
 class Embedding : public torch::nn::Module {
  public:
-  Embedding(int64_t num_embeddings, int64_t embedding_dim) {
+  Embedding(int64_t num_embeddings, int64_t embedding_dim, ParamAccess access)
+      : access_(std::move(access)) {
     weight = register_parameter("weight", torch::empty({num_embeddings, embedding_dim}));
   }
-  torch::Tensor forward(const torch::Tensor& input_ids) { return at::embedding(weight, input_ids); }
+  torch::Tensor forward(const torch::Tensor& input_ids) {
+    return access_.post_forward({"weight"},
+                                at::embedding(access_.unshard("weight", weight), input_ids));
+  }
 
   torch::Tensor weight;
+
+ private:
+  ParamAccess access_;
 };
 
 // HF Qwen2MoeRMSNorm: normalise in float32 (bf16 has too few mantissa bits for the mean of
 // squares), cast back, then scale in the compute dtype.
 class RMSNorm : public torch::nn::Module {
  public:
-  RMSNorm(int64_t hidden_size, double eps) : eps_(eps) {
+  RMSNorm(int64_t hidden_size, double eps, ParamAccess access)
+      : eps_(eps), access_(std::move(access)) {
     weight = register_parameter("weight", torch::empty({hidden_size}));
   }
   torch::Tensor forward(const torch::Tensor& x) {
@@ -54,27 +97,32 @@ class RMSNorm : public torch::nn::Module {
     auto h = x.to(torch::kFloat32);
     const auto variance = h.pow(2).mean(-1, /*keepdim=*/true);
     h = h * torch::rsqrt(variance + eps_);
-    return weight * h.to(input_dtype);
+    return access_.post_forward({"weight"}, access_.unshard("weight", weight) * h.to(input_dtype));
   }
 
   torch::Tensor weight;
 
  private:
   double eps_;
+  ParamAccess access_;
 };
 
 class Qwen2MoeAttention : public torch::nn::Module {
  public:
-  explicit Qwen2MoeAttention(const ModelConfig& c)
+  Qwen2MoeAttention(const ModelConfig& c, const ParamAccess& access)
       : num_heads_(c.num_heads), num_key_value_heads_(c.num_kv_heads), head_dim_(c.head_dim) {
-    q_proj = register_module(
-        "q_proj", std::make_shared<Linear>(c.hidden_size, c.num_heads * c.head_dim, true));
+    q_proj =
+        register_module("q_proj", std::make_shared<Linear>(c.hidden_size, c.num_heads * c.head_dim,
+                                                           true, access.child("q_proj")));
     k_proj = register_module(
-        "k_proj", std::make_shared<Linear>(c.hidden_size, c.num_kv_heads * c.head_dim, true));
+        "k_proj", std::make_shared<Linear>(c.hidden_size, c.num_kv_heads * c.head_dim, true,
+                                           access.child("k_proj")));
     v_proj = register_module(
-        "v_proj", std::make_shared<Linear>(c.hidden_size, c.num_kv_heads * c.head_dim, true));
-    o_proj = register_module(
-        "o_proj", std::make_shared<Linear>(c.num_heads * c.head_dim, c.hidden_size, false));
+        "v_proj", std::make_shared<Linear>(c.hidden_size, c.num_kv_heads * c.head_dim, true,
+                                           access.child("v_proj")));
+    o_proj =
+        register_module("o_proj", std::make_shared<Linear>(c.num_heads * c.head_dim, c.hidden_size,
+                                                           false, access.child("o_proj")));
   }
 
   // x [B, S, H]; cos/sin [S, D] float32; causal_mask [S, S] bool, true = masked (future key).
@@ -110,13 +158,15 @@ class Qwen2MoeAttention : public torch::nn::Module {
 // SwiGLU MLP: down(silu(gate x) * up x). Used for the shared expert.
 class Qwen2MoeMLP : public torch::nn::Module {
  public:
-  Qwen2MoeMLP(int64_t hidden_size, int64_t intermediate_size) {
-    gate_proj = register_module("gate_proj",
-                                std::make_shared<Linear>(hidden_size, intermediate_size, false));
-    up_proj =
-        register_module("up_proj", std::make_shared<Linear>(hidden_size, intermediate_size, false));
-    down_proj = register_module("down_proj",
-                                std::make_shared<Linear>(intermediate_size, hidden_size, false));
+  Qwen2MoeMLP(int64_t hidden_size, int64_t intermediate_size, const ParamAccess& access) {
+    gate_proj = register_module(
+        "gate_proj",
+        std::make_shared<Linear>(hidden_size, intermediate_size, false, access.child("gate_proj")));
+    up_proj = register_module("up_proj", std::make_shared<Linear>(hidden_size, intermediate_size,
+                                                                  false, access.child("up_proj")));
+    down_proj = register_module(
+        "down_proj",
+        std::make_shared<Linear>(intermediate_size, hidden_size, false, access.child("down_proj")));
   }
   torch::Tensor forward(const torch::Tensor& x) {
     return down_proj->forward(torch::silu(gate_proj->forward(x)) * up_proj->forward(x));
@@ -129,8 +179,9 @@ class Qwen2MoeMLP : public torch::nn::Module {
 // slice e of each.
 class Qwen2MoeExperts : public torch::nn::Module {
  public:
-  Qwen2MoeExperts(int64_t num_experts, int64_t hidden_size, int64_t intermediate_size)
-      : num_experts_(num_experts) {
+  Qwen2MoeExperts(int64_t num_experts, int64_t hidden_size, int64_t intermediate_size,
+                  ParamAccess access)
+      : num_experts_(num_experts), access_(std::move(access)) {
     gate_proj = register_parameter("gate_proj",
                                    torch::empty({num_experts, intermediate_size, hidden_size}));
     up_proj =
@@ -156,9 +207,9 @@ class Qwen2MoeExperts : public torch::nn::Module {
 
     // unbind: one backward node that stacks the per-expert gradients, instead of one full-size
     // zero-padded gradient per select.
-    const auto gate = gate_proj.unbind(0);
-    const auto up = up_proj.unbind(0);
-    const auto down = down_proj.unbind(0);
+    const auto gate = access_.unshard("gate_proj", gate_proj).unbind(0);
+    const auto up = access_.unshard("up_proj", up_proj).unbind(0);
+    const auto down = access_.unshard("down_proj", down_proj).unbind(0);
     auto final_hidden = torch::zeros_like(hidden);
     const auto* count = counts.data_ptr<int64_t>();
     int64_t offset = 0;
@@ -172,27 +223,34 @@ class Qwen2MoeExperts : public torch::nn::Module {
       final_hidden.index_add_(0, idx, y);
       offset += n;
     }
-    return final_hidden;
+    // Every expert's output feeds final_hidden, so a pre-backward gather hooked here runs
+    // before any expert's backward.
+    return access_.post_forward({"gate_proj", "up_proj", "down_proj"}, final_hidden);
   }
 
   torch::Tensor gate_proj, up_proj, down_proj;
 
  private:
   int64_t num_experts_;
+  ParamAccess access_;
 };
 
 class Qwen2MoeSparseMoeBlock : public torch::nn::Module {
  public:
-  explicit Qwen2MoeSparseMoeBlock(const ModelConfig& c) : top_k_(c.num_experts_per_tok) {
-    gate = register_module("gate", std::make_shared<Linear>(c.hidden_size, c.num_experts, false));
-    experts = register_module(
-        "experts",
-        std::make_shared<Qwen2MoeExperts>(c.num_experts, c.hidden_size, c.moe_intermediate_size));
+  Qwen2MoeSparseMoeBlock(const ModelConfig& c, const ParamAccess& access)
+      : top_k_(c.num_experts_per_tok) {
+    gate = register_module("gate", std::make_shared<Linear>(c.hidden_size, c.num_experts, false,
+                                                            access.child("gate")));
+    experts = register_module("experts", std::make_shared<Qwen2MoeExperts>(
+                                             c.num_experts, c.hidden_size, c.moe_intermediate_size,
+                                             access.child("experts")));
     shared_expert = register_module(
         "shared_expert",
-        std::make_shared<Qwen2MoeMLP>(c.hidden_size, c.shared_expert_intermediate_size));
-    shared_expert_gate =
-        register_module("shared_expert_gate", std::make_shared<Linear>(c.hidden_size, 1, false));
+        std::make_shared<Qwen2MoeMLP>(c.hidden_size, c.shared_expert_intermediate_size,
+                                      access.child("shared_expert")));
+    shared_expert_gate = register_module(
+        "shared_expert_gate",
+        std::make_shared<Linear>(c.hidden_size, 1, false, access.child("shared_expert_gate")));
   }
 
   // x [B, S, H] -> ([B, S, H], router_logits [B*S, E] in the compute dtype).
@@ -220,14 +278,18 @@ class Qwen2MoeSparseMoeBlock : public torch::nn::Module {
 
 class Qwen2MoeDecoderLayer : public torch::nn::Module {
  public:
-  explicit Qwen2MoeDecoderLayer(const ModelConfig& c) {
+  Qwen2MoeDecoderLayer(const ModelConfig& c, const ParamAccess& access) {
     // Registration order = HF's, so named_parameters() lists in state_dict order.
-    self_attn = register_module("self_attn", std::make_shared<Qwen2MoeAttention>(c));
-    mlp = register_module("mlp", std::make_shared<Qwen2MoeSparseMoeBlock>(c));
-    input_layernorm = register_module("input_layernorm",
-                                      std::make_shared<RMSNorm>(c.hidden_size, c.rms_norm_eps));
-    post_attention_layernorm = register_module(
-        "post_attention_layernorm", std::make_shared<RMSNorm>(c.hidden_size, c.rms_norm_eps));
+    self_attn = register_module("self_attn",
+                                std::make_shared<Qwen2MoeAttention>(c, access.child("self_attn")));
+    mlp = register_module("mlp", std::make_shared<Qwen2MoeSparseMoeBlock>(c, access.child("mlp")));
+    input_layernorm = register_module(
+        "input_layernorm",
+        std::make_shared<RMSNorm>(c.hidden_size, c.rms_norm_eps, access.child("input_layernorm")));
+    post_attention_layernorm =
+        register_module("post_attention_layernorm",
+                        std::make_shared<RMSNorm>(c.hidden_size, c.rms_norm_eps,
+                                                  access.child("post_attention_layernorm")));
   }
 
   std::pair<torch::Tensor, torch::Tensor> forward(const torch::Tensor& x, const torch::Tensor& cos,
@@ -245,15 +307,18 @@ class Qwen2MoeDecoderLayer : public torch::nn::Module {
 
 class Qwen2MoeModel : public torch::nn::Module {
  public:
-  explicit Qwen2MoeModel(const ModelConfig& c) : config_(c) {
-    embed_tokens =
-        register_module("embed_tokens", std::make_shared<Embedding>(c.vocab_size, c.hidden_size));
+  Qwen2MoeModel(const ModelConfig& c, const ParamAccess& access) : config_(c) {
+    embed_tokens = register_module(
+        "embed_tokens",
+        std::make_shared<Embedding>(c.vocab_size, c.hidden_size, access.child("embed_tokens")));
     auto list = register_module("layers", torch::nn::ModuleList());
     for (int64_t i = 0; i < c.num_layers; ++i) {
-      layers.push_back(std::make_shared<Qwen2MoeDecoderLayer>(c));
+      layers.push_back(
+          std::make_shared<Qwen2MoeDecoderLayer>(c, access.child("layers." + std::to_string(i))));
       list->push_back(layers.back());
     }
-    norm = register_module("norm", std::make_shared<RMSNorm>(c.hidden_size, c.rms_norm_eps));
+    norm = register_module(
+        "norm", std::make_shared<RMSNorm>(c.hidden_size, c.rms_norm_eps, access.child("norm")));
   }
 
   // -> (final hidden states [B, S, H], router logits of every layer)
@@ -284,9 +349,10 @@ class Qwen2MoeModel : public torch::nn::Module {
 class Qwen2MoeForCausalLM : public CausalLM {
  public:
   Qwen2MoeForCausalLM(const ModelConfig& c, uint64_t seed) : config_(c) {
-    model = register_module("model", std::make_shared<Qwen2MoeModel>(c));
-    lm_head =
-        register_module("lm_head", std::make_shared<Linear>(c.hidden_size, c.vocab_size, false));
+    const ParamAccess root{materializer_slot(), ""};
+    model = register_module("model", std::make_shared<Qwen2MoeModel>(c, root.child("model")));
+    lm_head = register_module("lm_head", std::make_shared<Linear>(c.hidden_size, c.vocab_size,
+                                                                  false, root.child("lm_head")));
     init_weights(seed);
   }
 
@@ -296,9 +362,13 @@ class Qwen2MoeForCausalLM : public CausalLM {
                 " ", input_ids.sizes());
     TORCH_CHECK(input_ids.size(1) <= config_.max_seq_len, "qwen2_moe: sequence length ",
                 input_ids.size(1), " exceeds model.max_seq_len ", config_.max_seq_len);
-    auto [hidden, router_logits] = model->forward(input_ids);
+    const auto& materializer = parameter_materializer();
+    auto [hidden, router_logits] =
+        model->forward(materializer ? materializer->cast_forward_input(input_ids) : input_ids);
     CausalLMOutput out;
     out.logits = lm_head->forward(hidden);
+    // Only the logits take output_dtype: the aux loss stays float32 (contract above).
+    if (materializer) out.logits = materializer->cast_forward_output(out.logits);
     out.aux_loss =
         load_balancing_loss(router_logits, config_.num_experts, config_.num_experts_per_tok);
     return out;

@@ -22,6 +22,10 @@
 // Numerics follow HF: RMSNorm in float32 and cast back; attention softmax in float32; router
 // softmax in float32, top-k without renormalisation (norm_topk_prob = false), routing weights cast
 // to the compute dtype; SwiGLU experts; shared expert scaled by sigmoid(shared_expert_gate(x)).
+// Every parameter is read through the CausalLM materializer (causal_lm.h) under its HF name, and
+// each module (linear, embedding, norm, the routed experts as one unit) reports its output to
+// post_forward, so FSDP can gather, reshard and gather again per module; without a materializer
+// the model computes exactly as it always did.
 // Compute dtype = parameter dtype: float32 and bfloat16 run on CPU. A float16 model can be built
 // and converted, but LibTorch 1.13 has no float16 GEMM on CPU, so its forward needs a GPU or a
 // float32/bfloat16 compute copy (fsdp param_dtype).

@@ -95,6 +95,7 @@ class ChainedOptimizer : public TrainingOptimizer {
   void zero_grad() override;
   void set_lr_factor(double factor) override;
   const std::vector<RouteEntry>& routing() const override { return routes_; }
+  ChainedOptimizer& chained() override { return *this; }
   NamedTensors state_dict() const override;
   void load_state_dict(const NamedTensors& state) override;
 

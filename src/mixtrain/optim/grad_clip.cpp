@@ -4,6 +4,7 @@
 
 #include <cmath>
 
+#include "mixtrain/core/collectives.h"
 #include "mixtrain/core/cpu_capability.h"
 #include "mixtrain/optim/kernels/sum_of_squares_kernel.h"
 
@@ -48,8 +49,19 @@ double global_grad_norm(const std::vector<at::Tensor>& grads) {
   return std::sqrt(total_sum_of_squares(grads));
 }
 
-double clip_grad_norm(const std::vector<at::Tensor>& grads, double max_norm) {
-  const double norm = global_grad_norm(grads);
+double global_grad_norm(const std::vector<at::Tensor>& grads, Collectives& group) {
+  double sum = total_sum_of_squares(grads);
+  if (group.size() > 1) {
+    at::Tensor total = at::full({1}, sum, at::TensorOptions().dtype(at::kDouble));
+    group.all_reduce_sum(total);
+    sum = total.item<double>();
+  }
+  return std::sqrt(sum);
+}
+
+namespace {
+
+double clip_with_norm(const std::vector<at::Tensor>& grads, double max_norm, double norm) {
   if (max_norm <= 0.0 || !std::isfinite(norm)) return norm;
   const double coefficient = max_norm / (norm + 1e-6);
   if (coefficient < 1.0) {
@@ -59,6 +71,16 @@ double clip_grad_norm(const std::vector<at::Tensor>& grads, double max_norm) {
     }
   }
   return norm;
+}
+
+}  // namespace
+
+double clip_grad_norm(const std::vector<at::Tensor>& grads, double max_norm) {
+  return clip_with_norm(grads, max_norm, global_grad_norm(grads));
+}
+
+double clip_grad_norm(const std::vector<at::Tensor>& grads, double max_norm, Collectives& group) {
+  return clip_with_norm(grads, max_norm, global_grad_norm(grads, group));
 }
 
 }  // namespace mixtrain

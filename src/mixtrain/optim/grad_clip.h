@@ -13,6 +13,8 @@
 
 namespace mixtrain {
 
+class Collectives;
+
 // Sum of squares of one tensor's elements, in double (0 for an undefined tensor).
 double sum_of_squares(const at::Tensor& tensor);
 
@@ -25,5 +27,13 @@ double global_grad_norm(const std::vector<at::Tensor>& grads);
 // A non-finite norm is returned as is and the grads are left untouched (the caller decides:
 // skip the step, or fail).
 double clip_grad_norm(const std::vector<at::Tensor>& grads, double max_norm);
+
+// Distributed variants (DESIGN §3): `grads` are this rank's pieces of the gradients and `group`
+// the ranks whose pieces are disjoint and together make the whole (FSDP: dp_shard; replicas of
+// the same shard are left out, so each element counts once). The local sums of squares (double)
+// are all-reduced over `group`; every rank gets the same norm and clips with the same
+// coefficient. A one-rank group gives exactly the functions above. Collective over `group`.
+double global_grad_norm(const std::vector<at::Tensor>& grads, Collectives& group);
+double clip_grad_norm(const std::vector<at::Tensor>& grads, double max_norm, Collectives& group);
 
 }  // namespace mixtrain

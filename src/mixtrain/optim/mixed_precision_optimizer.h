@@ -42,7 +42,7 @@ class MixedPrecisionOptimizer : public TrainingOptimizer {
   explicit MixedPrecisionOptimizer(std::unique_ptr<ChainedOptimizer> chained,
                                    DynamicLossScalerOptions scaler_options = {});
 
-  ChainedOptimizer& chained() { return *chained_; }
+  ChainedOptimizer& chained() override { return *chained_; }
   const ChainedOptimizer& chained() const { return *chained_; }
   // The fp32 param the leaves update for model param `name` (the model param itself for
   // float32). Throws std::invalid_argument for an unknown name.

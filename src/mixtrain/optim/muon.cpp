@@ -110,7 +110,8 @@ MuonOptions MuonOptions::from_config(const MuonConfig& config) {
       .ns_dtype(*ns_dtype)
       .matched_adamw_rms(config.matched_adamw_rms)
       .adjust_lr_fn(parse_adjust_lr_fn(config.adjust_lr_fn))
-      .momentum_style(parse_momentum_style(config.momentum_style));
+      .momentum_style(parse_momentum_style(config.momentum_style))
+      .communication_dtype(parse_muon_communication_dtype(config.communication_dtype));
   options.validate();
   return options;
 }
@@ -131,6 +132,10 @@ void MuonOptions::validate() const {
   if (ns_dtype() != at::kBFloat16 && ns_dtype() != at::kFloat && ns_dtype() != at::kDouble) {
     fail("ns_dtype must be bfloat16 or float32, got " + dtype_name(ns_dtype()));
   }
+  if (communication_dtype() != at::kBFloat16 && communication_dtype() != at::kFloat) {
+    fail("communication_dtype must be bfloat16 or float32, got " +
+         dtype_name(communication_dtype()));
+  }
   newton_schulz_schedule(ns_variant(), ns_steps(), ns_coefficients());  // throws if invalid
 }
 
@@ -148,6 +153,11 @@ Muon::Muon(std::vector<at::Tensor> params, MuonOptions defaults)
 void Muon::rebuild_batches() {
   batches_.assign(param_groups_.size(), {});
   cached_params_.assign(param_groups_.size(), {});
+  // Shardings stay with their positions; new groups or params start local.
+  sharding_.resize(param_groups_.size());
+  for (size_t g = 0; g < param_groups_.size(); ++g) {
+    sharding_[g].resize(param_groups_[g].params().size());
+  }
   for (size_t g = 0; g < param_groups_.size(); ++g) {
     const auto* options = dynamic_cast<const MuonOptions*>(&param_groups_[g].options());
     if (options == nullptr) {
@@ -156,11 +166,15 @@ void Muon::rebuild_batches() {
     }
     options->validate();
     auto& batches = batches_[g];
-    for (const auto& p : param_groups_[g].params()) {
+    const auto& params = param_groups_[g].params();
+    for (size_t i = 0; i < params.size(); ++i) {
+      const at::Tensor& p = params[i];
       if (p.dim() < 2) {
         throw std::invalid_argument("Muon updates matrices (ndim >= 2); got a parameter of shape " +
                                     c10::str(p.sizes()) + " (route it to AdamW)");
       }
+      cached_params_[g].push_back(p.unsafeGetTensorImpl());
+      if (!muon_steps_locally(sharding_[g][i], p.dim())) continue;  // step_fsdp / step_ddp
       const int64_t rows = p.size(-2);
       const int64_t cols = p.size(-1);
       auto same_shape = [&](const ShapeBatch& b) {
@@ -169,7 +183,6 @@ void Muon::rebuild_batches() {
       auto it = std::find_if(batches.begin(), batches.end(), same_shape);
       if (it == batches.end()) it = batches.insert(batches.end(), {p.device(), rows, cols, {}});
       it->params.push_back(p);
-      cached_params_[g].push_back(p.unsafeGetTensorImpl());
     }
   }
 }
@@ -212,7 +225,25 @@ at::Tensor Muon::step(LossClosure closure) {
         newton_schulz_schedule(options.ns_variant(), options.ns_steps(), options.ns_coefficients());
     for (const auto& batch : batches_[g]) step_batch(options, schedule, batch);
   }
+  step_distributed();
   return loss;
+}
+
+MuonParamState& Muon::begin_param_step(const at::Tensor& p) {
+  auto& slot = state_[state_key(p)];
+  if (!slot) {
+    auto fresh = std::make_unique<MuonParamState>();
+    fresh->momentum_buffer(at::zeros(p.sizes(), p.options()));
+    slot = std::move(fresh);
+  }
+  auto& state = static_cast<MuonParamState&>(*slot);
+  state.step(state.step() + 1);
+  return state;
+}
+
+void Muon::finish_param_step(const at::Tensor& p) {
+  at::Tensor target = copy_back_target(p);
+  if (target.defined()) target.copy_(p);
 }
 
 void Muon::step_batch(const MuonOptions& options, const std::vector<NsCoefficients>& schedule,
@@ -224,14 +255,7 @@ void Muon::step_batch(const MuonOptions& options, const std::vector<NsCoefficien
     const at::Tensor& grad = p.grad();
     if (!grad.defined()) continue;
     TORCH_CHECK(!grad.is_sparse(), "Muon does not support sparse gradients");
-    auto& slot = state_[state_key(p)];
-    if (!slot) {
-      auto fresh = std::make_unique<MuonParamState>();
-      fresh->momentum_buffer(at::zeros(p.sizes(), p.options()));
-      slot = std::move(fresh);
-    }
-    auto& state = static_cast<MuonParamState&>(*slot);
-    state.step(state.step() + 1);
+    auto& state = begin_param_step(p);
     directions.push_back(muon_momentum_update(state.momentum_buffer(), grad, options.momentum(),
                                               options.momentum_style(), options.nesterov()));
     params.push_back(p);
@@ -265,8 +289,7 @@ void Muon::step_batch(const MuonOptions& options, const std::vector<NsCoefficien
     const at::Tensor o = orthogonalized.narrow(0, offset, count).view(p.sizes());
     offset += count;
     muon_apply_update(p, o, options.lr(), options.weight_decay(), scale);
-    at::Tensor target = copy_back_target(p);
-    if (target.defined()) target.copy_(p);
+    finish_param_step(p);
   }
 }
 

@@ -13,6 +13,10 @@
 // The same-shape batches are cached per parameter object (RFC 7.3); reset_parameter_caches()
 // rebuilds them after replace_parameter(). step() also rebuilds them when it finds the group
 // lists changed, so a stale cache can never update a replaced tensor.
+//
+// Distributed layouts (distributed_muon.h): set_sharding() marks a parameter FSDP-sharded or
+// replicated over a Collectives group; step() then runs the local batches first (step_experts)
+// and then, per group, step_fsdp / step_ddp, all giving the single-process result.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -24,6 +28,7 @@
 #include <vector>
 
 #include "mixtrain/config/trainer_config.h"
+#include "mixtrain/optim/distributed_muon.h"
 #include "mixtrain/optim/leaf_optimizer.h"
 #include "mixtrain/optim/newton_schulz.h"
 
@@ -70,6 +75,8 @@ struct MuonOptions : public torch::optim::OptimizerCloneableOptions<MuonOptions>
   TORCH_ARG(double, matched_adamw_rms) = 0.2;
   TORCH_ARG(AdjustLrFn, adjust_lr_fn) = AdjustLrFn::kMatchRmsAdamw;
   TORCH_ARG(MomentumStyle, momentum_style) = MomentumStyle::kSum;
+  // Wire dtype of u and O on the distributed paths (bfloat16 or float32; distributed_muon.h).
+  TORCH_ARG(c10::ScalarType, communication_dtype) = c10::ScalarType::BFloat16;
 
  public:
   double get_lr() const override { return lr(); }
@@ -114,6 +121,14 @@ class Muon : public LeafOptimizer {
   };
   std::vector<BatchInfo> batches(size_t group) const;
 
+  // Declares how this rank holds `param` (distributed_muon.h). Throws std::invalid_argument
+  // naming the parameter when it is in no group, a non-local kind has no group, or (kFsdp) the
+  // shape is not chunk group->rank() of full_shape on dim 0. Kept by position in the group, so
+  // replace_parameter() keeps it.
+  void set_sharding(const at::Tensor& param, MuonSharding sharding);
+  // kLocal for a parameter that was never given one.
+  const MuonSharding& sharding(const at::Tensor& param) const;
+
  private:
   // All parameters of one group whose matrices are rows x cols on one device.
   struct ShapeBatch {
@@ -126,9 +141,26 @@ class Muon : public LeafOptimizer {
   bool batches_match_groups() const;
   void step_batch(const MuonOptions& options, const std::vector<NsCoefficients>& schedule,
                   const ShapeBatch& batch);
+  // Momentum state of p, created (zeros, p's dtype) on first use; counts the step.
+  MuonParamState& begin_param_step(const at::Tensor& p);
+  // Writes p's copy-back target after an update.
+  void finish_param_step(const at::Tensor& p);
+
+  // A parameter that takes a communicating path; defined in distributed_muon.cpp.
+  struct DistributedParam {
+    size_t group;  // param group index (its MuonOptions)
+    at::Tensor param;
+    const MuonSharding* sharding;
+  };
+  void step_distributed();
+  void step_fsdp(Collectives& comm, const std::vector<DistributedParam>& params);
+  void step_ddp(Collectives& comm, const std::vector<DistributedParam>& params);
+  const MuonOptions& group_options(size_t group) const;
 
   std::vector<std::vector<ShapeBatch>> batches_;         // per param group
   std::vector<std::vector<const void*>> cached_params_;  // TensorImpl of each group's params
+  // Per group, per param position (parallel to param_groups_[g].params()).
+  std::vector<std::vector<MuonSharding>> sharding_;
 };
 
 }  // namespace mixtrain

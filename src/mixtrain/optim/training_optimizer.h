@@ -21,6 +21,8 @@
 
 namespace mixtrain {
 
+class ChainedOptimizer;
+
 inline constexpr const char* kOptimizerStatePrefix = "optimizer.state.";
 inline constexpr const char* kMainParamPrefix =
     "optimizer._mixed_precision_optimizer.fp32_from_fp16_params.";
@@ -55,6 +57,9 @@ class TrainingOptimizer {
   // Every group's lr = the lr it was built with * factor.
   virtual void set_lr_factor(double factor) = 0;
   virtual const std::vector<RouteEntry>& routing() const = 0;
+  // The leaves behind one interface (the wrapper's inner chain, or the chain itself): parallel
+  // layouts use it to tell distributed Muon how each parameter is held.
+  virtual ChainedOptimizer& chained() = 0;
   virtual int64_t skipped_steps() const { return 0; }
 
   // Checkpoint view, keys as above. Tensors alias the live state (clone to snapshot).

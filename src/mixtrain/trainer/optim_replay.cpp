@@ -4,6 +4,7 @@
 
 #include <map>
 #include <set>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -11,7 +12,12 @@
 #include "mixtrain/core/error.h"
 #include "mixtrain/core/logging.h"
 #include "mixtrain/core/safetensors.h"
+#include "mixtrain/distributed/data_parallel.h"
+#include "mixtrain/distributed/device_mesh.h"
+#include "mixtrain/distributed/fsdp.h"
+#include "mixtrain/distributed/rendezvous.h"
 #include "mixtrain/optim/build_optimizer.h"
+#include "mixtrain/optim/distributed_muon.h"
 #include "mixtrain/optim/grad_clip.h"
 #include "mixtrain/optim/lr_schedule.h"
 
@@ -98,17 +104,71 @@ bool schedule_configured(const ResolvedConfig& resolved) {
   return false;
 }
 
+// Replay on several ranks uses the FSDP layout: every tensor is split on dim 0 (torch.chunk
+// semantics) over all ranks, and the output is gathered back on rank 0.
+struct ReplayLayout {
+  DeviceMesh mesh;
+  bool sharded() const { return mesh.world_size > 1; }
+
+  ShardLayout layout_of(const at::Tensor& full) const {
+    return chunk_layout(full.sizes().vec(), mesh.world_size, mesh.rank);
+  }
+  at::Tensor local_rows(const at::Tensor& full) const {
+    if (!sharded() || full.dim() == 0) return full;
+    ShardLayout l = layout_of(full);
+    return full.narrow(0, l.offset, l.rows).clone();
+  }
+  // Collective: the full tensor from every rank's rows (padded to equal chunks on the wire).
+  at::Tensor gather(const at::Tensor& local, const std::vector<int64_t>& global_shape) const {
+    if (!sharded() || local.dim() == 0) return local;
+    ShardLayout l = chunk_layout(global_shape, mesh.world_size, mesh.rank);
+    std::vector<int64_t> padded_shape = global_shape;
+    padded_shape[0] = l.chunk_rows;
+    at::Tensor padded = at::zeros(padded_shape, local.options());
+    padded.narrow(0, 0, l.rows).copy_(local);
+    return mesh.world->all_gather(padded).narrow(0, 0, global_shape[0]).contiguous();
+  }
+};
+
+ReplayLayout join_replay_mesh(const TrainerConfig& config) {
+  RankInfo rank = detect_rank_info();
+  if (rank.world_size == 1) return {make_single_process_mesh()};
+  set_log_rank(rank.rank);
+  ParallelConfig fsdp;
+  fsdp.dp_shard = rank.world_size;
+  return {make_device_mesh(rank, fsdp, config.distributed.timeout_s)};
+}
+
 }  // namespace
 
 int64_t run_optim_replay(const ResolvedConfig& resolved, const ReplayPaths& paths) {
   const TrainerConfig& config = resolved.config;
-  NamedTensors params = read_params(paths.params);
-  GradsByStep grads = read_grads(paths.grads, params);
+  ReplayLayout layout = join_replay_mesh(config);
+  NamedTensors full_params = read_params(paths.params);
+  GradsByStep grads = read_grads(paths.grads, full_params);
   const int64_t steps = static_cast<int64_t>(grads.size());
-  log_info("optim-replay: " + std::to_string(params.size()) + " parameters, " +
-           std::to_string(steps) + " steps");
+  if (layout.mesh.rank == 0) {
+    log_info("optim-replay: " + std::to_string(full_params.size()) + " parameters, " +
+             std::to_string(steps) + " steps, " + std::to_string(layout.mesh.world_size) +
+             " rank(s)");
+  }
+  std::map<std::string, std::vector<int64_t>> global_shape;
+  NamedTensors params;
+  std::unordered_map<std::string, MuonSharding> sharding;
+  for (const auto& [name, full] : full_params) {
+    global_shape[name] = full.sizes().vec();
+    params.emplace_back(name, layout.local_rows(full.detach()).requires_grad_(true));
+    if (layout.sharded()) {
+      sharding[name] =
+          MuonSharding{MuonSharding::Kind::kFsdp, full.sizes().vec(), layout.mesh.world, name};
+    }
+  }
+  for (auto& step_grads : grads) {
+    for (auto& [name, grad] : step_grads) grad = layout.local_rows(grad);
+  }
 
   std::unique_ptr<TrainingOptimizer> optimizer = build_optimizer(params, config);
+  if (layout.sharded()) set_muon_sharding(optimizer->chained(), sharding);
   const bool schedule = schedule_configured(resolved);
   LrSchedule lr_schedule(config.train.lr_scheduler, steps);
   for (int64_t k = 1; k <= steps; ++k) {
@@ -125,18 +185,35 @@ int64_t run_optim_replay(const ResolvedConfig& resolved, const ReplayPaths& path
       }
     }
     optimizer->prepare_grads();
-    clip_grad_norm(optimizer->grads_for_clipping(), config.train.max_grad_norm);
+    clip_data_parallel_grad_norm(optimizer->grads_for_clipping(), config.train.max_grad_norm,
+                                 layout.mesh);
     if (!optimizer->step_with_ready_grads()) {
       log_warn("optim-replay: step " + std::to_string(k) + " skipped (non-finite gradients)");
     }
     optimizer->zero_grad();
   }
 
+  // Keys of one parameter's tensors end in ".<name>" or ".<name>.<state>": map them back to
+  // the parameter to find its global shape.
+  auto global_shape_of = [&](const std::string& key, const at::Tensor& local) {
+    for (const auto& [name, shape] : global_shape) {
+      const bool is_param = key == "model." + name || key == kMainParamPrefix + name;
+      const bool is_state = key.rfind(kOptimizerStatePrefix + name + ".", 0) == 0 &&
+                            key.find('.', std::string(kOptimizerStatePrefix).size() + name.size() +
+                                              1) == std::string::npos;
+      if ((is_param || is_state) && local.dim() == static_cast<int64_t>(shape.size())) return shape;
+    }
+    return local.sizes().vec();
+  };
   NamedTensors out;
   for (const auto& [name, param] : params) out.emplace_back("model." + name, param.detach());
   for (const auto& entry : optimizer->state_dict()) out.push_back(entry);
-  write_safetensors(paths.out, out);
-  log_info("optim-replay: wrote " + paths.out);
+  for (auto& [key, tensor] : out)
+    tensor = layout.gather(tensor.contiguous(), global_shape_of(key, tensor));
+  if (layout.mesh.rank == 0) {
+    write_safetensors(paths.out, out);
+    log_info("optim-replay: wrote " + paths.out);
+  }
   return steps;
 }
 

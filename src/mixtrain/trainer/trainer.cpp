@@ -10,15 +10,22 @@
 #include <utility>
 #include <vector>
 
+#include "mixtrain/config/show.h"
 #include "mixtrain/config/startup_log.h"
 #include "mixtrain/core/blas_check.h"
 #include "mixtrain/core/dtype.h"
 #include "mixtrain/core/error.h"
 #include "mixtrain/core/logging.h"
 #include "mixtrain/data/dataset.h"
+#include "mixtrain/distributed/config_agreement.h"
+#include "mixtrain/distributed/data_parallel.h"
+#include "mixtrain/distributed/device_mesh.h"
+#include "mixtrain/distributed/fsdp.h"
+#include "mixtrain/distributed/rendezvous.h"
 #include "mixtrain/model/init_dtype.h"
 #include "mixtrain/model/registry.h"
 #include "mixtrain/optim/build_optimizer.h"
+#include "mixtrain/optim/distributed_muon.h"
 #include "mixtrain/optim/grad_clip.h"
 #include "mixtrain/optim/lr_schedule.h"
 #include "mixtrain/optim/param_groups.h"
@@ -33,33 +40,25 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// Single-process training computes in the model's own dtype. What needs the distributed
-// machinery (sharding, a compute dtype other than the stored one) or checkpoints is refused
-// up front with the key that asks for it, never approximated.
+// What this build cannot train is refused up front with the key that asks for it, never
+// approximated.
 void refuse_unsupported(const TrainerConfig& config, c10::ScalarType model_dtype) {
   auto refuse = [&](const std::string& key, const std::string& why) {
     throw ConfigError(config.source_file + ": " + key + ": " + why);
   };
-  const std::string single = " (this build trains in one process)";
-  if (model_dtype == c10::kHalf)
-    refuse("model_init_dtype",
-           "float16 models need compute in fsdp_config.mix_precision.param_dtype float32 or "
-           "bfloat16 (LibTorch 1.13 has no float16 GEMM on CPU), which needs the FSDP "
-           "parameter path; not available yet" +
-               single);
-  if (parse_float_dtype(config.mix_precision.param_dtype) != model_dtype)
+  if (parse_float_dtype(config.mix_precision.param_dtype) == c10::kHalf)
     refuse("fsdp_config.mix_precision.param_dtype",
-           config.mix_precision.param_dtype + " differs from the model dtype " +
-               dtype_name(model_dtype) +
-               "; computing in another dtype than the stored one needs the FSDP parameter "
-               "path, not available yet" +
-               single);
-  if (config.parallel.dp_shard != 1 || config.parallel.dp_replicate != 1 || config.parallel.ep != 1)
-    refuse("parallel", "distributed training is not available yet" + single);
+           "float16 compute is not possible on CPU (LibTorch 1.13 has no float16 GEMM); compute "
+           "a float16 model in float32 or bfloat16");
+  if (model_dtype == c10::kHalf && !config.optimizer.fp32_main_params)
+    refuse("optimizer.fp32_main_params",
+           "float16 models need fp32 main params and loss scaling; set it to true");
+  if (config.parallel.ep != 1)
+    refuse("parallel.ep", "expert parallelism is not available yet; use parallel.ep: 1");
   if (!config.checkpoint.dir.empty() || !config.checkpoint.restore_from.empty())
-    refuse("checkpoint", "checkpointing is not available yet" + single);
+    refuse("checkpoint", "checkpointing is not available yet");
   if (config.optimizer.swap_optimizer)
-    refuse("optimizer.swap_optimizer", "the swap optimizer is not available yet" + single);
+    refuse("optimizer.swap_optimizer", "the swap optimizer is not available yet");
 }
 
 c10::ScalarType model_dtype_of(const TrainerConfig& config) {
@@ -106,43 +105,88 @@ StepLoss accumulate_gradients(CausalLM& model, TokenDataset& data, const Trainer
 
 }  // namespace
 
+// The process groups of this run: one process unless a launcher set the rank variables.
+DeviceMesh join_mesh(const TrainerConfig& config) {
+  RankInfo rank = detect_rank_info();
+  if (rank.world_size == 1 && config.parallel.dp_shard * config.parallel.dp_replicate == 1) {
+    return make_single_process_mesh();
+  }
+  set_log_rank(rank.rank);
+  return make_device_mesh(rank, config.parallel, config.distributed.timeout_s);
+}
+
+// Every rank stops at the same step boundary: a Ctrl-C seen by any rank stops all of them
+// (otherwise the others would block in the next collective until the timeout).
+bool any_rank_interrupted(const DeviceMesh& mesh) {
+  at::Tensor flag = at::full({1}, interrupt_requested() ? 1 : 0, at::kLong);
+  mesh.world->all_reduce_sum(flag);
+  return flag.item<int64_t>() > 0;
+}
+
 TrainSummary run_training(const ResolvedConfig& resolved, const TrainOptions& options) {
   const TrainerConfig& config = resolved.config;
-  refuse_unsupported(config, model_dtype_of(config));
+  const c10::ScalarType model_dtype = model_dtype_of(config);
+  refuse_unsupported(config, model_dtype);
+  install_interrupt_handler();
+  DeviceMesh mesh = join_mesh(config);
+  const bool is_rank0 = mesh.rank == 0;
+  if (mesh.world_size > 1) check_config_agreement(mesh, format_config_show(resolved));
   configure_threads();
-  warn_if_reference_blas();
-  log_info(format_trainer_config_block(resolved));
+  if (is_rank0) {
+    warn_if_reference_blas();
+    log_info(format_trainer_config_block(resolved));
+  }
 
-  // RFC 6.1 build order: model, then model_init_dtype, then the optimizer.
+  // RFC 6.1 build order: model, then model_init_dtype, then sharding, then the optimizer.
   std::shared_ptr<CausalLM> model = build_model(config.model, config.train.seed);
-  std::optional<c10::ScalarType> init_dtype;
-  if (config.model_init_dtype) init_dtype = parse_float_dtype(*config.model_init_dtype);
-  apply_model_init_dtype(*model, init_dtype);
-  log_info(format_model_config_block(config.model));
+  apply_model_init_dtype(*model, model_dtype);
+  if (is_rank0) log_info(format_model_config_block(config.model));
+  // The FSDP path also serves one process whose compute dtype differs from the stored one: it
+  // casts each parameter to param_dtype in forward and delivers float32 main_grads in backward.
+  std::shared_ptr<FullyShardedModel> sharded;
+  if (mesh.world_size > 1 || parse_float_dtype(config.mix_precision.param_dtype) != model_dtype) {
+    FsdpOptions fsdp;
+    fsdp.mix_precision = config.mix_precision;
+    fsdp.fp32_main_params = config.optimizer.fp32_main_params;
+    sharded = shard_model(*model, mesh, fsdp);
+  }
   std::unique_ptr<TrainingOptimizer> optimizer =
       build_optimizer(named_parameters_of(*model), config);
-  log_info(format_effective_adamw_block(resolved));
-  log_info(format_effective_muon_block(resolved));
+  if (sharded) {
+    if (config.optimizer.fp32_main_params) sharded->set_main_grads(optimizer.get());
+    set_muon_sharding(optimizer->chained(), sharded->muon_sharding());
+  }
+  if (is_rank0) {
+    log_info(format_effective_adamw_block(resolved));
+    log_info(format_effective_muon_block(resolved));
+  }
 
-  std::unique_ptr<TokenDataset> data =
-      make_dataset(config.data, config.model.vocab_size, config.train.seed, 0, 1);
-  log_info("data: " + data->describe());
-  const int64_t accumulation_steps = config.data.global_batch_size / config.data.micro_batch_size;
+  // Data-parallel rank r reads windows r, r+n, ...: together the ranks read the global batch.
+  std::unique_ptr<TokenDataset> data = make_dataset(config.data, config.model.vocab_size,
+                                                    config.train.seed, mesh.rank, mesh.world_size);
+  if (is_rank0) log_info("data: " + data->describe());
+  const int64_t accumulation_steps =
+      config.data.global_batch_size / (config.data.micro_batch_size * mesh.world_size);
   const double tokens_per_step =
       static_cast<double>(config.data.global_batch_size) * config.data.seq_len;
   LrSchedule schedule(config.train.lr_scheduler, config.train.steps);
 
+  // Only rank 0 shows progress and writes metrics and the loss picture.
   TrainSummary summary;
-  MetricsWriter metrics(options.run_dir);
-  summary.metrics_path = metrics.path();
-  summary.plot_path = (std::filesystem::path(options.run_dir) / "loss.svg").string();
-  ProgressBar progress(config.train.steps, config.train.log_every, options.is_terminal);
+  std::unique_ptr<MetricsWriter> metrics;
+  std::unique_ptr<ProgressBar> progress;
+  if (is_rank0) {
+    metrics = std::make_unique<MetricsWriter>(options.run_dir);
+    summary.metrics_path = metrics->path();
+    summary.plot_path = (std::filesystem::path(options.run_dir) / "loss.svg").string();
+    progress = std::make_unique<ProgressBar>(config.train.steps, config.train.log_every,
+                                             options.is_terminal);
+  }
   std::vector<std::pair<int64_t, double>> loss_curve;
 
-  install_interrupt_handler();
   const auto start = Clock::now();
   for (int64_t step = 1; step <= config.train.steps; ++step) {
-    if (interrupt_requested()) {
+    if (mesh.world_size > 1 ? any_rank_interrupted(mesh) : interrupt_requested()) {
       summary.interrupted = true;
       break;
     }
@@ -152,29 +196,33 @@ TrainSummary run_training(const ResolvedConfig& resolved, const TrainOptions& op
 
     StepLoss loss = accumulate_gradients(*model, *data, config, accumulation_steps, *optimizer);
     optimizer->prepare_grads();
-    const double grad_norm =
-        clip_grad_norm(optimizer->grads_for_clipping(), config.train.max_grad_norm);
+    const double grad_norm = clip_data_parallel_grad_norm(optimizer->grads_for_clipping(),
+                                                          config.train.max_grad_norm, mesh);
     optimizer->step_with_ready_grads();
     optimizer->zero_grad();
 
-    const auto now = Clock::now();
     StepMetrics row;
     row.step = step;
-    row.loss = loss.loss;
-    row.aux_loss = loss.aux_loss;
+    row.loss = average_over_data_parallel(loss.loss, mesh);
+    row.aux_loss = average_over_data_parallel(loss.aux_loss, mesh);
     row.grad_norm = grad_norm;
     row.lr = config.optimizer.adamw.lr * lr_factor;
+    const auto now = Clock::now();
     row.tokens_per_s = tokens_per_step / std::chrono::duration<double>(now - step_start).count();
     row.elapsed_s = std::chrono::duration<double>(now - start).count();
-    metrics.write(row);
-    progress.update(step, row.loss, row.tokens_per_s, row.elapsed_s);
+    if (is_rank0) {
+      metrics->write(row);
+      progress->update(step, row.loss, row.tokens_per_s, row.elapsed_s);
+    }
     loss_curve.emplace_back(step, row.loss);
     if (step == 1) summary.first_loss = row.loss;
     summary.last_loss = row.loss;
     summary.steps_completed = step;
   }
-  progress.finish();
-  write_loss_svg(summary.plot_path, loss_curve, "mixtrain loss: " + config.source_file);
+  if (is_rank0) {
+    progress->finish();
+    write_loss_svg(summary.plot_path, loss_curve, "mixtrain loss: " + config.source_file);
+  }
   return summary;
 }
 

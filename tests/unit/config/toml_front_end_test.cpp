@@ -105,6 +105,14 @@ TEST(TomlFrontEndTest, MatchRmsIgnoresMuonLrWithAWarning) {
             std::string::npos);
 }
 
+TEST(TomlFrontEndTest, MuonCommunicationDtype) {
+  EXPECT_EQ(translate_text("").config.optimizer.muon.communication_dtype, "bfloat16");
+  const Translated t = translate_text("[optimizer]\nmuon_communication_dtype = \"float32\"\n");
+  EXPECT_EQ(t.config.optimizer.muon.communication_dtype, "float32");
+  EXPECT_EQ(t.provenance.source("optimizer.muon_config.muon_communication_dtype"),
+            ValueSource::kFile);
+}
+
 TEST(TomlFrontEndTest, Example3Swap) {
   const Translated t = translate_text(testing::kMuonExample3Toml);
   EXPECT_TRUE(t.config.optimizer.swap_optimizer);
@@ -141,8 +149,11 @@ TEST(TomlFrontEndTest, TrainingParallelismCheckpointMetricsModel) {
       "[checkpoint]\nenable = true\nfolder = \"ck\"\ninterval = 5\nkeep_latest_k = 2\n"
       "async_mode = \"async\"\ninitial_load_path = \"/old/step-00000010\"\n"
       "initial_load_model_only = false\n"
-      "[metrics]\nlog_freq = 3\n[model]\nnum_layers = 3\nrope_theta = 5e5\n");
+      "[metrics]\nlog_freq = 3\n[model]\nnum_layers = 3\nrope_theta = 5e5\n"
+      "[comm]\ntrain_timeout_seconds = 7.5\n");
   const TrainerConfig& c = t.config;
+  EXPECT_EQ(c.distributed.timeout_s, 7.5);
+  EXPECT_EQ(t.provenance.source("distributed.timeout_s"), ValueSource::kFile);
   EXPECT_EQ(c.train.steps, 30);
   EXPECT_EQ(c.train.seed, 7);
   EXPECT_EQ(c.train.max_grad_norm, 0.5);

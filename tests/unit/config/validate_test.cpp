@@ -121,8 +121,21 @@ TEST(ValidateTest, Parallel) {
   EXPECT_EQ(yaml_error("parallel:\n  ep: 3\n  dp_shard: 3\ndata:\n  global_batch_size: 24\n"),
             "parallel.ep: must divide model.num_experts (4), got 3");
   EXPECT_EQ(toml_error("[parallelism]\nexpert_parallel_degree = 2\n"),
-            "parallelism.expert_parallel_degree: must divide the data-parallel size dp_replicate "
-            "x dp_shard (1), got 2");
+            "parallelism.expert_parallel_degree: must divide parallel.dp_shard (1), got 2");
+  // ep groups live inside a dp_shard row: dp_replicate does not count.
+  EXPECT_EQ(yaml_error("parallel:\n  ep: 2\n  dp_replicate: 2\ndata:\n  global_batch_size: 16\n"),
+            "parallel.ep: must divide parallel.dp_shard (1), got 2");
+  expect_valid(
+      "c.yaml",
+      "parallel:\n  ep: 2\n  dp_shard: 2\n  dp_replicate: 2\ndata:\n  global_batch_size: 32\n");
+}
+
+TEST(ValidateTest, DistributedTimeout) {
+  EXPECT_EQ(yaml_error("distributed:\n  timeout_s: 0\n"),
+            "distributed.timeout_s: must be > 0, got 0");
+  EXPECT_EQ(toml_error("[comm]\ntrain_timeout_seconds = -1.5\n"),
+            "comm.train_timeout_seconds: must be > 0, got -1.5");
+  expect_valid("c.yaml", "distributed:\n  timeout_s: 2.5\n");
 }
 
 TEST(ValidateTest, TrainScheduleCheckpoint) {
@@ -197,6 +210,11 @@ TEST(ValidateTest, MuonRanges) {
   EXPECT_EQ(yaml_error(m + "    muon_momentum_style: nesterov\n"),
             "optimizer.muon_config.muon_momentum_style: must be one of sum, ema, ema_add, got "
             "'nesterov'");
+  EXPECT_EQ(yaml_error(m + "    muon_communication_dtype: float16\n"),
+            "optimizer.muon_config.muon_communication_dtype: must be one of bfloat16, float32, "
+            "got 'float16'");
+  EXPECT_EQ(toml_error("[optimizer]\nmuon_communication_dtype = \"fp8\"\n"),
+            "optimizer.muon_communication_dtype: must be one of bfloat16, float32, got 'fp8'");
   EXPECT_EQ(yaml_error(m + "    muon_adamw_keywords: ['']\n"),
             "optimizer.muon_config.muon_adamw_keywords: must not contain empty names");
   EXPECT_EQ(yaml_error("optimizer:\n  swap_merge_buckets: 0\n"),

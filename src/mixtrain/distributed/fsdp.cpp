@@ -1,0 +1,314 @@
+#include "mixtrain/distributed/fsdp.h"
+
+#include <torch/csrc/autograd/custom_function.h>
+#include <torch/torch.h>
+
+#include <stdexcept>
+#include <utility>
+
+#include "mixtrain/core/dtype.h"
+#include "mixtrain/core/error.h"
+
+namespace mixtrain {
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+c10::ScalarType dtype_or_throw(const std::string& key, const std::string& name) {
+  const auto dtype = parse_float_dtype(name);
+  if (!dtype) {
+    throw ConfigError("fsdp_config.mix_precision." + key + ": unknown dtype '" + name + "'");
+  }
+  return *dtype;
+}
+
+// FSDP's _free_storage / _alloc_storage: the memory goes, the StorageImpl (which autograd's
+// saved tensors reference) stays, so it can be refilled in place before backward reads it.
+void free_storage(const c10::Storage& storage) {
+  c10::StorageImpl* impl = storage.unsafeGetStorageImpl();
+  impl->set_data_ptr_noswap(at::DataPtr(nullptr, impl->device()));
+  impl->set_nbytes(0);
+}
+
+bool storage_is_freed(const c10::Storage& storage) {
+  return storage.unsafeGetStorageImpl()->nbytes() == 0;
+}
+
+// A tensor over `storage` (re-allocated to hold `shape` when freed), detached from autograd and
+// with its own version counter, so writing it does not trip the saved-tensor version checks.
+at::Tensor tensor_over(const c10::Storage& storage, at::IntArrayRef shape, c10::ScalarType dtype) {
+  int64_t numel = 1;
+  for (int64_t d : shape) numel *= d;
+  const size_t nbytes = static_cast<size_t>(numel) * c10::elementSize(dtype);
+  c10::StorageImpl* impl = storage.unsafeGetStorageImpl();
+  if (impl->nbytes() != nbytes) {
+    impl->set_data_ptr_noswap(impl->allocator()->allocate(nbytes));
+    impl->set_nbytes(nbytes);
+  }
+  std::vector<int64_t> strides(shape.size(), 1);
+  for (int64_t i = static_cast<int64_t>(shape.size()) - 2; i >= 0; --i) {
+    strides[i] = strides[i + 1] * shape[i + 1];
+  }
+  return at::empty({0}, at::TensorOptions().dtype(dtype)).set_(storage, 0, shape, strides);
+}
+
+FullyShardedModel* model_of(const AutogradContext* ctx) {
+  return reinterpret_cast<FullyShardedModel*>(ctx->saved_data.at("fsdp").toInt());
+}
+
+// all_gather_params: forward gathers (or, unsharded, casts) the parameter in param_dtype;
+// backward is reduce_scatter_main_grads.
+struct AllGatherParam : public torch::autograd::Function<AllGatherParam> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& param, FullyShardedModel* fsdp,
+                            int64_t index, bool sharded, c10::ScalarType param_dtype) {
+    ctx->saved_data["fsdp"] = reinterpret_cast<int64_t>(fsdp);
+    ctx->saved_data["index"] = index;
+    if (!sharded) return param.to(param_dtype);  // DDP: the replicated parameter itself
+    // A fresh, exactly sized allocation, so post_forward / backward can free and refill it.
+    const auto& shape = fsdp->param(index).layout.global_shape;
+    at::Tensor full = at::empty(shape, at::TensorOptions().dtype(param_dtype));
+    fsdp->all_gather_into(index, full);
+    ctx->saved_data["full"] = c10::IValue(full.storage());
+    return full;
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    FullyShardedModel* fsdp = model_of(ctx);
+    at::Tensor grad =
+        fsdp->reduce_scatter_main_grads(ctx->saved_data.at("index").toInt(), grads[0]);
+    // Every consumer of the full parameter has run its backward: free it now.
+    auto it = ctx->saved_data.find("full");
+    if (it != ctx->saved_data.end()) free_storage(it->second.toStorage());
+    return {grad, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+};
+
+// Identity on a module's output whose backward gathers the module's parameters again (into the
+// storages post_forward freed) before the module's own backward reads them: FSDP2's
+// pre-backward unshard.
+struct PreBackwardUnshard : public torch::autograd::Function<PreBackwardUnshard> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& output, FullyShardedModel* fsdp,
+                            const std::vector<int64_t>& indices,
+                            const std::vector<c10::Storage>& storages) {
+    ctx->saved_data["fsdp"] = reinterpret_cast<int64_t>(fsdp);
+    ctx->saved_data["count"] = static_cast<int64_t>(indices.size());
+    for (size_t i = 0; i < indices.size(); ++i) {
+      ctx->saved_data["index" + std::to_string(i)] = indices[i];
+      ctx->saved_data["storage" + std::to_string(i)] = c10::IValue(storages[i]);
+    }
+    return output;
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    FullyShardedModel* fsdp = model_of(ctx);
+    const int64_t count = ctx->saved_data.at("count").toInt();
+    for (int64_t i = 0; i < count; ++i) {
+      const int64_t index = ctx->saved_data.at("index" + std::to_string(i)).toInt();
+      const c10::Storage storage = ctx->saved_data.at("storage" + std::to_string(i)).toStorage();
+      if (!storage_is_freed(storage)) continue;
+      const auto& p = fsdp->param(index);
+      c10::NoGradGuard no_grad;
+      fsdp->all_gather_into(index,
+                            tensor_over(storage, p.layout.global_shape, fsdp->param_dtype()));
+    }
+    return {grads[0], at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+};
+
+}  // namespace
+
+ShardLayout chunk_layout(const std::vector<int64_t>& global_shape, int64_t parts, int64_t index) {
+  if (global_shape.empty())
+    throw std::invalid_argument("chunk_layout: a 0-dim tensor has no dim 0");
+  ShardLayout layout;
+  layout.global_shape = global_shape;
+  const int64_t rows = global_shape[0];
+  layout.chunk_rows = (rows + parts - 1) / parts;
+  layout.offset = std::min(rows, index * layout.chunk_rows);
+  layout.rows = std::min(rows, layout.offset + layout.chunk_rows) - layout.offset;
+  return layout;
+}
+
+FullyShardedModel::FullyShardedModel(CausalLM& model, std::shared_ptr<Collectives> shard_group,
+                                     std::shared_ptr<Collectives> replicate_group,
+                                     FsdpOptions options)
+    : shard_group_(std::move(shard_group)),
+      replicate_group_(std::move(replicate_group)),
+      options_(std::move(options)) {
+  const auto& mp = options_.mix_precision;
+  param_dtype_ = dtype_or_throw("param_dtype", mp.param_dtype);
+  reduce_dtype_ = dtype_or_throw("reduce_dtype", mp.reduce_dtype.value_or("float32"));
+  output_dtype_ = dtype_or_throw("output_dtype", mp.output_dtype);
+  const int64_t parts = shard_group_->size();
+  for (auto& item : model.named_parameters(/*recurse=*/true)) {
+    at::Tensor& p = item.value();
+    if (p.dim() == 0) {
+      throw std::invalid_argument("shard_model: parameter " + item.key() +
+                                  " has no dim 0 to shard");
+    }
+    Param entry{item.key(), chunk_layout(p.sizes().vec(), parts, shard_group_->rank()), p};
+    if (parts > 1) {
+      // Before any optimizer or graph exists (the header's contract), so swapping the data is
+      // safe; the TensorImpl, which the module and every later map hold, stays.
+      torch::NoGradGuard no_grad;
+      p.set_data(p.detach().narrow(0, entry.layout.offset, entry.layout.rows).clone());
+      if (p.grad().defined()) p.mutable_grad().reset();
+    }
+    index_[entry.name] = static_cast<int64_t>(params_.size());
+    names_.push_back(entry.name);
+    params_.push_back(std::move(entry));
+  }
+  full_storages_.resize(params_.size());
+}
+
+int64_t FullyShardedModel::index_of(const std::string& name) const {
+  const auto it = index_.find(name);
+  if (it == index_.end()) throw std::invalid_argument("fsdp: unknown parameter " + name);
+  return it->second;
+}
+
+const ShardLayout& FullyShardedModel::layout(const std::string& name) const {
+  return params_[index_of(name)].layout;
+}
+
+namespace {
+
+// `local` padded with zero rows to `rows` (the wire shape of every rank's shard).
+at::Tensor pad_rows(const at::Tensor& local, int64_t rows) {
+  if (local.size(0) == rows) return local.contiguous();
+  auto shape = local.sizes().vec();
+  shape[0] = rows;
+  at::Tensor padded = at::zeros(shape, local.options());
+  padded.narrow(0, 0, local.size(0)).copy_(local);
+  return padded;
+}
+
+}  // namespace
+
+at::Tensor FullyShardedModel::gather_full(const std::string& name, const at::Tensor& local) const {
+  const ShardLayout& l = params_[index_of(name)].layout;
+  if (shard_group_->size() == 1) return local.clone();
+  return shard_group_->all_gather(pad_rows(local.detach(), l.chunk_rows))
+      .narrow(0, 0, l.global_shape[0])
+      .contiguous();
+}
+
+at::Tensor FullyShardedModel::local_rows(const std::string& name, const at::Tensor& full) const {
+  const ShardLayout& l = params_[index_of(name)].layout;
+  return full.narrow(0, l.offset, l.rows);
+}
+
+std::unordered_map<std::string, MuonSharding> FullyShardedModel::muon_sharding() const {
+  std::unordered_map<std::string, MuonSharding> result;
+  for (const Param& p : params_) {
+    MuonSharding sharding;
+    sharding.name = p.name;
+    if (shard_group_->size() > 1) {
+      sharding.kind = MuonSharding::Kind::kFsdp;
+      sharding.full_shape = p.layout.global_shape;
+      sharding.group = shard_group_;
+    } else if (replicate_group_->size() > 1) {
+      sharding.kind = MuonSharding::Kind::kReplicated;
+      sharding.group = replicate_group_;
+    }
+    result.emplace(p.name, std::move(sharding));
+  }
+  return result;
+}
+
+void FullyShardedModel::all_gather_into(int64_t index, const at::Tensor& full) const {
+  const Param& p = params_[index];
+  c10::NoGradGuard no_grad;
+  // Cast before the wire: the gather moves param_dtype bytes (bfloat16 as its bits).
+  const at::Tensor local = p.param.detach().to(param_dtype_);
+  if (shard_group_->size() == 1) {
+    full.copy_(local);
+    return;
+  }
+  full.copy_(shard_group_->all_gather(pad_rows(local, p.layout.chunk_rows))
+                 .narrow(0, 0, p.layout.global_shape[0]));
+}
+
+at::Tensor FullyShardedModel::reduce_scatter_main_grads(int64_t index,
+                                                        const at::Tensor& full_grad) {
+  const Param& p = params_[index];
+  c10::NoGradGuard no_grad;
+  const int64_t shards = shard_group_->size(), replicas = replicate_group_->size();
+  // float32 on the wire and in the sums, whatever the compute dtype: Gloo cannot reduce
+  // bfloat16, and the fp32 main_grad wants the unrounded sum (RFC 8.1).
+  at::Tensor grad;
+  if (shards > 1) {
+    grad = shard_group_->reduce_scatter_sum(
+        pad_rows(full_grad.to(at::kFloat), shards * p.layout.chunk_rows));
+    grad = grad.narrow(0, 0, p.layout.rows).contiguous();
+  } else {
+    grad = full_grad.to(at::kFloat, /*non_blocking=*/false, /*copy=*/true).contiguous();
+  }
+  if (replicas > 1) replicate_group_->all_reduce_sum(grad);
+  // Each rank's loss is the mean over its own batch: the mean over ranks is the gradient of
+  // the mean over the global batch.
+  if (shards * replicas > 1) grad.div_(static_cast<double>(shards * replicas));
+  if (reduce_dtype_ != at::kFloat) grad = grad.to(reduce_dtype_);
+  if (options_.fp32_main_params) {
+    if (main_grads_ == nullptr) {
+      throw std::logic_error(
+          "fsdp: fp32_main_params is on but no optimizer was attached (set_main_grads) before "
+          "backward");
+    }
+    main_grads_->main_grad(p.name).add_(grad);
+    return at::Tensor();  // .grad stays empty (RFC 8.1)
+  }
+  return grad.to(p.param.scalar_type());
+}
+
+at::Tensor FullyShardedModel::unshard(const std::string& name, const at::Tensor& param) {
+  const int64_t index = index_of(name);
+  const bool sharded = shard_group_->size() > 1;
+  at::Tensor full = AllGatherParam::apply(param, this, index, sharded, param_dtype_);
+  if (sharded) full_storages_[index] = full.storage();
+  return full;
+}
+
+at::Tensor FullyShardedModel::post_forward(const std::vector<std::string>& names,
+                                           const at::Tensor& output) {
+  // Unsharded (DDP) parameters are the model's own: nothing to free.
+  if (shard_group_->size() == 1 || !options_.reshard_after_forward) return output;
+  std::vector<int64_t> indices;
+  std::vector<c10::Storage> storages;
+  for (const auto& name : names) {
+    const int64_t index = index_of(name);
+    if (!full_storages_[index]) continue;  // not gathered in this forward
+    indices.push_back(index);
+    storages.push_back(std::move(full_storages_[index]));
+    full_storages_[index] = c10::Storage();
+  }
+  at::Tensor result = output;
+  if (at::GradMode::is_enabled() && output.requires_grad()) {
+    result = PreBackwardUnshard::apply(output, this, indices, storages);
+  }
+  for (const auto& storage : storages) free_storage(storage);
+  return result;
+}
+
+at::Tensor FullyShardedModel::cast_forward_input(const at::Tensor& input) {
+  if (!options_.mix_precision.cast_forward_inputs || !at::isFloatingType(input.scalar_type())) {
+    return input;
+  }
+  return input.to(param_dtype_);
+}
+
+at::Tensor FullyShardedModel::cast_forward_output(const at::Tensor& output) {
+  if (!at::isFloatingType(output.scalar_type())) return output;
+  return output.to(output_dtype_);
+}
+
+std::shared_ptr<FullyShardedModel> shard_model(CausalLM& model, const DeviceMesh& mesh,
+                                               const FsdpOptions& options) {
+  auto fsdp = std::make_shared<FullyShardedModel>(model, mesh.dp_shard_group,
+                                                  mesh.dp_replicate_group, options);
+  model.set_parameter_materializer(fsdp);
+  return fsdp;
+}
+
+}  // namespace mixtrain

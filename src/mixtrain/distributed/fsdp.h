@@ -1,0 +1,135 @@
+// FSDP / HSDP / DDP for a CausalLM (DESIGN §3, §7; fp32-main-params RFC 5.3 and 8.1), built on
+// the model's ParameterMaterializer hooks (model/causal_lm.h) and a custom autograd Function.
+//
+// shard_model() (before any optimizer exists, after model_init_dtype, RFC 6.1) replaces every
+// parameter's data by this rank's dim-0 chunk over mesh.dp_shard_group (torch.chunk semantics:
+// chunk = ceil(d0 / n), rank r holds rows [r*chunk, min(d0, (r+1)*chunk)), trailing ranks may
+// hold fewer or zero rows; padding exists only on the wire), in the parameter's dtype; the
+// parameter objects keep their identity. With dp_shard == 1 nothing is sharded (DDP).
+//
+// Forward: unshard(name) all-gathers the shard in param_dtype (bfloat16 travels as bits) into a
+// freshly allocated full parameter (DDP: casts to param_dtype); the logits are cast to
+// output_dtype, floating inputs to param_dtype (cast_forward_inputs).
+// Backward (all_gather_params' backward = reduce_scatter_main_grads): the full gradient, in
+// float32, is reduce-scattered over dp_shard, all-reduced over dp_replicate (HSDP, DDP) and
+// divided by the number of data-parallel ranks (each rank's loss is a mean over its own
+// batch), then rounded to reduce_dtype. fp32_main_params: added to main_grad(name) of the
+// attached optimizer (accumulating over micro-batches) and no gradient is returned, so .grad
+// stays empty (RFC 8.1); otherwise returned in the parameter's dtype and accumulated in .grad.
+// Reductions run in float32 whatever reduce_dtype says (Gloo cannot reduce bfloat16).
+//
+// Memory: the full parameter's storage is freed in the reduce-scatter (after backward at the
+// latest). reshard_after_forward (torch FSDP2's default) frees it as soon as the module that
+// used it has finished its forward (post_forward) and gathers it again, into the same storage,
+// in an autograd node on the module's output, i.e. right before that module's backward. This
+// covers every parameter of the model (linear layers, embedding, norms, the 3-D experts).
+//
+// Collectives run inside autograd nodes; the CPU autograd engine runs nodes in decreasing
+// creation order, and the model creates them in the same order on every rank, so all ranks
+// issue the same collectives in the same order even when MoE routing differs between ranks.
+// One backward per forward (retain_graph is not supported). The FullyShardedModel is held by
+// the model (as its materializer), so graphs stay valid while the model lives.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <c10/core/Storage.h>
+
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "mixtrain/config/trainer_config.h"
+#include "mixtrain/core/collectives.h"
+#include "mixtrain/distributed/device_mesh.h"
+#include "mixtrain/model/causal_lm.h"
+#include "mixtrain/optim/distributed_muon.h"
+#include "mixtrain/optim/training_optimizer.h"
+
+namespace mixtrain {
+
+struct FsdpOptions {
+  MixPrecisionConfig mix_precision;   // param_dtype, reduce_dtype (absent: float32), output_dtype
+  bool fp32_main_params = false;      // optimizer.fp32_main_params (RFC 5.3: one switch)
+  bool reshard_after_forward = true;  // fsdp_config.reshard_after_forward
+};
+
+// Where one parameter's shard sits in the full (global) tensor.
+struct ShardLayout {
+  std::vector<int64_t> global_shape;
+  int64_t chunk_rows = 0;  // ceil(global_shape[0] / dp_shard): rows per rank on the wire
+  int64_t offset = 0;      // first global row held here
+  int64_t rows = 0;        // rows held here (0 .. chunk_rows)
+};
+
+// torch.chunk row split of `dim0` rows over `parts` ranks, seen from `index`.
+ShardLayout chunk_layout(const std::vector<int64_t>& global_shape, int64_t parts, int64_t index);
+
+class FullyShardedModel : public ParameterMaterializer {
+ public:
+  // Use shard_model(); shard_group / replicate_group may be one-rank groups.
+  FullyShardedModel(CausalLM& model, std::shared_ptr<Collectives> shard_group,
+                    std::shared_ptr<Collectives> replicate_group, FsdpOptions options);
+
+  // fp32_main_params: the optimizer whose main_grad(name) receives the reduced gradients.
+  // Must be set (to the optimizer built on the sharded params) before the first backward.
+  void set_main_grads(TrainingOptimizer* optimizer) { main_grads_ = optimizer; }
+
+  const FsdpOptions& options() const { return options_; }
+  c10::ScalarType param_dtype() const { return param_dtype_; }
+  Collectives& shard_group() const { return *shard_group_; }
+  Collectives& replicate_group() const { return *replicate_group_; }
+  // Names in model order.
+  const std::vector<std::string>& names() const { return names_; }
+  const ShardLayout& layout(const std::string& name) const;
+  // All-gathers a tensor shaped like `name`'s local shard (any dtype Collectives carries, e.g. a
+  // main param or main_grad) into the full tensor, over the dp_shard group. Collective.
+  at::Tensor gather_full(const std::string& name, const at::Tensor& local) const;
+  // This rank's rows of a full tensor shaped like parameter `name` (a view).
+  at::Tensor local_rows(const std::string& name, const at::Tensor& full) const;
+  // How distributed Muon must treat each parameter (for set_muon_sharding): kFsdp over the
+  // dp_shard group when sharded (HSDP replicas then compute identical updates from identical
+  // main grads), kReplicated over dp_replicate for DDP, kLocal on one rank.
+  std::unordered_map<std::string, MuonSharding> muon_sharding() const;
+
+  // ParameterMaterializer
+  at::Tensor unshard(const std::string& name, const at::Tensor& param) override;
+  at::Tensor post_forward(const std::vector<std::string>& names, const at::Tensor& output) override;
+  at::Tensor cast_forward_input(const at::Tensor& input) override;
+  at::Tensor cast_forward_output(const at::Tensor& output) override;
+
+  // Implementation, used by the autograd nodes in fsdp.cpp.
+  struct Param {
+    std::string name;
+    ShardLayout layout;
+    at::Tensor param;  // the registered parameter (the local shard)
+  };
+  const Param& param(int64_t index) const { return params_[index]; }
+  int64_t index_of(const std::string& name) const;
+  // Fills `full` (param_dtype, global shape, contiguous) from the shards.
+  void all_gather_into(int64_t index, const at::Tensor& full) const;
+  // The reduced gradient for the local shard, or undefined when it went to main_grad.
+  at::Tensor reduce_scatter_main_grads(int64_t index, const at::Tensor& full_grad);
+
+ private:
+  std::shared_ptr<Collectives> shard_group_, replicate_group_;
+  FsdpOptions options_;
+  c10::ScalarType param_dtype_, reduce_dtype_, output_dtype_;
+  std::vector<Param> params_;
+  std::vector<std::string> names_;
+  std::unordered_map<std::string, int64_t> index_;
+  // Storage of each parameter's full tensor gathered in the current forward, until its
+  // module's post_forward hands it to the pre-backward node.
+  std::vector<c10::Storage> full_storages_;
+  TrainingOptimizer* main_grads_ = nullptr;
+};
+
+// Shards `model` over mesh.dp_shard_group (FSDP; HSDP when mesh.dp_replicate > 1, DDP when
+// dp_shard == 1) and installs the result as the model's parameter materializer. Call after
+// apply_model_init_dtype and before building the optimizer; then, with fp32_main_params, pass
+// the optimizer to set_main_grads(). Throws std::invalid_argument for a parameter of dimension
+// 0, and ConfigError for an unknown dtype name in options.mix_precision.
+std::shared_ptr<FullyShardedModel> shard_model(CausalLM& model, const DeviceMesh& mesh,
+                                               const FsdpOptions& options);
+
+}  // namespace mixtrain

@@ -1,0 +1,375 @@
+// Distributed Muon: the owner plan, the wiring helper, and the communicating paths of Muon
+// (step_fsdp, step_ddp), which live here rather than in muon.cpp so the single-process leaf
+// reads on its own. See distributed_muon.h for the contract.
+#include "mixtrain/optim/distributed_muon.h"
+
+#include <ATen/ATen.h>
+#include <c10/core/GradMode.h>
+
+#include <algorithm>
+#include <numeric>
+#include <stdexcept>
+#include <utility>
+
+#include "mixtrain/core/dtype.h"
+#include "mixtrain/optim/chained_optimizer.h"
+#include "mixtrain/optim/muon.h"
+
+namespace mixtrain {
+namespace {
+
+int64_t product(const std::vector<int64_t>& dims, size_t from) {
+  int64_t n = 1;
+  for (size_t d = from; d < dims.size(); ++d) n *= dims[d];
+  return n;
+}
+
+std::string describe(const MuonSharding& sharding) {
+  return sharding.name.empty() ? std::string("a parameter") : "'" + sharding.name + "'";
+}
+
+// Every rank of the group must step the same parameters, or the all_to_alls would pair
+// mismatched shards (or wait forever). One 2-int sum tells: the group total equals size()
+// times the local value on every rank iff all ranks agree.
+void check_same_params(Collectives& comm, const char* path, int64_t count, int64_t numel) {
+  at::Tensor totals = at::tensor(std::vector<int64_t>{count, numel});
+  comm.all_reduce_sum(totals);
+  const int64_t n = comm.size();
+  const int64_t total_count = totals[0].item<int64_t>();
+  const int64_t total_numel = totals[1].item<int64_t>();
+  if (total_count != n * count || total_numel != n * numel) {
+    throw std::logic_error(
+        std::string("Muon ") + path + " over group '" + comm.name() +
+        "': ranks step different parameters (rank " + std::to_string(comm.rank()) + ": " +
+        std::to_string(count) + " params with a grad, " + std::to_string(numel) +
+        " elements; group total: " + std::to_string(total_count) + " params, " +
+        std::to_string(total_numel) + " elements over " + std::to_string(n) + " ranks)");
+  }
+}
+
+}  // namespace
+
+std::string muon_sharding_kind_name(MuonSharding::Kind kind) {
+  switch (kind) {
+    case MuonSharding::Kind::kLocal:
+      return "local";
+    case MuonSharding::Kind::kFsdp:
+      return "fsdp";
+    case MuonSharding::Kind::kReplicated:
+      return "replicated";
+  }
+  throw std::logic_error("muon_sharding_kind_name: bad enum value");
+}
+
+bool muon_steps_locally(const MuonSharding& sharding, int64_t ndim) {
+  return sharding.kind == MuonSharding::Kind::kLocal ||
+         (sharding.kind == MuonSharding::Kind::kFsdp && ndim >= 3);
+}
+
+std::vector<int64_t> fsdp_chunk_rows(int64_t dim0, int ranks) {
+  if (ranks < 1) throw std::invalid_argument("fsdp_chunk_rows: ranks must be >= 1");
+  if (dim0 < 0) throw std::invalid_argument("fsdp_chunk_rows: negative dim 0");
+  const int64_t chunk = (dim0 + ranks - 1) / ranks;
+  std::vector<int64_t> rows(ranks);
+  for (int r = 0; r < ranks; ++r) rows[r] = std::clamp<int64_t>(dim0 - r * chunk, 0, chunk);
+  return rows;
+}
+
+std::vector<std::vector<size_t>> muon_owner_buckets(const std::vector<MuonOwnerItem>& items,
+                                                    int ranks) {
+  if (ranks < 1) throw std::invalid_argument("muon_owner_buckets: ranks must be >= 1");
+  std::vector<size_t> order(items.size());
+  std::iota(order.begin(), order.end(), size_t{0});
+  // Similar sizes share a bucket, so owners get similar Newton–Schulz work and the DDP path
+  // pads little; stable, so equal (numel, name) keep their index order on every rank.
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+    if (items[a].numel != items[b].numel) return items[a].numel < items[b].numel;
+    return items[a].name < items[b].name;
+  });
+  std::vector<std::vector<size_t>> buckets;
+  for (size_t i = 0; i < order.size(); i += static_cast<size_t>(ranks)) {
+    const size_t end = std::min(order.size(), i + static_cast<size_t>(ranks));
+    buckets.emplace_back(order.begin() + static_cast<std::ptrdiff_t>(i),
+                         order.begin() + static_cast<std::ptrdiff_t>(end));
+  }
+  return buckets;
+}
+
+c10::ScalarType parse_muon_communication_dtype(const std::string& name) {
+  const auto dtype = parse_float_dtype(name);
+  if (!dtype || (*dtype != at::kBFloat16 && *dtype != at::kFloat)) {
+    throw std::invalid_argument("unknown muon_communication_dtype '" + name +
+                                "' (expected bfloat16 or float32)");
+  }
+  return *dtype;
+}
+
+void set_muon_sharding(ChainedOptimizer& chained,
+                       const std::unordered_map<std::string, MuonSharding>& sharding) {
+  for (const auto& [name, layout] : sharding) {
+    if (!chained.contains(name)) {
+      throw std::invalid_argument("set_muon_sharding: no trainable parameter named '" + name + "'");
+    }
+    auto* muon = dynamic_cast<Muon*>(&chained.leaf_of(name));
+    if (muon == nullptr) continue;  // AdamW: elementwise, a shard needs no layout
+    MuonSharding named = layout;
+    if (named.name.empty()) named.name = name;
+    muon->set_sharding(chained.optimizer_param(name), std::move(named));
+  }
+}
+
+// ---- Muon members for the distributed layouts ----
+
+const MuonOptions& Muon::group_options(size_t group) const {
+  return static_cast<const MuonOptions&>(param_groups_[group].options());
+}
+
+void Muon::set_sharding(const at::Tensor& param, MuonSharding sharding) {
+  if (!batches_match_groups()) rebuild_batches();  // sizes sharding_ like the groups
+  for (size_t g = 0; g < param_groups_.size(); ++g) {
+    const auto& params = param_groups_[g].params();
+    for (size_t i = 0; i < params.size(); ++i) {
+      if (!params[i].is_same(param)) continue;
+      const std::string what = "Muon::set_sharding(" + describe(sharding) + ", " +
+                               muon_sharding_kind_name(sharding.kind) + ")";
+      if (sharding.kind != MuonSharding::Kind::kLocal && !sharding.group) {
+        throw std::invalid_argument(what + ": needs a Collectives group");
+      }
+      if (sharding.kind == MuonSharding::Kind::kFsdp) {
+        const auto& full = sharding.full_shape;
+        bool ok = static_cast<int64_t>(full.size()) == param.dim();
+        for (size_t d = 1; ok && d < full.size(); ++d) ok = full[d] == param.size(d);
+        if (ok) {
+          const auto rows = fsdp_chunk_rows(full[0], sharding.group->size());
+          ok = rows[sharding.group->rank()] == param.size(0);
+        }
+        if (!ok) {
+          throw std::invalid_argument(what + ": shape " + c10::str(param.sizes()) +
+                                      " is not the dim-0 chunk of rank " +
+                                      std::to_string(sharding.group->rank()) + " of " +
+                                      std::to_string(sharding.group->size()) + " of full shape " +
+                                      c10::str(at::IntArrayRef(full)));
+        }
+      }
+      if (sharding.kind == MuonSharding::Kind::kReplicated && !sharding.full_shape.empty() &&
+          at::IntArrayRef(sharding.full_shape) != param.sizes()) {
+        throw std::invalid_argument(what + ": a replicated parameter's full_shape " +
+                                    c10::str(at::IntArrayRef(sharding.full_shape)) +
+                                    " differs from its shape " + c10::str(param.sizes()));
+      }
+      sharding_[g][i] = std::move(sharding);
+      rebuild_batches();
+      return;
+    }
+  }
+  throw std::invalid_argument("Muon::set_sharding(" + describe(sharding) +
+                              "): parameter is not in any group");
+}
+
+const MuonSharding& Muon::sharding(const at::Tensor& param) const {
+  static const MuonSharding kLocal;
+  for (size_t g = 0; g < param_groups_.size() && g < sharding_.size(); ++g) {
+    const auto& params = param_groups_[g].params();
+    for (size_t i = 0; i < params.size() && i < sharding_[g].size(); ++i) {
+      if (params[i].is_same(param)) return sharding_[g][i];
+    }
+  }
+  return kLocal;
+}
+
+void Muon::step_distributed() {
+  // One path per (group, kind), in the order of the first parameter that uses it: the
+  // parameter order is the same on every rank, so the collectives line up.
+  struct Path {
+    Collectives* comm;
+    MuonSharding::Kind kind;
+    std::vector<DistributedParam> params;
+  };
+  std::vector<Path> paths;
+  for (size_t g = 0; g < param_groups_.size(); ++g) {
+    const auto& params = param_groups_[g].params();
+    for (size_t i = 0; i < params.size(); ++i) {
+      const MuonSharding& sharding = sharding_[g][i];
+      if (muon_steps_locally(sharding, params[i].dim())) continue;  // step_experts
+      auto it = std::find_if(paths.begin(), paths.end(), [&](const Path& path) {
+        return path.comm == sharding.group.get() && path.kind == sharding.kind;
+      });
+      if (it == paths.end())
+        it = paths.insert(paths.end(), {sharding.group.get(), sharding.kind, {}});
+      it->params.push_back({g, params[i], &sharding});
+    }
+  }
+  for (const auto& path : paths) {
+    if (path.kind == MuonSharding::Kind::kFsdp) {
+      step_fsdp(*path.comm, path.params);
+    } else {
+      step_ddp(*path.comm, path.params);
+    }
+  }
+}
+
+namespace {
+
+// bfloat16 when every param's Newton–Schulz runs in bfloat16 (exact: NS casts u to bfloat16
+// first and returns bfloat16), else the widest communication_dtype among them.
+template <typename OptionsOf>
+c10::ScalarType wire_dtype(const std::vector<size_t>& bucket, OptionsOf options_of) {
+  bool all_bf16 = true;
+  bool any_fp32 = false;
+  for (size_t item : bucket) {
+    const MuonOptions& options = options_of(item);
+    all_bf16 = all_bf16 && options.ns_dtype() == at::kBFloat16;
+    any_fp32 = any_fp32 || options.communication_dtype() == at::kFloat;
+  }
+  if (all_bf16) return at::kBFloat16;
+  return any_fp32 ? at::kFloat : at::kBFloat16;
+}
+
+at::Tensor concat_flat(const std::vector<at::Tensor>& pieces, c10::ScalarType dtype) {
+  if (pieces.empty()) return at::empty({0}, at::TensorOptions().dtype(dtype));
+  return at::cat(pieces);
+}
+
+}  // namespace
+
+void Muon::step_fsdp(Collectives& comm, const std::vector<DistributedParam>& all_params) {
+  const int n = comm.size();
+  const int rank = comm.rank();
+  std::vector<const DistributedParam*> params;
+  std::vector<MuonOwnerItem> items;
+  int64_t numel = 0;
+  for (const auto& d : all_params) {
+    if (!d.param.grad().defined()) continue;
+    TORCH_CHECK(!d.param.grad().is_sparse(), "Muon does not support sparse gradients");
+    const int64_t full_numel = product(d.sharding->full_shape, 0);
+    params.push_back(&d);
+    items.push_back({full_numel, d.sharding->name});
+    numel += full_numel;
+  }
+  check_same_params(comm, "step_fsdp", static_cast<int64_t>(params.size()), numel);
+  auto options_of = [&](size_t item) -> const MuonOptions& {
+    return group_options(params[item]->group);
+  };
+
+  for (const auto& bucket : muon_owner_buckets(items, n)) {
+    const c10::ScalarType wire = wire_dtype(bucket, options_of);
+
+    // 1. Momentum on the shard; slot i's shard of u goes to rank i.
+    std::vector<int64_t> send_counts(n, 0);
+    std::vector<at::Tensor> pieces;
+    for (size_t slot = 0; slot < bucket.size(); ++slot) {
+      const DistributedParam& d = *params[bucket[slot]];
+      const MuonOptions& options = group_options(d.group);
+      auto& state = begin_param_step(d.param);
+      const at::Tensor u =
+          muon_momentum_update(state.momentum_buffer(), d.param.grad(), options.momentum(),
+                               options.momentum_style(), options.nesterov());
+      pieces.push_back(u.reshape({-1}).to(wire));
+      send_counts[slot] = u.numel();
+    }
+    const at::Tensor send = concat_flat(pieces, wire);
+    pieces.clear();
+
+    // The owner receives every rank's chunk, in rank order: the full u, row-major.
+    const bool owner = static_cast<size_t>(rank) < bucket.size();
+    const DistributedParam* owned = owner ? params[bucket[rank]] : nullptr;
+    std::vector<int64_t> recv_counts(n, 0);
+    if (owned) {
+      const auto& full = owned->sharding->full_shape;
+      const auto rows = fsdp_chunk_rows(full[0], n);
+      const int64_t row_numel = product(full, 1);
+      for (int j = 0; j < n; ++j) recv_counts[j] = rows[j] * row_numel;
+    }
+    const at::Tensor full_u = comm.all_to_all(send, send_counts, recv_counts);
+
+    // 2. The owner orthogonalizes the full matrix and sends each rank its rows of O.
+    at::Tensor back = at::empty({0}, at::TensorOptions().dtype(wire));
+    if (owned) {
+      const MuonOptions& options = group_options(owned->group);
+      const auto schedule = newton_schulz_schedule(options.ns_variant(), options.ns_steps(),
+                                                   options.ns_coefficients());
+      back = newton_schulz(full_u.view(owned->sharding->full_shape), schedule, options.ns_epsilon(),
+                           options.ns_dtype())
+                 .reshape({-1})
+                 .to(wire);
+    }
+    const at::Tensor updates = comm.all_to_all(back, recv_counts, send_counts);
+
+    // 3. Every rank applies its shard of O, scaled by the full matrix's shape.
+    int64_t offset = 0;
+    for (size_t slot = 0; slot < bucket.size(); ++slot) {
+      const DistributedParam& d = *params[bucket[slot]];
+      const MuonOptions& options = group_options(d.group);
+      // Back in ns_dtype (exact: O was ns_dtype or travelled wider), so the update adds as
+      // the single-process one does.
+      const at::Tensor o =
+          updates.narrow(0, offset, send_counts[slot]).view(d.param.sizes()).to(options.ns_dtype());
+      offset += send_counts[slot];
+      const auto& full = d.sharding->full_shape;
+      const double scale = muon_update_scale(full[full.size() - 2], full[full.size() - 1],
+                                             options.adjust_lr_fn(), options.matched_adamw_rms());
+      at::Tensor p = d.param;
+      muon_apply_update(p, o, options.lr(), options.weight_decay(), scale);
+      finish_param_step(p);
+    }
+  }
+}
+
+void Muon::step_ddp(Collectives& comm, const std::vector<DistributedParam>& all_params) {
+  const int n = comm.size();
+  const int rank = comm.rank();
+  std::vector<const DistributedParam*> params;
+  std::vector<MuonOwnerItem> items;
+  int64_t numel = 0;
+  for (const auto& d : all_params) {
+    if (!d.param.grad().defined()) continue;
+    TORCH_CHECK(!d.param.grad().is_sparse(), "Muon does not support sparse gradients");
+    params.push_back(&d);
+    items.push_back({d.param.numel(), d.sharding->name});
+    numel += d.param.numel();
+  }
+  check_same_params(comm, "step_ddp", static_cast<int64_t>(params.size()), numel);
+  auto options_of = [&](size_t item) -> const MuonOptions& {
+    return group_options(params[item]->group);
+  };
+
+  for (const auto& bucket : muon_owner_buckets(items, n)) {
+    const c10::ScalarType wire = wire_dtype(bucket, options_of);
+    int64_t padded = 0;
+    for (size_t item : bucket) padded = std::max(padded, params[item]->param.numel());
+
+    // Every rank keeps the replicated momentum; only the slot's owner orthogonalizes.
+    at::Tensor mine = at::zeros({padded}, at::TensorOptions().dtype(wire));
+    for (size_t slot = 0; slot < bucket.size(); ++slot) {
+      const DistributedParam& d = *params[bucket[slot]];
+      const MuonOptions& options = group_options(d.group);
+      auto& state = begin_param_step(d.param);
+      const at::Tensor u =
+          muon_momentum_update(state.momentum_buffer(), d.param.grad(), options.momentum(),
+                               options.momentum_style(), options.nesterov());
+      if (static_cast<int>(slot) != rank) continue;
+      const auto schedule = newton_schulz_schedule(options.ns_variant(), options.ns_steps(),
+                                                   options.ns_coefficients());
+      const at::Tensor o =
+          newton_schulz(u, schedule, options.ns_epsilon(), options.ns_dtype()).reshape({-1});
+      mine.narrow(0, 0, o.numel()).copy_(o);
+    }
+    // Ranks without a slot (last bucket) send their zeros: all_gather needs equal shapes.
+    const at::Tensor gathered = comm.all_gather(mine);
+
+    for (size_t slot = 0; slot < bucket.size(); ++slot) {
+      const DistributedParam& d = *params[bucket[slot]];
+      const MuonOptions& options = group_options(d.group);
+      const at::Tensor o = gathered.narrow(0, static_cast<int64_t>(slot) * padded, d.param.numel())
+                               .view(d.param.sizes())
+                               .to(options.ns_dtype());
+      const double scale = muon_update_scale(d.param.size(-2), d.param.size(-1),
+                                             options.adjust_lr_fn(), options.matched_adamw_rms());
+      at::Tensor p = d.param;
+      muon_apply_update(p, o, options.lr(), options.weight_decay(), scale);
+      finish_param_step(p);
+    }
+  }
+}
+
+}  // namespace mixtrain

@@ -1,0 +1,90 @@
+// Distributed Muon (DESIGN §7; the Muon document's "分布式通信机制"): how one Muon step runs
+// when a parameter is held sharded or replicated across ranks, with the single-process result.
+// Muon (muon.h) takes a MuonSharding per parameter (unset = kLocal) and runs three paths:
+//
+// - step_experts (kLocal, and kFsdp 3-D tensors): the rank holds whole matrices (a 3-D expert
+//   tensor's dim-0 chunk is a set of whole experts), so Newton–Schulz runs locally, batched by
+//   shape as in the single-process Muon; no communication.
+// - step_fsdp (kFsdp, 2-D): the rank holds the dim-0 chunk (torch.chunk: ceil(d0/n) rows, the
+//   trailing ranks fewer or none) of a full_shape matrix. Parameters are ordered by full numel
+//   (ties by name) and cut into buckets of n; slot i of a bucket is owned by rank i. Per
+//   bucket: momentum on the shard (elementwise), all_to_all of every rank's shard of u to the
+//   owner, the owner runs Newton–Schulz on the assembled matrix and scales by the full shape,
+//   all_to_all of the update shards back, every rank applies p *= 1-lr*wd; p -= lr*scale*O to
+//   its shard and writes the copy-back. Ranks without a slot in the last bucket still take
+//   part in both all_to_alls.
+// - step_ddp (kReplicated): same owner order (param i -> rank i % n); every rank updates the
+//   momentum of every param (replicated state), the owner orthogonalizes, one all_gather per
+//   bucket (padded to the bucket's largest param) hands every update to every rank.
+//
+// Wire dtype: u and O travel in bfloat16 when every param of the bucket has ns_dtype
+// bfloat16 (Newton–Schulz starts by casting u to bfloat16 and O is bfloat16, so this is
+// exact and the cheapest), else in communication_dtype (the widest of the bucket's groups):
+// float32 is exact for float32 Newton–Schulz, bfloat16 rounds u and O once more.
+//
+// Before each path's first bucket a 2-int all_reduce checks that every rank steps the same
+// parameters (count and total numel): a mismatch raises on every rank instead of hanging.
+// Every rank must call step() with the same params having a grad (FSDP and DDP guarantee
+// this: the gradient reduction writes every rank's grad).
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <c10/core/ScalarType.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "mixtrain/core/collectives.h"
+
+namespace mixtrain {
+
+class ChainedOptimizer;
+
+struct MuonSharding {
+  enum class Kind { kLocal, kFsdp, kReplicated };
+  Kind kind = Kind::kLocal;
+  // kFsdp: the unsharded shape (the parameter as held is chunk group->rank() of it on dim 0).
+  std::vector<int64_t> full_shape;
+  // kFsdp: the group the parameter is sharded over (dp_shard); kReplicated: the group it is
+  // replicated over (dp_replicate). Unused for kLocal.
+  std::shared_ptr<Collectives> group;
+  // The parameter's fully qualified name: breaks numel ties in the owner order, so every
+  // rank builds the same buckets; also names the parameter in errors.
+  std::string name;
+};
+
+std::string muon_sharding_kind_name(MuonSharding::Kind kind);
+
+// Whether a parameter of `ndim` dims held as `sharding` takes the local path (step_experts):
+// kLocal, or kFsdp with ndim >= 3 (its dim-0 chunk is a set of whole matrices).
+bool muon_steps_locally(const MuonSharding& sharding, int64_t ndim);
+
+// Rows of each rank's dim-0 chunk under torch.chunk semantics: c = ceil(dim0 / ranks), rank r
+// holds clamp(dim0 - r*c, 0, c) rows.
+std::vector<int64_t> fsdp_chunk_rows(int64_t dim0, int ranks);
+
+// The owner plan of step_fsdp and step_ddp: items ordered by numel (ascending), ties by name,
+// then by index; cut into buckets of `ranks` items. Returns, per bucket, the item indices by
+// slot; slot i is owned by rank i. The last bucket may be shorter.
+struct MuonOwnerItem {
+  int64_t numel = 0;
+  std::string name;
+};
+std::vector<std::vector<size_t>> muon_owner_buckets(const std::vector<MuonOwnerItem>& items,
+                                                    int ranks);
+
+// "bfloat16" | "float32" (the spellings parse_float_dtype accepts); invalid_argument otherwise.
+c10::ScalarType parse_muon_communication_dtype(const std::string& name);
+
+// Wiring for the trainer: gives every Muon parameter of `chained` the sharding of its model
+// name (name defaults to the key). Names of AdamW parameters are accepted and ignored (AdamW is
+// elementwise: a shard needs nothing); an unknown name is std::invalid_argument. Call after
+// the mixed-precision wrapper swapped in the main params (the sharding is kept by position,
+// so a later replace_parameter keeps it too).
+void set_muon_sharding(ChainedOptimizer& chained,
+                       const std::unordered_map<std::string, MuonSharding>& sharding);
+
+}  // namespace mixtrain

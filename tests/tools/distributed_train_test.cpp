@@ -1,0 +1,125 @@
+// `mixtrain train --nproc N`: local ranks on loopback (FSDP), their agreement with one process,
+// and what happens when a rank dies.
+#include <dirent.h>
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <thread>
+
+#include "tools/cli_test_util.h"
+
+extern char** environ;
+
+namespace mixtrain::testing {
+namespace {
+
+std::vector<nlohmann::json> read_metrics(const std::string& path) {
+  std::vector<nlohmann::json> rows;
+  std::ifstream in(path);
+  std::string line;
+  while (std::getline(in, line)) rows.push_back(nlohmann::json::parse(line));
+  return rows;
+}
+
+TEST(DistributedTrain, TwoRankFsdpMatchesOneProcess) {
+  TempDir run;
+  const std::string config = source_path("configs/qwen2_moe_tiny.yaml");
+  CommandResult two = run_mixtrain("train --config " + config +
+                                   " --nproc 2 --set train.steps=4 --run-dir " + run.file("two"));
+  ASSERT_EQ(two.exit_code, 0) << two.output;
+  EXPECT_NE(two.output.find("[rank 1]"), std::string::npos) << "other ranks tag their lines";
+  CommandResult one = run_mixtrain("train --config " + config + " --set train.steps=4 --run-dir " +
+                                   run.file("one"));
+  ASSERT_EQ(one.exit_code, 0) << one.output;
+  std::vector<nlohmann::json> a = read_metrics(run.file("two/metrics.jsonl"));
+  std::vector<nlohmann::json> b = read_metrics(run.file("one/metrics.jsonl"));
+  ASSERT_EQ(a.size(), 4u);
+  ASSERT_EQ(b.size(), 4u);
+  // Step 1 sees identical parameters and data; the per-rank micro-batch split equals the one
+  // process's gradient accumulation, so the loss differs only by bfloat16 compute on a
+  // different batch shape and float32 summation order: 1e-4 relative is ~10x what was seen.
+  EXPECT_NEAR(a[0]["loss"].get<double>(), b[0]["loss"].get<double>(),
+              1e-4 * b[0]["loss"].get<double>());
+  EXPECT_NEAR(a[0]["grad_norm"].get<double>(), b[0]["grad_norm"].get<double>(),
+              1e-3 * b[0]["grad_norm"].get<double>());
+  // Later steps drift apart by bfloat16 rounding (a flipped top-k route changes a gradient),
+  // but stay close.
+  EXPECT_NEAR(a[3]["loss"].get<double>(), b[3]["loss"].get<double>(),
+              1e-2 * b[3]["loss"].get<double>());
+}
+
+std::vector<pid_t> children_of(pid_t pid) {
+  std::vector<pid_t> out;
+  std::string task_dir = "/proc/" + std::to_string(pid) + "/task";
+  DIR* dir = opendir(task_dir.c_str());
+  if (dir == nullptr) return out;
+  while (dirent* entry = readdir(dir)) {
+    if (entry->d_name[0] == '.') continue;
+    std::ifstream in(task_dir + "/" + entry->d_name + "/children");
+    pid_t child;
+    while (in >> child) out.push_back(child);
+  }
+  closedir(dir);
+  return out;
+}
+
+TEST(DistributedTrain, KillingOneRankStopsTheJobWithAMessage) {
+  TempDir run;
+  std::vector<std::string> args = {MIXTRAIN_BINARY, "train",
+                                   "--config",      source_path("configs/qwen2_moe_tiny.yaml"),
+                                   "--nproc",       "2",
+                                   "--set",         "train.steps=100000",
+                                   "--set",         "distributed.timeout_s=10",
+                                   "--run-dir",     run.path()};
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_addopen(&actions, 2, run.file("stderr.txt").c_str(),
+                                   O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  pid_t launcher = 0;
+  ASSERT_EQ(posix_spawn(&launcher, MIXTRAIN_BINARY, &actions, nullptr, argv.data(), environ), 0);
+  posix_spawn_file_actions_destroy(&actions);
+
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+  while (read_metrics(run.file("metrics.jsonl")).size() < 2 &&
+         std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  std::vector<pid_t> workers = children_of(launcher);
+  ASSERT_EQ(workers.size(), 2u);
+  const auto killed_at = std::chrono::steady_clock::now();
+  kill(workers[1], SIGKILL);
+  int status = 0;
+  ASSERT_EQ(waitpid(launcher, &status, 0), launcher);
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - killed_at).count();
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_NE(WEXITSTATUS(status), 0);
+  // A dead peer closes its sockets: the survivor fails at once; 10 s timeout + 5 s margin.
+  EXPECT_LT(seconds, 15.0);
+  for (pid_t worker : workers) EXPECT_NE(kill(worker, 0), 0) << "worker " << worker << " survived";
+  std::stringstream err;
+  err << std::ifstream(run.file("stderr.txt")).rdbuf();
+  EXPECT_NE(err.str().find("rank 1"), std::string::npos) << err.str();
+  EXPECT_NE(err.str().find("SIGKILL"), std::string::npos) << err.str();
+}
+
+TEST(DistributedTrain, NprocThatDoesNotMatchTheMeshIsAConfigError) {
+  CommandResult r = run_mixtrain("train --config " + source_path("configs/qwen2_moe_tiny.yaml") +
+                                 " --nproc 4 --set parallel.dp_shard=2");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("--nproc 4"), std::string::npos) << r.output;
+}
+
+}  // namespace
+}  // namespace mixtrain::testing

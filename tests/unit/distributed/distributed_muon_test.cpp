@@ -1,0 +1,234 @@
+// Distributed Muon over real processes and Gloo (tests/support/multiprocess.h): the FSDP
+// owner-per-bucket path over dp_shard, the DDP path over dp_replicate, both at once in a 2 x 2
+// HSDP mesh. Every rank also runs single-process Muon on the full parameters with the full
+// gradients and compares its own shard (FSDP) or replica (DDP) with it.
+//
+// Bitwise where the in-process test (tests/unit/optim/distributed_muon_test.cpp) explains why:
+// float32 params, Newton–Schulz in bfloat16 (wire bfloat16, which Gloo carries as its bits) or
+// float32 over a float32 wire, shapes whose Gram matrices exceed 16 x 16 or are alone in their
+// shape. float32 Newton–Schulz over a bfloat16 wire: within kBf16WireTolerance, derived there.
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+#include <gtest/gtest.h>
+
+#include <memory>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "mixtrain/distributed/device_mesh.h"
+#include "mixtrain/optim/distributed_muon.h"
+#include "mixtrain/optim/muon.h"
+#include "support/multiprocess.h"
+
+namespace mixtrain {
+namespace {
+
+using torch::optim::OptimizerParamGroup;
+
+at::Tensor random_normal(at::IntArrayRef shape, uint64_t seed) {
+  auto gen = at::detail::createCPUGenerator(seed);
+  return at::randn(shape, gen, at::kFloat);
+}
+
+at::Tensor dim0_chunk(const at::Tensor& full, int rank, int n) {
+  const auto rows = fsdp_chunk_rows(full.size(0), n);
+  int64_t start = 0;
+  for (int r = 0; r < rank; ++r) start += rows[r];
+  return full.narrow(0, start, rows[rank]).clone();
+}
+
+struct NamedShape {
+  std::string name;
+  std::vector<int64_t> shape;
+};
+
+// Uneven chunks (37 rows), ranks without rows at 4 (9 and 5 rows), one same-shape batch of
+// three in the reference, tall and wide; seven params, so the last bucket is partial at 2 and 4.
+// The 3-D expert tensor takes the local path.
+const std::vector<NamedShape> kShapes = {
+    {"layers.0.q", {64, 48}},  {"layers.0.k", {37, 29}},    {"layers.1.q", {64, 48}},
+    {"layers.0.o", {9, 40}},   {"layers.1.o", {5, 24}},     {"layers.2.q", {64, 48}},
+    {"layers.0.up", {96, 40}}, {"experts.up", {4, 24, 32}},
+};
+constexpr int kSteps = 3;
+constexpr double kBf16WireTolerance = 3 * 0.039 * 1.2 / 256;
+
+MuonOptions options_for(at::ScalarType ns_dtype, at::ScalarType wire) {
+  return MuonOptions().lr(0.02).weight_decay(0.1).ns_dtype(ns_dtype).communication_dtype(wire);
+}
+
+// Two groups (the second with its own lr and weight decay), as build_optimizer makes them.
+std::unique_ptr<Muon> make_muon(const std::vector<at::Tensor>& params, const MuonOptions& options) {
+  const size_t half = params.size() / 2;
+  std::vector<OptimizerParamGroup> groups;
+  groups.emplace_back(std::vector<at::Tensor>(params.begin(), params.begin() + half));
+  MuonOptions second = options;
+  second.lr(options.lr() * 0.5).weight_decay(0.2);
+  groups.emplace_back(std::vector<at::Tensor>(params.begin() + half, params.end()),
+                      std::make_unique<MuonOptions>(second));
+  return std::make_unique<Muon>(std::move(groups), options);
+}
+
+std::vector<at::Tensor> run(const MuonOptions& options, MuonSharding::Kind kind,
+                            const std::shared_ptr<Collectives>& group) {
+  const int n = group ? group->size() : 1;
+  const int rank = group ? group->rank() : 0;
+  auto hold = [&](const at::Tensor& full) {
+    return kind == MuonSharding::Kind::kFsdp ? dim0_chunk(full, rank, n) : full;
+  };
+  std::vector<at::Tensor> params;
+  for (size_t i = 0; i < kShapes.size(); ++i) {
+    params.push_back(hold(random_normal(kShapes[i].shape, 100 + i)));
+  }
+  auto muon = make_muon(params, options);
+  if (kind != MuonSharding::Kind::kLocal) {
+    for (size_t i = 0; i < kShapes.size(); ++i) {
+      muon->set_sharding(params[i], {kind, kShapes[i].shape, group, kShapes[i].name});
+    }
+  }
+  for (int step = 1; step <= kSteps; ++step) {
+    for (size_t i = 0; i < params.size(); ++i) {
+      params[i].mutable_grad() = hold(random_normal(kShapes[i].shape, 1000 * step + i));
+    }
+    muon->step();
+  }
+  return params;
+}
+
+struct Combo {
+  at::ScalarType ns_dtype;
+  at::ScalarType wire;
+  bool bitwise;
+};
+const std::vector<Combo> kCombos = {
+    {at::kBFloat16, at::kBFloat16, true},
+    {at::kFloat, at::kFloat, true},
+    {at::kFloat, at::kBFloat16, false},
+};
+
+// Compares `got` (this rank's shard or replica) with the reference; returns one line per
+// mismatch for the report.
+std::string compare(const std::vector<at::Tensor>& got, const std::vector<at::Tensor>& reference,
+                    MuonSharding::Kind kind, const Collectives& group, const Combo& combo,
+                    const std::string& label) {
+  std::ostringstream report;
+  for (size_t i = 0; i < kShapes.size(); ++i) {
+    const at::Tensor expected = kind == MuonSharding::Kind::kFsdp
+                                    ? dim0_chunk(reference[i], group.rank(), group.size())
+                                    : reference[i];
+    const std::string what = label + " " + c10::toString(combo.ns_dtype) + "/" +
+                             c10::toString(combo.wire) + " " + kShapes[i].name;
+    EXPECT_EQ(got[i].sizes(), expected.sizes()) << what;
+    if (got[i].sizes() != expected.sizes() || got[i].numel() == 0) continue;
+    const double diff =
+        (got[i].to(at::kDouble) - expected.to(at::kDouble)).abs().max().item<double>();
+    if (combo.bitwise) {
+      EXPECT_TRUE(at::equal(got[i], expected)) << what << ": max diff " << diff;
+    } else {
+      EXPECT_LT(diff, kBf16WireTolerance) << what;
+    }
+    if (diff != 0.0) report << what << " max diff " << diff << "\n";
+  }
+  return report.str();
+}
+
+MIXTRAIN_WORKER(distributed_muon_paths) {
+  DeviceMesh mesh = worker.make_mesh();
+  std::ostringstream report;
+  for (const auto& combo : kCombos) {
+    const MuonOptions options = options_for(combo.ns_dtype, combo.wire);
+    const auto reference = run(options, MuonSharding::Kind::kLocal, nullptr);
+    if (mesh.dp_shard > 1) {
+      const auto got = run(options, MuonSharding::Kind::kFsdp, mesh.dp_shard_group);
+      report << "ran fsdp\n"
+             << compare(got, reference, MuonSharding::Kind::kFsdp, *mesh.dp_shard_group, combo,
+                        "fsdp");
+    }
+    if (mesh.dp_replicate > 1) {
+      const auto got = run(options, MuonSharding::Kind::kReplicated, mesh.dp_replicate_group);
+      report << "ran ddp\n"
+             << compare(got, reference, MuonSharding::Kind::kReplicated, *mesh.dp_replicate_group,
+                        combo, "ddp");
+    }
+  }
+  worker.write_text("report_" + std::to_string(worker.rank.rank), report.str());
+}
+
+// Rank 1 has no grad for one parameter: every rank fails with the same clear message instead
+// of pairing mismatched shards or waiting for the collective timeout.
+MIXTRAIN_WORKER(distributed_muon_mismatch) {
+  DeviceMesh mesh = worker.make_mesh();
+  at::Tensor a = at::ones({4, 8});
+  at::Tensor b = at::ones({4, 8});
+  Muon muon(std::vector<at::Tensor>{a, b}, MuonOptions());
+  muon.set_sharding(a, {MuonSharding::Kind::kFsdp, {8, 8}, mesh.dp_shard_group, "a"});
+  muon.set_sharding(b, {MuonSharding::Kind::kFsdp, {8, 8}, mesh.dp_shard_group, "b"});
+  a.mutable_grad() = at::ones({4, 8});
+  if (worker.rank.rank == 0) b.mutable_grad() = at::ones({4, 8});
+  muon.step();  // throws on every rank
+}
+
+struct MeshCase {
+  int nproc;
+  int64_t dp_replicate;
+  int64_t dp_shard;
+};
+
+void run_case(const MeshCase& c) {
+  ParallelConfig parallel;
+  parallel.dp_replicate = c.dp_replicate;
+  parallel.dp_shard = c.dp_shard;
+  const auto result = testing::run_workers("distributed_muon_paths", c.nproc, parallel, {}, 60);
+  ASSERT_TRUE(result.all_ok()) << result.summary();
+  for (int r = 0; r < c.nproc; ++r) {
+    const std::string report = result.read_text("report_" + std::to_string(r));
+    // Each path ran once per combo; only the bfloat16-wire float32 Newton–Schulz runs may
+    // differ (within tolerance).
+    int fsdp_runs = 0, ddp_runs = 0;
+    std::istringstream lines(report);
+    for (std::string line; std::getline(lines, line);) {
+      if (line == "ran fsdp") {
+        ++fsdp_runs;
+      } else if (line == "ran ddp") {
+        ++ddp_runs;
+      } else {
+        EXPECT_NE(line.find("Float/BFloat16"), std::string::npos) << "rank " << r << ": " << line;
+      }
+    }
+    EXPECT_EQ(fsdp_runs, c.dp_shard > 1 ? 3 : 0) << "rank " << r;
+    EXPECT_EQ(ddp_runs, c.dp_replicate > 1 ? 3 : 0) << "rank " << r;
+  }
+}
+
+TEST(DistributedMuonMultiProcessTest, FsdpTwoRanks) {
+  run_case({2, 1, 2});
+}
+TEST(DistributedMuonMultiProcessTest, FsdpFourRanks) {
+  run_case({4, 1, 4});
+}
+TEST(DistributedMuonMultiProcessTest, DdpTwoRanks) {
+  run_case({2, 2, 1});
+}
+TEST(DistributedMuonMultiProcessTest, DdpFourRanks) {
+  run_case({4, 4, 1});
+}
+TEST(DistributedMuonMultiProcessTest, HsdpTwoByTwoFsdpAndDdp) {
+  run_case({4, 2, 2});
+}
+
+TEST(DistributedMuonMultiProcessTest, RanksSteppingDifferentParamsFailClearly) {
+  ParallelConfig parallel;
+  parallel.dp_shard = 2;
+  const auto result = testing::run_workers("distributed_muon_mismatch", 2, parallel, {}, 30);
+  ASSERT_EQ(result.ranks.size(), 2u);
+  for (size_t r = 0; r < 2; ++r) {
+    EXPECT_FALSE(result.ranks[r].ok()) << result.summary();
+    EXPECT_NE(result.outputs[r].find("ranks step different parameters"), std::string::npos)
+        << result.summary();
+  }
+  EXPECT_LT(result.seconds, 30.0) << "a mismatch must not wait for the collective timeout";
+}
+
+}  // namespace
+}  // namespace mixtrain

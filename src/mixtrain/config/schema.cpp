@@ -196,6 +196,7 @@ std::vector<LeafSpec> build_leaves() {
       MIXTRAIN_LEAF("fsdp_config.mix_precision.output_dtype", mix_precision.output_dtype),
       MIXTRAIN_LEAF("fsdp_config.mix_precision.cast_forward_inputs",
                     mix_precision.cast_forward_inputs),
+      MIXTRAIN_LEAF("fsdp_config.reshard_after_forward", fsdp.reshard_after_forward),
   };
 }
 

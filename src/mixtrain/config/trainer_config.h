@@ -117,6 +117,13 @@ struct MixPrecisionConfig {
   bool cast_forward_inputs = true;
 };
 
+struct FsdpConfig {
+  // Free each gathered full parameter after its module's forward and gather it again for the
+  // backward (torch FSDP2's default); false keeps it until the backward (more memory, fewer
+  // all-gathers).
+  bool reshard_after_forward = true;
+};
+
 struct TrainerConfig {
   std::string dialect = "yaml";  // yaml | toml: the front end that produced this tree
   std::string source_file;
@@ -129,6 +136,7 @@ struct TrainerConfig {
   CheckpointConfig checkpoint;
   OptimizerConfig optimizer;
   MixPrecisionConfig mix_precision;  // fsdp_config.mix_precision
+  FsdpConfig fsdp;                   // fsdp_config (other than mix_precision)
 };
 
 }  // namespace mixtrain

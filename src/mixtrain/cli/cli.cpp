@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <iostream>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -53,23 +54,31 @@ std::string default_run_dir(const std::string& config_path) {
   return (std::filesystem::path("runs") / std::filesystem::path(config_path).stem()).string();
 }
 
-// --set key of the FSDP degree in the config's own dialect.
-std::string dp_shard_key(const TrainerConfig& config) {
-  return config.dialect == "toml" ? "parallelism.data_parallel_shard_degree" : "parallel.dp_shard";
-}
-
 int train_command(const std::string& config_path, const std::vector<std::string>& overrides,
                   std::string run_dir, int nproc, int argc, char** argv) {
-  ResolvedConfig resolved = load_config(config_path, overrides);
   if (should_launch(nproc)) {
     // A config without data-parallel degrees runs as N-way FSDP (torchtitan's shard degree -1).
+    // Its validation must see that degree (e.g. parallel.ep must divide dp_shard), so when the
+    // config as written fails or has dp_replicate x dp_shard = 1, it is resolved again with
+    // dp_shard = N; that resolution's error, if any, is the one reported.
     std::vector<std::string> argv_for_workers = worker_argv(argc, argv);
-    const ParallelConfig& parallel = resolved.config.parallel;
-    if (parallel.dp_replicate * parallel.dp_shard == 1) {
-      const std::string set = dp_shard_key(resolved.config) + "=" + std::to_string(nproc);
+    std::optional<ResolvedConfig> as_written;
+    try {
+      as_written = load_config(config_path, overrides);
+    } catch (const ConfigError&) {
+    }
+    ResolvedConfig resolved;
+    if (as_written &&
+        as_written->config.parallel.dp_replicate * as_written->config.parallel.dp_shard != 1) {
+      resolved = *as_written;
+    } else {
+      const bool toml = std::filesystem::path(config_path).extension() == ".toml";
+      const std::string set =
+          std::string(toml ? "parallelism.data_parallel_shard_degree" : "parallel.dp_shard") + "=" +
+          std::to_string(nproc);
       std::vector<std::string> with_shard = overrides;
       with_shard.push_back(set);
-      resolved = load_config(config_path, with_shard);  // validate the batch split once, here
+      resolved = load_config(config_path, with_shard);
       argv_for_workers.push_back("--set");
       argv_for_workers.push_back(set);
     }
@@ -81,6 +90,7 @@ int train_command(const std::string& config_path, const std::vector<std::string>
     }
     return launch(nproc, argv_for_workers, resolved.config.distributed.timeout_s);
   }
+  ResolvedConfig resolved = load_config(config_path, overrides);
   TrainOptions options;
   options.run_dir = run_dir.empty() ? default_run_dir(config_path) : run_dir;
   options.is_terminal = isatty(fileno(stderr)) != 0;

@@ -1,6 +1,7 @@
 #include "mixtrain/distributed/fsdp.h"
 
 #include <torch/csrc/autograd/custom_function.h>
+#include <torch/csrc/autograd/engine.h>
 #include <torch/torch.h>
 
 #include <stdexcept>
@@ -132,10 +133,18 @@ ShardLayout chunk_layout(const std::vector<int64_t>& global_shape, int64_t parts
 
 FullyShardedModel::FullyShardedModel(CausalLM& model, std::shared_ptr<Collectives> shard_group,
                                      std::shared_ptr<Collectives> replicate_group,
-                                     FsdpOptions options)
+                                     FsdpOptions options, std::shared_ptr<Collectives> ep_group,
+                                     std::shared_ptr<Collectives> expert_dp_group)
     : shard_group_(std::move(shard_group)),
       replicate_group_(std::move(replicate_group)),
-      options_(std::move(options)) {
+      options_(std::move(options)),
+      ep_group_(std::move(ep_group)),
+      expert_dp_group_(std::move(expert_dp_group)) {
+  if (ep_group_ && ep_group_->size() > 1) {
+    if (!expert_dp_group_) throw std::invalid_argument("fsdp: ep_group without expert_dp_group");
+    expert_parallel_ =
+        std::make_shared<ExpertParallel>(ep_group_, [this] { queue_expert_grad_sync(); });
+  }
   const auto& mp = options_.mix_precision;
   param_dtype_ = dtype_or_throw("param_dtype", mp.param_dtype);
   reduce_dtype_ = dtype_or_throw("reduce_dtype", mp.reduce_dtype.value_or("float32"));
@@ -147,8 +156,17 @@ FullyShardedModel::FullyShardedModel(CausalLM& model, std::shared_ptr<Collective
       throw std::invalid_argument("shard_model: parameter " + item.key() +
                                   " has no dim 0 to shard");
     }
-    Param entry{item.key(), chunk_layout(p.sizes().vec(), parts, shard_group_->rank()), p};
-    if (parts > 1) {
+    const bool expert = expert_parallel_ && is_expert_param(item.key());
+    if (expert && p.size(0) % ep_group_->size() != 0) {
+      throw ConfigError("parallel.ep: " + std::to_string(ep_group_->size()) +
+                        " does not divide model.num_experts (" + std::to_string(p.size(0)) + ", " +
+                        item.key() + ")");
+    }
+    Param entry{item.key(),
+                expert ? chunk_layout(p.sizes().vec(), ep_group_->size(), ep_group_->rank())
+                       : chunk_layout(p.sizes().vec(), parts, shard_group_->rank()),
+                p, expert};
+    if (expert || parts > 1) {
       // Before any optimizer or graph exists (the header's contract), so swapping the data is
       // safe; the TensorImpl, which the module and every later map hold, stays.
       torch::NoGradGuard no_grad;
@@ -172,6 +190,10 @@ const ShardLayout& FullyShardedModel::layout(const std::string& name) const {
   return params_[index_of(name)].layout;
 }
 
+bool FullyShardedModel::is_expert_parallel(const std::string& name) const {
+  return params_[index_of(name)].expert;
+}
+
 namespace {
 
 // `local` padded with zero rows to `rows` (the wire shape of every rank's shard).
@@ -187,7 +209,10 @@ at::Tensor pad_rows(const at::Tensor& local, int64_t rows) {
 }  // namespace
 
 at::Tensor FullyShardedModel::gather_full(const std::string& name, const at::Tensor& local) const {
-  const ShardLayout& l = params_[index_of(name)].layout;
+  const Param& p = params_[index_of(name)];
+  const ShardLayout& l = p.layout;
+  // Expert slices are equal (E divisible by ep) and ordered by ep rank.
+  if (p.expert) return ep_group_->all_gather(local.detach().contiguous());
   if (shard_group_->size() == 1) return local.clone();
   return shard_group_->all_gather(pad_rows(local.detach(), l.chunk_rows))
       .narrow(0, 0, l.global_shape[0])
@@ -204,7 +229,11 @@ std::unordered_map<std::string, MuonSharding> FullyShardedModel::muon_sharding()
   for (const Param& p : params_) {
     MuonSharding sharding;
     sharding.name = p.name;
-    if (shard_group_->size() > 1) {
+    if (p.expert) {
+      // Whole experts held here and replicated over expert_dp with identical gradients:
+      // step_experts, no communication.
+      sharding.kind = MuonSharding::Kind::kLocal;
+    } else if (shard_group_->size() > 1) {
       sharding.kind = MuonSharding::Kind::kFsdp;
       sharding.full_shape = p.layout.global_shape;
       sharding.group = shard_group_;
@@ -234,6 +263,16 @@ at::Tensor FullyShardedModel::reduce_scatter_main_grads(int64_t index,
                                                         const at::Tensor& full_grad) {
   const Param& p = params_[index];
   c10::NoGradGuard no_grad;
+  if (p.expert) {
+    // Reduced at the end of backward (sync_expert_grads), in a fixed order on every rank.
+    at::Tensor& pending = pending_expert_grads_[index];
+    if (pending.defined()) {
+      pending.add_(full_grad.to(at::kFloat));
+    } else {
+      pending = full_grad.to(at::kFloat, /*non_blocking=*/false, /*copy=*/true).contiguous();
+    }
+    return at::Tensor();
+  }
   const int64_t shards = shard_group_->size(), replicas = replicate_group_->size();
   // float32 on the wire and in the sums, whatever the compute dtype: Gloo cannot reduce
   // bfloat16, and the fp32 main_grad wants the unrounded sum (RFC 8.1).
@@ -251,20 +290,62 @@ at::Tensor FullyShardedModel::reduce_scatter_main_grads(int64_t index,
   if (shards * replicas > 1) grad.div_(static_cast<double>(shards * replicas));
   if (reduce_dtype_ != at::kFloat) grad = grad.to(reduce_dtype_);
   if (options_.fp32_main_params) {
+    deliver_grad(p, grad);
+    return at::Tensor();  // .grad stays empty (RFC 8.1)
+  }
+  return grad.to(p.param.scalar_type());
+}
+
+void FullyShardedModel::deliver_grad(const Param& p, at::Tensor grad) {
+  if (options_.fp32_main_params) {
     if (main_grads_ == nullptr) {
       throw std::logic_error(
           "fsdp: fp32_main_params is on but no optimizer was attached (set_main_grads) before "
           "backward");
     }
     main_grads_->main_grad(p.name).add_(grad);
-    return at::Tensor();  // .grad stays empty (RFC 8.1)
+    return;
   }
-  return grad.to(p.param.scalar_type());
+  // Outside autograd (the final callback), so accumulate into .grad as the engine would.
+  grad = grad.to(p.param.scalar_type());
+  at::Tensor param = p.param;
+  if (param.grad().defined()) {
+    param.mutable_grad().add_(grad);
+  } else {
+    param.mutable_grad() = grad;
+  }
+}
+
+void FullyShardedModel::queue_expert_grad_sync() {
+  if (expert_sync_queued_) return;
+  expert_sync_queued_ = true;
+  torch::autograd::Engine::get_default_engine().queue_callback([this] { sync_expert_grads(); });
+}
+
+void FullyShardedModel::sync_expert_grads() {
+  expert_sync_queued_ = false;
+  c10::NoGradGuard no_grad;
+  const double ranks = static_cast<double>(shard_group_->size() * replicate_group_->size());
+  // Every expert param, in model order, whether or not its experts saw a token on this rank:
+  // the ranks of expert_dp_group must issue the same all_reduces.
+  for (int64_t index = 0; index < static_cast<int64_t>(params_.size()); ++index) {
+    const Param& p = params_[index];
+    if (!p.expert) continue;
+    auto it = pending_expert_grads_.find(index);
+    at::Tensor grad = it != pending_expert_grads_.end()
+                          ? it->second
+                          : at::zeros(p.param.sizes(), at::TensorOptions().dtype(at::kFloat));
+    if (expert_dp_group_->size() > 1) expert_dp_group_->all_reduce_sum(grad);
+    grad.div_(ranks);
+    if (reduce_dtype_ != at::kFloat) grad = grad.to(reduce_dtype_);
+    deliver_grad(p, grad);
+  }
+  pending_expert_grads_.clear();
 }
 
 at::Tensor FullyShardedModel::unshard(const std::string& name, const at::Tensor& param) {
   const int64_t index = index_of(name);
-  const bool sharded = shard_group_->size() > 1;
+  const bool sharded = shard_group_->size() > 1 && !params_[index].expert;
   at::Tensor full = AllGatherParam::apply(param, this, index, sharded, param_dtype_);
   if (sharded) full_storages_[index] = full.storage();
   return full;
@@ -292,6 +373,10 @@ at::Tensor FullyShardedModel::post_forward(const std::vector<std::string>& names
 }
 
 at::Tensor FullyShardedModel::cast_forward_input(const at::Tensor& input) {
+  // A new forward: nothing of an earlier, failed backward may leak into this one's expert
+  // gradients or keep its reduction from being queued.
+  pending_expert_grads_.clear();
+  expert_sync_queued_ = false;
   if (!options_.mix_precision.cast_forward_inputs || !at::isFloatingType(input.scalar_type())) {
     return input;
   }
@@ -305,8 +390,9 @@ at::Tensor FullyShardedModel::cast_forward_output(const at::Tensor& output) {
 
 std::shared_ptr<FullyShardedModel> shard_model(CausalLM& model, const DeviceMesh& mesh,
                                                const FsdpOptions& options) {
-  auto fsdp = std::make_shared<FullyShardedModel>(model, mesh.dp_shard_group,
-                                                  mesh.dp_replicate_group, options);
+  auto fsdp = std::make_shared<FullyShardedModel>(
+      model, mesh.dp_shard_group, mesh.dp_replicate_group, options,
+      mesh.ep > 1 ? mesh.ep_group : nullptr, mesh.ep > 1 ? mesh.expert_dp_group : nullptr);
   model.set_parameter_materializer(fsdp);
   return fsdp;
 }

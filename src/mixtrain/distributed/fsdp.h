@@ -24,6 +24,15 @@
 // in an autograd node on the module's output, i.e. right before that module's backward. This
 // covers every parameter of the model (linear layers, embedding, norms, the 3-D experts).
 //
+// Expert parallelism (expert_parallel.h; mesh.ep > 1): the routed-expert tensors
+// (model.layers.N.mlp.experts.*) hold this rank's ep slice of whole experts (layout(): offset
+// ep_rank * E/ep, rows E/ep) instead of a dp_shard chunk; unshard only casts them to
+// param_dtype; their gradients are summed over expert_dp_group and divided by the number of
+// data-parallel ranks at the end of backward (an autograd final callback), then delivered like
+// every other gradient (main_grad or .grad). gather_full gathers them over the ep group, and
+// muon_sharding gives them kLocal. The model reaches the token exchange through
+// expert_dispatcher().
+//
 // Collectives run inside autograd nodes; the CPU autograd engine runs nodes in decreasing
 // creation order, and the model creates them in the same order on every rank, so all ranks
 // issue the same collectives in the same order even when MoE routing differs between ranks.
@@ -42,6 +51,7 @@
 #include "mixtrain/config/trainer_config.h"
 #include "mixtrain/core/collectives.h"
 #include "mixtrain/distributed/device_mesh.h"
+#include "mixtrain/distributed/expert_parallel.h"
 #include "mixtrain/model/causal_lm.h"
 #include "mixtrain/optim/distributed_muon.h"
 #include "mixtrain/optim/training_optimizer.h"
@@ -68,8 +78,11 @@ ShardLayout chunk_layout(const std::vector<int64_t>& global_shape, int64_t parts
 class FullyShardedModel : public ParameterMaterializer {
  public:
   // Use shard_model(); shard_group / replicate_group may be one-rank groups.
+  // ep_group / expert_dp_group: expert parallelism when ep_group has more than one rank.
   FullyShardedModel(CausalLM& model, std::shared_ptr<Collectives> shard_group,
-                    std::shared_ptr<Collectives> replicate_group, FsdpOptions options);
+                    std::shared_ptr<Collectives> replicate_group, FsdpOptions options,
+                    std::shared_ptr<Collectives> ep_group = nullptr,
+                    std::shared_ptr<Collectives> expert_dp_group = nullptr);
 
   // fp32_main_params: the optimizer whose main_grad(name) receives the reduced gradients.
   // Must be set (to the optimizer built on the sharded params) before the first backward.
@@ -97,12 +110,16 @@ class FullyShardedModel : public ParameterMaterializer {
   at::Tensor post_forward(const std::vector<std::string>& names, const at::Tensor& output) override;
   at::Tensor cast_forward_input(const at::Tensor& input) override;
   at::Tensor cast_forward_output(const at::Tensor& output) override;
+  ExpertDispatcher* expert_dispatcher() override { return expert_parallel_.get(); }
+  // Whether parameter `name` is split by expert parallelism (not FSDP-sharded).
+  bool is_expert_parallel(const std::string& name) const;
 
   // Implementation, used by the autograd nodes in fsdp.cpp.
   struct Param {
     std::string name;
     ShardLayout layout;
-    at::Tensor param;  // the registered parameter (the local shard)
+    at::Tensor param;     // the registered parameter (the local shard)
+    bool expert = false;  // split by expert parallelism: layout is the ep slice
   };
   const Param& param(int64_t index) const { return params_[index]; }
   int64_t index_of(const std::string& name) const;
@@ -122,13 +139,24 @@ class FullyShardedModel : public ParameterMaterializer {
   // module's post_forward hands it to the pre-backward node.
   std::vector<c10::Storage> full_storages_;
   TrainingOptimizer* main_grads_ = nullptr;
+  // Expert parallelism: the token exchange, the expert_dp group, the expert gradients of the
+  // running backward (float32, by param index; reduced by sync_expert_grads) and whether the
+  // end-of-backward reduction is queued.
+  std::shared_ptr<Collectives> ep_group_, expert_dp_group_;
+  std::shared_ptr<ExpertParallel> expert_parallel_;
+  std::unordered_map<int64_t, at::Tensor> pending_expert_grads_;
+  bool expert_sync_queued_ = false;
+  void queue_expert_grad_sync();
+  void sync_expert_grads();
+  void deliver_grad(const Param& p, at::Tensor grad);
 };
 
 // Shards `model` over mesh.dp_shard_group (FSDP; HSDP when mesh.dp_replicate > 1, DDP when
-// dp_shard == 1) and installs the result as the model's parameter materializer. Call after
-// apply_model_init_dtype and before building the optimizer; then, with fp32_main_params, pass
-// the optimizer to set_main_grads(). Throws std::invalid_argument for a parameter of dimension
-// 0, and ConfigError for an unknown dtype name in options.mix_precision.
+// dp_shard == 1; the routed experts over mesh.ep_group when mesh.ep > 1) and installs the result as
+// the model's parameter materializer. Call after apply_model_init_dtype and before building the
+// optimizer; then, with fp32_main_params, pass the optimizer to set_main_grads(). Throws
+// std::invalid_argument for a parameter of dimension 0, and ConfigError for an unknown dtype name
+// in options.mix_precision.
 std::shared_ptr<FullyShardedModel> shard_model(CausalLM& model, const DeviceMesh& mesh,
                                                const FsdpOptions& options);
 

@@ -31,6 +31,41 @@ struct CausalLMOutput {
   torch::Tensor aux_loss;  // scalar float32, NOT yet multiplied by router_aux_loss_coef
 };
 
+// Expert parallelism (distributed/expert_parallel.h): the routed experts are split by expert
+// over an ep group of ep_size() ranks; this rank holds experts [ep_rank() * E / ep_size(),
+// (ep_rank() + 1) * E / ep_size()) and its expert parameters are that dim-0 slice. A MoE layer
+// sorts its (token, slot) rows by global expert, token_dispatch sends each row to the rank that
+// owns its expert and returns the rows this rank's experts must process, grouped by local expert;
+// token_combine sends the expert outputs back, in the row order token_dispatch was given. Both
+// are collective over the ep group and differentiable (the backward is the reverse exchange).
+// With a dispatcher a MoE layer calls unshard for each expert tensor once per source rank, so
+// each source's expert gradient reaches the materializer on its own (qwen2_moe.cpp says why).
+struct DispatchedTokens {
+  torch::Tensor tokens;                    // [rows, H], grouped by local expert
+  std::vector<int64_t> tokens_per_expert;  // rows per local expert (E / ep_size entries)
+  // The same rows split by source ep rank: [local expert][source rank], E / ep_size x ep_size
+  // entries; within an expert the sources come in rank order.
+  std::vector<int64_t> tokens_per_expert_and_source;
+  // What token_combine needs: rows exchanged with each ep rank, and the permutation from the
+  // received (source-rank-major) order to the grouped order.
+  std::vector<int64_t> send_counts, recv_counts;
+  torch::Tensor grouped_to_received;
+};
+
+class ExpertDispatcher {
+ public:
+  virtual ~ExpertDispatcher() = default;
+  virtual int64_t ep_size() const = 0;
+  virtual int64_t ep_rank() const = 0;
+  // tokens [rows, H] sorted by global expert, tokens_per_expert[e] rows for expert e (E entries).
+  virtual DispatchedTokens token_dispatch(const torch::Tensor& tokens,
+                                          const std::vector<int64_t>& tokens_per_expert) = 0;
+  // expert_output [rows, H] in the layout of dispatched.tokens -> [input rows, H] in the order
+  // of token_dispatch's input.
+  virtual torch::Tensor token_combine(const torch::Tensor& expert_output,
+                                      const DispatchedTokens& dispatched) = 0;
+};
+
 // The hooks a model's forward calls, named after torch FSDP2's unshard / post-forward reshard.
 // Contract the model keeps: every parameter use goes through unshard(name, param); a module
 // calls post_forward(names, output) once its forward has made its last use of the tensors
@@ -52,6 +87,9 @@ class ParameterMaterializer {
   }
   virtual torch::Tensor cast_forward_input(const torch::Tensor& input) { return input; }
   virtual torch::Tensor cast_forward_output(const torch::Tensor& output) { return output; }
+  // Expert parallelism: the dispatcher of the routed experts, or nullptr when this rank holds
+  // every expert (the model then computes as it always did).
+  virtual ExpertDispatcher* expert_dispatcher() { return nullptr; }
 };
 
 class CausalLM : public torch::nn::Module {

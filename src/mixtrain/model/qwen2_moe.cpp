@@ -40,6 +40,10 @@ struct ParamAccess {
     for (const auto& n : local_names) names.push_back(prefix + n);
     return m->post_forward(names, output);
   }
+  ExpertDispatcher* expert_dispatcher() const {
+    const auto& m = *slot;
+    return m ? m->expert_dispatcher() : nullptr;
+  }
 };
 
 // Parameters are registered directly (not through torch::nn::Linear/Embedding) because those
@@ -195,6 +199,10 @@ class Qwen2MoeExperts : public torch::nn::Module {
   // and scatter-adds its weighted output; no expert ever sees a token not routed to it.
   torch::Tensor forward(const torch::Tensor& hidden, const torch::Tensor& selected_experts,
                         const torch::Tensor& routing_weights) {
+    ExpertDispatcher* dispatcher = access_.expert_dispatcher();
+    if (dispatcher != nullptr && dispatcher->ep_size() > 1) {
+      return forward_expert_parallel(*dispatcher, hidden, selected_experts, routing_weights);
+    }
     const int64_t top_k = selected_experts.size(1);
     const auto flat_experts = selected_experts.reshape({-1});
     // Stable sort keeps tokens in order within an expert, so index_add_ order (and the bits of
@@ -225,6 +233,71 @@ class Qwen2MoeExperts : public torch::nn::Module {
     }
     // Every expert's output feeds final_hidden, so a pre-backward gather hooked here runs
     // before any expert's backward.
+    return access_.post_forward({"gate_proj", "up_proj", "down_proj"}, final_hidden);
+  }
+
+  // Expert parallelism: the parameters hold this rank's E / ep experts only. The (token, slot)
+  // rows, sorted by expert as above, go to the ranks owning their experts (token_dispatch),
+  // each rank runs its experts on every row it received, the outputs come back
+  // (token_combine) in the sorted order and are weighted and added as above. Every rank takes
+  // part in both exchanges even when none of its rows leave or arrive, so the collectives (and
+  // their backward) line up across the ep group.
+  torch::Tensor forward_expert_parallel(ExpertDispatcher& dispatcher, const torch::Tensor& hidden,
+                                        const torch::Tensor& selected_experts,
+                                        const torch::Tensor& routing_weights) {
+    const int64_t top_k = selected_experts.size(1);
+    const auto flat_experts = selected_experts.reshape({-1});
+    const auto order =
+        std::get<1>(flat_experts.sort(/*stable=*/c10::optional<bool>(true), /*dim=*/0));
+    const auto counts = torch::bincount(flat_experts, {}, num_experts_).to(torch::kCPU);
+    const auto token_index = order.div(top_k, "floor");
+    const auto slot_weights = routing_weights.reshape({-1}).index_select(0, order);
+    const auto* count = counts.data_ptr<int64_t>();
+    const std::vector<int64_t> tokens_per_expert(count, count + num_experts_);
+
+    // One index_select per expert, as in forward(): backward then accumulates the hidden
+    // gradient from the same per-expert pieces in the same order, so a rank's gradients match
+    // the all-experts-local model bit for bit wherever the expert GEMMs do.
+    std::vector<torch::Tensor> rows;
+    int64_t begin = 0;
+    for (int64_t e = 0; e < num_experts_; ++e) {
+      if (count[e] == 0) continue;
+      rows.push_back(hidden.index_select(0, token_index.narrow(0, begin, count[e])));
+      begin += count[e];
+    }
+    const DispatchedTokens dispatched =
+        dispatcher.token_dispatch(torch::cat(rows, 0), tokens_per_expert);
+    // Each expert runs one GEMM per source rank, not one over all its rows: the per-row results
+    // of a bfloat16 GEMM depend on the number of rows (oneDNN's blocking; measured from 16
+    // rows on), and this way every row is computed exactly as the all-experts-local model
+    // computes it on the source rank's batch, so the result does not depend on the parallel
+    // layout. The weights are materialized once per source for the same reason: each source's
+    // weight gradient reaches the materializer on its own and is summed there in float32 (the
+    // fp32 main_grad's unrounded sum), instead of being summed in bfloat16 by autograd. The
+    // cost is ep smaller GEMMs per expert; the materialization is a cast (no copy in bf16).
+    const int64_t ranks = dispatcher.ep_size();
+    std::vector<std::vector<torch::Tensor>> gate, up, down;  // [source][local expert]
+    for (int64_t src = 0; src < ranks; ++src) {
+      gate.push_back(access_.unshard("gate_proj", gate_proj).unbind(0));
+      up.push_back(access_.unshard("up_proj", up_proj).unbind(0));
+      down.push_back(access_.unshard("down_proj", down_proj).unbind(0));
+    }
+    // A zero-row view keeps the output connected to the dispatch even when no row arrived.
+    std::vector<torch::Tensor> outputs{dispatched.tokens.narrow(0, 0, 0)};
+    int64_t offset = 0;
+    for (size_t e = 0; e < dispatched.tokens_per_expert.size(); ++e) {
+      for (int64_t src = 0; src < ranks; ++src) {
+        const int64_t n = dispatched.tokens_per_expert_and_source[e * ranks + src];
+        if (n == 0) continue;
+        const auto x = dispatched.tokens.narrow(0, offset, n);
+        outputs.push_back(at::linear(
+            torch::silu(at::linear(x, gate[src][e])) * at::linear(x, up[src][e]), down[src][e]));
+        offset += n;
+      }
+    }
+    const auto combined = dispatcher.token_combine(torch::cat(outputs, 0), dispatched);
+    auto final_hidden = torch::zeros_like(hidden);
+    final_hidden.index_add_(0, token_index, combined * slot_weights.unsqueeze(-1));
     return access_.post_forward({"gate_proj", "up_proj", "down_proj"}, final_hidden);
   }
 

@@ -20,6 +20,7 @@
 #include "mixtrain/distributed/config_agreement.h"
 #include "mixtrain/distributed/data_parallel.h"
 #include "mixtrain/distributed/device_mesh.h"
+#include "mixtrain/distributed/expert_parallel.h"
 #include "mixtrain/distributed/fsdp.h"
 #include "mixtrain/distributed/rendezvous.h"
 #include "mixtrain/model/init_dtype.h"
@@ -53,8 +54,6 @@ void refuse_unsupported(const TrainerConfig& config, c10::ScalarType model_dtype
   if (model_dtype == c10::kHalf && !config.optimizer.fp32_main_params)
     refuse("optimizer.fp32_main_params",
            "float16 models need fp32 main params and loss scaling; set it to true");
-  if (config.parallel.ep != 1)
-    refuse("parallel.ep", "expert parallelism is not available yet; use parallel.ep: 1");
   if (!config.checkpoint.dir.empty() || !config.checkpoint.restore_from.empty())
     refuse("checkpoint", "checkpointing is not available yet");
   if (config.optimizer.swap_optimizer)
@@ -141,6 +140,8 @@ TrainSummary run_training(const ResolvedConfig& resolved, const TrainOptions& op
   std::shared_ptr<CausalLM> model = build_model(config.model, config.train.seed);
   apply_model_init_dtype(*model, model_dtype);
   if (is_rank0) log_info(format_model_config_block(config.model));
+  // With parallel.ep > 1, shard_model splits the routed experts over the ep group (and the
+  // model exchanges tokens with all_to_all); the rest stays FSDP / DDP.
   // The FSDP path also serves one process whose compute dtype differs from the stored one: it
   // casts each parameter to param_dtype in forward and delivers float32 main_grads in backward.
   std::shared_ptr<FullyShardedModel> sharded;
@@ -148,6 +149,7 @@ TrainSummary run_training(const ResolvedConfig& resolved, const TrainOptions& op
     FsdpOptions fsdp;
     fsdp.mix_precision = config.mix_precision;
     fsdp.fp32_main_params = config.optimizer.fp32_main_params;
+    fsdp.reshard_after_forward = config.fsdp.reshard_after_forward;
     sharded = shard_model(*model, mesh, fsdp);
   }
   std::unique_ptr<TrainingOptimizer> optimizer =
@@ -196,8 +198,12 @@ TrainSummary run_training(const ResolvedConfig& resolved, const TrainOptions& op
 
     StepLoss loss = accumulate_gradients(*model, *data, config, accumulation_steps, *optimizer);
     optimizer->prepare_grads();
-    const double grad_norm = clip_data_parallel_grad_norm(optimizer->grads_for_clipping(),
-                                                          config.train.max_grad_norm, mesh);
+    // Expert parallelism: expert slices are disjoint over ep, not over dp_shard.
+    const double grad_norm =
+        mesh.ep > 1
+            ? clip_expert_parallel_grad_norm(optimizer->chained(), config.train.max_grad_norm, mesh)
+            : clip_data_parallel_grad_norm(optimizer->grads_for_clipping(),
+                                           config.train.max_grad_norm, mesh);
     optimizer->step_with_ready_grads();
     optimizer->zero_grad();
 

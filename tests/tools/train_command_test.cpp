@@ -1,6 +1,7 @@
 // `mixtrain train` end to end: the "must show" run and its failure modes.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <vector>
@@ -104,6 +105,13 @@ TEST(TrainCommand, Float16ModelTrainsWithFloat32Compute) {
   std::vector<nlohmann::json> rows = read_metrics(run.file("metrics.jsonl"));
   ASSERT_EQ(rows.size(), 5u);
   EXPECT_LT(rows.back()["loss"].get<double>(), rows.front()["loss"].get<double>());
+  // Dynamic loss scaling starts at 2^16 (Megatron) and within 5 steps (growth needs 1000
+  // clean ones) only halves, once per skipped step.
+  for (const auto& row : rows) {
+    const double scale = row["loss_scale"].get<double>();
+    const int64_t skipped = row["skipped_steps"].get<int64_t>();
+    EXPECT_EQ(scale, std::ldexp(65536.0, -static_cast<int>(skipped))) << row.dump();
+  }
 }
 
 TEST(TrainCommand, Float16ComputeIsRefusedNotFaked) {

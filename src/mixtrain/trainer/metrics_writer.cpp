@@ -32,6 +32,8 @@ std::string metrics_json_line(const StepMetrics& m) {
   j["tokens_per_s"] = finite_or_null(m.tokens_per_s);
   j["elapsed_s"] = finite_or_null(m.elapsed_s);
   j["aux_loss"] = finite_or_null(m.aux_loss);
+  j["loss_scale"] = finite_or_null(m.loss_scale);
+  j["skipped_steps"] = m.skipped_steps;
   return j.dump();
 }
 

@@ -1,11 +1,11 @@
 // Per-step training metrics as JSON Lines: <run_dir>/metrics.jsonl.
 //
 // One JSON object per step, keys in this order: step, loss, grad_norm, lr, tokens_per_s,
-// elapsed_s, aux_loss. A non-finite value (a NaN loss, an infinite grad norm) is written as
-// null so every line stays valid JSON. Each line is flushed to the kernel before write()
-// returns, so a Ctrl-C or a crash of the process loses nothing already written (a power loss
-// may; we do not fsync per step). Opening creates run_dir and its parents and truncates an
-// existing metrics.jsonl: a new run starts a new file. Any failure to create, open or write
+// elapsed_s, aux_loss, loss_scale, skipped_steps. A non-finite value (a NaN loss, an infinite grad
+// norm) is written as null so every line stays valid JSON. Each line is flushed to the kernel
+// before write() returns, so a Ctrl-C or a crash of the process loses nothing already written (a
+// power loss may; we do not fsync per step). Opening creates run_dir and its parents and truncates
+// an existing metrics.jsonl: a new run starts a new file. Any failure to create, open or write
 // throws UserError naming the path. Only rank 0 is meant to construct one.
 #pragma once
 
@@ -22,8 +22,10 @@ struct StepMetrics {
   double grad_norm = 0.0;
   double lr = 0.0;
   double tokens_per_s = 0.0;
-  double elapsed_s = 0.0;  // seconds since the training loop started
-  double aux_loss = 0.0;   // router load-balancing loss (already scaled by its coefficient)
+  double elapsed_s = 0.0;     // seconds since the training loop started
+  double aux_loss = 0.0;      // router load-balancing loss (already scaled by its coefficient)
+  double loss_scale = 1.0;    // float16 dynamic loss scale after this step (1 otherwise)
+  int64_t skipped_steps = 0;  // steps skipped so far for inf/nan gradients (float16)
 };
 
 class MetricsWriter {

@@ -213,6 +213,8 @@ TrainSummary run_training(const ResolvedConfig& resolved, const TrainOptions& op
     row.aux_loss = average_over_data_parallel(loss.aux_loss, mesh);
     row.grad_norm = grad_norm;
     row.lr = config.optimizer.adamw.lr * lr_factor;
+    row.loss_scale = optimizer->loss_scale();
+    row.skipped_steps = optimizer->skipped_steps();
     const auto now = Clock::now();
     row.tokens_per_s = tokens_per_step / std::chrono::duration<double>(now - step_start).count();
     row.elapsed_s = std::chrono::duration<double>(now - start).count();

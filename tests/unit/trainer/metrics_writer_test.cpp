@@ -51,7 +51,9 @@ TEST_F(MetricsWriterTest, LinesParseBackWithTheWrittenValues) {
   auto lines = read_lines(writer.path());
   ASSERT_EQ(lines.size(), 2u);
   auto first = nlohmann::json::parse(lines[0]);
-  EXPECT_EQ(first.size(), 7u);
+  EXPECT_EQ(first.size(), 9u);
+  EXPECT_DOUBLE_EQ(first["loss_scale"].get<double>(), 1.0);  // the default: no float16 scaling
+  EXPECT_EQ(first["skipped_steps"].get<int64_t>(), 0);
   EXPECT_EQ(first["step"].get<int64_t>(), 1);
   EXPECT_DOUBLE_EQ(first["loss"].get<double>(), 6.25);
   EXPECT_DOUBLE_EQ(first["grad_norm"].get<double>(), 1.5);
@@ -67,9 +69,9 @@ TEST_F(MetricsWriterTest, LinesParseBackWithTheWrittenValues) {
 
 TEST_F(MetricsWriterTest, KeysKeepTheDocumentedOrder) {
   // 0.5, 0.25, ... are exact in binary, so the text of each number is known in advance.
-  EXPECT_EQ(metrics_json_line({3, 0.5, 0.25, 0.125, 1000.0, 2.0, 0.0}),
+  EXPECT_EQ(metrics_json_line({3, 0.5, 0.25, 0.125, 1000.0, 2.0, 0.0, 32768.0, 2}),
             "{\"step\":3,\"loss\":0.5,\"grad_norm\":0.25,\"lr\":0.125,\"tokens_per_s\":1000.0,"
-            "\"elapsed_s\":2.0,\"aux_loss\":0.0}");
+            "\"elapsed_s\":2.0,\"aux_loss\":0.0,\"loss_scale\":32768.0,\"skipped_steps\":2}");
 }
 
 TEST_F(MetricsWriterTest, NonFiniteValuesAreWrittenAsNull) {

@@ -46,10 +46,6 @@ bool should_launch(int nproc) {
   return nproc > 1 && std::getenv("MIXTRAIN_LAUNCHED") == nullptr;
 }
 
-int launch(int nproc, const std::vector<std::string>& argv, double timeout_s) {
-  return launch_local_workers(nproc, argv, timeout_s);
-}
-
 std::string default_run_dir(const std::string& config_path) {
   return (std::filesystem::path("runs") / std::filesystem::path(config_path).stem()).string();
 }
@@ -88,7 +84,7 @@ int train_command(const std::string& config_path, const std::vector<std::string>
           resolved.config.source_file + ": parallel: --nproc " + std::to_string(nproc) +
           " but parallel.dp_replicate x parallel.dp_shard = " + std::to_string(world));
     }
-    return launch(nproc, argv_for_workers, resolved.config.distributed.timeout_s);
+    return launch_local_workers(nproc, argv_for_workers, resolved.config.distributed.timeout_s);
   }
   ResolvedConfig resolved = load_config(config_path, overrides);
   TrainOptions options;
@@ -117,7 +113,8 @@ int optim_replay_command(const std::string& config_path, const std::vector<std::
                          const ReplayPaths& paths, int nproc, int argc, char** argv) {
   ResolvedConfig resolved = load_config(config_path, overrides);
   if (should_launch(nproc)) {  // FSDP layout over nproc ranks, whatever parallel.* says
-    return launch(nproc, worker_argv(argc, argv), resolved.config.distributed.timeout_s);
+    return launch_local_workers(nproc, worker_argv(argc, argv),
+                                resolved.config.distributed.timeout_s);
   }
   run_optim_replay(resolved, paths);
   return 0;

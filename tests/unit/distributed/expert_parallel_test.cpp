@@ -10,7 +10,9 @@
 //   global batch as data-parallel micro-batches, accumulated in rank order).
 #include <ATen/CPUGeneratorImpl.h>
 #include <gtest/gtest.h>
+
 #include <torch/torch.h>
+#include "support/tiny_model_config.h"
 
 #include <algorithm>
 #include <cmath>
@@ -175,22 +177,7 @@ TEST(ExpertParallelDispatch, RanksThatSendNothingStillTakePart) {
 
 // ---- RFC case 2.1 with expert parallelism ---------------------------------------------------
 
-ModelConfig tiny_config() {
-  ModelConfig c;
-  c.vocab_size = 37;
-  c.hidden_size = 24;
-  c.num_layers = 2;
-  c.num_heads = 4;
-  c.num_kv_heads = 2;
-  c.head_dim = 8;
-  c.moe_intermediate_size = 12;
-  c.num_experts = 4;
-  c.num_experts_per_tok = 2;
-  c.shared_expert_intermediate_size = 20;
-  c.max_seq_len = 16;
-  c.router_aux_loss_coef = 0.01;
-  return c;
-}
+using test_support::tiny_config;
 
 TrainerConfig rfc_config(const std::string& target) {
   TrainerConfig config;

@@ -8,7 +8,9 @@
 // compares its own sharded run against it at every step.
 #include <ATen/CPUGeneratorImpl.h>
 #include <gtest/gtest.h>
+
 #include <torch/torch.h>
+#include "support/tiny_model_config.h"
 
 #include <algorithm>
 #include <cmath>
@@ -34,22 +36,7 @@
 namespace mixtrain {
 namespace {
 
-ModelConfig tiny_config() {
-  ModelConfig c;
-  c.vocab_size = 37;
-  c.hidden_size = 24;
-  c.num_layers = 2;
-  c.num_heads = 4;
-  c.num_kv_heads = 2;
-  c.head_dim = 8;
-  c.moe_intermediate_size = 12;
-  c.num_experts = 4;
-  c.num_experts_per_tok = 2;
-  c.shared_expert_intermediate_size = 20;
-  c.max_seq_len = 16;
-  c.router_aux_loss_coef = 0.01;
-  return c;
-}
+using test_support::tiny_config;
 
 // RFC case 2.1: bfloat16 model, fp32 main params, param/output bfloat16, reduce float32.
 TrainerConfig rfc_config(const std::string& target) {

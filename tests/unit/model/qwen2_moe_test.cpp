@@ -5,7 +5,9 @@
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <gtest/gtest.h>
+
 #include <torch/torch.h>
+#include "support/tiny_model_config.h"
 
 #include <algorithm>
 #include <cmath>
@@ -21,25 +23,7 @@ namespace {
 
 // Every size distinct, and num_heads * head_dim != hidden_size, so a transposed or mixed-up
 // dimension cannot go unnoticed.
-ModelConfig tiny_config() {
-  ModelConfig c;
-  c.name = "qwen2_moe";
-  c.vocab_size = 37;
-  c.hidden_size = 24;
-  c.num_layers = 2;
-  c.num_heads = 4;
-  c.num_kv_heads = 2;
-  c.head_dim = 8;
-  c.moe_intermediate_size = 12;
-  c.num_experts = 4;
-  c.num_experts_per_tok = 2;
-  c.shared_expert_intermediate_size = 20;
-  c.max_seq_len = 16;
-  c.rope_theta = 10000.0;
-  c.rms_norm_eps = 1e-6;
-  c.router_aux_loss_coef = 0.01;
-  return c;
-}
+using test_support::tiny_config;
 
 torch::Tensor random_ids(const ModelConfig& c, int64_t batch, int64_t seq, uint64_t seed) {
   auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);

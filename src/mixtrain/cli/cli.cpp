@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "mixtrain/cli/ckpt_command.h"
 #include "mixtrain/config/load.h"
 #include "mixtrain/config/show.h"
 #include "mixtrain/core/error.h"
@@ -159,6 +160,22 @@ int run_cli(int argc, char** argv) {
   show->add_option("file", config_path, "config file (.yaml/.yml or .toml)")->required();
   show->add_option("--set", overrides, "override a key: --set a.b.c=value (repeatable)");
 
+  CLI::App* ckpt = app.add_subcommand("ckpt", "look into checkpoints");
+  ckpt->require_subcommand(1);
+  std::string ckpt_a, ckpt_b;
+  const char* ckpt_help = "step directory, or checkpoint directory with `latest`";
+  CLI::App* inspect = ckpt->add_subcommand("inspect", "list step, layout, tensors and state");
+  inspect->add_option("dir", ckpt_a, ckpt_help)->required();
+  CLI::App* verify = ckpt->add_subcommand("verify", "check every file and checksum");
+  verify->add_option("dir", ckpt_a, ckpt_help)->required();
+  CLI::App* diff = ckpt->add_subcommand("diff", "compare two checkpoints tensor by tensor");
+  diff->add_option("a", ckpt_a, ckpt_help)->required();
+  diff->add_option("b", ckpt_b, ckpt_help)->required();
+  double atol = 0;
+  CLI::Option* atol_option =
+      diff->add_option("--atol", atol, "pass when every max abs difference is <= X")
+          ->check(CLI::NonNegativeNumber);
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
@@ -175,6 +192,12 @@ int run_cli(int argc, char** argv) {
     if (show->parsed()) return config_show_command(config_path, overrides);
     if (replay->parsed())
       return optim_replay_command(config_path, overrides, replay_paths, nproc, argc, argv);
+    if (inspect->parsed()) return ckpt_inspect_command(ckpt_a);
+    if (verify->parsed()) return ckpt_verify_command(ckpt_a);
+    if (diff->parsed()) {
+      return ckpt_diff_command(
+          ckpt_a, ckpt_b, atol_option->count() > 0 ? std::optional<double>(atol) : std::nullopt);
+    }
   } catch (const UserError& e) {
     std::cerr << "mixtrain: error: " << e.what() << std::endl;
     return e.exit_code();

@@ -238,13 +238,12 @@ void translate_training_and_checkpoint(const GivenKeys& given, TrainerConfig& co
   if (const DocValue* v = given.find("checkpoint.enable")) {
     enable = read_bool(*v, given.where("checkpoint.enable"));
   }
-  if (enable) {
-    config.checkpoint.dir =
-        !folder.empty() && folder[0] == '/' ? folder : dump_folder + "/" + folder;
-    derive(provenance, "checkpoint.dir", "job.dump_folder / checkpoint.folder");
-  } else {
-    config.checkpoint.dir.clear();
-    derive(provenance, "checkpoint.dir", "checkpoint.enable = false: checkpoints off");
+  config.checkpoint.dir = !folder.empty() && folder[0] == '/' ? folder : dump_folder + "/" + folder;
+  derive(provenance, "checkpoint.dir", "job.dump_folder / checkpoint.folder");
+  // A bad interval is still reported by validation, even with checkpoints off.
+  if (!enable && config.checkpoint.interval >= 0) {
+    config.checkpoint.interval = 0;
+    derive(provenance, "checkpoint.interval", "checkpoint.enable = false: no saves");
   }
 
   if (const DocValue* v = given.find("checkpoint.async_mode")) {

@@ -2,6 +2,7 @@
 
 #include <ATen/ATen.h>
 
+#include <cstring>
 #include <stdexcept>
 
 namespace mixtrain {
@@ -37,6 +38,24 @@ class LocalCollectives final : public Collectives {
 
 std::unique_ptr<Collectives> make_local_collectives(const std::string& name) {
   return std::make_unique<LocalCollectives>(name);
+}
+
+std::vector<std::string> all_gather_strings(Collectives& group, const std::string& text) {
+  if (group.size() == 1) return {text};
+  const at::Tensor lengths =
+      group.all_gather(at::full({1}, static_cast<int64_t>(text.size()), at::kLong));
+  const int64_t* length = lengths.data_ptr<int64_t>();
+  int64_t longest = 1;
+  for (int r = 0; r < group.size(); ++r) longest = std::max(longest, length[r]);
+  at::Tensor padded = at::zeros({longest}, at::kByte);
+  std::memcpy(padded.data_ptr<uint8_t>(), text.data(), text.size());
+  const at::Tensor gathered = group.all_gather(padded);
+  std::vector<std::string> texts;
+  for (int r = 0; r < group.size(); ++r) {
+    const auto* bytes = reinterpret_cast<const char*>(gathered.data_ptr<uint8_t>()) + r * longest;
+    texts.emplace_back(bytes, static_cast<size_t>(length[r]));
+  }
+  return texts;
 }
 
 }  // namespace mixtrain

@@ -43,6 +43,9 @@ class Collectives {
   virtual void barrier() = 0;
 };
 
+// Every rank's `text`, in rank order (variable lengths: the lengths travel first). Collective.
+std::vector<std::string> all_gather_strings(Collectives& group, const std::string& text);
+
 // The one-rank group: every collective is the identity (all_gather/reduce_scatter/all_to_all
 // return a copy of their input).
 std::unique_ptr<Collectives> make_local_collectives(const std::string& name = "local");

@@ -2,12 +2,12 @@
 
 #include <ATen/ATen.h>
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
-#include <fstream>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <set>
@@ -110,19 +110,53 @@ void write_safetensors(const std::string& path, const NamedTensors& tensors,
   }
 }
 
-SafetensorsContent read_safetensors(const std::string& path) {
-  std::ifstream in(path, std::ios::binary | std::ios::ate);
-  if (!in) throw DataError(path + ": cannot open: " + std::strerror(errno));
-  const uint64_t file_size = static_cast<uint64_t>(in.tellg());
-  if (file_size < 8) fail(path, "shorter than the 8-byte header length");
-  in.seekg(0);
+namespace {
+
+// pread exactly `size` bytes at `offset`; a short read means the file shrank or is truncated.
+void read_exact(int fd, void* out, uint64_t size, uint64_t offset, const std::string& path) {
+  char* p = static_cast<char*>(out);
+  while (size > 0) {
+    ssize_t n = ::pread(fd, p, size, static_cast<off_t>(offset));
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      throw DataError(path + ": read failed: " + std::strerror(errno));
+    }
+    if (n == 0) throw DataError(path + ": unexpected end of file (truncated?)");
+    p += n;
+    size -= static_cast<uint64_t>(n);
+    offset += static_cast<uint64_t>(n);
+  }
+}
+
+// The byte size of a tensor of `shape` and `dtype`, or nullopt when it overflows 64 bits.
+std::optional<uint64_t> byte_size(const std::vector<int64_t>& shape, c10::ScalarType dtype) {
+  uint64_t bytes = c10::elementSize(dtype);
+  for (int64_t d : shape) {
+    if (__builtin_mul_overflow(bytes, static_cast<uint64_t>(d), &bytes)) return std::nullopt;
+  }
+  return bytes;
+}
+
+}  // namespace
+
+SafetensorsHeader read_safetensors_header(int fd, const std::string& path) {
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) throw DataError(path + ": cannot stat: " + std::strerror(errno));
+  SafetensorsHeader result;
+  result.file_size = static_cast<uint64_t>(st.st_size);
+  if (result.file_size < 8) fail(path, "shorter than the 8-byte header length");
   unsigned char size_bytes[8];
-  in.read(reinterpret_cast<char*>(size_bytes), 8);
+  read_exact(fd, size_bytes, 8, 0, path);
   uint64_t header_size = 0;
   for (int i = 0; i < 8; ++i) header_size |= static_cast<uint64_t>(size_bytes[i]) << (8 * i);
-  if (header_size > file_size - 8) fail(path, "header length runs past the end of the file");
+  if (header_size > result.file_size - 8) {
+    fail(path, "header length " + std::to_string(header_size) +
+                   " runs past the end of the file (file is " + std::to_string(result.file_size) +
+                   " bytes; truncated?)");
+  }
+  result.data_start = 8 + header_size;
   std::string text(header_size, '\0');
-  in.read(text.data(), static_cast<std::streamsize>(header_size));
+  read_exact(fd, text.data(), header_size, 8, path);
   nlohmann::json header;
   try {
     header = nlohmann::json::parse(text);
@@ -131,26 +165,18 @@ SafetensorsContent read_safetensors(const std::string& path) {
   }
   if (!header.is_object()) fail(path, "header is not a JSON object");
 
-  const uint64_t data_size = file_size - 8 - header_size;
-  struct Entry {
-    std::string name;
-    c10::ScalarType dtype;
-    std::vector<int64_t> shape;
-    uint64_t begin, end;
-  };
-  std::vector<Entry> entries;
-  SafetensorsContent content;
   for (const auto& [name, value] : header.items()) {
     if (name == "__metadata__") {
       if (!value.is_object()) fail(path, "__metadata__ is not an object");
       for (const auto& [k, v] : value.items()) {
         if (!v.is_string()) fail(path, "__metadata__." + k + " is not a string");
-        content.metadata[k] = v.get<std::string>();
+        result.metadata[k] = v.get<std::string>();
       }
       continue;
     }
     try {
-      Entry e{name, c10::kFloat, {}, 0, 0};
+      SafetensorsEntry e;
+      e.name = name;
       auto dtype = dtype_from_name(value.at("dtype").get<std::string>());
       if (!dtype) fail(path, name + ": unsupported dtype " + value.at("dtype").dump());
       e.dtype = *dtype;
@@ -159,37 +185,62 @@ SafetensorsContent read_safetensors(const std::string& path) {
       if (offsets.size() != 2 || offsets[0] > offsets[1]) fail(path, name + ": bad data_offsets");
       e.begin = offsets[0];
       e.end = offsets[1];
-      uint64_t numel = 1;
       for (int64_t d : e.shape) {
         if (d < 0) fail(path, name + ": negative dimension");
-        numel *= static_cast<uint64_t>(d);
       }
-      if (numel * c10::elementSize(e.dtype) != e.end - e.begin) {
+      const std::optional<uint64_t> bytes = byte_size(e.shape, e.dtype);
+      if (!bytes || *bytes != e.end - e.begin) {
         fail(path, name + ": data_offsets size does not match dtype and shape");
       }
-      if (e.end > data_size) fail(path, name + ": data runs past the end of the file");
-      entries.push_back(std::move(e));
+      result.entries.push_back(std::move(e));
     } catch (const nlohmann::json::exception& ex) {
       fail(path, name + ": malformed entry: " + ex.what());
     }
   }
-  std::sort(entries.begin(), entries.end(),
-            [](const Entry& a, const Entry& b) { return a.begin < b.begin; });
+  std::sort(result.entries.begin(), result.entries.end(),
+            [](const SafetensorsEntry& a, const SafetensorsEntry& b) { return a.begin < b.begin; });
   uint64_t expected = 0;
-  for (const auto& e : entries) {
+  for (const auto& e : result.entries) {
     if (e.begin != expected) fail(path, e.name + ": tensors overlap or leave a hole");
     expected = e.end;
   }
-  if (expected != data_size) fail(path, "trailing bytes after the last tensor");
-
-  for (const auto& e : entries) {
-    at::Tensor t = at::empty(e.shape, at::TensorOptions().dtype(e.dtype));
-    in.seekg(static_cast<std::streamoff>(8 + header_size + e.begin));
-    in.read(static_cast<char*>(t.data_ptr()), static_cast<std::streamsize>(e.end - e.begin));
-    if (!in) fail(path, e.name + ": short read");
-    content.tensors.emplace_back(e.name, std::move(t));
+  // The tensors are packed without holes, so the header fixes the file's exact length.
+  const uint64_t data_size = result.file_size - result.data_start;
+  const std::string sizes = "file is " + std::to_string(result.file_size) +
+                            " bytes, its header says " +
+                            std::to_string(result.data_start + expected);
+  if (expected > data_size) {
+    throw DataError(path + ": " + sizes + " (truncated? data runs past the end of the file)");
   }
-  return content;
+  if (expected < data_size) {
+    throw DataError(path + ": " + sizes + " (trailing bytes after the last tensor)");
+  }
+  return result;
+}
+
+at::Tensor read_safetensors_tensor(int fd, const SafetensorsHeader& header,
+                                   const SafetensorsEntry& entry, const std::string& path) {
+  at::Tensor t = at::empty(entry.shape, at::TensorOptions().dtype(entry.dtype));
+  read_exact(fd, t.data_ptr(), entry.end - entry.begin, header.data_start + entry.begin, path);
+  return t;
+}
+
+SafetensorsContent read_safetensors(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) throw DataError(path + ": cannot open: " + std::strerror(errno));
+  try {
+    SafetensorsHeader header = read_safetensors_header(fd, path);
+    SafetensorsContent content;
+    content.metadata = std::move(header.metadata);
+    for (const auto& e : header.entries) {
+      content.tensors.emplace_back(e.name, read_safetensors_tensor(fd, header, e, path));
+    }
+    ::close(fd);
+    return content;
+  } catch (...) {
+    ::close(fd);
+    throw;
+  }
 }
 
 }  // namespace mixtrain

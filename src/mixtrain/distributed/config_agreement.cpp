@@ -52,18 +52,8 @@ void check_config_agreement(const DeviceMesh& mesh, const std::string& resolved_
   if (differing.empty()) return;
 
   // Every rank saw the same hashes, so every rank takes part in gathering the texts.
-  at::Tensor length = at::full({1}, static_cast<int64_t>(resolved_config_text.size()), at::kLong);
-  const at::Tensor lengths = world.all_gather(length);
-  int64_t longest = 1;
-  for (int r = 0; r < world.size(); ++r) longest = std::max(longest, lengths[r].item<int64_t>());
-  at::Tensor padded = at::zeros({longest}, at::kByte);
-  std::memcpy(padded.data_ptr<uint8_t>(), resolved_config_text.data(), resolved_config_text.size());
-  const at::Tensor texts = world.all_gather(padded);
-  auto text_of = [&](int r) {
-    const auto* bytes = texts.data_ptr<uint8_t>() + r * longest;
-    return std::string(reinterpret_cast<const char*>(bytes),
-                       static_cast<size_t>(lengths[r].item<int64_t>()));
-  };
+  const std::vector<std::string> texts = all_gather_strings(world, resolved_config_text);
+  auto text_of = [&](int r) { return texts[r]; };
   std::string ranks;
   for (int r : differing) ranks += (ranks.empty() ? "" : ", ") + std::to_string(r);
   throw UserError("config agreement: the resolved config of rank" +

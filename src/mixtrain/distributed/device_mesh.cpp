@@ -170,6 +170,7 @@ DeviceMesh make_single_process_mesh() {
   mesh.dp_replicate_group = make_local_collectives("dp_replicate");
   mesh.ep_group = make_local_collectives("ep");
   mesh.expert_dp_group = make_local_collectives("expert_dp");
+  mesh.background = make_local_collectives("background");
   return mesh;
 }
 
@@ -192,6 +193,7 @@ DeviceMesh make_device_mesh(const RankInfo& info, const ParallelConfig& parallel
     mesh.dp_replicate_group = single.dp_replicate_group;
     mesh.ep_group = single.ep_group;
     mesh.expert_dp_group = single.expert_dp_group;
+    mesh.background = single.background;
     return mesh;
   }
 
@@ -213,11 +215,11 @@ DeviceMesh make_device_mesh(const RankInfo& info, const ParallelConfig& parallel
   store->setTimeout(to_ms(timeout_s));
 
   const auto devices = gloo_devices(info);
-  std::map<std::vector<int>, c10::intrusive_ptr<c10d::ProcessGroupGloo>> groups;
-  auto make_group = [&](const char* name,
-                        const std::vector<int>& members) -> std::shared_ptr<Collectives> {
+  std::map<std::pair<bool, std::vector<int>>, c10::intrusive_ptr<c10d::ProcessGroupGloo>> groups;
+  auto make_group = [&](const char* name, const std::vector<int>& members,
+                        bool own_connection = false) -> std::shared_ptr<Collectives> {
     if (members.size() == 1) return make_local_collectives(name);
-    auto& group = groups[members];
+    auto& group = groups[{own_connection, members}];
     if (!group) {
       const int group_rank =
           static_cast<int>(std::find(members.begin(), members.end(), info.rank) - members.begin());
@@ -243,6 +245,7 @@ DeviceMesh make_device_mesh(const RankInfo& info, const ParallelConfig& parallel
   mesh.dp_replicate_group = make_group("dp_replicate", layout.dp_replicate);
   mesh.ep_group = make_group("ep", layout.ep);
   mesh.expert_dp_group = make_group("expert_dp", layout.expert_dp);
+  mesh.background = make_group("background", layout.world, /*own_connection=*/true);
   return mesh;
 }
 

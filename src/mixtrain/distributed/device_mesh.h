@@ -8,6 +8,9 @@
 //   ep_group            consecutive blocks of ep ranks inside r's row (ep divides dp_shard)
 //   expert_dp_group     the ranks at r's position in their ep block, over all rows and blocks:
 //                       the ranks holding the same experts (their gradients are averaged)
+//   background          all ranks, on a connection of its own: for collectives issued from
+//                       another thread (async checkpoint saves), which must never interleave
+//                       with the training's on the same connection
 // Group-local rank order is world-rank order. A one-rank group is a LocalCollectives; groups
 // with the same members share one ProcessGroupGloo.
 #pragma once
@@ -26,6 +29,7 @@ struct DeviceMesh {
   int rank = 0, world_size = 1;
   int64_t dp_replicate = 1, dp_shard = 1, ep = 1;
   std::shared_ptr<Collectives> world, dp_shard_group, dp_replicate_group, ep_group, expert_dp_group;
+  std::shared_ptr<Collectives> background;
 
   int64_t replicate_index() const { return rank / dp_shard; }
   int64_t shard_index() const { return rank % dp_shard; }

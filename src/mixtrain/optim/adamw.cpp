@@ -16,20 +16,24 @@ namespace {
 using torch::optim::AdamWOptions;
 using torch::optim::AdamWParamState;
 
-void check_options(const AdamWOptions& options, const std::string& where) {
-  auto fail = [&](const std::string& what) {
-    throw std::invalid_argument("adamw: " + where + ": " + what);
-  };
-  if (options.amsgrad()) fail("amsgrad is not supported");
-  if (!(options.lr() >= 0)) fail("invalid learning rate " + std::to_string(options.lr()));
-  if (!(options.eps() >= 0)) fail("invalid eps " + std::to_string(options.eps()));
+// The first out-of-range option, or "" when all are valid.
+std::string options_problem(const AdamWOptions& options) {
+  if (options.amsgrad()) return "amsgrad is not supported";
+  if (!(options.lr() >= 0)) return "invalid learning rate " + std::to_string(options.lr());
+  if (!(options.eps() >= 0)) return "invalid eps " + std::to_string(options.eps());
   const double beta1 = std::get<0>(options.betas());
   const double beta2 = std::get<1>(options.betas());
-  if (!(beta1 >= 0 && beta1 < 1)) fail("invalid beta1 " + std::to_string(beta1));
-  if (!(beta2 >= 0 && beta2 < 1)) fail("invalid beta2 " + std::to_string(beta2));
+  if (!(beta1 >= 0 && beta1 < 1)) return "invalid beta1 " + std::to_string(beta1);
+  if (!(beta2 >= 0 && beta2 < 1)) return "invalid beta2 " + std::to_string(beta2);
   if (!(options.weight_decay() >= 0)) {
-    fail("invalid weight_decay " + std::to_string(options.weight_decay()));
+    return "invalid weight_decay " + std::to_string(options.weight_decay());
   }
+  return "";
+}
+
+void check_options(const AdamWOptions& options, const std::string& where) {
+  const std::string problem = options_problem(options);
+  if (!problem.empty()) throw std::invalid_argument("adamw: " + where + ": " + problem);
 }
 
 // The double scalars of torch/optim/adamw.py, cast to float as each ATen op casts its Scalar.
@@ -212,6 +216,37 @@ void AdamW::import_state(const at::Tensor& param, const NamedTensorList& state) 
 
 void AdamW::set_lr(double lr) {
   for (auto& group : param_groups_) group.options().set_lr(lr);
+}
+
+nlohmann::json AdamW::group_hyperparameters(size_t group) const {
+  const auto& options = static_cast<const AdamWOptions&>(param_groups_.at(group).options());
+  return {{"betas", {std::get<0>(options.betas()), std::get<1>(options.betas())}},
+          {"eps", options.eps()},
+          {"weight_decay", options.weight_decay()},
+          {"amsgrad", options.amsgrad()}};
+}
+
+void AdamW::set_group_hyperparameters(size_t group, const nlohmann::json& values) {
+  auto& options = static_cast<AdamWOptions&>(param_groups_.at(group).options());
+  HyperparameterReader reader(values);
+  const nlohmann::json& betas = reader.field("betas");
+  if (!betas.is_array() || betas.size() != 2 || !betas[0].is_number() || !betas[1].is_number()) {
+    throw std::invalid_argument(
+        hyperparameter_type_error("betas", "an array of two numbers", betas) +
+        (betas.is_array() ? " of size " + std::to_string(betas.size()) : ""));
+  }
+  AdamWOptions candidate = options;
+  candidate.betas({betas[0].get<double>(), betas[1].get<double>()})
+      .eps(reader.number("eps"))
+      .weight_decay(reader.number("weight_decay"))
+      .amsgrad(reader.boolean("amsgrad"));
+  reader.finish();
+  const std::string problem = options_problem(candidate);
+  if (!problem.empty()) throw std::invalid_argument(problem);
+  options.betas(candidate.betas())
+      .eps(candidate.eps())
+      .weight_decay(candidate.weight_decay())
+      .amsgrad(candidate.amsgrad());
 }
 
 }  // namespace mixtrain

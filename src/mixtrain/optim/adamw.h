@@ -55,6 +55,10 @@ class AdamW : public LeafOptimizer {
   // The same three names; an empty list clears the param's state.
   void import_state(const at::Tensor& param, const NamedTensorList& state) override;
   void set_lr(double lr) override;
+
+  // {"betas": [beta1, beta2], "eps", "weight_decay", "amsgrad"} (amsgrad must stay false).
+  nlohmann::json group_hyperparameters(size_t group) const override;
+  void set_group_hyperparameters(size_t group, const nlohmann::json& values) override;
 };
 
 }  // namespace mixtrain

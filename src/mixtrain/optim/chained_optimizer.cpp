@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 #include <c10/core/GradMode.h>
 
+#include <cstdint>
 #include <map>
 #include <set>
 #include <sstream>
@@ -24,6 +25,34 @@ std::string format_sizes(at::IntArrayRef sizes) {
 
 bool starts_with(const std::string& text, const std::string& prefix) {
   return text.compare(0, prefix.size(), prefix) == 0;
+}
+
+// The fields param_groups_state adds around a leaf's group_hyperparameters.
+constexpr const char* kGroupFields[] = {"optimizer", "group", "params", "base_lr"};
+
+std::string group_label(const std::string& kind, size_t group) {
+  return kind + " group " + std::to_string(group);
+}
+
+// A value in a difference line: strings as they are, everything else as JSON (numbers in
+// their shortest round-trip form).
+std::string format_value(const nlohmann::json& value) {
+  return value.is_string() ? value.get<std::string>() : value.dump();
+}
+
+// "" when the lists are equal, else what differs.
+std::string params_difference(const std::vector<std::string>& checkpoint,
+                              const std::vector<std::string>& current) {
+  if (checkpoint == current) return "";
+  size_t i = 0;
+  while (i < checkpoint.size() && i < current.size() && checkpoint[i] == current[i]) ++i;
+  auto name_at = [i](const std::vector<std::string>& names) {
+    return i < names.size() ? "'" + names[i] + "'" : std::string("(none)");
+  };
+  return "params differ: the checkpoint's group has " + std::to_string(checkpoint.size()) +
+         ", this optimizer's has " + std::to_string(current.size()) +
+         "; first difference at position " + std::to_string(i) + ": checkpoint " +
+         name_at(checkpoint) + ", this optimizer " + name_at(current);
 }
 
 }  // namespace
@@ -310,14 +339,204 @@ void ChainedOptimizer::zero_grad() {
   }
 }
 
-void ChainedOptimizer::set_lr_factor(double factor) {
+void ChainedOptimizer::check_group_counts() const {
   for (size_t l = 0; l < leaves_.size(); ++l) {
-    auto& groups = leaves_[l]->param_groups();
-    if (groups.size() != base_lrs_[l].size())
+    if (leaves_[l]->param_groups().size() != base_lrs_[l].size())
       throw std::logic_error("optimizer: " + leaves_[l]->kind() +
                              " param groups were added after add_leaf; their base lr is unknown");
+  }
+}
+
+void ChainedOptimizer::set_lr_factor(double factor) {
+  check_group_counts();
+  for (size_t l = 0; l < leaves_.size(); ++l) {
+    auto& groups = leaves_[l]->param_groups();
     for (size_t g = 0; g < groups.size(); ++g) groups[g].options().set_lr(base_lrs_[l][g] * factor);
   }
+  lr_factor_ = factor;
+}
+
+nlohmann::json ChainedOptimizer::param_groups_state() const {
+  check_group_counts();
+  nlohmann::json groups = nlohmann::json::array();
+  for (size_t l = 0; l < leaves_.size(); ++l) {
+    const LeafOptimizer& leaf = *leaves_[l];
+    for (size_t g = 0; g < leaf.param_groups().size(); ++g) {
+      nlohmann::json entry = leaf.group_hyperparameters(g);
+      for (const char* field : kGroupFields) {
+        if (entry.contains(field))
+          throw std::logic_error("optimizer: " + leaf.kind() + " hyper-parameter '" + field +
+                                 "' collides with a param group field");
+      }
+      nlohmann::json params = nlohmann::json::array();
+      for (const auto& p : leaf.param_groups()[g].params()) params.push_back(name_of(p));
+      entry["optimizer"] = leaf.kind();
+      entry["group"] = g;
+      entry["params"] = std::move(params);
+      entry["base_lr"] = base_lrs_[l][g];
+      groups.push_back(std::move(entry));
+    }
+  }
+  return groups;
+}
+
+std::vector<std::string> ChainedOptimizer::load_param_groups_state(const nlohmann::json& groups) {
+  check_group_counts();
+  const std::string what = "optimizer param groups";
+  struct Slot {
+    size_t leaf;
+    size_t group;
+    std::string label;  // "muon group 0"
+  };
+  std::vector<Slot> slots;
+  for (size_t l = 0; l < leaves_.size(); ++l) {
+    for (size_t g = 0; g < base_lrs_[l].size(); ++g)
+      slots.push_back({l, g, group_label(leaves_[l]->kind(), g)});
+  }
+  if (!groups.is_array())
+    throw std::invalid_argument(what + ": expected a JSON array, got " + groups.type_name());
+  if (groups.size() != slots.size()) {
+    std::string ours;
+    for (const auto& slot : slots) ours += (ours.empty() ? "" : ", ") + slot.label;
+    throw std::invalid_argument(what + ": the checkpoint has " + std::to_string(groups.size()) +
+                                " param group(s), this optimizer has " +
+                                std::to_string(slots.size()) + " (" + ours + ")");
+  }
+
+  // Structure and base_lr of every group.
+  std::vector<std::string> problems;
+  std::vector<double> base_lrs(slots.size(), 0.0);
+  std::vector<nlohmann::json> hyperparameters(slots.size());  // null: not to be applied
+  for (size_t i = 0; i < slots.size(); ++i) {
+    const Slot& slot = slots[i];
+    const LeafOptimizer& leaf = *leaves_[slot.leaf];
+    const nlohmann::json& entry = groups[i];
+    const std::string& label = slot.label;
+    if (!entry.is_object()) {
+      problems.push_back("param group " + std::to_string(i) + " (" + label +
+                         "): expected a JSON object, got " + entry.type_name());
+      continue;
+    }
+    auto field = [&](const char* name) -> const nlohmann::json* {
+      auto it = entry.find(name);
+      if (it != entry.end()) return &*it;
+      problems.push_back(label + ": missing field '" + name + "'");
+      return nullptr;
+    };
+    if (const nlohmann::json* kind = field("optimizer")) {
+      if (!kind->is_string()) {
+        problems.push_back(label + ": " +
+                           hyperparameter_type_error("optimizer", "a string", *kind));
+        continue;
+      }
+      if (kind->get<std::string>() != leaf.kind()) {
+        problems.push_back("param group " + std::to_string(i) + ": optimizer differs: checkpoint " +
+                           kind->get<std::string>() + ", this optimizer " + leaf.kind() + " (" +
+                           label + ")");
+        continue;  // its fields belong to another optimizer
+      }
+    } else {
+      continue;
+    }
+    if (const nlohmann::json* index = field("group")) {
+      if (!index->is_number_integer()) {
+        problems.push_back(label + ": " + hyperparameter_type_error("group", "an integer", *index));
+      } else if (index->is_number_unsigned()
+                     ? index->get<uint64_t>() != slot.group
+                     : index->get<int64_t>() < 0 ||
+                           static_cast<uint64_t>(index->get<int64_t>()) != slot.group) {
+        problems.push_back(label + ": the checkpoint's group index is " + index->dump() +
+                           ", expected " + std::to_string(slot.group));
+      }
+    }
+    if (const nlohmann::json* params = field("params")) {
+      std::vector<std::string> names;
+      bool strings = params->is_array();
+      if (strings) {
+        for (const auto& name : *params) {
+          strings = strings && name.is_string();
+          if (strings) names.push_back(name.get<std::string>());
+        }
+      }
+      if (!strings) {
+        problems.push_back(
+            label + ": " +
+            hyperparameter_type_error("params", "an array of parameter names", *params));
+      } else {
+        std::vector<std::string> current;
+        for (const auto& p : leaf.param_groups()[slot.group].params())
+          current.push_back(name_of(p));
+        const std::string difference = params_difference(names, current);
+        if (!difference.empty()) problems.push_back(label + ": " + difference);
+      }
+    }
+    if (const nlohmann::json* base_lr = field("base_lr")) {
+      if (!base_lr->is_number()) {
+        problems.push_back(label + ": " +
+                           hyperparameter_type_error("base_lr", "a number", *base_lr));
+      } else if (!(base_lr->get<double>() >= 0.0)) {
+        problems.push_back(label + ": base_lr must be >= 0, got " + base_lr->dump());
+      } else {
+        base_lrs[i] = base_lr->get<double>();
+      }
+    }
+    nlohmann::json values = entry;
+    for (const char* name : kGroupFields) values.erase(name);
+    hyperparameters[i] = std::move(values);
+  }
+
+  // Each leaf checks a group's values before it sets them; if any group fails, every group
+  // gets its previous options object back (lr included), so nothing changes.
+  std::vector<nlohmann::json> before(slots.size());
+  std::vector<std::unique_ptr<torch::optim::OptimizerOptions>> saved(slots.size());
+  for (size_t i = 0; i < slots.size(); ++i) {
+    const LeafOptimizer& leaf = *leaves_[slots[i].leaf];
+    before[i] = leaf.group_hyperparameters(slots[i].group);
+    saved[i] = leaf.param_groups()[slots[i].group].options().clone();
+  }
+  auto restore = [&] {
+    for (size_t i = 0; i < slots.size(); ++i)
+      leaves_[slots[i].leaf]->param_groups()[slots[i].group].set_options(std::move(saved[i]));
+  };
+  try {
+    for (size_t i = 0; i < slots.size(); ++i) {
+      if (hyperparameters[i].is_null()) continue;
+      try {
+        leaves_[slots[i].leaf]->set_group_hyperparameters(slots[i].group, hyperparameters[i]);
+      } catch (const std::invalid_argument& error) {
+        problems.push_back(slots[i].label + ": " + error.what());
+      }
+    }
+  } catch (...) {
+    restore();
+    throw;
+  }
+  if (!problems.empty()) {
+    restore();
+    throw std::invalid_argument(format_load_problems(what, problems));
+  }
+
+  std::vector<std::string> differences;
+  for (size_t i = 0; i < slots.size(); ++i) {
+    const Slot& slot = slots[i];
+    LeafOptimizer& leaf = *leaves_[slot.leaf];
+    double& base_lr = base_lrs_[slot.leaf][slot.group];
+    if (base_lrs[i] != base_lr)
+      differences.push_back(slot.label + " base_lr: checkpoint " +
+                            nlohmann::json(base_lrs[i]).dump() + ", config " +
+                            nlohmann::json(base_lr).dump());
+    const nlohmann::json after = leaf.group_hyperparameters(slot.group);
+    for (auto it = after.begin(); it != after.end(); ++it) {
+      auto old = before[i].find(it.key());
+      if (old != before[i].end() && *old == *it) continue;
+      differences.push_back(slot.label + " " + it.key() + ": checkpoint " + format_value(*it) +
+                            ", config " +
+                            (old == before[i].end() ? std::string("(none)") : format_value(*old)));
+    }
+    base_lr = base_lrs[i];
+    leaf.param_groups()[slot.group].options().set_lr(base_lr * lr_factor_);
+  }
+  return differences;
 }
 
 NamedTensors ChainedOptimizer::state_dict() const {

@@ -16,9 +16,17 @@
 // and dtype against it; on any problem it drops that created state again and throws
 // std::invalid_argument listing all problems. Every optimizer.state key of every trainable
 // parameter must be present; any other key is an error.
+//
+// Param-group hyper-parameters (RFC: restored from a checkpoint, as torch.optim's
+// load_state_dict restores param_groups): param_groups_state() / load_param_groups_state(),
+// one JSON object per (leaf, group), in leaf order then group order:
+//   {"optimizer": "adamw" | "muon", "group": g, "params": [model fqns, group order],
+//    "base_lr": the lr the LR schedule multiplies, + the leaf's group_hyperparameters(g)}.
 #pragma once
 
 #include <torch/optim/optimizer.h>
+
+#include <nlohmann/json.hpp>
 
 #include <memory>
 #include <string>
@@ -99,6 +107,19 @@ class ChainedOptimizer : public TrainingOptimizer {
   NamedTensors state_dict() const override;
   void load_state_dict(const NamedTensors& state) override;
 
+  // The hyper-parameters of every param group (see the top of this file), for checkpoints.
+  nlohmann::json param_groups_state() const;
+  // Restores them: `groups` must hold exactly one object per current (leaf, group), in the
+  // same order, with the same optimizer kind, group index and params list, a base_lr >= 0 and
+  // every hyper-parameter of the leaf (right JSON type, valid value, nothing else). Checks
+  // everything first and modifies nothing on error (std::invalid_argument listing every
+  // problem, each naming the group, e.g. "muon group 0", and the field). Then sets every
+  // group's hyper-parameters and base lr; each group's lr becomes base_lr * the factor last
+  // given to set_lr_factor (1 before any). Returns one line per value that differs from the
+  // one the optimizer had (its config), for the caller to log as a warning:
+  //   "adamw group 0 weight_decay: checkpoint 0.01, config 0.1".
+  std::vector<std::string> load_param_groups_state(const nlohmann::json& groups);
+
   // main_grad of `name` if it was created since the last zero_grad, else undefined.
   at::Tensor main_grad_if_defined(const std::string& name) const;
   // Imports already checked optimizer.state.* entries into the leaves (copies).
@@ -114,7 +135,11 @@ class ChainedOptimizer : public TrainingOptimizer {
   const Entry& entry(const std::string& name) const;
 
   std::vector<std::unique_ptr<LeafOptimizer>> leaves_;
-  std::vector<std::vector<double>> base_lrs_;  // [leaf][group]: lr as built
+  // Throws std::logic_error when a leaf gained param groups after add_leaf.
+  void check_group_counts() const;
+
+  std::vector<std::vector<double>> base_lrs_;  // [leaf][group]: lr as built (or as loaded)
+  double lr_factor_ = 1.0;                     // the last set_lr_factor
   std::vector<std::string> names_;
   std::unordered_map<std::string, Entry> entries_;
   std::unordered_map<const void*, std::string> optimizer_param_names_;  // by TensorImpl

@@ -2,6 +2,7 @@
 
 #include <c10/util/string_utils.h>
 
+#include <cstdint>
 #include <stdexcept>
 
 namespace mixtrain {
@@ -43,6 +44,69 @@ void LeafOptimizer::set_copy_back(const at::Tensor& param, const at::Tensor& mod
 at::Tensor LeafOptimizer::copy_back_target(const at::Tensor& param) const {
   auto it = copy_back_.find(param.unsafeGetTensorImpl());
   return it == copy_back_.end() ? at::Tensor() : it->second;
+}
+
+std::string hyperparameter_type_error(const std::string& name, const std::string& what,
+                                      const nlohmann::json& value) {
+  return "field '" + name + "' must be " + what + ", got " + value.type_name();
+}
+
+HyperparameterReader::HyperparameterReader(const nlohmann::json& values) : values_(values) {
+  if (!values.is_object()) {
+    throw std::invalid_argument(std::string("hyper-parameters must be a JSON object, got ") +
+                                values.type_name());
+  }
+}
+
+const nlohmann::json& HyperparameterReader::field(const std::string& name) {
+  auto it = values_.find(name);
+  if (it == values_.end()) throw std::invalid_argument("missing field '" + name + "'");
+  read_.insert(name);
+  return *it;
+}
+
+double HyperparameterReader::number(const std::string& name) {
+  const nlohmann::json& value = field(name);
+  if (!value.is_number()) {
+    throw std::invalid_argument(hyperparameter_type_error(name, "a number", value));
+  }
+  return value.get<double>();
+}
+
+int64_t HyperparameterReader::integer(const std::string& name) {
+  const nlohmann::json& value = field(name);
+  if (value.is_number_unsigned()) {
+    if (value.get<uint64_t>() > static_cast<uint64_t>(INT64_MAX)) {
+      throw std::invalid_argument("field '" + name + "' is out of range: " + value.dump());
+    }
+    return static_cast<int64_t>(value.get<uint64_t>());
+  }
+  if (!value.is_number_integer()) {
+    throw std::invalid_argument(hyperparameter_type_error(name, "an integer", value));
+  }
+  return value.get<int64_t>();
+}
+
+bool HyperparameterReader::boolean(const std::string& name) {
+  const nlohmann::json& value = field(name);
+  if (!value.is_boolean()) {
+    throw std::invalid_argument(hyperparameter_type_error(name, "a boolean", value));
+  }
+  return value.get<bool>();
+}
+
+std::string HyperparameterReader::string(const std::string& name) {
+  const nlohmann::json& value = field(name);
+  if (!value.is_string()) {
+    throw std::invalid_argument(hyperparameter_type_error(name, "a string", value));
+  }
+  return value.get<std::string>();
+}
+
+void HyperparameterReader::finish() const {
+  for (auto it = values_.begin(); it != values_.end(); ++it) {
+    if (!read_.count(it.key())) throw std::invalid_argument("unexpected field '" + it.key() + "'");
+  }
 }
 
 }  // namespace mixtrain

@@ -13,10 +13,19 @@
 //
 // State is exported and imported per parameter as named tensors ("exp_avg", "exp_avg_sq",
 // "momentum_buffer", "step"), so the owner can key it by the model parameter's name.
+//
+// Param-group hyper-parameters (everything but lr, which the owner keeps as base lr * LR
+// schedule factor) are exported and imported as one JSON object per group, under the config's
+// names, for checkpoints (as torch.optim.Optimizer.load_state_dict restores param_groups).
 #pragma once
 
 #include <torch/optim/optimizer.h>
 
+#include <nlohmann/json.hpp>
+
+#include <cstddef>
+#include <cstdint>
+#include <set>
 #include <string>
 #include <unordered_map>
 #include <utility>
@@ -46,6 +55,14 @@ class LeafOptimizer : public torch::optim::Optimizer {
   // Learning rate of every group (the LR schedule sets base_lr * factor each step).
   virtual void set_lr(double lr) = 0;
 
+  // The hyper-parameters of param group `group` except lr, as a JSON object (field names as
+  // the leaf documents them). Throws std::out_of_range for a group that does not exist.
+  virtual nlohmann::json group_hyperparameters(size_t group) const = 0;
+  // Sets them from an object with exactly the fields group_hyperparameters gives. Checks every
+  // field (present, right JSON type, valid value; no other field) first and throws
+  // std::invalid_argument naming the field, changing nothing; lr is left as it is.
+  virtual void set_group_hyperparameters(size_t group, const nlohmann::json& values) = 0;
+
  protected:
   static std::string state_key(const at::Tensor& param);
   // Undefined tensor when `param` has no copy-back target.
@@ -54,5 +71,30 @@ class LeafOptimizer : public torch::optim::Optimizer {
  private:
   std::unordered_map<const void*, at::Tensor> copy_back_;  // keyed by TensorImpl
 };
+
+// Reads the fields of a set_group_hyperparameters object, each throwing
+// std::invalid_argument naming the field when it is missing or of another JSON type:
+// "missing field 'eps'", "field 'eps' must be a number, got string". finish() throws for a
+// field nothing read ("unexpected field 'lr'").
+class HyperparameterReader {
+ public:
+  explicit HyperparameterReader(const nlohmann::json& values);  // throws unless an object
+
+  double number(const std::string& name);    // any JSON number
+  int64_t integer(const std::string& name);  // an integer JSON number (5, not 5.0)
+  bool boolean(const std::string& name);
+  std::string string(const std::string& name);
+  // A field of any type, for the caller to check.
+  const nlohmann::json& field(const std::string& name);
+  void finish() const;
+
+ private:
+  const nlohmann::json& values_;
+  std::set<std::string> read_;
+};
+
+// "field 'name' must be <what>, got <JSON type name>", for reader users that check further.
+std::string hyperparameter_type_error(const std::string& name, const std::string& what,
+                                      const nlohmann::json& value);
 
 }  // namespace mixtrain

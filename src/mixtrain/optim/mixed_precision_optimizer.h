@@ -59,13 +59,13 @@ class MixedPrecisionOptimizer : public TrainingOptimizer {
     return fp32_from_fp32_groups_;
   }
   // Null unless the model has float16 params. Mutable for checkpoint restore.
-  DynamicLossScaler* loss_scaler() { return scaler_.get(); }
+  DynamicLossScaler* loss_scaler() override { return scaler_.get(); }
   const DynamicLossScaler* loss_scaler() const { return scaler_.get(); }
 
   // RFC 8.3: main <- model for every low-precision param. Only for restore paths that have
   // no main params (model-only restore, plain optimizer checkpoints): it loses the mantissa
   // bits the low-precision model cannot hold.
-  void reload_model_params();
+  void reload_model_params() override;
 
   // TrainingOptimizer
   at::Tensor& main_grad(const std::string& name) override;

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <optional>
 #include <set>
 #include <stdexcept>
 #include <utility>
@@ -350,6 +351,78 @@ void Muon::import_state(const at::Tensor& param, const NamedTensorList& state) {
 
 void Muon::set_lr(double lr) {
   for (auto& group : param_groups_) group.options().set_lr(lr);
+}
+
+nlohmann::json Muon::group_hyperparameters(size_t group) const {
+  const auto& options = static_cast<const MuonOptions&>(param_groups_.at(group).options());
+  nlohmann::json coefficients = nlohmann::json::array();
+  for (const auto& [a, b, c] : options.ns_coefficients()) coefficients.push_back({a, b, c});
+  return {{"weight_decay", options.weight_decay()},
+          {"momentum", options.momentum()},
+          {"nesterov", options.nesterov()},
+          {"ns_steps", options.ns_steps()},
+          {"ns_variant", options.ns_variant()},
+          {"ns_coefficients", std::move(coefficients)},
+          {"ns_epsilon", options.ns_epsilon()},
+          {"ns_dtype", dtype_name(options.ns_dtype())},
+          {"matched_adamw_rms", options.matched_adamw_rms()},
+          {"adjust_lr_fn", adjust_lr_fn_name(options.adjust_lr_fn())},
+          {"momentum_style", momentum_style_name(options.momentum_style())},
+          {"communication_dtype", dtype_name(options.communication_dtype())}};
+}
+
+void Muon::set_group_hyperparameters(size_t group, const nlohmann::json& values) {
+  auto& options = static_cast<MuonOptions&>(param_groups_.at(group).options());
+  HyperparameterReader reader(values);
+  MuonOptions candidate = options;  // keeps lr
+  candidate.weight_decay(reader.number("weight_decay"))
+      .momentum(reader.number("momentum"))
+      .nesterov(reader.boolean("nesterov"))
+      .ns_steps(reader.integer("ns_steps"))
+      .ns_variant(reader.string("ns_variant"))
+      .ns_epsilon(reader.number("ns_epsilon"))
+      .matched_adamw_rms(reader.number("matched_adamw_rms"));
+
+  const nlohmann::json& coefficients = reader.field("ns_coefficients");
+  const char* const triples = "an array of [a, b, c] number triples";
+  if (!coefficients.is_array()) {
+    throw std::invalid_argument(
+        hyperparameter_type_error("ns_coefficients", triples, coefficients));
+  }
+  std::vector<NsCoefficients> parsed;
+  for (const auto& triple : coefficients) {
+    if (!triple.is_array() || triple.size() != 3 ||
+        !std::all_of(triple.begin(), triple.end(), [](const auto& x) { return x.is_number(); })) {
+      throw std::invalid_argument("field 'ns_coefficients' must be " + std::string(triples) +
+                                  ", got the element " + triple.dump());
+    }
+    parsed.push_back({triple[0].get<double>(), triple[1].get<double>(), triple[2].get<double>()});
+  }
+  candidate.ns_coefficients(std::move(parsed));
+
+  // The config's spellings; float64 as well, which MuonOptions accepts for ns_dtype.
+  const std::string ns_dtype = reader.string("ns_dtype");
+  const auto parsed_ns_dtype =
+      ns_dtype == "float64" ? std::optional(at::kDouble) : parse_float_dtype(ns_dtype);
+  if (!parsed_ns_dtype) {
+    throw std::invalid_argument("field 'ns_dtype': unknown dtype '" + ns_dtype +
+                                "' (expected bfloat16 or float32)");
+  }
+  candidate.ns_dtype(*parsed_ns_dtype)
+      .adjust_lr_fn(parse_adjust_lr_fn(reader.string("adjust_lr_fn")))
+      .momentum_style(parse_momentum_style(reader.string("momentum_style")))
+      .communication_dtype(parse_muon_communication_dtype(reader.string("communication_dtype")));
+  reader.finish();
+  try {
+    candidate.validate();
+  } catch (const std::invalid_argument& error) {
+    // Drop validate()'s "Muon: " (the caller names the leaf and group).
+    const std::string message = error.what();
+    const std::string prefix = "Muon: ";
+    throw std::invalid_argument(
+        message.compare(0, prefix.size(), prefix) == 0 ? message.substr(prefix.size()) : message);
+  }
+  options = candidate;
 }
 
 }  // namespace mixtrain

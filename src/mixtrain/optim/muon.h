@@ -112,6 +112,13 @@ class Muon : public LeafOptimizer {
   void set_lr(double lr) override;
   void reset_parameter_caches() override;
 
+  // {"weight_decay", "momentum", "nesterov", "ns_steps", "ns_variant", "ns_coefficients"
+  // ([[a, b, c], ...]), "ns_epsilon", "ns_dtype", "matched_adamw_rms", "adjust_lr_fn",
+  // "momentum_style", "communication_dtype"}: MuonConfig's names and spellings (dtypes as
+  // "bfloat16"/"float32"). set_group_hyperparameters checks the result with validate().
+  nlohmann::json group_hyperparameters(size_t group) const override;
+  void set_group_hyperparameters(size_t group, const nlohmann::json& values) override;
+
   // The cached same-shape batches of one group, in first-appearance order (for logs and
   // tests): each is one newton_schulz call per step over all of its matrices.
   struct BatchInfo {

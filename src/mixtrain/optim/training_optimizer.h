@@ -22,6 +22,7 @@
 namespace mixtrain {
 
 class ChainedOptimizer;
+class DynamicLossScaler;
 
 inline constexpr const char* kOptimizerStatePrefix = "optimizer.state.";
 inline constexpr const char* kMainParamPrefix =
@@ -61,6 +62,11 @@ class TrainingOptimizer {
   // layouts use it to tell distributed Muon how each parameter is held.
   virtual ChainedOptimizer& chained() = 0;
   virtual int64_t skipped_steps() const { return 0; }
+  // The float16 dynamic loss scaler (null without float16 params), for checkpoints.
+  virtual DynamicLossScaler* loss_scaler() { return nullptr; }
+  // RFC 8.3, for the restore paths without main params: main <- model for every
+  // low-precision param (no-op where every param is its own main param).
+  virtual void reload_model_params() {}
 
   // Checkpoint view, keys as above. Tensors alias the live state (clone to snapshot).
   virtual NamedTensors state_dict() const = 0;

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <system_error>
 
 #include <nlohmann/json.hpp>
@@ -37,7 +38,7 @@ std::string metrics_json_line(const StepMetrics& m) {
   return j.dump();
 }
 
-MetricsWriter::MetricsWriter(const std::string& run_dir) {
+MetricsWriter::MetricsWriter(const std::string& run_dir, int64_t resumed_step) {
   std::filesystem::path dir =
       run_dir.empty() ? std::filesystem::path(".") : std::filesystem::path(run_dir);
   path_ = (dir / "metrics.jsonl").string();
@@ -46,8 +47,25 @@ MetricsWriter::MetricsWriter(const std::string& run_dir) {
   if (ec) {
     throw UserError("cannot create run directory " + dir.string() + ": " + ec.message());
   }
+  // Lines of the steps before a resume point: kept (lines that do not parse are dropped).
+  std::string kept;
+  if (resumed_step > 0) {
+    std::ifstream earlier(path_);
+    std::string line;
+    while (std::getline(earlier, line)) {
+      const nlohmann::json row = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+      if (row.is_object() && row.contains("step") && row["step"].is_number_integer() &&
+          row["step"].get<int64_t>() <= resumed_step)
+        kept += line + "\n";
+    }
+  }
   // "w" truncates: metrics of an earlier run in the same directory must not mix with ours.
   file_.reset(std::fopen(path_.c_str(), "w"));
+  if (file_ && !kept.empty() &&
+      (std::fwrite(kept.data(), 1, kept.size(), file_.get()) != kept.size() ||
+       std::fflush(file_.get()) != 0)) {
+    throw UserError("cannot write metrics file " + path_ + ": " + std::strerror(errno));
+  }
   if (!file_) {
     throw UserError("cannot open metrics file " + path_ + ": " + std::strerror(errno));
   }

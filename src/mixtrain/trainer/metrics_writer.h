@@ -5,7 +5,9 @@
 // norm) is written as null so every line stays valid JSON. Each line is flushed to the kernel
 // before write() returns, so a Ctrl-C or a crash of the process loses nothing already written (a
 // power loss may; we do not fsync per step). Opening creates run_dir and its parents and truncates
-// an existing metrics.jsonl: a new run starts a new file. Any failure to create, open or write
+// an existing metrics.jsonl: a new run starts a new file. A run resumed from a checkpoint of step
+// S (resumed_step = S > 0) keeps the existing file's lines of steps <= S instead, so the file
+// reads as one run again. Any failure to create, open or write
 // throws UserError naming the path. Only rank 0 is meant to construct one.
 #pragma once
 
@@ -30,7 +32,7 @@ struct StepMetrics {
 
 class MetricsWriter {
  public:
-  explicit MetricsWriter(const std::string& run_dir);
+  explicit MetricsWriter(const std::string& run_dir, int64_t resumed_step = 0);
 
   // Appends one line and flushes it; throws UserError if the line cannot be written.
   void write(const StepMetrics& metrics);

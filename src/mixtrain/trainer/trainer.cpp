@@ -31,6 +31,7 @@
 #include "mixtrain/optim/lr_schedule.h"
 #include "mixtrain/optim/param_groups.h"
 #include "mixtrain/optim/training_optimizer.h"
+#include "mixtrain/trainer/checkpointing.h"
 #include "mixtrain/trainer/interrupt.h"
 #include "mixtrain/trainer/loss_plot.h"
 #include "mixtrain/trainer/metrics_writer.h"
@@ -54,8 +55,6 @@ void refuse_unsupported(const TrainerConfig& config, c10::ScalarType model_dtype
   if (model_dtype == c10::kHalf && !config.optimizer.fp32_main_params)
     refuse("optimizer.fp32_main_params",
            "float16 models need fp32 main params and loss scaling; set it to true");
-  if (!config.checkpoint.dir.empty() || !config.checkpoint.restore_from.empty())
-    refuse("checkpoint", "checkpointing is not available yet");
   if (config.optimizer.swap_optimizer)
     refuse("optimizer.swap_optimizer", "the swap optimizer is not available yet");
 }
@@ -104,7 +103,6 @@ StepLoss accumulate_gradients(CausalLM& model, TokenDataset& data, const Trainer
 
 }  // namespace
 
-// The process groups of this run: one process unless a launcher set the rank variables.
 DeviceMesh join_mesh(const TrainerConfig& config) {
   RankInfo rank = detect_rank_info();
   if (rank.world_size == 1 && config.parallel.dp_shard * config.parallel.dp_replicate == 1) {
@@ -114,9 +112,111 @@ DeviceMesh join_mesh(const TrainerConfig& config) {
   return make_device_mesh(rank, config.parallel, config.distributed.timeout_s);
 }
 
+Trainer::Trainer(const ResolvedConfig& resolved, const DeviceMesh& mesh, const std::string& run_dir)
+    : resolved_(resolved), mesh_(mesh), run_dir_(run_dir) {
+  const TrainerConfig& config = resolved_.config;
+  const c10::ScalarType model_dtype = model_dtype_of(config);
+  refuse_unsupported(config, model_dtype);
+  const bool is_rank0 = mesh_.rank == 0;
+
+  // RFC 6.1 build order: model, then model_init_dtype, then sharding, then the optimizer.
+  model_ = build_model(config.model, config.train.seed);
+  apply_model_init_dtype(*model_, model_dtype);
+  if (is_rank0) log_info(format_model_config_block(config.model));
+  // With parallel.ep > 1, shard_model splits the routed experts over the ep group (and the
+  // model exchanges tokens with all_to_all); the rest stays FSDP / DDP.
+  // The FSDP path also serves one process whose compute dtype differs from the stored one: it
+  // casts each parameter to param_dtype in forward and delivers float32 main_grads in backward.
+  if (mesh_.world_size > 1 || parse_float_dtype(config.mix_precision.param_dtype) != model_dtype) {
+    FsdpOptions fsdp;
+    fsdp.mix_precision = config.mix_precision;
+    fsdp.fp32_main_params = config.optimizer.fp32_main_params;
+    fsdp.reshard_after_forward = config.fsdp.reshard_after_forward;
+    sharded_ = shard_model(*model_, mesh_, fsdp);
+  }
+  optimizer_ = build_optimizer(named_parameters_of(*model_), config);
+  if (sharded_) {
+    if (config.optimizer.fp32_main_params) sharded_->set_main_grads(optimizer_.get());
+    set_muon_sharding(optimizer_->chained(), sharded_->muon_sharding());
+  }
+  if (is_rank0) {
+    log_info(format_effective_adamw_block(resolved_));
+    log_info(format_effective_muon_block(resolved_));
+  }
+
+  // Data-parallel rank r reads windows r, r+n, ...: together the ranks read the global batch.
+  data_ = make_dataset(config.data, config.model.vocab_size, config.train.seed, mesh_.rank,
+                       mesh_.world_size);
+  if (is_rank0) log_info("data: " + data_->describe());
+  accumulation_steps_ =
+      config.data.global_batch_size / (config.data.micro_batch_size * mesh_.world_size);
+  schedule_ = std::make_unique<LrSchedule>(config.train.lr_scheduler, config.train.steps);
+
+  if (!config.checkpoint.restore_from.empty()) {
+    CheckpointParts parts{*model_, sharded_.get(), *optimizer_, *data_, resolved_, mesh_};
+    completed_steps_ = restore_checkpoint(parts, config.checkpoint.restore_from,
+                                          config.checkpoint.restore_optimizer);
+  }
+}
+
+Trainer::~Trainer() = default;
+
+std::string Trainer::checkpoint_dir() const {
+  const std::string& dir = resolved_.config.checkpoint.dir;
+  return dir.empty() ? (std::filesystem::path(run_dir_) / "checkpoints").string() : dir;
+}
+
+StepResult Trainer::compute_gradients() {
+  const TrainerConfig& config = resolved_.config;
+  StepResult result;
+  result.step = completed_steps_ + 1;
+  const double lr_factor = schedule_->factor(result.step);
+  optimizer_->set_lr_factor(lr_factor);
+  result.lr = config.optimizer.adamw.lr * lr_factor;
+
+  StepLoss loss = accumulate_gradients(*model_, *data_, config, accumulation_steps_, *optimizer_);
+  optimizer_->prepare_grads();
+  // Expert parallelism: expert slices are disjoint over ep, not over dp_shard.
+  result.grad_norm = mesh_.ep > 1 ? clip_expert_parallel_grad_norm(
+                                        optimizer_->chained(), config.train.max_grad_norm, mesh_)
+                                  : clip_data_parallel_grad_norm(optimizer_->grads_for_clipping(),
+                                                                 config.train.max_grad_norm, mesh_);
+  result.loss = average_over_data_parallel(loss.loss, mesh_);
+  result.aux_loss = average_over_data_parallel(loss.aux_loss, mesh_);
+  pending_ = result;
+  return result;
+}
+
+void Trainer::apply_update() {
+  optimizer_->step_with_ready_grads();
+  optimizer_->zero_grad();
+  completed_steps_ = pending_.step;
+}
+
+StepResult Trainer::step() {
+  StepResult result = compute_gradients();
+  apply_update();
+  return result;
+}
+
+void Trainer::save_checkpoint() {
+  const CheckpointConfig& config = resolved_.config.checkpoint;
+  if (!saver_) {
+    saver_ = std::make_unique<CheckpointSaver>(checkpoint_dir(), config.keep_last, config.async,
+                                               config.async ? mesh_.background : mesh_.world);
+  }
+  CheckpointParts parts{*model_, sharded_.get(), *optimizer_, *data_, resolved_, mesh_};
+  saver_->save(make_save_request(parts, completed_steps_));
+}
+
+void Trainer::wait_for_checkpoint() {
+  if (saver_) saver_->wait();
+}
+
 // Every rank stops at the same step boundary: a Ctrl-C seen by any rank stops all of them
 // (otherwise the others would block in the next collective until the timeout).
-bool any_rank_interrupted(const DeviceMesh& mesh) {
+static bool any_rank_interrupted(const DeviceMesh& mesh) {
+  if (mesh.world_size == 1) return interrupt_requested();
   at::Tensor flag = at::full({1}, interrupt_requested() ? 1 : 0, at::kLong);
   mesh.world->all_reduce_sum(flag);
   return flag.item<int64_t>() > 0;
@@ -124,8 +224,7 @@ bool any_rank_interrupted(const DeviceMesh& mesh) {
 
 TrainSummary run_training(const ResolvedConfig& resolved, const TrainOptions& options) {
   const TrainerConfig& config = resolved.config;
-  const c10::ScalarType model_dtype = model_dtype_of(config);
-  refuse_unsupported(config, model_dtype);
+  refuse_unsupported(config, model_dtype_of(config));
   install_interrupt_handler();
   DeviceMesh mesh = join_mesh(config);
   const bool is_rank0 = mesh.rank == 0;
@@ -135,86 +234,50 @@ TrainSummary run_training(const ResolvedConfig& resolved, const TrainOptions& op
     warn_if_reference_blas();
     log_info(format_trainer_config_block(resolved));
   }
-
-  // RFC 6.1 build order: model, then model_init_dtype, then sharding, then the optimizer.
-  std::shared_ptr<CausalLM> model = build_model(config.model, config.train.seed);
-  apply_model_init_dtype(*model, model_dtype);
-  if (is_rank0) log_info(format_model_config_block(config.model));
-  // With parallel.ep > 1, shard_model splits the routed experts over the ep group (and the
-  // model exchanges tokens with all_to_all); the rest stays FSDP / DDP.
-  // The FSDP path also serves one process whose compute dtype differs from the stored one: it
-  // casts each parameter to param_dtype in forward and delivers float32 main_grads in backward.
-  std::shared_ptr<FullyShardedModel> sharded;
-  if (mesh.world_size > 1 || parse_float_dtype(config.mix_precision.param_dtype) != model_dtype) {
-    FsdpOptions fsdp;
-    fsdp.mix_precision = config.mix_precision;
-    fsdp.fp32_main_params = config.optimizer.fp32_main_params;
-    fsdp.reshard_after_forward = config.fsdp.reshard_after_forward;
-    sharded = shard_model(*model, mesh, fsdp);
-  }
-  std::unique_ptr<TrainingOptimizer> optimizer =
-      build_optimizer(named_parameters_of(*model), config);
-  if (sharded) {
-    if (config.optimizer.fp32_main_params) sharded->set_main_grads(optimizer.get());
-    set_muon_sharding(optimizer->chained(), sharded->muon_sharding());
-  }
-  if (is_rank0) {
-    log_info(format_effective_adamw_block(resolved));
-    log_info(format_effective_muon_block(resolved));
-  }
-
-  // Data-parallel rank r reads windows r, r+n, ...: together the ranks read the global batch.
-  std::unique_ptr<TokenDataset> data = make_dataset(config.data, config.model.vocab_size,
-                                                    config.train.seed, mesh.rank, mesh.world_size);
-  if (is_rank0) log_info("data: " + data->describe());
-  const int64_t accumulation_steps =
-      config.data.global_batch_size / (config.data.micro_batch_size * mesh.world_size);
-  const double tokens_per_step =
-      static_cast<double>(config.data.global_batch_size) * config.data.seq_len;
-  LrSchedule schedule(config.train.lr_scheduler, config.train.steps);
+  Trainer trainer(resolved, mesh, options.run_dir);
+  const CheckpointConfig& checkpoint = config.checkpoint;
+  auto save_due = [&](int64_t step) {
+    return checkpoint.interval > 0 &&
+           (step % checkpoint.interval == 0 || step == config.train.steps);
+  };
 
   // Only rank 0 shows progress and writes metrics and the loss picture.
   TrainSummary summary;
   std::unique_ptr<MetricsWriter> metrics;
   std::unique_ptr<ProgressBar> progress;
   if (is_rank0) {
-    metrics = std::make_unique<MetricsWriter>(options.run_dir);
+    metrics = std::make_unique<MetricsWriter>(options.run_dir, trainer.completed_steps());
     summary.metrics_path = metrics->path();
     summary.plot_path = (std::filesystem::path(options.run_dir) / "loss.svg").string();
     progress = std::make_unique<ProgressBar>(config.train.steps, config.train.log_every,
                                              options.is_terminal);
   }
   std::vector<std::pair<int64_t, double>> loss_curve;
+  const double tokens_per_step =
+      static_cast<double>(config.data.global_batch_size) * config.data.seq_len;
 
   const auto start = Clock::now();
-  for (int64_t step = 1; step <= config.train.steps; ++step) {
-    if (mesh.world_size > 1 ? any_rank_interrupted(mesh) : interrupt_requested()) {
+  const int64_t first_step = trainer.completed_steps() + 1;
+  if (is_rank0 && first_step > config.train.steps) {
+    log_info("nothing to train: the checkpoint has " + std::to_string(trainer.completed_steps()) +
+             " steps and train.steps is " + std::to_string(config.train.steps));
+  }
+  for (int64_t step = first_step; step <= config.train.steps; ++step) {
+    if (any_rank_interrupted(mesh)) {
       summary.interrupted = true;
       break;
     }
     const auto step_start = Clock::now();
-    const double lr_factor = schedule.factor(step);
-    optimizer->set_lr_factor(lr_factor);
-
-    StepLoss loss = accumulate_gradients(*model, *data, config, accumulation_steps, *optimizer);
-    optimizer->prepare_grads();
-    // Expert parallelism: expert slices are disjoint over ep, not over dp_shard.
-    const double grad_norm =
-        mesh.ep > 1
-            ? clip_expert_parallel_grad_norm(optimizer->chained(), config.train.max_grad_norm, mesh)
-            : clip_data_parallel_grad_norm(optimizer->grads_for_clipping(),
-                                           config.train.max_grad_norm, mesh);
-    optimizer->step_with_ready_grads();
-    optimizer->zero_grad();
+    const StepResult result = trainer.step();
 
     StepMetrics row;
     row.step = step;
-    row.loss = average_over_data_parallel(loss.loss, mesh);
-    row.aux_loss = average_over_data_parallel(loss.aux_loss, mesh);
-    row.grad_norm = grad_norm;
-    row.lr = config.optimizer.adamw.lr * lr_factor;
-    row.loss_scale = optimizer->loss_scale();
-    row.skipped_steps = optimizer->skipped_steps();
+    row.loss = result.loss;
+    row.aux_loss = result.aux_loss;
+    row.grad_norm = result.grad_norm;
+    row.lr = result.lr;
+    row.loss_scale = trainer.optimizer().loss_scale();
+    row.skipped_steps = trainer.optimizer().skipped_steps();
     const auto now = Clock::now();
     row.tokens_per_s = tokens_per_step / std::chrono::duration<double>(now - step_start).count();
     row.elapsed_s = std::chrono::duration<double>(now - start).count();
@@ -223,10 +286,12 @@ TrainSummary run_training(const ResolvedConfig& resolved, const TrainOptions& op
       progress->update(step, row.loss, row.tokens_per_s, row.elapsed_s);
     }
     loss_curve.emplace_back(step, row.loss);
-    if (step == 1) summary.first_loss = row.loss;
+    if (step == first_step) summary.first_loss = row.loss;
     summary.last_loss = row.loss;
     summary.steps_completed = step;
+    if (save_due(step)) trainer.save_checkpoint();
   }
+  trainer.wait_for_checkpoint();  // an async save finishes (or reports its error) before exit
   if (is_rank0) {
     progress->finish();
     write_loss_svg(summary.plot_path, loss_curve, "mixtrain loss: " + config.source_file);

@@ -1,18 +1,85 @@
-// The single-process training loop (issue 2): build order of the RFC's section 6.1 (model,
-// then model_init_dtype, then optimizer), then per step: micro-batches with gradient
-// accumulation, cross-entropy + router aux loss, global grad-norm clipping, scheduled LR,
-// optimizer step, metrics.
+// The training loop (DESIGN §3, fp32-main-params RFC 6.1-6.2).
 //
-// Outputs under run_dir: metrics.jsonl (one JSON object per step, flushed per line) and
-// loss.svg (written at the end, also after Ctrl-C).
+// Trainer builds, in the RFC's order: model, model_init_dtype, sharding (FSDP/HSDP/DDP/EP when
+// the mesh has several ranks, or when the compute dtype differs from the stored one), the
+// optimizer stack, the data stream, and then, with checkpoint.restore_from, restores the
+// checkpoint (model, then model_init_dtype, then optimizer; trainer/checkpointing.h). One
+// step() = micro-batches with gradient accumulation (cross-entropy + router aux loss),
+// prepare_grads, global grad-norm clipping, the scheduled LR, the optimizer step, zero_grad.
+// Tests drive the two halves separately (compute_gradients, apply_update) to look at the
+// gradients in between.
+//
+// run_training() is `mixtrain train`: joins the ranks, runs Trainer::step() to train.steps,
+// saves checkpoints every checkpoint.interval steps and at the last step, and writes (rank 0)
+// <run_dir>/metrics.jsonl (one JSON object per step, flushed per line) and loss.svg (at the
+// end, also after Ctrl-C).
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 
 #include "mixtrain/config/load.h"
+#include "mixtrain/distributed/device_mesh.h"
 
 namespace mixtrain {
+
+class CausalLM;
+class FullyShardedModel;
+class TrainingOptimizer;
+class TokenDataset;
+class LrSchedule;
+class CheckpointSaver;
+
+struct StepResult {
+  int64_t step = 0;        // the step just computed (1-based)
+  double loss = 0.0;       // mean over micro-batches and data-parallel ranks
+  double aux_loss = 0.0;   // likewise
+  double grad_norm = 0.0;  // global L2 norm before clipping
+  double lr = 0.0;         // AdamW base lr x schedule factor
+};
+
+class Trainer {
+ public:
+  // `run_dir` anchors the default checkpoint.dir (<run_dir>/checkpoints).
+  Trainer(const ResolvedConfig& resolved, const DeviceMesh& mesh, const std::string& run_dir);
+  ~Trainer();
+
+  // compute_gradients() then apply_update().
+  StepResult step();
+  // Forward/backward over the step's micro-batches, prepare_grads, clipping. Collective.
+  StepResult compute_gradients();
+  void apply_update();
+
+  // Steps completed (restored ones included).
+  int64_t completed_steps() const { return completed_steps_; }
+  // Saves a checkpoint of the current state as step completed_steps() (collective; async per
+  // checkpoint.async). wait_for_checkpoint() joins an async save and rethrows its error.
+  void save_checkpoint();
+  void wait_for_checkpoint();
+  std::string checkpoint_dir() const;
+
+  const ResolvedConfig& resolved() const { return resolved_; }
+  const DeviceMesh& mesh() const { return mesh_; }
+  CausalLM& model() { return *model_; }
+  FullyShardedModel* sharded() { return sharded_.get(); }  // null: whole parameters
+  TrainingOptimizer& optimizer() { return *optimizer_; }
+  TokenDataset& data() { return *data_; }
+
+ private:
+  ResolvedConfig resolved_;
+  DeviceMesh mesh_;
+  std::string run_dir_;
+  std::shared_ptr<CausalLM> model_;
+  std::shared_ptr<FullyShardedModel> sharded_;
+  std::unique_ptr<TrainingOptimizer> optimizer_;
+  std::unique_ptr<TokenDataset> data_;
+  std::unique_ptr<LrSchedule> schedule_;
+  std::unique_ptr<CheckpointSaver> saver_;
+  int64_t accumulation_steps_ = 1;
+  int64_t completed_steps_ = 0;
+  StepResult pending_;  // compute_gradients' result until apply_update
+};
 
 struct TrainOptions {
   std::string run_dir;
@@ -28,7 +95,9 @@ struct TrainSummary {
   std::string plot_path;
 };
 
-// Throws ConfigError for a configuration this build cannot train, before building anything.
+// The process groups of this run: one process unless a launcher set the rank variables.
+DeviceMesh join_mesh(const TrainerConfig& config);
+
 TrainSummary run_training(const ResolvedConfig& resolved, const TrainOptions& options);
 
 }  // namespace mixtrain

@@ -130,8 +130,9 @@ TEST(TomlFrontEndTest, DefaultsFollowTorchtitan) {
   EXPECT_EQ(o.muon.ns_variant, "legacy");
   EXPECT_FALSE(o.swap_optimizer);
   EXPECT_EQ(o.swap_merge_buckets, 1);
-  EXPECT_EQ(t.config.checkpoint.dir, "");
-  EXPECT_EQ(t.config.checkpoint.interval, 500);
+  // enable = false (torchtitan's default): the folder is still known, but nothing is saved.
+  EXPECT_EQ(t.config.checkpoint.dir, "./outputs/checkpoint");
+  EXPECT_EQ(t.config.checkpoint.interval, 0);
   EXPECT_EQ(t.config.checkpoint.keep_last, 10);
   EXPECT_FALSE(t.config.checkpoint.restore_optimizer);
   EXPECT_FALSE(t.config.model_init_dtype.has_value());

@@ -15,6 +15,8 @@
 #include <iostream>
 #include <limits>
 #include <string>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include "mixtrain/core/cpu_capability.h"
@@ -449,6 +451,60 @@ TEST(AdamWOptions, SetLrChangesEveryGroup) {
   optimizer.step();
   EXPECT_NEAR(a.item<float>(), 1.0 - 0.25, float_tolerance(0.75));  // first step: lr * sign(g)
   EXPECT_NEAR(b.item<float>(), -1.0 + 0.25, float_tolerance(0.75));
+}
+
+TEST(AdamWOptions, GroupHyperparametersRoundTripAndAreCheckedBeforeTheyAreSet) {
+  at::Tensor a = make_param({1.0}), b = make_param({-1.0});
+  std::vector<OptimizerParamGroup> groups;
+  groups.emplace_back(std::vector<at::Tensor>{a},
+                      std::make_unique<AdamWOptions>(options(0.1, 0.01, 0.9, 0.95, 1e-6)));
+  groups.emplace_back(std::vector<at::Tensor>{b}, std::make_unique<AdamWOptions>(options(0.2, 0)));
+  AdamW optimizer(std::move(groups));
+  EXPECT_EQ(optimizer.group_hyperparameters(0),
+            nlohmann::json::parse(
+                R"({"betas": [0.9, 0.95], "eps": 1e-6, "weight_decay": 0.01, "amsgrad": false})"));
+  EXPECT_THROW(optimizer.group_hyperparameters(2), std::out_of_range);
+
+  const nlohmann::json values =
+      nlohmann::json::parse(R"({"betas": [0.5, 0.75], "eps": 1e-3, "weight_decay": 0.25,
+                                "amsgrad": false})");
+  optimizer.set_group_hyperparameters(1, values);
+  const auto& set = static_cast<const AdamWOptions&>(optimizer.param_groups()[1].options());
+  EXPECT_EQ(set.betas(), (std::tuple<double, double>{0.5, 0.75}));
+  EXPECT_EQ(set.eps(), 1e-3);
+  EXPECT_EQ(set.weight_decay(), 0.25);
+  EXPECT_EQ(set.lr(), 0.2);  // lr is not a hyper-parameter here
+  EXPECT_EQ(optimizer.group_hyperparameters(1), values);
+  EXPECT_EQ(optimizer.group_hyperparameters(0)["weight_decay"], 0.01);  // the other group stays
+
+  const std::vector<std::pair<std::string, std::string>> bad = {
+      {R"({"betas": [0.5, 0.75], "eps": 1e-3, "weight_decay": 0.25, "amsgrad": true})",
+       "amsgrad is not supported"},
+      {R"({"betas": [1.0, 0.75], "eps": 1e-3, "weight_decay": 0.25, "amsgrad": false})",
+       "invalid beta1"},
+      {R"({"betas": [0.5, "x"], "eps": 1e-3, "weight_decay": 0.25, "amsgrad": false})",
+       "field 'betas' must be an array of two numbers"},
+      {R"({"betas": [0.5, 0.75], "weight_decay": 0.25, "amsgrad": false})", "missing field 'eps'"},
+      {R"({"betas": [0.5, 0.75], "eps": "1e-3", "weight_decay": 0.25, "amsgrad": false})",
+       "field 'eps' must be a number, got string"},
+      {R"({"betas": [0.5, 0.75], "eps": 1e-3, "weight_decay": -0.25, "amsgrad": false})",
+       "invalid weight_decay"},
+      {R"({"betas": [0.5, 0.75], "eps": 1e-3, "weight_decay": 0.25, "amsgrad": 0})",
+       "field 'amsgrad' must be a boolean, got number"},
+      {R"({"betas": [0.5, 0.75], "eps": 1e-3, "weight_decay": 0.25, "amsgrad": false, "lr": 1})",
+       "unexpected field 'lr'"},
+      {R"([0.5, 0.75])", "must be a JSON object, got array"},
+  };
+  for (const auto& [text, expected] : bad) {
+    SCOPED_TRACE(text);
+    try {
+      optimizer.set_group_hyperparameters(1, nlohmann::json::parse(text));
+      ADD_FAILURE() << "expected std::invalid_argument";
+    } catch (const std::invalid_argument& error) {
+      EXPECT_NE(std::string(error.what()).find(expected), std::string::npos) << error.what();
+    }
+    EXPECT_EQ(optimizer.group_hyperparameters(1), values);
+  }
 }
 
 // ---- the unfused paths ----------------------------------------------------------------------

@@ -6,10 +6,14 @@
 #include <torch/arg.h>
 #include "support/test_sgd.h"
 
+#include <algorithm>
+#include <cstring>
+#include <functional>
 #include <map>
 #include <stdexcept>
 
 #include "mixtrain/optim/adamw.h"
+#include "mixtrain/optim/mixed_precision_optimizer.h"
 #include "mixtrain/optim/muon.h"
 
 namespace mixtrain {
@@ -332,6 +336,397 @@ TEST(ChainedOptimizer, RealAdamWAndMuonStateRoundTrip) {
   }
   EXPECT_TRUE(at::equal(w1, w2));
   EXPECT_TRUE(at::equal(b1, b2));
+}
+
+// ---- param-group hyper-parameters (param_groups_state / load_param_groups_state) ------------
+
+bool bitwise_equal(const at::Tensor& a, const at::Tensor& b) {
+  if (a.scalar_type() != b.scalar_type() || a.sizes() != b.sizes()) return false;
+  const at::Tensor ca = a.detach().contiguous(), cb = b.detach().contiguous();
+  return std::memcmp(ca.data_ptr(), cb.data_ptr(), ca.nbytes()) == 0;
+}
+
+// The hyper-parameters of one real chain: AdamW with a decay group (embed) and a no-decay
+// group (bias, norm), as build_optimizer splits them, and one Muon group (two matrices).
+struct Hyper {
+  double adamw_lr, adamw_no_decay_lr, beta1, beta2, eps, adamw_wd;
+  MuonOptions muon;
+};
+
+Hyper saved_hyper() {
+  return {1e-3,
+          5e-4,
+          0.9,
+          0.95,
+          1e-8,
+          0.1,
+          MuonOptions()
+              .lr(0.02)
+              .weight_decay(0.01)
+              .momentum(0.9)
+              .nesterov(true)
+              .ns_steps(3)
+              .ns_variant("custom")
+              .ns_coefficients({{3.4445, -4.775, 2.0315}, {3.0, -3.2, 1.2}, {2.0, -1.5, 0.5}})
+              .ns_epsilon(1e-6)
+              .ns_dtype(at::kFloat)
+              .matched_adamw_rms(0.18)
+              .adjust_lr_fn(AdjustLrFn::kOriginal)
+              .momentum_style(MomentumStyle::kEma)
+              .communication_dtype(at::kFloat)};
+}
+
+// Every value differs from saved_hyper() except the no-decay group's weight decay (0 in both).
+Hyper other_hyper() {
+  return {2e-3, 2e-3, 0.8, 0.99, 1e-6, 0.01, MuonOptions().lr(0.05).nesterov(false)};
+}
+
+struct RealChain {
+  at::Tensor embed = at::linspace(-1, 1, 8).reshape({4, 2}).requires_grad_(true);
+  at::Tensor bias = at::tensor({0.5f, -0.25f, 1.0f}).requires_grad_(true);
+  at::Tensor norm = at::tensor({1.0f, 0.75f}).requires_grad_(true);
+  at::Tensor w1 = at::arange(12, at::kFloat).reshape({3, 4}).div(10).requires_grad_(true);
+  at::Tensor w2 = at::cos(at::arange(12, at::kFloat)).reshape({3, 4}).requires_grad_(true);
+  ChainedOptimizer chain;
+
+  explicit RealChain(const Hyper& h) {
+    using torch::optim::AdamWOptions;
+    auto adamw = [&](double lr, double wd) {
+      return std::make_unique<AdamWOptions>(
+          AdamWOptions(lr).betas({h.beta1, h.beta2}).eps(h.eps).weight_decay(wd));
+    };
+    std::vector<torch::optim::OptimizerParamGroup> adamw_groups;
+    adamw_groups.emplace_back(std::vector<at::Tensor>{embed}, adamw(h.adamw_lr, h.adamw_wd));
+    adamw_groups.emplace_back(std::vector<at::Tensor>{bias, norm}, adamw(h.adamw_no_decay_lr, 0));
+    chain.add_leaf(std::make_unique<AdamW>(std::move(adamw_groups), *adamw(h.adamw_lr, h.adamw_wd)),
+                   {{"embed.weight", embed}, {"layers.0.bias", bias}, {"norm.weight", norm}});
+    std::vector<torch::optim::OptimizerParamGroup> muon_groups;
+    muon_groups.emplace_back(std::vector<at::Tensor>{w1, w2},
+                             std::make_unique<MuonOptions>(h.muon));
+    chain.add_leaf(std::make_unique<Muon>(std::move(muon_groups), h.muon),
+                   {{"layers.0.w", w1}, {"layers.1.w", w2}});
+  }
+  std::vector<at::Tensor> params() const { return {embed, bias, norm, w1, w2}; }
+  void set_grads(int k) {
+    for (size_t i = 0; i < params().size(); ++i) {
+      at::Tensor p = params()[i];
+      p.mutable_grad() =
+          at::sin(at::arange(p.numel(), at::kFloat) * 0.7 + static_cast<double>(k + i)).view_as(p);
+    }
+  }
+  void copy_params_from(const RealChain& other) {
+    at::NoGradGuard no_grad;
+    for (size_t i = 0; i < params().size(); ++i) params()[i].copy_(other.params()[i]);
+  }
+  std::vector<double> lrs() const {
+    std::vector<double> out;
+    for (const auto& leaf : chain.leaves()) {
+      for (const auto& group : leaf->param_groups()) out.push_back(group.options().get_lr());
+    }
+    return out;
+  }
+};
+
+void expect_same_options(const ChainedOptimizer& a, const ChainedOptimizer& b) {
+  ASSERT_EQ(a.leaves().size(), b.leaves().size());
+  for (size_t l = 0; l < a.leaves().size(); ++l) {
+    const auto& ga = a.leaves()[l]->param_groups();
+    const auto& gb = b.leaves()[l]->param_groups();
+    ASSERT_EQ(ga.size(), gb.size());
+    for (size_t g = 0; g < ga.size(); ++g) {
+      SCOPED_TRACE(a.leaves()[l]->kind() + " group " + std::to_string(g));
+      if (const auto* x = dynamic_cast<const torch::optim::AdamWOptions*>(&ga[g].options())) {
+        const auto& y = dynamic_cast<const torch::optim::AdamWOptions&>(gb[g].options());
+        EXPECT_EQ(x->lr(), y.lr());
+        EXPECT_EQ(x->betas(), y.betas());
+        EXPECT_EQ(x->eps(), y.eps());
+        EXPECT_EQ(x->weight_decay(), y.weight_decay());
+        EXPECT_EQ(x->amsgrad(), y.amsgrad());
+      } else {
+        const auto& m = dynamic_cast<const MuonOptions&>(ga[g].options());
+        const auto& n = dynamic_cast<const MuonOptions&>(gb[g].options());
+        EXPECT_EQ(m.lr(), n.lr());
+        EXPECT_EQ(m.weight_decay(), n.weight_decay());
+        EXPECT_EQ(m.momentum(), n.momentum());
+        EXPECT_EQ(m.nesterov(), n.nesterov());
+        EXPECT_EQ(m.ns_steps(), n.ns_steps());
+        EXPECT_EQ(m.ns_variant(), n.ns_variant());
+        EXPECT_EQ(m.ns_coefficients(), n.ns_coefficients());
+        EXPECT_EQ(m.ns_epsilon(), n.ns_epsilon());
+        EXPECT_EQ(m.ns_dtype(), n.ns_dtype());
+        EXPECT_EQ(m.matched_adamw_rms(), n.matched_adamw_rms());
+        EXPECT_EQ(m.adjust_lr_fn(), n.adjust_lr_fn());
+        EXPECT_EQ(m.momentum_style(), n.momentum_style());
+        EXPECT_EQ(m.communication_dtype(), n.communication_dtype());
+      }
+    }
+  }
+}
+
+TEST(ChainedOptimizerParamGroups, StateListsEveryGroupWithModelNamesBaseLrAndHyperParameters) {
+  RealChain t(saved_hyper());
+  t.chain.set_lr_factor(0.5);  // base_lr is the lr the factor multiplies, not the current lr
+  const nlohmann::json expected = nlohmann::json::parse(R"([
+    {"optimizer": "adamw", "group": 0, "params": ["embed.weight"], "base_lr": 0.001,
+     "betas": [0.9, 0.95], "eps": 1e-8, "weight_decay": 0.1, "amsgrad": false},
+    {"optimizer": "adamw", "group": 1, "params": ["layers.0.bias", "norm.weight"],
+     "base_lr": 0.0005, "betas": [0.9, 0.95], "eps": 1e-8, "weight_decay": 0.0, "amsgrad": false},
+    {"optimizer": "muon", "group": 0, "params": ["layers.0.w", "layers.1.w"], "base_lr": 0.02,
+     "weight_decay": 0.01, "momentum": 0.9, "nesterov": true, "ns_steps": 3,
+     "ns_variant": "custom",
+     "ns_coefficients": [[3.4445, -4.775, 2.0315], [3.0, -3.2, 1.2], [2.0, -1.5, 0.5]],
+     "ns_epsilon": 1e-6, "ns_dtype": "float32", "matched_adamw_rms": 0.18,
+     "adjust_lr_fn": "original", "momentum_style": "ema", "communication_dtype": "float32"}
+  ])");
+  EXPECT_EQ(t.chain.param_groups_state(), expected) << t.chain.param_groups_state().dump(2);
+  EXPECT_TRUE(t.chain.param_groups_state()[2]["ns_steps"].is_number_integer());
+}
+
+TEST(ChainedOptimizerParamGroups, RoundTripRestoresEveryOptionAndReportsTheDifferences) {
+  RealChain saved(saved_hyper());
+  RealChain restored(other_hyper());
+  restored.chain.set_lr_factor(0.25);
+  // Through text, as a checkpoint stores it: doubles print in round-trip form.
+  const nlohmann::json state = nlohmann::json::parse(saved.chain.param_groups_state().dump());
+  const std::vector<std::string> differences = restored.chain.load_param_groups_state(state);
+
+  EXPECT_EQ(restored.chain.param_groups_state(), saved.chain.param_groups_state());
+  // The current lr is the loaded base lr times the last factor.
+  EXPECT_EQ(restored.lrs(), (std::vector<double>{1e-3 * 0.25, 5e-4 * 0.25, 0.02 * 0.25}));
+  saved.chain.set_lr_factor(0.25);
+  expect_same_options(saved.chain, restored.chain);
+  restored.chain.set_lr_factor(0.5);
+  EXPECT_EQ(restored.lrs(), (std::vector<double>{1e-3 * 0.5, 5e-4 * 0.5, 0.02 * 0.5}));
+  saved.chain.set_lr_factor(0.5);
+  expect_same_options(saved.chain, restored.chain);
+
+  const std::vector<std::string> expected = {
+      "adamw group 0 base_lr: checkpoint 0.001, config 0.002",
+      "adamw group 0 betas: checkpoint [0.9,0.95], config [0.8,0.99]",
+      "adamw group 0 eps: checkpoint 1e-08, config 1e-06",
+      "adamw group 0 weight_decay: checkpoint 0.1, config 0.01",
+      "adamw group 1 base_lr: checkpoint 0.0005, config 0.002",
+      "adamw group 1 betas: checkpoint [0.9,0.95], config [0.8,0.99]",
+      "adamw group 1 eps: checkpoint 1e-08, config 1e-06",
+      "muon group 0 adjust_lr_fn: checkpoint original, config match_rms_adamw",
+      "muon group 0 base_lr: checkpoint 0.02, config 0.05",
+      "muon group 0 communication_dtype: checkpoint float32, config bfloat16",
+      "muon group 0 matched_adamw_rms: checkpoint 0.18, config 0.2",
+      "muon group 0 momentum: checkpoint 0.9, config 0.95",
+      "muon group 0 momentum_style: checkpoint ema, config sum",
+      "muon group 0 nesterov: checkpoint true, config false",
+      "muon group 0 ns_coefficients: checkpoint [[3.4445,-4.775,2.0315],[3.0,-3.2,1.2],"
+      "[2.0,-1.5,0.5]], config []",
+      "muon group 0 ns_dtype: checkpoint float32, config bfloat16",
+      "muon group 0 ns_epsilon: checkpoint 1e-06, config 1e-07",
+      "muon group 0 ns_steps: checkpoint 3, config 5",
+      "muon group 0 ns_variant: checkpoint custom, config asym5",
+      "muon group 0 weight_decay: checkpoint 0.01, config 0.0",
+  };
+  std::vector<std::string> sorted = differences;
+  std::sort(sorted.begin(), sorted.end());
+  EXPECT_EQ(sorted, expected);
+  // Loading what it already has reports nothing.
+  EXPECT_TRUE(restored.chain.load_param_groups_state(state).empty());
+}
+
+TEST(ChainedOptimizerParamGroups, LoadedHyperParametersTakeEffectBitwise) {
+  RealChain saved(saved_hyper());
+  saved.chain.set_lr_factor(0.5);
+  saved.set_grads(0);
+  saved.chain.step();
+  saved.chain.zero_grad();
+
+  RealChain restored(other_hyper());
+  restored.copy_params_from(saved);
+  restored.chain.set_lr_factor(0.5);
+  restored.chain.load_param_groups_state(saved.chain.param_groups_state());
+  restored.chain.load_state_dict(cloned(saved.chain.state_dict()));
+
+  RealChain control(other_hyper());  // the same but without the hyper-parameters
+  control.copy_params_from(saved);
+  control.chain.set_lr_factor(0.5);
+  control.chain.load_state_dict(cloned(saved.chain.state_dict()));
+
+  for (RealChain* t : {&saved, &restored, &control}) {
+    t->chain.set_lr_factor(0.75);
+    t->set_grads(1);
+    t->chain.step();
+  }
+  for (size_t i = 0; i < saved.params().size(); ++i) {
+    SCOPED_TRACE(i);
+    EXPECT_TRUE(bitwise_equal(saved.params()[i], restored.params()[i]));
+    EXPECT_FALSE(bitwise_equal(saved.params()[i], control.params()[i]));
+  }
+}
+
+TEST(ChainedOptimizerParamGroups, LoadChecksEverythingAndModifiesNothingOnError) {
+  RealChain source(saved_hyper());
+  const nlohmann::json good = source.chain.param_groups_state();
+  RealChain t(other_hyper());
+  t.chain.set_lr_factor(0.5);
+  const nlohmann::json before = t.chain.param_groups_state();
+  const std::vector<double> lrs_before = t.lrs();
+
+  struct Case {
+    std::string what;
+    std::function<void(nlohmann::json&)> edit;
+    std::vector<std::string> expected;  // substrings of the message
+  };
+  const std::vector<Case> cases = {
+      {"not an array",
+       [](nlohmann::json& j) { j = nlohmann::json::object(); },
+       {"optimizer param groups: expected a JSON array, got object"}},
+      {"one group fewer",
+       [](nlohmann::json& j) { j.erase(2); },
+       {"the checkpoint has 2 param group(s), this optimizer has 3 (adamw group 0, adamw group 1, "
+        "muon group 0)"}},
+      {"a param fewer",
+       [](nlohmann::json& j) { j[2]["params"].erase(1); },
+       {"muon group 0: params differ: the checkpoint's group has 1, this optimizer's has 2; first "
+        "difference at position 1: checkpoint (none), this optimizer 'layers.1.w'"}},
+      {"another param",
+       [](nlohmann::json& j) { j[1]["params"][0] = "layers.0.b"; },
+       {"adamw group 1: params differ: the checkpoint's group has 2, this optimizer's has 2; "
+        "first difference at position 0: checkpoint 'layers.0.b', this optimizer "
+        "'layers.0.bias'"}},
+      {"groups swapped",
+       [](nlohmann::json& j) { std::swap(j[1], j[2]); },
+       {"param group 1: optimizer differs: checkpoint muon, this optimizer adamw (adamw group 1)",
+        "param group 2: optimizer differs: checkpoint adamw, this optimizer muon (muon group 0)",
+        "2 problem(s)"}},
+      {"negative group index",
+       [](nlohmann::json& j) { j[1]["group"] = -1; },
+       {"adamw group 1: the checkpoint's group index is -1, expected 1"}},
+      {"group index",
+       [](nlohmann::json& j) { j[1]["group"] = 3; },
+       {"adamw group 1: the checkpoint's group index is 3, expected 1"}},
+      {"missing eps",
+       [](nlohmann::json& j) { j[0].erase("eps"); },
+       {"adamw group 0: missing field 'eps'"}},
+      {"missing base_lr",
+       [](nlohmann::json& j) { j[2].erase("base_lr"); },
+       {"muon group 0: missing field 'base_lr'"}},
+      {"missing optimizer",
+       [](nlohmann::json& j) { j[1].erase("optimizer"); },
+       {"adamw group 1: missing field 'optimizer'"}},
+      {"nesterov a string",
+       [](nlohmann::json& j) { j[2]["nesterov"] = "yes"; },
+       {"muon group 0: field 'nesterov' must be a boolean, got string"}},
+      {"ns_steps a float",
+       [](nlohmann::json& j) { j[2]["ns_steps"] = 3.0; },
+       {"muon group 0: field 'ns_steps' must be an integer, got number"}},
+      {"betas of three",
+       [](nlohmann::json& j) { j[0]["betas"].push_back(0.5); },
+       {"adamw group 0: field 'betas' must be an array of two numbers, got array of size 3"}},
+      {"base_lr a string",
+       [](nlohmann::json& j) { j[0]["base_lr"] = "0.1"; },
+       {"adamw group 0: field 'base_lr' must be a number, got string"}},
+      {"negative eps",
+       [](nlohmann::json& j) { j[0]["eps"] = -1e-8; },
+       {"adamw group 0: invalid eps"}},
+      {"negative base_lr",
+       [](nlohmann::json& j) { j[1]["base_lr"] = -0.1; },
+       {"adamw group 1: base_lr must be >= 0, got -0.1"}},
+      {"ns_steps 0",
+       [](nlohmann::json& j) { j[2]["ns_steps"] = 0; },
+       {"muon group 0: muon_ns_steps must be >= 1"}},
+      {"custom schedule length",
+       [](nlohmann::json& j) { j[2]["ns_steps"] = 2; },
+       {"muon group 0: custom Newton-Schulz schedule has 3 coefficient sets; muon_ns_steps=2"}},
+      {"unknown momentum style",
+       [](nlohmann::json& j) { j[2]["momentum_style"] = "heavy"; },
+       {"muon group 0: unknown Muon momentum style 'heavy'"}},
+      {"float16 ns_dtype",
+       [](nlohmann::json& j) { j[2]["ns_dtype"] = "float16"; },
+       {"muon group 0: ns_dtype must be bfloat16 or float32, got float16"}},
+      {"amsgrad",
+       [](nlohmann::json& j) { j[1]["amsgrad"] = true; },
+       {"adamw group 1: amsgrad is not supported"}},
+      {"an lr field",
+       [](nlohmann::json& j) { j[1]["lr"] = 0.1; },
+       {"adamw group 1: unexpected field 'lr'"}},
+      // Valid changes to the AdamW groups are undone when the Muon group fails.
+      {"valid groups then a bad one",
+       [](nlohmann::json& j) { j[2]["momentum"] = 1.0; },
+       {"muon group 0: momentum must be in [0, 1)", "1 problem(s)"}},
+      {"several problems",
+       [](nlohmann::json& j) {
+         j[0]["weight_decay"] = -1.0;
+         j[2]["ns_steps"] = 0;
+       },
+       {"adamw group 0: invalid weight_decay", "muon group 0: muon_ns_steps must be >= 1",
+        "2 problem(s)"}},
+  };
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c.what);
+    nlohmann::json bad = good;
+    c.edit(bad);
+    try {
+      t.chain.load_param_groups_state(bad);
+      ADD_FAILURE() << "expected std::invalid_argument";
+    } catch (const std::invalid_argument& error) {
+      const std::string message = error.what();
+      for (const auto& expected : c.expected) {
+        EXPECT_NE(message.find(expected), std::string::npos) << expected << "\n" << message;
+      }
+    }
+    EXPECT_EQ(t.chain.param_groups_state(), before);
+    EXPECT_EQ(t.lrs(), lrs_before);
+  }
+  // And the good one still loads, with group indices as signed or unsigned JSON integers.
+  nlohmann::json signed_indices = good;
+  for (auto& group : signed_indices)
+    group["group"] = static_cast<int>(group["group"].get<size_t>());
+  ASSERT_TRUE(signed_indices[1]["group"].is_number_integer() &&
+              !signed_indices[1]["group"].is_number_unsigned());
+  EXPECT_FALSE(t.chain.load_param_groups_state(signed_indices).empty());
+  EXPECT_EQ(t.chain.param_groups_state(), good);
+}
+
+// After the mixed-precision wrapper swapped fp32 main params into the leaf groups, "params"
+// still lists the model names, and loading still matches them.
+TEST(ChainedOptimizerParamGroups, ParamsAreModelNamesBehindTheMixedPrecisionWrapper) {
+  auto build = [](double wd) {
+    at::Tensor w = at::linspace(-1, 1, 12).reshape({3, 4}).to(at::kBFloat16).requires_grad_(true);
+    at::Tensor b = at::tensor({0.5f, -0.25f}).requires_grad_(true);
+    auto chain = std::make_unique<ChainedOptimizer>();
+    std::vector<torch::optim::OptimizerParamGroup> adamw_groups;
+    adamw_groups.emplace_back(std::vector<at::Tensor>{b},
+                              std::make_unique<torch::optim::AdamWOptions>(
+                                  torch::optim::AdamWOptions(1e-2).weight_decay(wd)));
+    chain->add_leaf(
+        std::make_unique<AdamW>(std::move(adamw_groups), torch::optim::AdamWOptions(1e-2)),
+        {{"out.bias", b}});
+    chain->add_leaf(std::make_unique<Muon>(std::vector<at::Tensor>{w}, MuonOptions()),
+                    {{"layers.0.w", w}});
+    return std::make_unique<MixedPrecisionOptimizer>(std::move(chain));
+  };
+  auto saved = build(0.1);
+  auto restored = build(0.0);
+  EXPECT_FALSE(saved->main_param("layers.0.w").is_same(saved->chained().model_param("layers.0.w")));
+  const nlohmann::json state = saved->chained().param_groups_state();
+  EXPECT_EQ(state[0]["params"], nlohmann::json({"out.bias"}));
+  EXPECT_EQ(state[1]["params"], nlohmann::json({"layers.0.w"}));
+  EXPECT_EQ(restored->chained().load_param_groups_state(state),
+            std::vector<std::string>{"adamw group 0 weight_decay: checkpoint 0.1, config 0.0"});
+  EXPECT_EQ(restored->chained().param_groups_state(), state);
+}
+
+// The test double's hyper-parameters go through the same path.
+TEST(ChainedOptimizerParamGroups, TestDoubleLeavesRoundTrip) {
+  TwoLeaves saved;
+  TwoLeaves restored;
+  const nlohmann::json state = saved.chain.param_groups_state();
+  EXPECT_EQ(state[1], nlohmann::json::parse(R"({"optimizer": "sgd", "group": 0,
+      "params": ["layer.bias"], "base_lr": 0.5, "weight_decay": 0.1})"));
+  nlohmann::json changed = state;
+  changed[0]["weight_decay"] = 0.25;
+  changed[0]["base_lr"] = 0.2;
+  EXPECT_EQ(restored.chain.load_param_groups_state(changed),
+            (std::vector<std::string>{"sgd group 0 base_lr: checkpoint 0.2, config 0.1",
+                                      "sgd group 0 weight_decay: checkpoint 0.25, config 0.0"}));
+  EXPECT_EQ(restored.a->param_groups()[0].options().get_lr(), 0.2);
 }
 
 }  // namespace

@@ -10,9 +10,11 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <functional>
 #include <memory>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace mixtrain {
@@ -464,6 +466,76 @@ TEST(MuonTest, DefaultsAndFromConfigFollowTheConfig) {
   toml.ns_dtype = "bfloat16";
   toml.ns_variant = "asym5";  // 10 steps: the asym5 error
   EXPECT_THROW(MuonOptions::from_config(toml), std::invalid_argument);
+}
+
+TEST(MuonTest, GroupHyperparametersRoundTripAndAreCheckedBeforeTheyAreSet) {
+  Muon optimizer({at::zeros({2, 3})}, MuonOptions().lr(0.05));
+  EXPECT_EQ(optimizer.group_hyperparameters(0), nlohmann::json::parse(R"({
+    "weight_decay": 0.0, "momentum": 0.95, "nesterov": true, "ns_steps": 5,
+    "ns_variant": "asym5", "ns_coefficients": [], "ns_epsilon": 1e-7, "ns_dtype": "bfloat16",
+    "matched_adamw_rms": 0.2, "adjust_lr_fn": "match_rms_adamw", "momentum_style": "sum",
+    "communication_dtype": "bfloat16"})"));
+  EXPECT_THROW(optimizer.group_hyperparameters(1), std::out_of_range);
+
+  const nlohmann::json values = nlohmann::json::parse(R"({
+    "weight_decay": 0.1, "momentum": 0.5, "nesterov": false, "ns_steps": 2,
+    "ns_variant": "custom", "ns_coefficients": [[3.0, -3.2, 1.2], [2.0, -1.5, 0.5]],
+    "ns_epsilon": 1e-5, "ns_dtype": "float64", "matched_adamw_rms": 0.18,
+    "adjust_lr_fn": "original", "momentum_style": "ema_add", "communication_dtype": "float32"})");
+  optimizer.set_group_hyperparameters(0, values);
+  const auto& o = static_cast<const MuonOptions&>(optimizer.param_groups()[0].options());
+  EXPECT_EQ(o.lr(), 0.05);  // lr is not a hyper-parameter here
+  EXPECT_EQ(o.weight_decay(), 0.1);
+  EXPECT_EQ(o.momentum(), 0.5);
+  EXPECT_FALSE(o.nesterov());
+  EXPECT_EQ(o.ns_steps(), 2);
+  EXPECT_EQ(o.ns_variant(), "custom");
+  EXPECT_EQ(o.ns_coefficients(), (std::vector<NsCoefficients>{{3.0, -3.2, 1.2}, {2.0, -1.5, 0.5}}));
+  EXPECT_EQ(o.ns_epsilon(), 1e-5);
+  EXPECT_EQ(o.ns_dtype(), at::kDouble);
+  EXPECT_EQ(o.matched_adamw_rms(), 0.18);
+  EXPECT_EQ(o.adjust_lr_fn(), AdjustLrFn::kOriginal);
+  EXPECT_EQ(o.momentum_style(), MomentumStyle::kEmaAdd);
+  EXPECT_EQ(o.communication_dtype(), at::kFloat);
+  EXPECT_EQ(optimizer.group_hyperparameters(0), values);
+
+  const std::vector<std::pair<std::function<void(nlohmann::json&)>, std::string>> bad = {
+      {[](nlohmann::json& j) { j["ns_steps"] = 0; }, "muon_ns_steps must be >= 1"},
+      {[](nlohmann::json& j) { j["ns_steps"] = 3; }, "custom Newton-Schulz schedule has 2"},
+      {[](nlohmann::json& j) { j["ns_steps"] = 2.0; }, "field 'ns_steps' must be an integer"},
+      {[](nlohmann::json& j) { j["ns_variant"] = "quintic"; }, "unknown Newton-Schulz variant"},
+      {[](nlohmann::json& j) {
+         j["ns_coefficients"][1] = {2.0, -1.5};
+       },
+       "field 'ns_coefficients' must be an array of [a, b, c] number triples, got the element "
+       "[2.0,-1.5]"},
+      {[](nlohmann::json& j) { j["ns_dtype"] = "int8"; }, "field 'ns_dtype': unknown dtype 'int8'"},
+      {[](nlohmann::json& j) { j["ns_dtype"] = "float16"; },
+       "ns_dtype must be bfloat16 or float32"},
+      {[](nlohmann::json& j) { j["communication_dtype"] = "float64"; },
+       "unknown muon_communication_dtype 'float64'"},
+      {[](nlohmann::json& j) { j["adjust_lr_fn"] = "sqrt"; }, "unknown Muon adjust_lr_fn 'sqrt'"},
+      {[](nlohmann::json& j) { j["momentum"] = 1.0; }, "momentum must be in [0, 1)"},
+      {[](nlohmann::json& j) { j["ns_epsilon"] = -1e-7; }, "ns_epsilon must be >= 0"},
+      {[](nlohmann::json& j) { j["matched_adamw_rms"] = 0; }, "matched_adamw_rms must be > 0"},
+      {[](nlohmann::json& j) { j["nesterov"] = 1; }, "field 'nesterov' must be a boolean"},
+      {[](nlohmann::json& j) { j.erase("momentum_style"); }, "missing field 'momentum_style'"},
+      {[](nlohmann::json& j) { j["lr"] = 0.1; }, "unexpected field 'lr'"},
+  };
+  for (const auto& [edit, expected] : bad) {
+    SCOPED_TRACE(expected);
+    nlohmann::json changed = values;
+    edit(changed);
+    try {
+      optimizer.set_group_hyperparameters(0, changed);
+      ADD_FAILURE() << "expected std::invalid_argument";
+    } catch (const std::invalid_argument& error) {
+      const std::string message = error.what();
+      EXPECT_NE(message.find(expected), std::string::npos) << message;
+      EXPECT_NE(message.rfind("Muon: ", 0), 0u) << message;  // the caller names leaf and group
+    }
+    EXPECT_EQ(optimizer.group_hyperparameters(0), values);
+  }
 }
 
 TEST(MuonTest, SetLrReachesEveryGroupAndParamsWithoutGradAreSkipped) {

@@ -1,0 +1,350 @@
+#include "mixtrain/trainer/checkpointing.h"
+
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+#include <xxhash.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <map>
+#include <mutex>
+#include <set>
+#include <utility>
+#include <vector>
+
+#include "mixtrain/checkpoint/storage.h"
+#include "mixtrain/core/dtype.h"
+#include "mixtrain/core/error.h"
+#include "mixtrain/core/logging.h"
+#include "mixtrain/data/dataset.h"
+#include "mixtrain/distributed/fsdp.h"
+#include "mixtrain/model/causal_lm.h"
+#include "mixtrain/model/init_dtype.h"
+#include "mixtrain/optim/chained_optimizer.h"
+#include "mixtrain/optim/loss_scaler.h"
+#include "mixtrain/optim/training_optimizer.h"
+
+namespace mixtrain {
+namespace {
+
+using json = nlohmann::json;
+
+constexpr const char* kModelPrefix = "model.";
+
+bool starts_with(const std::string& text, const std::string& prefix) {
+  return text.compare(0, prefix.size(), prefix) == 0;
+}
+
+// The model parameter a checkpoint key belongs to.
+std::string fqn_of(const std::string& key) {
+  if (starts_with(key, kMainParamPrefix)) return key.substr(std::string(kMainParamPrefix).size());
+  if (starts_with(key, kOptimizerStatePrefix)) {
+    const std::string rest = key.substr(std::string(kOptimizerStatePrefix).size());
+    return rest.substr(0, rest.rfind('.'));
+  }
+  return key.substr(std::string(kModelPrefix).size());
+}
+
+// Where this rank's `local` piece of `key` sits in the global tensor: a parameter's FSDP rows
+// or expert slice (its optimizer state and main param alike), whole otherwise; 0-dim state
+// (step counters) is the same on every rank.
+LocalChunk place(const CheckpointParts& parts, const std::string& key, const at::Tensor& local) {
+  LocalChunk chunk{key, local, local.sizes().vec(), std::vector<int64_t>(local.dim(), 0)};
+  if (local.dim() == 0 || parts.sharded == nullptr) return chunk;
+  const ShardLayout& layout = parts.sharded->layout(fqn_of(key));
+  chunk.global_shape = layout.global_shape;
+  chunk.offsets[0] = layout.offset;
+  return chunk;
+}
+
+std::vector<std::pair<std::string, at::Tensor>> model_tensors(const CausalLM& model) {
+  std::vector<std::pair<std::string, at::Tensor>> out;
+  for (const auto& item : model.named_parameters()) {
+    out.emplace_back(kModelPrefix + item.key(), item.value());
+  }
+  return out;
+}
+
+std::string hex(uint64_t value) {
+  char buffer[17];
+  std::snprintf(buffer, sizeof(buffer), "%016llx", static_cast<unsigned long long>(value));
+  return buffer;
+}
+
+json config_json(const ResolvedConfig& resolved) {
+  json out = json::object();
+  for (const auto& leaf : resolved.leaves) out[leaf.key] = leaf.value;
+  return out;
+}
+
+// What makes a checkpoint "of this model": the architecture. The stored precision may change
+// (RFC 6.2: model_init_dtype is applied after loading).
+bool is_model_key(const std::string& key) {
+  return starts_with(key, "model.");
+}
+
+std::string rng_state_hex() {
+  at::Generator generator = at::detail::getDefaultCPUGenerator();
+  std::lock_guard<std::mutex> lock(generator.mutex());
+  const at::Tensor bytes = generator.get_state().contiguous();  // uint8
+  std::string out;
+  const auto* data = bytes.data_ptr<uint8_t>();
+  for (int64_t i = 0; i < bytes.numel(); ++i) {
+    char b[3];
+    std::snprintf(b, sizeof(b), "%02x", data[i]);
+    out += b;
+  }
+  return out;
+}
+
+void set_rng_state_hex(const std::string& text) {
+  at::Tensor bytes = at::empty({static_cast<int64_t>(text.size() / 2)}, at::kByte);
+  for (int64_t i = 0; i < bytes.numel(); ++i) {
+    bytes.data_ptr<uint8_t>()[i] =
+        static_cast<uint8_t>(std::stoi(text.substr(2 * i, 2), nullptr, 16));
+  }
+  at::Generator generator = at::detail::getDefaultCPUGenerator();
+  std::lock_guard<std::mutex> lock(generator.mutex());
+  generator.set_state(bytes);
+}
+
+// Every rank's problems joined; the same DataError on every rank when any has one.
+void agree_or_throw(const DeviceMesh& mesh, const std::string& dir,
+                    const std::vector<std::string>& problems) {
+  std::string mine;
+  for (const auto& p : problems) mine += "  - " + p + "\n";
+  const std::vector<std::string> all = all_gather_strings(*mesh.world, mine);
+  std::string message;
+  std::set<std::string> seen;  // ranks often report the same problem
+  for (size_t r = 0; r < all.size(); ++r) {
+    if (all[r].empty() || !seen.insert(all[r]).second) continue;
+    message += (all.size() > 1 ? "rank " + std::to_string(r) + ":\n" : "") + all[r];
+  }
+  if (!message.empty()) {
+    throw DataError("checkpoint " + dir + " cannot be restored (nothing was changed):\n" +
+                    message.substr(0, message.size() - 1));
+  }
+}
+
+std::string format_shape(const std::vector<int64_t>& shape) {
+  std::string out = "[";
+  for (size_t i = 0; i < shape.size(); ++i) out += (i ? ", " : "") + std::to_string(shape[i]);
+  return out + "]";
+}
+
+// Reads this rank's region of `key` into `out`, or records why it cannot.
+void read_piece(CheckpointReader& reader, const LocalChunk& target, bool exact_dtype,
+                std::map<std::string, at::Tensor>& out, std::vector<std::string>& problems) {
+  const auto it = reader.metadata().tensors.find(target.key);
+  if (it == reader.metadata().tensors.end()) {
+    problems.push_back("missing key " + target.key);
+    return;
+  }
+  const CheckpointTensor& saved = it->second;
+  if (saved.shape != target.global_shape) {
+    problems.push_back(target.key + ": shape " + format_shape(saved.shape) +
+                       " in the checkpoint, " + format_shape(target.global_shape) +
+                       " in this model");
+    return;
+  }
+  if (exact_dtype && saved.dtype != target.data.scalar_type()) {
+    problems.push_back(target.key + ": dtype " + dtype_name(saved.dtype) + " in the checkpoint, " +
+                       dtype_name(target.data.scalar_type()) + " expected");
+    return;
+  }
+  try {
+    out[target.key] = reader.read(target.key, target.offsets, target.data.sizes().vec());
+  } catch (const std::exception& error) {
+    problems.push_back(error.what());
+  }
+}
+
+}  // namespace
+
+SaveRequest make_save_request(const CheckpointParts& parts, int64_t step) {
+  const TrainerConfig& config = parts.resolved.config;
+  SaveRequest request;
+  request.step = step;
+  request.mesh = CheckpointMesh{parts.mesh.dp_replicate, parts.mesh.dp_shard, parts.mesh.ep};
+  for (const auto& [key, tensor] : model_tensors(parts.model)) {
+    request.chunks.push_back(place(parts, key, tensor.detach()));
+  }
+  const bool with_optimizer = config.checkpoint.save_optimizer;
+  if (with_optimizer) {
+    for (const auto& [key, tensor] : parts.optimizer.state_dict()) {
+      request.chunks.push_back(place(parts, key, tensor));
+    }
+  }
+
+  const std::string config_text = config_json(parts.resolved).dump();
+  json state;
+  state["train"] = {{"step", step}};
+  const LrSchedulerConfig& lr = config.train.lr_scheduler;
+  state["lr_schedule"] = {{"warmup_steps", lr.warmup_steps},
+                          {"decay", lr.decay},
+                          {"min_lr_ratio", lr.min_lr_ratio},
+                          {"total_steps", config.train.steps}};
+  state["data"] = {{"position", parts.data.position()}, {"description", parts.data.describe()}};
+  if (const DynamicLossScaler* scaler = parts.optimizer.loss_scaler()) {
+    state["loss_scaler"] = {{"scale", scaler->scale()},
+                            {"growth_tracker", scaler->growth_tracker()},
+                            {"skipped_steps", scaler->skipped_steps()}};
+  }
+  state["optimizer"] = {{"saved", with_optimizer},
+                        {"fp32_main_params", config.optimizer.fp32_main_params},
+                        {"param_groups", parts.optimizer.chained().param_groups_state()}};
+  state["config"] = config_json(parts.resolved);
+  state["config_hash"] = hex(XXH3_64bits(config_text.data(), config_text.size()));
+  request.state = std::move(state);
+  request.rank_state = {{"rng_cpu", rng_state_hex()}};
+  return request;
+}
+
+int64_t restore_checkpoint(const CheckpointParts& parts, const std::string& restore_from,
+                           bool restore_optimizer) {
+  const TrainerConfig& config = parts.resolved.config;
+  // Reading and validating the metadata and files is per rank; a rank that fails here fails
+  // alone only if the others fail too (they read the same files), so agree first.
+  std::unique_ptr<CheckpointReader> reader;
+  std::string dir = restore_from;
+  std::vector<std::string> problems;
+  try {
+    dir = resolve_step_dir(restore_from);
+    reader = std::make_unique<CheckpointReader>(dir);
+  } catch (const std::exception& error) {
+    problems.push_back(error.what());
+  }
+  agree_or_throw(parts.mesh, dir, problems);
+  const CheckpointMetadata& metadata = reader->metadata();
+  const json& state = metadata.state;
+
+  // A checkpoint of another model is refused by its config before any tensor is looked at.
+  const json saved_config = state.value("config", json::object());
+  const json current_config = config_json(parts.resolved);
+  std::vector<std::string> config_changes;
+  for (const auto& [key, value] : current_config.items()) {
+    const std::string saved =
+        saved_config.contains(key) ? saved_config[key].get<std::string>() : "(absent)";
+    if (saved == value.get<std::string>()) continue;
+    const std::string line =
+        key + ": " + saved + " in the checkpoint, " + value.get<std::string>() + " now";
+    if (is_model_key(key)) {
+      problems.push_back("the checkpoint is of another model: " + line);
+    } else {
+      config_changes.push_back(line);
+    }
+  }
+  const bool has_optimizer = state.value("optimizer", json::object()).value("saved", false);
+  if (restore_optimizer && !has_optimizer) {
+    problems.push_back(
+        "it has no optimizer state (saved with checkpoint.save_optimizer: false); set "
+        "checkpoint.restore_optimizer: false to restore the model only");
+  }
+  agree_or_throw(parts.mesh, dir, problems);
+
+  // RFC 9.2: the optimizer state must exist so that it can be filled in place. Collective
+  // (distributed Muon steps together), so every rank does it before any may fail.
+  ChainedOptimizer::StateInitialization created;
+  if (restore_optimizer) created = parts.optimizer.chained().initialize_state();
+
+  std::map<std::string, at::Tensor> loaded;
+  const auto model = model_tensors(parts.model);
+  for (const auto& [key, tensor] : model) {
+    // The model is saved in its model dtype and converted by model_init_dtype (RFC 6.2).
+    read_piece(*reader, place(parts, key, tensor.detach()), /*exact_dtype=*/false, loaded,
+               problems);
+  }
+  NamedTensors optimizer_state;
+  if (restore_optimizer) {
+    std::set<std::string> expected;
+    std::vector<std::string> main_keys, missing_mains;
+    for (const auto& [key, tensor] : parts.optimizer.state_dict()) {
+      expected.insert(key);
+      const bool is_main = starts_with(key, kMainParamPrefix);
+      if (is_main) {
+        main_keys.push_back(key);
+        if (!reader->contains(key)) {
+          missing_mains.push_back(fqn_of(key));
+          continue;  // the branch is decided below
+        }
+      }
+      read_piece(*reader, place(parts, key, tensor), /*exact_dtype=*/true, loaded, problems);
+      if (loaded.count(key)) optimizer_state.emplace_back(key, loaded.at(key));
+    }
+    // RFC 9.3 branch 3: some main params but not all is damaged data.
+    if (!missing_mains.empty() && missing_mains.size() < main_keys.size()) {
+      std::string names;
+      for (const auto& n : missing_mains) names += (names.empty() ? "" : ", ") + n;
+      problems.push_back("it has " + std::to_string(main_keys.size() - missing_mains.size()) +
+                         " of " + std::to_string(main_keys.size()) + " fp32 main params (" +
+                         kMainParamPrefix + "*); missing: " + names);
+    }
+    for (const auto& [key, saved] : metadata.tensors) {
+      if (starts_with(key, "optimizer.") && !expected.count(key)) {
+        problems.push_back("unexpected key " + key + " (no such state in this optimizer)");
+      }
+    }
+  }
+  for (const auto& [key, saved] : metadata.tensors) {
+    if (starts_with(key, kModelPrefix) &&
+        std::none_of(model.begin(), model.end(), [&](const auto& m) { return m.first == key; })) {
+      problems.push_back("unexpected key " + key + " (no such parameter in this model)");
+    }
+  }
+  std::vector<std::string> group_changes;
+  if (problems.empty() && restore_optimizer) {
+    // Validates fully before it sets anything.
+    try {
+      group_changes = parts.optimizer.chained().load_param_groups_state(
+          state.at("optimizer").at("param_groups"));
+    } catch (const std::exception& error) {
+      problems.push_back(std::string("optimizer param groups: ") + error.what());
+    }
+  }
+  try {
+    agree_or_throw(parts.mesh, dir, problems);
+  } catch (...) {
+    if (restore_optimizer) parts.optimizer.chained().undo_initialize_state(created);
+    throw;
+  }
+
+  // Everything is validated: modify, in the RFC's order.
+  {
+    c10::NoGradGuard no_grad;
+    for (const auto& [key, tensor] : model) tensor.detach().copy_(loaded.at(key));
+  }
+  if (config.model_init_dtype) {
+    apply_model_init_dtype(parts.model, parse_float_dtype(*config.model_init_dtype));
+  }
+  if (restore_optimizer) {
+    parts.optimizer.load_state_dict(optimizer_state);  // RFC 9.3 branches 1 and 2
+    DynamicLossScaler* scaler = parts.optimizer.loss_scaler();
+    if (scaler != nullptr && state.contains("loss_scaler")) {
+      const json& s = state.at("loss_scaler");
+      scaler->restore(s.at("scale").get<double>(), s.at("growth_tracker").get<int64_t>(),
+                      s.at("skipped_steps").get<int64_t>());
+    }
+  } else {
+    parts.optimizer.reload_model_params();  // RFC 9.4: main params from the loaded model
+  }
+  parts.data.seek(state.at("data").at("position").get<int64_t>());
+  const json& ranks = state.value("ranks", json::array());
+  if (ranks.size() == static_cast<size_t>(parts.mesh.world_size)) {
+    set_rng_state_hex(ranks.at(parts.mesh.rank).at("rng_cpu").get<std::string>());
+  }
+
+  const int64_t step = state.at("train").at("step").get<int64_t>();
+  if (parts.mesh.rank == 0) {
+    log_info("checkpoint: restored step " + std::to_string(step) + " from " + dir + " (saved by " +
+             std::to_string(metadata.world_size) + " rank(s), restored on " +
+             std::to_string(parts.mesh.world_size) + ")" +
+             (restore_optimizer ? "" : "; model only, optimizer state starts fresh"));
+    for (const auto& line : config_changes) log_info("checkpoint: config changed: " + line);
+    for (const auto& line : group_changes) {
+      log_warn("checkpoint: optimizer hyper-parameter restored from the checkpoint: " + line);
+    }
+  }
+  return step;
+}
+
+}  // namespace mixtrain

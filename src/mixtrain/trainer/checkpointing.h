@@ -1,0 +1,52 @@
+// What a training checkpoint holds and how it goes back in (DESIGN §8; fp32-main-params RFC
+// 6.2, 9.1-9.4). The format itself is checkpoint/metadata.h; docs/checkpoint.md lists the keys.
+//
+// Tensors, each a global tensor of which every rank passes the piece it holds (FSDP dim-0 row
+// ranges, expert-parallel slices, whole tensors on one rank; replicas are written once):
+//   model.<fqn>                                              model dtype
+//   optimizer.state.<fqn>.<exp_avg|exp_avg_sq|momentum_buffer|step>    (save_optimizer)
+//   optimizer._mixed_precision_optimizer.fp32_from_fp16_params.<fqn>   float32, low-precision
+//                                                            params only (none for fp32 models)
+// main_grad never. Non-tensor state: train step, LR schedule, data position, loss scaler,
+// optimizer param groups (hyper-parameters), the resolved config and its hash, per-rank RNG.
+//
+// Restore validates everything before anything changes (metadata, files, that the checkpoint
+// is of this model, every key, shape and dtype, which main params exist, every checksum of
+// every chunk this rank reads), agreeing over all ranks; then loads the model, applies
+// model_init_dtype, and loads the optimizer, whose RFC 9.3 branches are
+// MixedPrecisionOptimizer::load_state_dict's. restore_optimizer false: the model only, then
+// reload_model_params() (RFC 9.4). Errors are DataError naming the checkpoint and the problems.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "mixtrain/checkpoint/distributed_checkpoint.h"
+#include "mixtrain/config/load.h"
+#include "mixtrain/distributed/device_mesh.h"
+
+namespace mixtrain {
+
+class CausalLM;
+class FullyShardedModel;
+class TrainingOptimizer;
+class TokenDataset;
+
+struct CheckpointParts {
+  CausalLM& model;
+  FullyShardedModel* sharded;  // null: every tensor is whole on this rank
+  TrainingOptimizer& optimizer;
+  TokenDataset& data;
+  const ResolvedConfig& resolved;
+  const DeviceMesh& mesh;
+};
+
+// This rank's pieces and the state, as of `step` completed steps.
+SaveRequest make_save_request(const CheckpointParts& parts, int64_t step);
+
+// Restores from `restore_from` (a step directory, or a checkpoint directory's latest) and
+// returns the number of completed steps it holds. Collective over parts.mesh.world.
+int64_t restore_checkpoint(const CheckpointParts& parts, const std::string& restore_from,
+                           bool restore_optimizer);
+
+}  // namespace mixtrain

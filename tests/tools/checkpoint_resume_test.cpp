@@ -1,0 +1,169 @@
+// Checkpoints through the command line:
+// - `train.steps=4` in one run equals `train.steps=2` (saving at the end, asynchronously) and
+//   then a second run with checkpoint.restore_from and `train.steps=4`: metrics.jsonl lines of
+//   steps 3 and 4 are identical except the timing fields (tokens_per_s, elapsed_s);
+// - kill -9 at random moments of a run that saves every step never leaves an unloadable
+//   checkpoint: after each kill `latest` names a step that `ckpt verify` passes, and a run
+//   restores from it.
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <thread>
+#include <vector>
+
+#include "tools/cli_test_util.h"
+
+extern char** environ;
+
+namespace mixtrain::testing {
+namespace {
+
+std::vector<nlohmann::json> metrics_rows(const std::string& path) {
+  std::vector<nlohmann::json> rows;
+  std::ifstream in(path);
+  std::string line;
+  while (std::getline(in, line)) rows.push_back(nlohmann::json::parse(line));
+  return rows;
+}
+
+nlohmann::json without_timing(nlohmann::json row) {
+  row.erase("tokens_per_s");
+  row.erase("elapsed_s");
+  return row;
+}
+
+// The RFC's configuration (bfloat16, fp32 main params, Muon + AdamW) with a constant LR, so
+// that steps 1-2 do not depend on train.steps.
+std::string base_command(const std::string& run_dir) {
+  return "train --config " + source_path("configs/qwen2_moe_tiny.yaml") +
+         " --set train.lr_scheduler.warmup_steps=0 --set train.lr_scheduler.decay=constant" +
+         " --set data.seq_len=32 --run-dir " + run_dir;
+}
+
+TEST(CheckpointResume, SecondRunContinuesLikeOneRun) {
+  TempDir continuous, split;
+  const CommandResult one = run_mixtrain(base_command(continuous.path()) + " --set train.steps=4");
+  ASSERT_EQ(one.exit_code, 0) << one.output;
+  const CommandResult first =
+      run_mixtrain(base_command(split.path()) +
+                   " --set train.steps=2 --set checkpoint.interval=2 --set checkpoint.async=true");
+  ASSERT_EQ(first.exit_code, 0) << first.output;
+  EXPECT_NE(first.output.find("checkpoint: saved step 2"), std::string::npos) << first.output;
+  const std::string checkpoints = split.file("checkpoints");
+  const CommandResult second =
+      run_mixtrain(base_command(split.path()) +
+                   " --set train.steps=4 --set checkpoint.restore_from=" + checkpoints);
+  ASSERT_EQ(second.exit_code, 0) << second.output;
+  EXPECT_NE(second.output.find("restored step 2"), std::string::npos) << second.output;
+
+  const auto expected = metrics_rows(continuous.file("metrics.jsonl"));
+  const auto resumed = metrics_rows(split.file("metrics.jsonl"));
+  ASSERT_EQ(expected.size(), 4u);
+  // The resumed run keeps the first run's lines of steps 1-2 and appends 3-4.
+  ASSERT_EQ(resumed.size(), 4u);
+  for (size_t i = 0; i < 4; ++i) {
+    EXPECT_EQ(without_timing(resumed[i]), without_timing(expected[i])) << "step " << i + 1;
+  }
+}
+
+TEST(CheckpointResume, TwoRanksSaveAsynchronouslyAndOneRankResumes) {
+  TempDir run;
+  const CommandResult saved =
+      run_mixtrain(base_command(run.path()) +
+                   " --nproc 2 --set train.steps=4 --set checkpoint.interval=2"
+                   " --set checkpoint.async=true --set checkpoint.keep_last=1");
+  ASSERT_EQ(saved.exit_code, 0) << saved.output;
+  const std::string checkpoints = run.file("checkpoints");
+  // keep_last 1: only step 4 is left, written by both ranks.
+  EXPECT_FALSE(std::filesystem::exists(checkpoints + "/step-00000002"));
+  const CommandResult inspect = run_mixtrain("ckpt inspect " + checkpoints);
+  ASSERT_EQ(inspect.exit_code, 0) << inspect.output;
+  EXPECT_NE(inspect.output.find("step: 4"), std::string::npos) << inspect.output;
+  EXPECT_NE(inspect.output.find("world size: 2"), std::string::npos) << inspect.output;
+  const CommandResult verify = run_mixtrain("ckpt verify " + checkpoints);
+  EXPECT_EQ(verify.exit_code, 0) << verify.output;
+
+  const CommandResult resumed =
+      run_mixtrain(base_command(run.file("one")) + " --set train.steps=5" +
+                   " --set checkpoint.restore_from=" + checkpoints);
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
+  EXPECT_NE(resumed.output.find("restored step 4"), std::string::npos) << resumed.output;
+  EXPECT_NE(resumed.output.find("saved by 2 rank(s), restored on 1"), std::string::npos)
+      << resumed.output;
+}
+
+pid_t spawn_quiet(std::vector<std::string> args) {
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_addopen(&actions, 1, "/dev/null", O_WRONLY, 0);
+  posix_spawn_file_actions_addopen(&actions, 2, "/dev/null", O_WRONLY, 0);
+  pid_t pid = 0;
+  posix_spawn(&pid, args[0].c_str(), &actions, nullptr, argv.data(), environ);
+  posix_spawn_file_actions_destroy(&actions);
+  return pid;
+}
+
+TEST(CheckpointResume, KillNineDuringSavesLeavesLoadableCheckpoint) {
+  TempDir run;
+  const std::string checkpoints = run.file("checkpoints");
+  std::mt19937 random(20261130);
+  std::uniform_int_distribution<int> delay_ms(0, 400);
+  for (int attempt = 0; attempt < 6; ++attempt) {
+    // Every step saves (keep_last 2: saving, publishing and pruning all happen constantly).
+    std::vector<std::string> args = {MIXTRAIN_BINARY, "train",
+                                     "--config",      source_path("configs/qwen2_moe_tiny.yaml"),
+                                     "--set",         "train.steps=100000",
+                                     "--set",         "checkpoint.interval=1",
+                                     "--set",         "checkpoint.keep_last=2",
+                                     "--run-dir",     run.path()};
+    if (attempt > 0) {
+      args.push_back("--set");
+      args.push_back("checkpoint.restore_from=" + checkpoints);
+    }
+    const pid_t pid = spawn_quiet(args);
+    ASSERT_GT(pid, 0);
+    // Wait for a first save of this run, then kill at a random moment.
+    const std::string latest = checkpoints + "/latest";
+    std::string before;
+    if (std::ifstream in(latest); in) std::getline(in, before);
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+    std::string now = before;
+    while (now == before && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      if (std::ifstream in(latest); in) std::getline(in, now);
+    }
+    ASSERT_NE(now, before) << "no checkpoint was saved in time";
+    std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms(random)));
+    kill(pid, SIGKILL);
+    int status = 0;
+    ASSERT_EQ(waitpid(pid, &status, 0), pid);
+
+    const CommandResult verify = run_mixtrain("ckpt verify " + checkpoints);
+    EXPECT_EQ(verify.exit_code, 0) << "attempt " << attempt << ": " << verify.output;
+  }
+  // And training restores from what the last kill left.
+  std::string latest;
+  std::getline(std::ifstream(checkpoints + "/latest"), latest);
+  const int64_t step = std::stoll(latest.substr(latest.find('-') + 1));
+  const CommandResult resumed =
+      run_mixtrain("train --config " + source_path("configs/qwen2_moe_tiny.yaml") +
+                   " --set checkpoint.restore_from=" + checkpoints + " --set train.steps=" +
+                   std::to_string(step + 1) + " --run-dir " + run.file("resumed"));
+  EXPECT_EQ(resumed.exit_code, 0) << resumed.output;
+  EXPECT_NE(resumed.output.find("restored step " + std::to_string(step)), std::string::npos)
+      << resumed.output;
+}
+
+}  // namespace
+}  // namespace mixtrain::testing

@@ -31,9 +31,9 @@ using test_support::recorded_step;
 using testing::run_workers;
 using testing::WorkerResult;
 
-std::vector<std::string> layout_overrides(int64_t replicate, int64_t shard) {
+std::vector<std::string> layout_overrides(int64_t replicate, int64_t shard, int64_t ep = 1) {
   return {"parallel.dp_replicate=" + std::to_string(replicate),
-          "parallel.dp_shard=" + std::to_string(shard)};
+          "parallel.dp_shard=" + std::to_string(shard), "parallel.ep=" + std::to_string(ep)};
 }
 
 // Trains `SAVE_AT` steps (restoring from RESTORE first if set), saves into CKPT, then records
@@ -41,7 +41,7 @@ std::vector<std::string> layout_overrides(int64_t replicate, int64_t shard) {
 void save_and_continue(const testing::WorkerEnv& worker) {
   DeviceMesh mesh = worker.make_mesh();
   std::vector<std::string> overrides =
-      layout_overrides(worker.parallel.dp_replicate, worker.parallel.dp_shard);
+      layout_overrides(worker.parallel.dp_replicate, worker.parallel.dp_shard, worker.parallel.ep);
   overrides.push_back("checkpoint.dir=" + worker.get("CKPT"));
   if (!worker.get("RESTORE").empty())
     overrides.push_back("checkpoint.restore_from=" + worker.get("RESTORE"));
@@ -59,7 +59,7 @@ MIXTRAIN_WORKER(reshard_save_and_continue) {
 
 // Restores CKPT and records one step ("resumed.safetensors", rank 0).
 NamedTensors resume(const DeviceMesh& mesh, const std::string& ckpt, const std::string& run_dir) {
-  std::vector<std::string> overrides = layout_overrides(mesh.dp_replicate, mesh.dp_shard);
+  std::vector<std::string> overrides = layout_overrides(mesh.dp_replicate, mesh.dp_shard, mesh.ep);
   overrides.push_back("checkpoint.restore_from=" + ckpt);
   Trainer trainer(checkpoint_test_config(overrides), mesh, run_dir);
   return recorded_step(trainer);
@@ -137,6 +137,20 @@ TEST_F(CheckpointResharding, TwoRanksToOneAndToFourThenFourToTwo) {
   expect_close_to_reference(
       read_safetensors((resumed_2.dir() / "resumed.safetensors").string()).tensors,
       read_safetensors((four.dir() / "reference.safetensors").string()).tensors, "4 ranks -> 2");
+}
+
+// Expert parallelism: the routed experts are saved as each ep rank's slice of whole experts.
+TEST_F(CheckpointResharding, ExpertParallelTwoRanksToOne) {
+  const std::string from_ep = (dir_ / "from_ep").string();
+  ParallelConfig parallel = degrees(1, 2);
+  parallel.ep = 2;
+  WorkerResult saved = run_workers("reshard_save_and_continue", 2, parallel,
+                                   {{"CKPT", from_ep}, {"SAVE_AT", "1"}, {"RESTORE", ""}});
+  ASSERT_TRUE(saved.all_ok()) << saved.summary();
+  expect_close_to_reference(
+      resume(make_single_process_mesh(), from_ep, dir_.string()),
+      read_safetensors((saved.dir() / "reference.safetensors").string()).tensors,
+      "2 ranks (ep 2) -> 1");
 }
 
 }  // namespace

@@ -26,14 +26,6 @@ extern char** environ;
 namespace mixtrain::testing {
 namespace {
 
-std::vector<nlohmann::json> metrics_rows(const std::string& path) {
-  std::vector<nlohmann::json> rows;
-  std::ifstream in(path);
-  std::string line;
-  while (std::getline(in, line)) rows.push_back(nlohmann::json::parse(line));
-  return rows;
-}
-
 nlohmann::json without_timing(nlohmann::json row) {
   row.erase("tokens_per_s");
   row.erase("elapsed_s");
@@ -64,8 +56,8 @@ TEST(CheckpointResume, SecondRunContinuesLikeOneRun) {
   ASSERT_EQ(second.exit_code, 0) << second.output;
   EXPECT_NE(second.output.find("restored step 2"), std::string::npos) << second.output;
 
-  const auto expected = metrics_rows(continuous.file("metrics.jsonl"));
-  const auto resumed = metrics_rows(split.file("metrics.jsonl"));
+  const auto expected = read_metrics(continuous.file("metrics.jsonl"));
+  const auto resumed = read_metrics(split.file("metrics.jsonl"));
   ASSERT_EQ(expected.size(), 4u);
   // The resumed run keeps the first run's lines of steps 1-2 and appends 3-4.
   ASSERT_EQ(resumed.size(), 4u);

@@ -22,14 +22,6 @@ extern char** environ;
 namespace mixtrain::testing {
 namespace {
 
-std::vector<nlohmann::json> read_metrics(const std::string& path) {
-  std::vector<nlohmann::json> rows;
-  std::ifstream in(path);
-  std::string line;
-  while (std::getline(in, line)) rows.push_back(nlohmann::json::parse(line));
-  return rows;
-}
-
 TEST(DistributedTrain, TwoRankFsdpMatchesOneProcess) {
   TempDir run;
   const std::string config = source_path("configs/qwen2_moe_tiny.yaml");

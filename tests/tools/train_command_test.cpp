@@ -11,14 +11,6 @@
 namespace mixtrain::testing {
 namespace {
 
-std::vector<nlohmann::json> read_metrics(const std::string& path) {
-  std::vector<nlohmann::json> rows;
-  std::ifstream in(path);
-  std::string line;
-  while (std::getline(in, line)) rows.push_back(nlohmann::json::parse(line));
-  return rows;
-}
-
 TEST(TrainCommand, ThirtyStepsOfTheAdamWConfigCutTheLossByTenPercent) {
   TempDir run;
   CommandResult r =

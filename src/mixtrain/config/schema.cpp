@@ -191,6 +191,8 @@ std::vector<LeafSpec> build_leaves() {
       MIXTRAIN_DERIVED_LEAF("optimizer.routing", optimizer.routing),
       MIXTRAIN_LEAF("optimizer.swap_optimizer", optimizer.swap_optimizer),
       MIXTRAIN_LEAF("optimizer.swap_merge_buckets", optimizer.swap_merge_buckets),
+      MIXTRAIN_LEAF("optimizer.swap_dir", optimizer.swap_dir),
+      MIXTRAIN_LEAF("optimizer.swap_bucket_mb", optimizer.swap_bucket_mb),
       MIXTRAIN_LEAF("fsdp_config.mix_precision.param_dtype", mix_precision.param_dtype),
       MIXTRAIN_LEAF("fsdp_config.mix_precision.reduce_dtype", mix_precision.reduce_dtype),
       MIXTRAIN_LEAF("fsdp_config.mix_precision.output_dtype", mix_precision.output_dtype),

@@ -25,6 +25,8 @@ const std::vector<std::pair<std::string, std::string>>& renamed_keys() {
         {"optimizer.muon_communication_dtype", "optimizer.muon_config.muon_communication_dtype"},
         {"optimizer.swap_optimizer", "optimizer.swap_optimizer"},
         {"optimizer.swap_merge_buckets", "optimizer.swap_merge_buckets"},
+        {"optimizer.swap_dir", "optimizer.swap_dir"},  // mixtrain keys, not torchtitan-npu's
+        {"optimizer.swap_bucket_mb", "optimizer.swap_bucket_mb"},
         {"training.steps", "train.steps"},
         {"training.seed", "train.seed"},
         {"training.max_norm", "train.max_grad_norm"},

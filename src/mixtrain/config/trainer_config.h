@@ -108,6 +108,8 @@ struct OptimizerConfig {
   std::string routing = "yaml";  // yaml | toml: which dialect's Muon routing rule applies
   bool swap_optimizer = false;
   int64_t swap_merge_buckets = 1;
+  std::string swap_dir;         // where the per-rank swap files go; empty: <run-dir>/swap
+  int64_t swap_bucket_mb = 64;  // size of one bucket of optimizer state moved at a time
 };
 
 struct MixPrecisionConfig {

@@ -179,6 +179,10 @@ void check_optimizer(const Checker& check, const OptimizerConfig& o) {
   }
   check.one_of("optimizer.routing", o.routing, {"yaml", "toml"});
   check.positive("optimizer.swap_merge_buckets", o.swap_merge_buckets);
+  check.positive("optimizer.swap_bucket_mb", o.swap_bucket_mb);
+  if (o.swap_bucket_mb > (int64_t{1} << 20)) {  // 1 TiB; bytes must fit in int64 with room
+    check.fail_value("optimizer.swap_bucket_mb", "must be <= 1048576 (1 TiB)");
+  }
 }
 
 void check_precision(const Checker& check, const TrainerConfig& c) {

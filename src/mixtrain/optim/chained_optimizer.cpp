@@ -201,7 +201,9 @@ ChainedOptimizer::StateInitialization ChainedOptimizer::initialize_state() {
       for (auto& group : leaf.param_groups()) group.options().set_lr(saved_lrs[g++]);
     };
     try {
+      if (swap_) swap_->begin_step();
       leaf.step();
+      if (swap_) swap_->end_step();
     } catch (...) {
       restore();
       for (auto it = leaf.state().begin(); it != leaf.state().end();) {
@@ -281,6 +283,9 @@ void ChainedOptimizer::import_checked_state(const NamedTensors& state) {
     }
     if (!imported.empty()) leaf.import_state(e.optimizer_param, imported);
   }
+  if (swap_) {
+    swap_->store(leaf_params());
+  }
 }
 
 void ChainedOptimizer::load_state_dict(const NamedTensors& state) {
@@ -326,8 +331,26 @@ std::vector<at::Tensor> ChainedOptimizer::grads_for_clipping() {
 }
 
 bool ChainedOptimizer::step_with_ready_grads() {
+  if (swap_) swap_->begin_step();
   for (auto& leaf : leaves_) leaf->step();
+  if (swap_) swap_->end_step();
   return true;
+}
+
+std::vector<std::pair<LeafOptimizer*, at::Tensor>> ChainedOptimizer::leaf_params() const {
+  std::vector<std::pair<LeafOptimizer*, at::Tensor>> params;
+  for (const auto& name : names_) {
+    const Entry& e = entries_.at(name);
+    params.emplace_back(leaves_[e.leaf].get(), e.optimizer_param);
+  }
+  return params;
+}
+
+void ChainedOptimizer::enable_state_swap(std::unique_ptr<StateSwap> swap) {
+  swap_ = std::move(swap);
+  for (auto& leaf : leaves_) leaf->set_state_swap(swap_.get());
+  // State that exists already (a restore before this call) goes to the file now.
+  swap_->store(leaf_params());
 }
 
 void ChainedOptimizer::zero_grad() {
@@ -543,7 +566,10 @@ NamedTensors ChainedOptimizer::state_dict() const {
   NamedTensors state;
   for (const auto& name : names_) {
     const Entry& e = entries_.at(name);
-    for (const auto& [state_name, tensor] : leaves_[e.leaf]->export_state(e.optimizer_param)) {
+    LeafOptimizer& leaf = *leaves_[e.leaf];
+    // Swapped state is read from the file (copies); otherwise aliases of the live state.
+    for (const auto& [state_name, tensor] : swap_ ? swap_->read_state(leaf, e.optimizer_param)
+                                                  : leaf.export_state(e.optimizer_param)) {
       state.emplace_back(kOptimizerStatePrefix + name + "." + state_name, tensor);
     }
   }

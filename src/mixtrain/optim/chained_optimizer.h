@@ -36,6 +36,7 @@
 #include <vector>
 
 #include "mixtrain/optim/leaf_optimizer.h"
+#include "mixtrain/optim/state_swap.h"
 #include "mixtrain/optim/training_optimizer.h"
 
 namespace mixtrain {
@@ -67,6 +68,12 @@ class ChainedOptimizer : public TrainingOptimizer {
   void set_routing(std::vector<RouteEntry> routes) { routes_ = std::move(routes); }
 
   const std::vector<std::unique_ptr<LeafOptimizer>>& leaves() const { return leaves_; }
+
+  // Swap optimizer (state_swap.h): from now on the leaves' state lives in `swap`'s file
+  // between steps. step_with_ready_grads and initialize_state bracket the leaf steps with
+  // begin_step / end_step; state_dict reads through it; import_checked_state writes into it.
+  void enable_state_swap(std::unique_ptr<StateSwap> swap);
+  StateSwap* state_swap() const { return swap_.get(); }
   // Parameter names in the order they were added.
   const std::vector<std::string>& names() const { return names_; }
   bool contains(const std::string& name) const { return entries_.count(name) != 0; }
@@ -133,8 +140,11 @@ class ChainedOptimizer : public TrainingOptimizer {
     at::Tensor main_grad;
   };
   const Entry& entry(const std::string& name) const;
+  // (leaf, optimizer param) of every parameter, in name order.
+  std::vector<std::pair<LeafOptimizer*, at::Tensor>> leaf_params() const;
 
   std::vector<std::unique_ptr<LeafOptimizer>> leaves_;
+  std::unique_ptr<StateSwap> swap_;  // declared after leaves_: destroyed before them
   // Throws std::logic_error when a leaf gained param groups after add_leaf.
   void check_group_counts() const;
 

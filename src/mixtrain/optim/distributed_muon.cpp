@@ -260,10 +260,7 @@ void Muon::step_fsdp(Collectives& comm, const std::vector<DistributedParam>& all
     for (size_t slot = 0; slot < bucket.size(); ++slot) {
       const DistributedParam& d = *params[bucket[slot]];
       const MuonOptions& options = group_options(d.group);
-      auto& state = begin_param_step(d.param);
-      const at::Tensor u =
-          muon_momentum_update(state.momentum_buffer(), d.param.grad(), options.momentum(),
-                               options.momentum_style(), options.nesterov());
+      const at::Tensor u = momentum_direction(d.param, d.param.grad(), options);
       pieces.push_back(u.reshape({-1}).to(wire));
       send_counts[slot] = u.numel();
     }
@@ -343,10 +340,7 @@ void Muon::step_ddp(Collectives& comm, const std::vector<DistributedParam>& all_
     for (size_t slot = 0; slot < bucket.size(); ++slot) {
       const DistributedParam& d = *params[bucket[slot]];
       const MuonOptions& options = group_options(d.group);
-      auto& state = begin_param_step(d.param);
-      const at::Tensor u =
-          muon_momentum_update(state.momentum_buffer(), d.param.grad(), options.momentum(),
-                               options.momentum_style(), options.nesterov());
+      const at::Tensor u = momentum_direction(d.param, d.param.grad(), options);
       if (static_cast<int>(slot) != rank) continue;
       const auto schedule = newton_schulz_schedule(options.ns_variant(), options.ns_steps(),
                                                    options.ns_coefficients());

@@ -1,5 +1,7 @@
 #include "mixtrain/optim/leaf_optimizer.h"
 
+#include "mixtrain/optim/state_swap.h"
+
 #include <c10/util/string_utils.h>
 
 #include <cstdint>
@@ -107,6 +109,14 @@ void HyperparameterReader::finish() const {
   for (auto it = values_.begin(); it != values_.end(); ++it) {
     if (!read_.count(it.key())) throw std::invalid_argument("unexpected field '" + it.key() + "'");
   }
+}
+
+void LeafOptimizer::acquire_state(const at::Tensor& param) {
+  if (swap_ != nullptr) swap_->acquire(*this, param);
+}
+
+void LeafOptimizer::release_state(const at::Tensor& param) {
+  if (swap_ != nullptr) swap_->release(*this, param);
 }
 
 }  // namespace mixtrain

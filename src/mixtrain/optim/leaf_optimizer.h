@@ -33,6 +33,8 @@
 
 namespace mixtrain {
 
+class StateSwap;
+
 using NamedTensorList = std::vector<std::pair<std::string, at::Tensor>>;
 
 class LeafOptimizer : public torch::optim::Optimizer {
@@ -63,12 +65,20 @@ class LeafOptimizer : public torch::optim::Optimizer {
   // std::invalid_argument naming the field, changing nothing; lr is left as it is.
   virtual void set_group_hyperparameters(size_t group, const nlohmann::json& values) = 0;
 
+  // Swap optimizer (state_swap.h): the leaf brackets each parameter's state use with
+  // acquire_state / release_state. Null (the default): state stays in memory.
+  void set_state_swap(StateSwap* swap) { swap_ = swap; }
+  StateSwap* state_swap() const { return swap_; }
+
  protected:
+  void acquire_state(const at::Tensor& param);
+  void release_state(const at::Tensor& param);
   static std::string state_key(const at::Tensor& param);
   // Undefined tensor when `param` has no copy-back target.
   at::Tensor copy_back_target(const at::Tensor& param) const;
 
  private:
+  StateSwap* swap_ = nullptr;
   std::unordered_map<const void*, at::Tensor> copy_back_;  // keyed by TensorImpl
 };
 

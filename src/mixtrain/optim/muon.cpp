@@ -230,7 +230,9 @@ at::Tensor Muon::step(LossClosure closure) {
   return loss;
 }
 
-MuonParamState& Muon::begin_param_step(const at::Tensor& p) {
+at::Tensor Muon::momentum_direction(const at::Tensor& p, const at::Tensor& grad,
+                                    const MuonOptions& options) {
+  acquire_state(p);
   auto& slot = state_[state_key(p)];
   if (!slot) {
     auto fresh = std::make_unique<MuonParamState>();
@@ -239,7 +241,11 @@ MuonParamState& Muon::begin_param_step(const at::Tensor& p) {
   }
   auto& state = static_cast<MuonParamState&>(*slot);
   state.step(state.step() + 1);
-  return state;
+  at::Tensor u = muon_momentum_update(state.momentum_buffer(), grad, options.momentum(),
+                                      options.momentum_style(), options.nesterov());
+  if (state_swap() != nullptr && u.is_same(state.momentum_buffer())) u = u.clone();
+  release_state(p);
+  return u;
 }
 
 void Muon::finish_param_step(const at::Tensor& p) {
@@ -256,9 +262,7 @@ void Muon::step_batch(const MuonOptions& options, const std::vector<NsCoefficien
     const at::Tensor& grad = p.grad();
     if (!grad.defined()) continue;
     TORCH_CHECK(!grad.is_sparse(), "Muon does not support sparse gradients");
-    auto& state = begin_param_step(p);
-    directions.push_back(muon_momentum_update(state.momentum_buffer(), grad, options.momentum(),
-                                              options.momentum_style(), options.nesterov()));
+    directions.push_back(momentum_direction(p, grad, options));
     params.push_back(p);
     matrices += p.numel() / (batch.rows * batch.cols);
   }

@@ -148,8 +148,11 @@ class Muon : public LeafOptimizer {
   bool batches_match_groups() const;
   void step_batch(const MuonOptions& options, const std::vector<NsCoefficients>& schedule,
                   const ShapeBatch& batch);
-  // Momentum state of p, created (zeros, p's dtype) on first use; counts the step.
-  MuonParamState& begin_param_step(const at::Tensor& p);
+  // Counts p's step and updates its momentum (state created, zeros in p's dtype, on first use)
+  // with `grad`; returns u, the direction to orthogonalize (never the live buffer when the
+  // state is swapped: the buffer leaves memory right after).
+  at::Tensor momentum_direction(const at::Tensor& p, const at::Tensor& grad,
+                                const MuonOptions& options);
   // Writes p's copy-back target after an update.
   void finish_param_step(const at::Tensor& p);
 

@@ -26,10 +26,12 @@
 #include "mixtrain/model/init_dtype.h"
 #include "mixtrain/model/registry.h"
 #include "mixtrain/optim/build_optimizer.h"
+#include "mixtrain/optim/chained_optimizer.h"
 #include "mixtrain/optim/distributed_muon.h"
 #include "mixtrain/optim/grad_clip.h"
 #include "mixtrain/optim/lr_schedule.h"
 #include "mixtrain/optim/param_groups.h"
+#include "mixtrain/optim/state_swap.h"
 #include "mixtrain/optim/training_optimizer.h"
 #include "mixtrain/trainer/checkpointing.h"
 #include "mixtrain/trainer/interrupt.h"
@@ -55,8 +57,24 @@ void refuse_unsupported(const TrainerConfig& config, c10::ScalarType model_dtype
   if (model_dtype == c10::kHalf && !config.optimizer.fp32_main_params)
     refuse("optimizer.fp32_main_params",
            "float16 models need fp32 main params and loss scaling; set it to true");
-  if (config.optimizer.swap_optimizer)
-    refuse("optimizer.swap_optimizer", "the swap optimizer is not available yet");
+}
+
+// optimizer.swap_optimizer: this rank's state file under optimizer.swap_dir (default
+// <run_dir>/swap).
+std::unique_ptr<StateSwap> make_state_swap(const OptimizerConfig& config,
+                                           const std::string& run_dir, int rank) {
+  const std::filesystem::path dir = config.swap_dir.empty()
+                                        ? std::filesystem::path(run_dir) / "swap"
+                                        : std::filesystem::path(config.swap_dir);
+  std::error_code error;
+  std::filesystem::create_directories(dir, error);
+  if (error) {
+    throw UserError("swap optimizer: cannot create optimizer.swap_dir " + dir.string() + ": " +
+                    error.message());
+  }
+  const std::string path =
+      (dir / ("optimizer_state.rank" + std::to_string(rank) + ".swap")).string();
+  return std::make_unique<StateSwap>(path, config.swap_bucket_mb << 20, config.swap_merge_buckets);
 }
 
 c10::ScalarType model_dtype_of(const TrainerConfig& config) {
@@ -118,6 +136,9 @@ Trainer::Trainer(const ResolvedConfig& resolved, const DeviceMesh& mesh, const s
   const c10::ScalarType model_dtype = model_dtype_of(config);
   refuse_unsupported(config, model_dtype);
   const bool is_rank0 = mesh_.rank == 0;
+  // LibTorch seeds its default generator nondeterministically; a run is reproducible (and its
+  // checkpointed RNG state meaningful) only when seeded: train.seed + rank, one stream per rank.
+  at::manual_seed(config.train.seed + static_cast<uint64_t>(mesh_.rank));
 
   // RFC 6.1 build order: model, then model_init_dtype, then sharding, then the optimizer.
   model_ = build_model(config.model, config.train.seed);
@@ -138,6 +159,16 @@ Trainer::Trainer(const ResolvedConfig& resolved, const DeviceMesh& mesh, const s
   if (sharded_) {
     if (config.optimizer.fp32_main_params) sharded_->set_main_grads(optimizer_.get());
     set_muon_sharding(optimizer_->chained(), sharded_->muon_sharding());
+  }
+  if (config.optimizer.swap_optimizer) {
+    optimizer_->chained().enable_state_swap(
+        make_state_swap(config.optimizer, run_dir_, mesh_.rank));
+    if (is_rank0)
+      log_info("swap optimizer: optimizer state lives in " +
+               optimizer_->chained().state_swap()->path() + " (and the other ranks' files) " +
+               "between steps, moved in buckets of " +
+               std::to_string(config.optimizer.swap_bucket_mb) + " MiB, " +
+               std::to_string(config.optimizer.swap_merge_buckets) + " per transfer");
   }
   if (is_rank0) {
     log_info(format_effective_adamw_block(resolved_));

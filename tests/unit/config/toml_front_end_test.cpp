@@ -119,6 +119,16 @@ TEST(TomlFrontEndTest, Example3Swap) {
   EXPECT_EQ(t.config.optimizer.swap_merge_buckets, 4);
 }
 
+TEST(TomlFrontEndTest, SwapDirAndBucketSize) {
+  const Translated t = translate_text(
+      "[optimizer]\nswap_optimizer = true\nswap_dir = \"/scratch/swap\"\nswap_bucket_mb = 16\n");
+  EXPECT_EQ(t.config.optimizer.swap_dir, "/scratch/swap");
+  EXPECT_EQ(t.config.optimizer.swap_bucket_mb, 16);
+  EXPECT_EQ(t.provenance.source("optimizer.swap_dir"), ValueSource::kFile);
+  EXPECT_EQ(t.provenance.source("optimizer.swap_bucket_mb"), ValueSource::kFile);
+  EXPECT_EQ(t.provenance.spelled_as.at("optimizer.swap_bucket_mb"), "optimizer.swap_bucket_mb");
+}
+
 TEST(TomlFrontEndTest, DefaultsFollowTorchtitan) {
   const Translated t = translate_text("");
   const OptimizerConfig& o = t.config.optimizer;
@@ -130,6 +140,8 @@ TEST(TomlFrontEndTest, DefaultsFollowTorchtitan) {
   EXPECT_EQ(o.muon.ns_variant, "legacy");
   EXPECT_FALSE(o.swap_optimizer);
   EXPECT_EQ(o.swap_merge_buckets, 1);
+  EXPECT_EQ(o.swap_dir, "");
+  EXPECT_EQ(o.swap_bucket_mb, 64);
   // enable = false (torchtitan's default): the folder is still known, but nothing is saved.
   EXPECT_EQ(t.config.checkpoint.dir, "./outputs/checkpoint");
   EXPECT_EQ(t.config.checkpoint.interval, 0);

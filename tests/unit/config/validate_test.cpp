@@ -221,6 +221,11 @@ TEST(ValidateTest, MuonRanges) {
             "optimizer.swap_merge_buckets: must be > 0, got 0");
   EXPECT_EQ(toml_error("[optimizer]\nswap_merge_buckets = 0\n"),
             "optimizer.swap_merge_buckets: must be > 0, got 0");
+  EXPECT_EQ(yaml_error("optimizer:\n  swap_bucket_mb: 0\n"),
+            "optimizer.swap_bucket_mb: must be > 0, got 0");
+  EXPECT_EQ(toml_error("[optimizer]\nswap_bucket_mb = -8\n"),
+            "optimizer.swap_bucket_mb: must be > 0, got -8");
+  expect_valid("c.yaml", "optimizer:\n  swap_bucket_mb: 1\n  swap_dir: /tmp/swap\n");
 }
 
 TEST(ValidateTest, NewtonSchulzSchedules) {

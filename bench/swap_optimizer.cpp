@@ -1,0 +1,524 @@
+// Swap optimizer (DESIGN §9): how much resident memory keeping the optimizer state in a file
+// saves, and what it costs in step time.
+//
+// A plain program (no Google Benchmark): it writes a ~85M-parameter Qwen2-MoE config (the RFC's
+// optimizer setup: bfloat16 model, fp32 main params, Muon + AdamW), trains it for a few steps
+// with the `mixtrain` binary twice, optimizer.swap_optimizer false then true, everything else
+// equal, and prints:
+//   - peak resident memory of each child process: ru_maxrss from wait4() over the whole run, and
+//     the peak over steps 2..N alone (the kernel's high-water mark is reset through
+//     /proc/<pid>/clear_refs once step 1, which creates the state, has been logged);
+//   - the drop, and the drop as a fraction of the optimizer-state size (target >= 60%);
+//   - the median step time over steps 2..N (elapsed_s differences in metrics.jsonl) and the
+//     swap / no-swap ratio (target <= 1.5);
+//   - whether the two runs' losses are bit-identical (they must be);
+//   - the machine: CPUs, CPU model, memory, the filesystem the swap files went to.
+// The optimizer-state size is computed through the library: the model is built from the same
+// config, its parameters routed (optim/routing.h), and every AdamW element counted 2 x 4 bytes
+// (exp_avg, exp_avg_sq) and every Muon element 4 bytes (momentum_buffer); the state is float32
+// because it lives on the fp32 main params, which themselves are not swapped.
+//
+// Usage: bench_swap_optimizer [MIXTRAIN_BINARY] [--steps N] [--work-dir DIR] [--keep]
+//   The binary defaults to the one built alongside. Runs go to a fresh directory under
+//   --work-dir (default $TMPDIR or /tmp); the swap files go to <run-dir>/swap, so --work-dir
+//   chooses the filesystem they are written to. --keep leaves the runs behind.
+//   OMP_NUM_THREADS, when set, applies to both runs (unset: the trainer uses every core).
+// Exit code: 0 when both runs trained and were measured (whether or not the targets were met);
+// 1 when a run failed (the trainer's exit code and the end of its log are printed) or the
+// losses differ.
+#include <fcntl.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <sys/statfs.h>
+#include <sys/time.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <exception>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "mixtrain/config/load.h"
+#include "mixtrain/model/registry.h"
+#include "mixtrain/optim/routing.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+
+// The benchmark model: 6 layers of the RFC's tiny Qwen2-MoE scaled up to hidden 512, 8 experts
+// and a 32000-token vocabulary (~85M parameters), one 128-token sample per step so that a step
+// takes seconds on two cores. The optimizer and precision sections are
+// configs/qwen2_moe_tiny.yaml's.
+constexpr const char* kConfig = R"(# Written by bench_swap_optimizer (bench/swap_optimizer.cpp).
+model_init_dtype: bfloat16
+
+optimizer:
+  _target_: Muon
+  fp32_main_params: true
+  muon_config:
+    muon_lr: 0.02
+    muon_weight_decay: 0.0
+    muon_momentum: 0.95
+    muon_nesterov: true
+    muon_ns_steps: 5
+    muon_ns_variant: asym5
+  adamw_config:
+    adamw_lr: 0.001
+    adamw_weight_decay: 0.01
+
+fsdp_config:
+  mix_precision:
+    param_dtype: bfloat16
+    reduce_dtype: float32
+    output_dtype: bfloat16
+    cast_forward_inputs: true
+
+model:
+  name: qwen2_moe
+  vocab_size: 32000
+  hidden_size: 512
+  num_layers: 6
+  num_heads: 8
+  num_kv_heads: 4
+  head_dim: 64
+  moe_intermediate_size: 512
+  num_experts: 8
+  num_experts_per_tok: 2
+  shared_expert_intermediate_size: 1024
+  max_seq_len: 128
+  rope_theta: 10000.0
+  rms_norm_eps: 1.0e-6
+  router_aux_loss_coef: 0.001
+
+data:
+  kind: synthetic
+  seq_len: 128
+  micro_batch_size: 1
+  global_batch_size: 1
+
+train:
+  steps: 6
+  seed: 1234
+  max_grad_norm: 1.0
+  log_every: 1
+  lr_scheduler:
+    warmup_steps: 1
+    decay: cosine
+    min_lr_ratio: 0.1
+
+checkpoint:
+  interval: 0
+)";
+
+constexpr double kMinRssDropFraction = 0.60;  // of the optimizer-state size
+constexpr double kMaxStepTimeRatio = 1.5;     // swap / no swap
+
+struct Options {
+  std::string binary = MIXTRAIN_BINARY;
+  int steps = 6;
+  std::string work_dir;
+  bool keep = false;
+};
+
+struct StateSize {
+  int64_t params = 0;        // every trainable element
+  int64_t adamw_params = 0;  // elements routed to AdamW
+  int64_t muon_params = 0;   // elements routed to Muon
+  double bytes() const { return 8.0 * adamw_params + 4.0 * muon_params; }
+};
+
+struct RunResult {
+  std::string name;
+  std::string run_dir;
+  std::string log_path;
+  int exit_code = -1;  // -1: killed by a signal
+  int signal = 0;
+  long peak_rss_kib = 0;         // wait4: ru_maxrss over the whole run
+  long later_peak_rss_kib = -1;  // steps 2..N (after the high-water mark reset); -1: unknown
+  std::vector<double> losses;    // per step
+  std::vector<double> step_s;    // steps 2..N
+};
+
+[[noreturn]] void fail(const std::string& message) {
+  std::fprintf(stderr, "bench_swap_optimizer: %s\n", message.c_str());
+  std::exit(1);
+}
+
+Options parse_options(int argc, char** argv) {
+  Options options;
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    auto value = [&]() -> std::string {
+      if (i + 1 >= argc) fail(arg + " needs a value");
+      return argv[++i];
+    };
+    if (arg == "--steps") {
+      options.steps = std::atoi(value().c_str());
+      if (options.steps < 3) fail("--steps must be >= 3 (step 1 is not timed)");
+    } else if (arg == "--work-dir") {
+      options.work_dir = value();
+    } else if (arg == "--keep") {
+      options.keep = true;
+    } else if (arg == "-h" || arg == "--help") {
+      std::printf(
+          "usage: %s [MIXTRAIN_BINARY] [--steps N] [--work-dir DIR] [--keep]\n"
+          "Trains a ~85M-parameter model N steps (default 6) without and with\n"
+          "optimizer.swap_optimizer and compares peak RSS and step time.\n",
+          argv[0]);
+      std::exit(0);
+    } else if (!arg.empty() && arg[0] != '-') {
+      options.binary = arg;
+    } else {
+      fail("unknown argument " + arg + " (see --help)");
+    }
+  }
+  return options;
+}
+
+StateSize optimizer_state_size(const std::string& config_path) {
+  const mixtrain::ResolvedConfig resolved = mixtrain::load_config(config_path, {});
+  const auto model = mixtrain::build_model(resolved.config.model,
+                                           static_cast<uint64_t>(resolved.config.train.seed));
+  std::vector<std::pair<std::string, at::Tensor>> named;
+  for (const auto& item : model->named_parameters()) named.emplace_back(item.key(), item.value());
+  StateSize size;
+  for (const mixtrain::RouteEntry& route :
+       mixtrain::route_parameters(named, resolved.config.optimizer)) {
+    int64_t numel = 1;
+    for (int64_t d : route.shape) numel *= d;
+    size.params += numel;
+    (route.optimizer == mixtrain::OptimizerKind::kMuon ? size.muon_params : size.adamw_params) +=
+        numel;
+  }
+  return size;
+}
+
+// "VmHWM:\t  123456 kB" -> 123456; -1 when the process or the field is gone.
+long read_status_kib(pid_t pid, const char* field) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/status");
+  std::string line;
+  const std::string prefix = std::string(field) + ":";
+  while (std::getline(in, line)) {
+    if (line.rfind(prefix, 0) == 0) return std::atol(line.c_str() + prefix.size());
+  }
+  return -1;
+}
+
+bool reset_peak_rss(pid_t pid) {
+  std::ofstream out("/proc/" + std::to_string(pid) + "/clear_refs");
+  out << "5";  // proc(5): reset the peak resident set size to the current one
+  out.flush();
+  return static_cast<bool>(out);
+}
+
+std::vector<nlohmann::json> read_metrics(const std::string& path) {
+  std::vector<nlohmann::json> rows;
+  std::ifstream in(path);
+  std::string line;
+  while (std::getline(in, line)) {
+    if (!line.empty()) rows.push_back(nlohmann::json::parse(line));
+  }
+  return rows;
+}
+
+std::string tail_of_file(const std::string& path, size_t lines) {
+  std::ifstream in(path);
+  std::vector<std::string> all;
+  std::string line;
+  while (std::getline(in, line)) all.push_back(line);
+  std::string text;
+  for (size_t i = all.size() > lines ? all.size() - lines : 0; i < all.size(); ++i) {
+    text += "    " + all[i] + "\n";
+  }
+  return text;
+}
+
+RunResult run_training(const Options& options, const std::string& config_path,
+                       const std::string& work_dir, bool swap) {
+  RunResult result;
+  result.name = swap ? "swap" : "no-swap";
+  result.run_dir = work_dir + "/" + result.name;
+  result.log_path = work_dir + "/" + result.name + ".log";
+  std::vector<std::string> args = {
+      options.binary, "train",
+      "--config",     config_path,
+      "--set",        "train.steps=" + std::to_string(options.steps),
+      "--set",        std::string("optimizer.swap_optimizer=") + (swap ? "true" : "false"),
+      "--run-dir",    result.run_dir};
+  std::vector<char*> argv;
+  for (std::string& arg : args) argv.push_back(arg.data());
+  argv.push_back(nullptr);
+
+  std::fflush(nullptr);
+  const pid_t pid = fork();
+  if (pid < 0) fail(std::string("fork: ") + std::strerror(errno));
+  if (pid == 0) {
+    const int fd = open(result.log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0 || dup2(fd, STDOUT_FILENO) < 0 || dup2(fd, STDERR_FILENO) < 0) _exit(126);
+    execv(argv[0], argv.data());
+    std::fprintf(stderr, "exec %s: %s\n", argv[0], std::strerror(errno));
+    _exit(127);
+  }
+
+  // Wait, and once step 1 (which creates the optimizer state) is in metrics.jsonl reset the
+  // kernel's high-water mark: from then on ru_maxrss is the peak of steps 2..N.
+  const std::string metrics_path = result.run_dir + "/metrics.jsonl";
+  long early_peak_kib = -1;
+  bool reset_done = false, reset_ok = false;
+  int status = 0;
+  struct rusage usage {};
+  for (;;) {
+    const pid_t done = wait4(pid, &status, WNOHANG, &usage);
+    if (done == pid) break;
+    if (done < 0 && errno != EINTR) fail(std::string("wait4: ") + std::strerror(errno));
+    if (!reset_done) {
+      struct stat st {};
+      if (stat(metrics_path.c_str(), &st) == 0 && st.st_size > 0) {
+        early_peak_kib = read_status_kib(pid, "VmHWM");
+        reset_ok = early_peak_kib > 0 && reset_peak_rss(pid);
+        reset_done = true;
+      }
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  if (WIFEXITED(status)) {
+    result.exit_code = WEXITSTATUS(status);
+  } else if (WIFSIGNALED(status)) {
+    result.signal = WTERMSIG(status);
+  }
+  result.peak_rss_kib = usage.ru_maxrss;
+  if (reset_ok) {
+    result.later_peak_rss_kib = usage.ru_maxrss;
+    result.peak_rss_kib = std::max(early_peak_kib, static_cast<long>(usage.ru_maxrss));
+  }
+
+  if (result.exit_code == 0) {
+    const std::vector<nlohmann::json> rows = read_metrics(metrics_path);
+    for (size_t i = 0; i < rows.size(); ++i) {
+      result.losses.push_back(rows[i].at("loss").is_null() ? NAN
+                                                           : rows[i].at("loss").get<double>());
+      if (i > 0) {
+        result.step_s.push_back(rows[i].at("elapsed_s").get<double>() -
+                                rows[i - 1].at("elapsed_s").get<double>());
+      }
+    }
+  }
+  return result;
+}
+
+double median(std::vector<double> values) {
+  if (values.empty()) return NAN;
+  std::sort(values.begin(), values.end());
+  const size_t n = values.size();
+  return n % 2 == 1 ? values[n / 2] : 0.5 * (values[n / 2 - 1] + values[n / 2]);
+}
+
+std::string cpu_model() {
+  std::ifstream in("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("model name", 0) == 0) {
+      const size_t colon = line.find(':');
+      if (colon != std::string::npos) return line.substr(line.find_first_not_of(" \t", colon + 1));
+    }
+  }
+  return "unknown";
+}
+
+long mem_total_kib() {
+  std::ifstream in("/proc/meminfo");
+  std::string key;
+  long value = 0;
+  while (in >> key >> value) {
+    if (key == "MemTotal:") return value;
+    in.ignore(1 << 10, '\n');
+  }
+  return -1;
+}
+
+std::string filesystem_of(const std::string& path) {
+  struct statfs st {};
+  if (statfs(path.c_str(), &st) != 0) return "unknown";
+  struct Known {
+    unsigned long magic;
+    const char* name;
+  };
+  const Known known[] = {
+      {0xEF53, "ext2/3/4"},
+      {0x01021994, "tmpfs (RAM: the swap files stay in memory)"},
+      {0x58465342, "xfs"},
+      {0x9123683E, "btrfs"},
+      {0x794C7630, "overlay"},
+      {0x6969, "nfs"},
+      {0x2FC12FC1, "zfs"},
+      {0x65735546, "fuse"},
+      {0x858458F6, "ramfs (RAM: the swap files stay in memory)"},
+  };
+  for (const Known& k : known) {
+    if (static_cast<unsigned long>(st.f_type) == k.magic) return k.name;
+  }
+  char hex[32];
+  std::snprintf(hex, sizeof(hex), "f_type 0x%lx", static_cast<unsigned long>(st.f_type));
+  return hex;
+}
+
+double mib(double kib) {
+  return kib / 1024.0;
+}
+
+void report_failure(const RunResult& run) {
+  if (run.signal != 0) {
+    std::fprintf(stderr, "bench_swap_optimizer: the %s run was killed by signal %d (%s)\n",
+                 run.name.c_str(), run.signal, strsignal(run.signal));
+  } else if (run.exit_code == 2) {
+    std::fprintf(stderr,
+                 "bench_swap_optimizer: the trainer refused the %s run (exit 2: a config it "
+                 "does not support%s)\n",
+                 run.name.c_str(),
+                 run.name == "swap" ? "; is the swap optimizer built into this binary?" : "");
+  } else {
+    std::fprintf(stderr, "bench_swap_optimizer: the %s run failed with exit code %d\n",
+                 run.name.c_str(), run.exit_code);
+  }
+  std::fprintf(stderr, "  end of %s:\n%s", run.log_path.c_str(),
+               tail_of_file(run.log_path, 8).c_str());
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const Options options = parse_options(argc, argv);
+  if (access(options.binary.c_str(), X_OK) != 0) {
+    fail("cannot run " + options.binary + " (build the mixtrain target, or pass its path)");
+  }
+  std::string base = options.work_dir;
+  if (base.empty()) base = std::getenv("TMPDIR") != nullptr ? std::getenv("TMPDIR") : "/tmp";
+  std::string pattern = base + "/mixtrain-swap-bench-XXXXXX";
+  if (mkdtemp(pattern.data()) == nullptr) {
+    fail("cannot create a directory under " + base + ": " + std::strerror(errno));
+  }
+  const std::string work_dir = pattern;
+  const std::string config_path = work_dir + "/swap_bench.yaml";
+  std::ofstream(config_path) << kConfig;
+
+  const char* threads = std::getenv("OMP_NUM_THREADS");
+  std::printf("machine: %ld CPUs online, %s, %.1f GiB memory; OMP_NUM_THREADS=%s\n",
+              sysconf(_SC_NPROCESSORS_ONLN), cpu_model().c_str(), mem_total_kib() / 1048576.0,
+              threads != nullptr ? threads : "(unset: every core)");
+  std::printf("runs and swap files in %s (%s)\n", work_dir.c_str(),
+              filesystem_of(work_dir).c_str());
+  std::printf("training %d steps twice with %s ...\n", options.steps, options.binary.c_str());
+  std::fflush(stdout);
+
+  std::vector<RunResult> runs;
+  for (bool swap : {false, true}) {
+    const auto start = std::chrono::steady_clock::now();
+    runs.push_back(run_training(options, config_path, work_dir, swap));
+    const RunResult& run = runs.back();
+    std::printf("  %s: exit %d after %.0f s\n", run.name.c_str(), run.exit_code,
+                std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+    std::fflush(stdout);
+    if (run.exit_code != 0) {
+      report_failure(run);
+      std::fprintf(stderr, "bench_swap_optimizer: no result; runs kept in %s\n", work_dir.c_str());
+      return 1;
+    }
+    if (static_cast<int>(run.losses.size()) != options.steps) {
+      fail("the " + run.name + " run logged " + std::to_string(run.losses.size()) + " steps in " +
+           run.run_dir + "/metrics.jsonl, expected " + std::to_string(options.steps));
+    }
+  }
+  const RunResult& base_run = runs[0];
+  const RunResult& swap_run = runs[1];
+
+  // Only now, after the runs: a child's ru_maxrss includes what its parent had resident when
+  // it forked, so the model built here must not exist before them.
+  StateSize state;
+  try {
+    state = optimizer_state_size(config_path);
+  } catch (const std::exception& e) {
+    fail(std::string("cannot size the optimizer state: ") + e.what());
+  }
+  std::printf(
+      "model: %.1fM parameters (%.1fM AdamW, %.1fM Muon), bfloat16, fp32 main params; "
+      "optimizer state %.1f MiB\n",
+      state.params / 1e6, state.adamw_params / 1e6, state.muon_params / 1e6,
+      state.bytes() / 1048576.0);
+
+  const double drop_kib = static_cast<double>(base_run.peak_rss_kib - swap_run.peak_rss_kib);
+  const double drop_fraction = drop_kib * 1024.0 / state.bytes();
+  const double t_base = median(base_run.step_s), t_swap = median(swap_run.step_s);
+  const double ratio = t_swap / t_base;
+  const bool later_known = base_run.later_peak_rss_kib > 0 && swap_run.later_peak_rss_kib > 0;
+  const double later_drop_kib =
+      later_known ? static_cast<double>(base_run.later_peak_rss_kib - swap_run.later_peak_rss_kib)
+                  : NAN;
+  int first_difference = 0;
+  for (int i = 0; i < options.steps; ++i) {
+    // Bitwise: NaN == NaN counts as equal here.
+    if (std::memcmp(&base_run.losses[i], &swap_run.losses[i], sizeof(double)) != 0) {
+      first_difference = i + 1;
+      break;
+    }
+  }
+
+  std::printf("\n| measure | no swap | swap | change | target |\n");
+  std::printf("| --- | --- | --- | --- | --- |\n");
+  std::printf(
+      "| peak RSS, whole run (MiB) | %.0f | %.0f | -%.0f MiB = %.0f%% of the %.0f MiB "
+      "optimizer state | >= %.0f%%: %s |\n",
+      mib(base_run.peak_rss_kib), mib(swap_run.peak_rss_kib), mib(drop_kib), 100 * drop_fraction,
+      state.bytes() / 1048576.0, 100 * kMinRssDropFraction,
+      drop_fraction >= kMinRssDropFraction ? "met" : "NOT met");
+  if (later_known) {
+    std::printf(
+        "| peak RSS, steps 2..%d (MiB) | %.0f | %.0f | -%.0f MiB = %.0f%% of the state "
+        "| |\n",
+        options.steps, mib(base_run.later_peak_rss_kib), mib(swap_run.later_peak_rss_kib),
+        mib(later_drop_kib), 100 * later_drop_kib * 1024.0 / state.bytes());
+  } else {
+    std::printf(
+        "| peak RSS, steps 2..%d (MiB) | n/a | n/a | (could not reset the high-water "
+        "mark) | |\n",
+        options.steps);
+  }
+  std::printf("| median step time, steps 2..%d (s) | %.3f | %.3f | x%.2f | <= x%.1f: %s |\n",
+              options.steps, t_base, t_swap, ratio, kMaxStepTimeRatio,
+              ratio <= kMaxStepTimeRatio ? "met" : "NOT met");
+  // A busy machine shows as a wide spread between the fastest and the median step.
+  const double min_base = *std::min_element(base_run.step_s.begin(), base_run.step_s.end());
+  const double min_swap = *std::min_element(swap_run.step_s.begin(), swap_run.step_s.end());
+  std::printf("| fastest step, steps 2..%d (s) | %.3f | %.3f | x%.2f | |\n", options.steps,
+              min_base, min_swap, min_swap / min_base);
+  std::printf("| losses | | | %s | bit-identical |\n",
+              first_difference == 0
+                  ? "bit-identical"
+                  : ("DIFFER from step " + std::to_string(first_difference)).c_str());
+
+  if (options.keep) {
+    std::printf("\nruns kept in %s\n", work_dir.c_str());
+  } else {
+    std::error_code ignored;
+    fs::remove_all(work_dir, ignored);
+  }
+  if (first_difference != 0) {
+    std::fprintf(stderr, "bench_swap_optimizer: the swap run's loss differs from step %d on\n",
+                 first_difference);
+    return 1;
+  }
+  return 0;
+}

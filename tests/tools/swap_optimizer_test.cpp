@@ -3,7 +3,8 @@
 // metrics (every field but the timings) on 1 rank and on 2 ranks (FSDP: distributed Muon),
 // and identical checkpoints (`ckpt diff --atol 0`: every tensor equal; the state differs only
 // in the config leaf that switched swapping on). Small buckets make every step stream the
-// state through many groups.
+// state through many groups. On 1 rank, resuming with swap on from a checkpoint saved without
+// it continues like resuming without.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -20,7 +21,7 @@ nlohmann::json without_timing(nlohmann::json row) {
   return row;
 }
 
-void expect_swap_changes_nothing(const std::string& nproc) {
+void expect_swap_changes_nothing(const std::string& nproc, bool resume = false) {
   TempDir off, on;
   const std::string common =
       "train --config " + source_path("configs/qwen2_moe_tiny.yaml") + " --nproc " + nproc +
@@ -46,10 +47,29 @@ void expect_swap_changes_nothing(const std::string& nproc) {
   EXPECT_EQ(diff.exit_code, 0) << diff.output;
   // The swap files are removed at exit.
   EXPECT_TRUE(std::filesystem::is_empty(on.file("swap"))) << on.file("swap");
+  if (!resume) return;
+
+  // A restore writes the loaded state into the file: resuming the unswapped run's checkpoint
+  // with swap on continues exactly like resuming it without.
+  TempDir resumed_off, resumed_on;
+  const std::string resume_common =
+      common + " --set train.steps=22 --set checkpoint.restore_from=" + off.file("checkpoints");
+  const CommandResult c = run_mixtrain(resume_common + " --run-dir " + resumed_off.path());
+  ASSERT_EQ(c.exit_code, 0) << c.output;
+  const CommandResult d = run_mixtrain(
+      resume_common + " --set optimizer.swap_optimizer=true --run-dir " + resumed_on.path());
+  ASSERT_EQ(d.exit_code, 0) << d.output;
+  const auto after_off = read_metrics(resumed_off.file("metrics.jsonl"));
+  const auto after_on = read_metrics(resumed_on.file("metrics.jsonl"));
+  ASSERT_EQ(after_off.size(), 2u);  // steps 21 and 22
+  ASSERT_EQ(after_on.size(), 2u);
+  for (size_t i = 0; i < 2; ++i) {
+    EXPECT_EQ(without_timing(after_on[i]), without_timing(after_off[i])) << "step " << 21 + i;
+  }
 }
 
-TEST(SwapOptimizer, OneRankTrainsIdentically) {
-  expect_swap_changes_nothing("1");
+TEST(SwapOptimizer, OneRankTrainsAndResumesIdentically) {
+  expect_swap_changes_nothing("1", /*resume=*/true);
 }
 TEST(SwapOptimizer, TwoRanksTrainIdentically) {
   expect_swap_changes_nothing("2");

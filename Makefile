@@ -5,7 +5,7 @@ CONFIG ?= configs/qwen2_moe_tiny.yaml
 RUN_DIR ?= runs/default
 NPROC ?= 2
 
-.PHONY: all setup configure build test train format clean
+.PHONY: all setup configure build test train bench format clean
 
 all: build
 
@@ -25,6 +25,11 @@ test: build
 
 train: build
 	$(BUILD_DIR)/mixtrain train --config $(CONFIG) --nproc $(NPROC) --run-dir $(RUN_DIR)
+
+# Every benchmark program under bench/, one after the other (figures: bench/README.md).
+bench: build
+	cmake --build $(BUILD_DIR) --target benchmarks -j $(JOBS)
+	@set -e; for b in $(BUILD_DIR)/bench_*; do echo "== $$b"; $$b; done
 
 format:
 	find src tests bench -name '*.cpp' -o -name '*.h' | xargs clang-format -i

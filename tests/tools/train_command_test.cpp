@@ -117,6 +117,51 @@ TEST(TrainCommand, Float16ComputeIsRefusedNotFaked) {
   EXPECT_FALSE(std::filesystem::exists(run.file("out/metrics.jsonl")));
 }
 
+// train.profile on 2 ranks (FSDP, so gradients are reduce-scattered inside backward) with a
+// checkpoint every 2 steps: one profile line per log_every steps, and a split in every
+// metrics row whose phases are non-negative and fit in the step.
+TEST(TrainCommand, ProfileSplitsTheStepInTheLogAndTheMetrics) {
+  TempDir run;
+  CommandResult r = run_mixtrain("train --config " + source_path("configs/qwen2_moe_tiny.yaml") +
+                                 " --nproc 2 --set train.steps=4 --set train.log_every=2" +
+                                 " --set train.profile=true --set checkpoint.interval=2" +
+                                 " --run-dir " + run.path());
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  for (const char* line : {"profile steps 1-2: ", "profile steps 3-4: "}) {
+    const size_t at = r.output.find(line);
+    ASSERT_NE(at, std::string::npos) << line << "\n" << r.output;
+    const std::string text = r.output.substr(at, r.output.find('\n', at) - at);
+    for (const char* part : {" s/step = forward ", " | backward ", "; gradient reduce ", " | clip ",
+                             " | optimizer ", " | checkpoint ", " | other ", " tok/s"}) {
+      EXPECT_NE(text.find(part), std::string::npos) << part << " in " << text;
+    }
+  }
+  EXPECT_EQ(r.output.find("profile step "), std::string::npos) << r.output;  // no odd line
+  const std::vector<nlohmann::json> rows = read_metrics(run.file("metrics.jsonl"));
+  ASSERT_EQ(rows.size(), 4u);
+  for (const auto& row : rows) {
+    SCOPED_TRACE(row.dump());
+    double phases = 0;
+    for (const char* key : {"forward_s", "backward_s", "reduce_s", "clip_s", "optimizer_s",
+                            "checkpoint_s", "step_s"}) {
+      ASSERT_TRUE(row.contains(key) && row[key].is_number()) << key;
+      EXPECT_GE(row[key].get<double>(), 0.0) << key;
+      if (std::string(key) != "reduce_s" && std::string(key) != "step_s")
+        phases += row[key].get<double>();
+    }
+    const double step_s = row["step_s"].get<double>();
+    EXPECT_LE(phases, step_s);
+    EXPECT_GT(row["forward_s"].get<double>(), 0.0);
+    EXPECT_GT(row["backward_s"].get<double>(), 0.0);
+    EXPECT_GT(row["reduce_s"].get<double>(), 0.0);  // the FSDP reduce-scatters
+    EXPECT_LE(row["reduce_s"].get<double>(), row["backward_s"].get<double>());
+    EXPECT_GT(row["optimizer_s"].get<double>(), 0.0);
+    // Checkpoints after steps 2 and 4 only.
+    const bool saved = row["step"].get<int64_t>() % 2 == 0;
+    EXPECT_EQ(row["checkpoint_s"].get<double>() > 0.0, saved);
+  }
+}
+
 // A valid llm.c shard (256 int32 header: magic 20240520, version 1, count; uint16 tokens).
 void write_token_shard(const std::string& path, const std::vector<uint16_t>& tokens) {
   std::vector<int32_t> header(256, 0);

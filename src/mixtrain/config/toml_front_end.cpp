@@ -47,6 +47,8 @@ const std::vector<std::pair<std::string, std::string>>& renamed_keys() {
         {"checkpoint.keep_latest_k", "checkpoint.keep_last"},
         {"checkpoint.initial_load_path", "checkpoint.restore_from"},
         {"metrics.log_freq", "train.log_every"},
+        // torchtitan's switch for its profiler; here it turns on the per-phase step timing.
+        {"profiling.enable_profiling", "train.profile"},
     };
     // [model] takes our model keys unchanged.
     for (const LeafSpec& spec : canonical_leaves()) {

@@ -50,6 +50,9 @@ struct TrainConfig {
   int64_t seed = 1234;
   double max_grad_norm = 1.0;  // <= 0 disables clipping
   int64_t log_every = 10;
+  // Every log_every steps rank 0 logs where the step time went (forward, backward, gradient
+  // reduce, clipping, optimizer, checkpoint, other) and metrics.jsonl gets the split per step.
+  bool profile = false;
   LrSchedulerConfig lr_scheduler;
 };
 

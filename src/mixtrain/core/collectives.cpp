@@ -3,38 +3,132 @@
 #include <ATen/ATen.h>
 
 #include <cstring>
+#include <mutex>
 #include <stdexcept>
 
 namespace mixtrain {
 namespace {
 
+// The process counters (behind a mutex: a collective costs far more than taking it) and the
+// calling thread's.
+std::mutex& process_stats_mutex() {
+  static std::mutex mutex;
+  return mutex;
+}
+CollectiveStats& process_stats() {
+  static CollectiveStats stats;
+  return stats;
+}
+CollectiveStats& thread_stats() {
+  thread_local CollectiveStats stats;
+  return stats;
+}
+
+void add(CollectiveOpStats& into, int64_t bytes, double seconds) {
+  into.calls += 1;
+  into.bytes += bytes;
+  into.seconds += seconds;
+}
+
+// Counts every call with 0 bytes: nothing leaves the process.
 class LocalCollectives final : public Collectives {
  public:
   explicit LocalCollectives(std::string name) : name_(std::move(name)) {}
   int rank() const override { return 0; }
   int size() const override { return 1; }
   std::string name() const override { return name_; }
-  void all_reduce_sum(at::Tensor&) override {}
-  at::Tensor all_gather(const at::Tensor& local) override { return local.clone(); }
-  at::Tensor reduce_scatter_sum(const at::Tensor& full) override { return full.clone(); }
+  void all_reduce_sum(at::Tensor&) override {
+    CollectiveCallRecord record(CollectiveOp::kAllReduce, 0);
+  }
+  at::Tensor all_gather(const at::Tensor& local) override {
+    CollectiveCallRecord record(CollectiveOp::kAllGather, 0);
+    return local.clone();
+  }
+  at::Tensor reduce_scatter_sum(const at::Tensor& full) override {
+    CollectiveCallRecord record(CollectiveOp::kReduceScatter, 0);
+    return full.clone();
+  }
   at::Tensor all_to_all(const at::Tensor& input, const std::vector<int64_t>& send_counts,
                         const std::vector<int64_t>& recv_counts) override {
     if (send_counts.size() != 1 || recv_counts.size() != 1 || send_counts[0] != recv_counts[0] ||
         send_counts[0] != input.size(0)) {
       throw std::invalid_argument(name_ + ": all_to_all on one rank must send every row to itself");
     }
+    CollectiveCallRecord record(CollectiveOp::kAllToAll, 0);
     return input.clone();
   }
   void broadcast(at::Tensor&, int root) override {
     if (root != 0) throw std::invalid_argument(name_ + ": broadcast root out of range");
+    CollectiveCallRecord record(CollectiveOp::kBroadcast, 0);
   }
-  void barrier() override {}
+  void barrier() override { CollectiveCallRecord record(CollectiveOp::kBarrier, 0); }
 
  private:
   std::string name_;
 };
 
 }  // namespace
+
+const char* collective_op_name(CollectiveOp op) {
+  switch (op) {
+    case CollectiveOp::kAllReduce:
+      return "all_reduce";
+    case CollectiveOp::kAllGather:
+      return "all_gather";
+    case CollectiveOp::kReduceScatter:
+      return "reduce_scatter";
+    case CollectiveOp::kAllToAll:
+      return "all_to_all";
+    case CollectiveOp::kBroadcast:
+      return "broadcast";
+    case CollectiveOp::kBarrier:
+      return "barrier";
+  }
+  throw std::logic_error("collective_op_name: bad enum value");
+}
+
+CollectiveOpStats CollectiveStats::total() const {
+  CollectiveOpStats sum;
+  for (const CollectiveOpStats& op : ops) {
+    sum.calls += op.calls;
+    sum.bytes += op.bytes;
+    sum.seconds += op.seconds;
+  }
+  return sum;
+}
+
+CollectiveStats CollectiveStats::operator-(const CollectiveStats& earlier) const {
+  CollectiveStats diff;
+  for (size_t i = 0; i < kCollectiveOpCount; ++i) {
+    diff.ops[i].calls = ops[i].calls - earlier.ops[i].calls;
+    diff.ops[i].bytes = ops[i].bytes - earlier.ops[i].bytes;
+    diff.ops[i].seconds = ops[i].seconds - earlier.ops[i].seconds;
+  }
+  return diff;
+}
+
+CollectiveStats collective_stats() {
+  std::lock_guard<std::mutex> lock(process_stats_mutex());
+  return process_stats();
+}
+
+CollectiveStats thread_collective_stats() {
+  return thread_stats();
+}
+
+void reset_collective_stats() {
+  {
+    std::lock_guard<std::mutex> lock(process_stats_mutex());
+    process_stats() = CollectiveStats{};
+  }
+  thread_stats() = CollectiveStats{};
+}
+
+void record_collective(CollectiveOp op, int64_t bytes, double seconds) {
+  add(thread_stats()[op], bytes, seconds);
+  std::lock_guard<std::mutex> lock(process_stats_mutex());
+  add(process_stats()[op], bytes, seconds);
+}
 
 std::unique_ptr<Collectives> make_local_collectives(const std::string& name) {
   return std::make_unique<LocalCollectives>(name);

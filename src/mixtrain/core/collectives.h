@@ -13,6 +13,8 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <array>
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -47,7 +49,86 @@ class Collectives {
 std::vector<std::string> all_gather_strings(Collectives& group, const std::string& text);
 
 // The one-rank group: every collective is the identity (all_gather/reduce_scatter/all_to_all
-// return a copy of their input).
+// return a copy of their input). Its calls are counted (below) with 0 bytes.
 std::unique_ptr<Collectives> make_local_collectives(const std::string& name = "local");
+
+// ---- Communication counters ----
+//
+// Every Collectives call made in this process is counted, per operation kind: the calls, the
+// payload bytes this rank sends, and the wall seconds spent inside the call (waiting for the
+// peers included). The counters are per process (every group, every thread, summed) and, for
+// attributing traffic to one loop, per thread; they only grow until reset.
+//
+// Bytes: what this rank's own data must put on the wire to reach the peers that need it, as a
+// bandwidth-optimal algorithm sends it (a ring for the reductions and the gather, direct
+// sends for all_to_all). n = group size, B = nbytes of the tensor passed in:
+//   all_reduce      2 (n-1)/n B   ring all-reduce = reduce-scatter + all-gather (rounded down)
+//   all_gather      (n-1) B       the local block reaches n-1 peers: (n-1)/n of the result
+//   reduce_scatter  (n-1)/n B     B is the full input; the n-1 chunks that belong to the peers
+//   all_to_all      sum over peers i != rank of send_counts[i] rows x the bytes of one row
+//                   (the block a rank keeps for itself never leaves it)
+//   broadcast       (n-1) B on the root, 0 on the others (the root's data reaches n-1 peers; a
+//                   tree or chain spreads these bytes over forwarding ranks, but the group
+//                   total is the same)
+//   barrier         0
+// These are the bytes of the ideal algorithm, not a packet capture: Gloo's own algorithms
+// (e.g. its reduce_scatter emulated by alltoall_base, which sends exactly (n-1)/n B) may send
+// more or less, and headers are not counted. A one-rank group sends 0 bytes. bfloat16 counts 2
+// bytes per element, like float16 (it travels as float16 bits). A call that fails (a dead peer)
+// is still counted, with the time until it failed; argument errors, thrown before any
+// communication, are not.
+enum class CollectiveOp { kAllReduce, kAllGather, kReduceScatter, kAllToAll, kBroadcast, kBarrier };
+inline constexpr size_t kCollectiveOpCount = 6;
+// "all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "barrier".
+const char* collective_op_name(CollectiveOp op);
+
+struct CollectiveOpStats {
+  int64_t calls = 0;
+  int64_t bytes = 0;     // sent by this rank, per the table above
+  double seconds = 0.0;  // wall time inside the calls
+};
+
+struct CollectiveStats {
+  std::array<CollectiveOpStats, kCollectiveOpCount> ops{};  // indexed by CollectiveOp
+
+  CollectiveOpStats& operator[](CollectiveOp op) { return ops[static_cast<size_t>(op)]; }
+  const CollectiveOpStats& operator[](CollectiveOp op) const {
+    return ops[static_cast<size_t>(op)];
+  }
+  CollectiveOpStats total() const;  // every op kind summed
+  // What happened between two snapshots: later - earlier, field by field.
+  CollectiveStats operator-(const CollectiveStats& earlier) const;
+};
+
+// This process (every thread and group). Thread-safe.
+CollectiveStats collective_stats();
+// The calling thread only: e.g. the training loop's traffic without an async checkpoint
+// thread's.
+CollectiveStats thread_collective_stats();
+// Zeroes the process counters and the calling thread's (other threads' own counters keep
+// their values; take differences of snapshots to measure a span instead).
+void reset_collective_stats();
+
+// For implementations of Collectives: adds one call to both counters. Thread-safe.
+void record_collective(CollectiveOp op, int64_t bytes, double seconds);
+
+// Times a scope and records it as one call of `op` when the scope ends (also by an exception).
+class CollectiveCallRecord {
+ public:
+  CollectiveCallRecord(CollectiveOp op, int64_t bytes)
+      : op_(op), bytes_(bytes), start_(std::chrono::steady_clock::now()) {}
+  ~CollectiveCallRecord() {
+    record_collective(
+        op_, bytes_,
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count());
+  }
+  CollectiveCallRecord(const CollectiveCallRecord&) = delete;
+  CollectiveCallRecord& operator=(const CollectiveCallRecord&) = delete;
+
+ private:
+  CollectiveOp op_;
+  int64_t bytes_;
+  std::chrono::steady_clock::time_point start_;
+};
 
 }  // namespace mixtrain

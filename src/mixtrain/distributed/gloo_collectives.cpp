@@ -75,6 +75,10 @@ void GlooCollectives::all_reduce_sum(at::Tensor& tensor) {
     throw std::invalid_argument(name_ + ": all_reduce_sum of bfloat16 is not offered; reduce " +
                                 "in float32");
   }
+  // Ring all-reduce: reduce-scatter then all-gather, (n-1)/n of the tensor each.
+  const int64_t n = size_;
+  CollectiveCallRecord record(CollectiveOp::kAllReduce,
+                              2 * (n - 1) * static_cast<int64_t>(tensor.nbytes()) / n);
   std::vector<at::Tensor> tensors = {tensor};
   wait(group_->allreduce(tensors), "all_reduce_sum");
 }
@@ -86,6 +90,9 @@ at::Tensor GlooCollectives::all_gather(const at::Tensor& local) {
   const int64_t rows = shape[0];
   shape[0] = rows * size_;
   at::Tensor result = at::empty(shape, local.options());
+  // The local block reaches the n-1 peers.
+  CollectiveCallRecord record(CollectiveOp::kAllGather,
+                              (size_ - 1) * static_cast<int64_t>(local.nbytes()));
   if (result.numel() == 0) return result;
   at::Tensor wire_result = wire_view(result);
   std::vector<at::Tensor> inputs = {
@@ -110,6 +117,9 @@ at::Tensor GlooCollectives::reduce_scatter_sum(const at::Tensor& full) {
                                 "group size " + std::to_string(size_));
   }
   const int64_t rows = full.size(0) / size_;
+  // The chunks of the n-1 peers leave this rank (as in a ring reduce-scatter).
+  CollectiveCallRecord record(CollectiveOp::kReduceScatter,
+                              (size_ - 1) * static_cast<int64_t>(full.nbytes()) / size_);
   if (full.numel() == 0) return at::empty_like(full).narrow(0, 0, rows).contiguous();
   // Equal-split alltoall: block j of `received` is rank j's chunk rank(); the same bytes on the
   // wire as a ring reduce-scatter.
@@ -150,6 +160,14 @@ at::Tensor GlooCollectives::all_to_all(const at::Tensor& input,
   }
   std::vector<int64_t> shape = input.sizes().vec();
   shape[0] = recv_total;
+  // Every block but the one this rank keeps.
+  int64_t row_bytes = static_cast<int64_t>(input.element_size());
+  for (int64_t d = 1; d < input.dim(); ++d) row_bytes *= input.size(d);
+  int64_t sent_rows = 0;
+  for (int i = 0; i < size_; ++i) {
+    if (i != rank_) sent_rows += send_counts[i];
+  }
+  CollectiveCallRecord record(CollectiveOp::kAllToAll, sent_rows * row_bytes);
   at::Tensor result = at::empty(shape, input.options());
   at::Tensor wire_input = wire_view(input);
   at::Tensor wire_result = wire_view(result);
@@ -165,6 +183,10 @@ void GlooCollectives::broadcast(at::Tensor& tensor, int root) {
     throw std::invalid_argument(name_ + ": broadcast root " + std::to_string(root) +
                                 " out of range");
   }
+  // The root's tensor reaches the n-1 peers; charged to the root.
+  CollectiveCallRecord record(
+      CollectiveOp::kBroadcast,
+      rank_ == root ? (size_ - 1) * static_cast<int64_t>(tensor.nbytes()) : 0);
   std::vector<at::Tensor> tensors = {wire_view(tensor)};
   c10d::BroadcastOptions options;
   options.rootRank = root;
@@ -172,6 +194,7 @@ void GlooCollectives::broadcast(at::Tensor& tensor, int root) {
 }
 
 void GlooCollectives::barrier() {
+  CollectiveCallRecord record(CollectiveOp::kBarrier, 0);
   wait(group_->barrier(), "barrier");
 }
 

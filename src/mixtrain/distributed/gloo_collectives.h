@@ -6,7 +6,9 @@
 // reduce_scatter_sum is alltoall_base followed by a local sum in rank order (float16 payloads
 // accumulate in float32). Every Work is waited on; a failure or a timeout (the group's
 // Options::timeout) becomes mixtrain::UserError("<group>: <op> failed on rank R: <reason>"),
-// R being this process's world rank.
+// R being this process's world rank. Every call is counted in the communication counters of
+// core/collectives.h (calls, the bytes this rank sends by the convention documented there,
+// seconds inside the call); argument errors, caught before any communication, are not.
 #pragma once
 
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>

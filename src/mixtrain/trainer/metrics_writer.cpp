@@ -35,6 +35,16 @@ std::string metrics_json_line(const StepMetrics& m) {
   j["aux_loss"] = finite_or_null(m.aux_loss);
   j["loss_scale"] = finite_or_null(m.loss_scale);
   j["skipped_steps"] = m.skipped_steps;
+  if (m.profile) {
+    const StepTimes& t = *m.profile;
+    j["forward_s"] = finite_or_null(t.forward_s);
+    j["backward_s"] = finite_or_null(t.backward_s);
+    j["reduce_s"] = finite_or_null(t.reduce_s);
+    j["clip_s"] = finite_or_null(t.clip_s);
+    j["optimizer_s"] = finite_or_null(t.optimizer_s);
+    j["checkpoint_s"] = finite_or_null(t.checkpoint_s);
+    j["step_s"] = finite_or_null(t.step_s);
+  }
   return j.dump();
 }
 

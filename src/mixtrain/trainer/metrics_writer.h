@@ -1,10 +1,12 @@
 // Per-step training metrics as JSON Lines: <run_dir>/metrics.jsonl.
 //
 // One JSON object per step, keys in this order: step, loss, grad_norm, lr, tokens_per_s,
-// elapsed_s, aux_loss, loss_scale, skipped_steps. A non-finite value (a NaN loss, an infinite grad
-// norm) is written as null so every line stays valid JSON. Each line is flushed to the kernel
-// before write() returns, so a Ctrl-C or a crash of the process loses nothing already written (a
-// power loss may; we do not fsync per step). Opening creates run_dir and its parents and truncates
+// elapsed_s, aux_loss, loss_scale, skipped_steps; with a profile (train.profile) also
+// forward_s, backward_s, reduce_s, clip_s, optimizer_s, checkpoint_s, step_s (step_profile.h).
+// A non-finite value (a NaN loss, an infinite grad norm) is written as null so every line
+// stays valid JSON. Each line is flushed to the kernel before write() returns, so a Ctrl-C or a
+// crash of the process loses nothing already written (a power loss may; we do not fsync per
+// step). Opening creates run_dir and its parents and truncates
 // an existing metrics.jsonl: a new run starts a new file. A run resumed from a checkpoint of step
 // S (resumed_step = S > 0) keeps the existing file's lines of steps <= S instead, so the file
 // reads as one run again. Any failure to create, open or write
@@ -14,7 +16,10 @@
 #include <cstdint>
 #include <cstdio>
 #include <memory>
+#include <optional>
 #include <string>
+
+#include "mixtrain/trainer/step_profile.h"
 
 namespace mixtrain {
 
@@ -28,6 +33,7 @@ struct StepMetrics {
   double aux_loss = 0.0;      // router load-balancing loss (already scaled by its coefficient)
   double loss_scale = 1.0;    // float16 dynamic loss scale after this step (1 otherwise)
   int64_t skipped_steps = 0;  // steps skipped so far for inf/nan gradients (float16)
+  std::optional<StepTimes> profile = std::nullopt;  // train.profile: this step's split
 };
 
 class MetricsWriter {

@@ -13,6 +13,7 @@
 #include "mixtrain/config/show.h"
 #include "mixtrain/config/startup_log.h"
 #include "mixtrain/core/blas_check.h"
+#include "mixtrain/core/collectives.h"
 #include "mixtrain/core/dtype.h"
 #include "mixtrain/core/error.h"
 #include "mixtrain/core/logging.h"
@@ -38,11 +39,22 @@
 #include "mixtrain/trainer/loss_plot.h"
 #include "mixtrain/trainer/metrics_writer.h"
 #include "mixtrain/trainer/progress.h"
+#include "mixtrain/trainer/step_profile.h"
 
 namespace mixtrain {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+// Seconds this thread spent reducing gradients (FSDP reduce-scatter, DDP/HSDP and expert
+// all-reduce) between two snapshots of its communication counters.
+double gradient_reduce_seconds(const CollectiveStats& span) {
+  return span[CollectiveOp::kReduceScatter].seconds + span[CollectiveOp::kAllReduce].seconds;
+}
 
 // What this build cannot train is refused up front with the key that asks for it, never
 // approximated.
@@ -101,18 +113,28 @@ struct StepLoss {
 };
 
 // Forward/backward over the micro-batches of one optimizer step; gradients accumulate in .grad.
+// Adds the forward, backward and gradient-reduce seconds to `times`.
 StepLoss accumulate_gradients(CausalLM& model, TokenDataset& data, const TrainerConfig& config,
-                              int64_t accumulation_steps, TrainingOptimizer& optimizer) {
+                              int64_t accumulation_steps, TrainingOptimizer& optimizer,
+                              StepTimes& times) {
   StepLoss total;
   for (int64_t micro = 0; micro < accumulation_steps; ++micro) {
     Batch batch = data.next_batch(config.data.micro_batch_size, config.data.seq_len);
+    const auto forward_start = Clock::now();
     CausalLMOutput out = model.forward(batch.input_ids);
     const int64_t vocab = out.logits.size(-1);
     torch::Tensor cross_entropy = torch::nn::functional::cross_entropy(
         out.logits.reshape({-1, vocab}).to(torch::kFloat), batch.labels.reshape({-1}));
     torch::Tensor loss = cross_entropy + config.model.router_aux_loss_coef * out.aux_loss;
+    times.forward_s += seconds_since(forward_start);
+
+    // CPU autograd runs backward (and FSDP's gradient reduction in it) on this thread.
+    const auto backward_start = Clock::now();
+    const CollectiveStats comm_before = thread_collective_stats();
     (loss * (optimizer.loss_scale() / static_cast<double>(accumulation_steps))).backward();
     optimizer.accumulate_model_grads();  // fp32 main_grad accumulation across micro-batches
+    times.reduce_s += gradient_reduce_seconds(thread_collective_stats() - comm_before);
+    times.backward_s += seconds_since(backward_start);
     total.loss += loss.item<double>() / accumulation_steps;
     total.aux_loss += out.aux_loss.item<double>() / accumulation_steps;
   }
@@ -205,13 +227,19 @@ StepResult Trainer::compute_gradients() {
   optimizer_->set_lr_factor(lr_factor);
   result.lr = config.optimizer.adamw.lr * lr_factor;
 
-  StepLoss loss = accumulate_gradients(*model_, *data_, config, accumulation_steps_, *optimizer_);
+  times_ = StepTimes{};
+  StepLoss loss =
+      accumulate_gradients(*model_, *data_, config, accumulation_steps_, *optimizer_, times_);
+  const auto prepare_start = Clock::now();
   optimizer_->prepare_grads();
+  times_.optimizer_s += seconds_since(prepare_start);
   // Expert parallelism: expert slices are disjoint over ep, not over dp_shard.
+  const auto clip_start = Clock::now();
   result.grad_norm = mesh_.ep > 1 ? clip_expert_parallel_grad_norm(
                                         optimizer_->chained(), config.train.max_grad_norm, mesh_)
                                   : clip_data_parallel_grad_norm(optimizer_->grads_for_clipping(),
                                                                  config.train.max_grad_norm, mesh_);
+  times_.clip_s += seconds_since(clip_start);
   result.loss = average_over_data_parallel(loss.loss, mesh_);
   result.aux_loss = average_over_data_parallel(loss.aux_loss, mesh_);
   pending_ = result;
@@ -219,8 +247,10 @@ StepResult Trainer::compute_gradients() {
 }
 
 void Trainer::apply_update() {
+  const auto start = Clock::now();
   optimizer_->step_with_ready_grads();
   optimizer_->zero_grad();
+  times_.optimizer_s += seconds_since(start);
   completed_steps_ = pending_.step;
 }
 
@@ -287,6 +317,7 @@ TrainSummary run_training(const ResolvedConfig& resolved, const TrainOptions& op
   const double tokens_per_step =
       static_cast<double>(config.data.global_batch_size) * config.data.seq_len;
 
+  StepProfile profile;  // train.profile, rank 0: the steps since the last profile line
   const auto start = Clock::now();
   const int64_t first_step = trainer.completed_steps() + 1;
   if (is_rank0 && first_step > config.train.steps) {
@@ -294,6 +325,7 @@ TrainSummary run_training(const ResolvedConfig& resolved, const TrainOptions& op
              " steps and train.steps is " + std::to_string(config.train.steps));
   }
   for (int64_t step = first_step; step <= config.train.steps; ++step) {
+    const auto iteration_start = Clock::now();
     if (any_rank_interrupted(mesh)) {
       summary.interrupted = true;
       break;
@@ -312,15 +344,32 @@ TrainSummary run_training(const ResolvedConfig& resolved, const TrainOptions& op
     const auto now = Clock::now();
     row.tokens_per_s = tokens_per_step / std::chrono::duration<double>(now - step_start).count();
     row.elapsed_s = std::chrono::duration<double>(now - start).count();
-    if (is_rank0) {
-      metrics->write(row);
-      progress->update(step, row.loss, row.tokens_per_s, row.elapsed_s);
-    }
     loss_curve.emplace_back(step, row.loss);
     if (step == first_step) summary.first_loss = row.loss;
     summary.last_loss = row.loss;
     summary.steps_completed = step;
-    if (save_due(step)) trainer.save_checkpoint();
+    StepTimes times = trainer.last_step_times();
+    if (save_due(step)) {
+      const auto save_start = Clock::now();
+      trainer.save_checkpoint();
+      times.checkpoint_s = seconds_since(save_start);
+    }
+    // The row is written after the save, so that the profile counts the checkpoint in its step.
+    if (is_rank0) {
+      if (config.train.profile) {
+        times.step_s = seconds_since(iteration_start);
+        row.profile = times;
+      }
+      metrics->write(row);
+      progress->update(step, row.loss, row.tokens_per_s, row.elapsed_s);
+      if (config.train.profile) {
+        profile.add(step, times, tokens_per_step);
+        if (step % config.train.log_every == 0 || step == config.train.steps) {
+          log_info(profile.format());
+          profile.clear();
+        }
+      }
+    }
   }
   trainer.wait_for_checkpoint();  // an async save finishes (or reports its error) before exit
   if (is_rank0) {

@@ -12,7 +12,8 @@
 // run_training() is `mixtrain train`: joins the ranks, runs Trainer::step() to train.steps,
 // saves checkpoints every checkpoint.interval steps and at the last step, and writes (rank 0)
 // <run_dir>/metrics.jsonl (one JSON object per step, flushed per line) and loss.svg (at the
-// end, also after Ctrl-C).
+// end, also after Ctrl-C). With train.profile it adds each step's phase times (step_profile.h)
+// to metrics.jsonl and logs their average every train.log_every steps.
 #pragma once
 
 #include <cstdint>
@@ -21,6 +22,7 @@
 
 #include "mixtrain/config/load.h"
 #include "mixtrain/distributed/device_mesh.h"
+#include "mixtrain/trainer/step_profile.h"
 
 namespace mixtrain {
 
@@ -50,6 +52,10 @@ class Trainer {
   // Forward/backward over the step's micro-batches, prepare_grads, clipping. Collective.
   StepResult compute_gradients();
   void apply_update();
+  // The phase times of the last step: compute_gradients() restarts them and fills forward,
+  // backward, reduce, clip (and its prepare_grads into optimizer); apply_update() adds the
+  // optimizer step. checkpoint_s and step_s are run_training's to fill.
+  const StepTimes& last_step_times() const { return times_; }
 
   // Steps completed (restored ones included).
   int64_t completed_steps() const { return completed_steps_; }
@@ -79,6 +85,7 @@ class Trainer {
   int64_t accumulation_steps_ = 1;
   int64_t completed_steps_ = 0;
   StepResult pending_;  // compute_gradients' result until apply_update
+  StepTimes times_;     // of the step in flight / last completed
 };
 
 struct TrainOptions {

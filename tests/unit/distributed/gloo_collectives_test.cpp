@@ -2,6 +2,7 @@
 // travels as float16 bits), float16 and int64, uneven all_to_all splits (with empty ones) and
 // reduce_scatter_sum against the sum written out by hand. Expected values are closed-form
 // functions of (sender, receiver, row, column), computed on each rank without communication.
+// Also the communication counters: calls, seconds and the bytes each rank sends, per op.
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
@@ -144,6 +145,78 @@ MIXTRAIN_WORKER(all_ops) {
   EXPECT_THROW(world.all_reduce_sum(shorts), std::invalid_argument);
   world.barrier();
   worker.write_text("done" + std::to_string(rank), "ok");
+}
+
+// Communication counters: one call of each op with known sizes, bytes against the values of
+// core/collectives.h's table worked out by hand for 2 and 4 ranks.
+MIXTRAIN_WORKER(counters) {
+  DeviceMesh mesh = worker.make_mesh();
+  Collectives& world = *mesh.world;
+  const int rank = world.rank();
+  const int n = world.size();
+  ASSERT_TRUE(n == 2 || n == 4);
+  const bool two = n == 2;
+  reset_collective_stats();  // joining the mesh made calls of its own
+
+  // all_reduce: float32 [6, 4] = 96 bytes; ring: 2 (n-1)/n x 96 = 96 (n=2), 144 (n=4).
+  at::Tensor reduced = at::ones({6, 4});
+  world.all_reduce_sum(reduced);
+  // all_gather: bfloat16 [3, 2] = 12 bytes reach n-1 peers: 12 (n=2), 36 (n=4).
+  world.all_gather(block(rank, 0, 3, at::kBFloat16));
+  // reduce_scatter: float32 [2n, 2] = 16n bytes, the n-1 peers' chunks of 16: 16, 48.
+  world.reduce_scatter_sum(block(rank, 2, 2 * n, at::kFloat));
+  // all_to_all: int64 rows of 2 (16 bytes), count(rank, d) rows to each d != rank:
+  //   n=2: rank 0 sends 2 rows, rank 1 sends 1 -> 32, 16;
+  //   n=4: ranks send 2+1+0, 1+2+1, 2+1+2, 0+2+1 rows -> 48, 64, 80, 48.
+  std::vector<int64_t> send(n), recv(n);
+  std::vector<at::Tensor> outgoing;
+  for (int d = 0; d < n; ++d) {
+    send[d] = count(rank, d);
+    recv[d] = count(d, rank);
+    outgoing.push_back(block(rank, d, send[d], at::kLong));
+  }
+  world.all_to_all(at::cat(outgoing), send, recv);
+  // broadcast: float16 [5] = 10 bytes from the last rank to n-1 peers: 10, 30 on the root.
+  at::Tensor payload = at::zeros({5}, at::kHalf);
+  world.broadcast(payload, n - 1);
+  world.barrier();
+
+  const int64_t all_to_all_bytes[2][4] = {{32, 16, 0, 0}, {48, 64, 80, 48}};
+  const CollectiveStats stats = thread_collective_stats();
+  EXPECT_EQ(stats[CollectiveOp::kAllReduce].bytes, two ? 96 : 144);
+  EXPECT_EQ(stats[CollectiveOp::kAllGather].bytes, two ? 12 : 36);
+  EXPECT_EQ(stats[CollectiveOp::kReduceScatter].bytes, two ? 16 : 48);
+  EXPECT_EQ(stats[CollectiveOp::kAllToAll].bytes, all_to_all_bytes[two ? 0 : 1][rank]);
+  EXPECT_EQ(stats[CollectiveOp::kBroadcast].bytes, rank == n - 1 ? (two ? 10 : 30) : 0);
+  EXPECT_EQ(stats[CollectiveOp::kBarrier].bytes, 0);
+  for (size_t i = 0; i < kCollectiveOpCount; ++i) {
+    SCOPED_TRACE(collective_op_name(static_cast<CollectiveOp>(i)));
+    EXPECT_EQ(stats.ops[i].calls, 1);
+    EXPECT_GT(stats.ops[i].seconds, 0.0);
+    // One thread: the process counters saw the same calls.
+    EXPECT_EQ(collective_stats().ops[i].calls, 1);
+    EXPECT_EQ(collective_stats().ops[i].bytes, stats.ops[i].bytes);
+  }
+  // Argument errors are caught before any communication and are not counted.
+  EXPECT_THROW(world.reduce_scatter_sum(at::zeros({2 * n + 1})), std::invalid_argument);
+  EXPECT_EQ(thread_collective_stats()[CollectiveOp::kReduceScatter].calls, 1);
+  worker.write_text("counted" + std::to_string(rank), "ok");
+}
+
+void run_counters(int nproc) {
+  ParallelConfig parallel;
+  parallel.dp_shard = nproc;
+  const WorkerResult result = run_workers("counters", nproc, parallel);
+  ASSERT_TRUE(result.all_ok()) << result.summary();
+  for (int r = 0; r < nproc; ++r) EXPECT_EQ(result.read_text("counted" + std::to_string(r)), "ok");
+}
+
+TEST(GlooCollectivesTest, CountersOnTwoRanks) {
+  run_counters(2);
+}
+
+TEST(GlooCollectivesTest, CountersOnFourRanks) {
+  run_counters(4);
 }
 
 void run_all_ops(int nproc) {

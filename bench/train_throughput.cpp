@@ -1,0 +1,361 @@
+// Training throughput and where the step time goes (train.profile), on 1 and 2 local ranks.
+//
+// A plain program (no Google Benchmark). It runs `mixtrain train` (the binary built alongside,
+// or the one given) as a child process for each of two configs, on 1 rank and on 2 ranks
+// (`--nproc 2`: FSDP over dp_shard = 2), with `train.profile=true` and `train.steps=S`
+// (default 8), and reads the run's metrics.jsonl:
+//   - tokens/s: the median over steps 2..S of the rows' tokens_per_s (global batch x seq_len
+//     over the training step's wall time);
+//   - the median over steps 2..S of each phase of the split (forward_s, backward_s, reduce_s,
+//     clip_s, optimizer_s, step_s; other = step_s minus the phases; see
+//     src/mixtrain/trainer/step_profile.h). Step 1 is skipped: it creates the optimizer state.
+// The medians are taken per column, so the phases of a row need not add up to its step time.
+// Rank 0's clock: on 2 ranks a phase that ends in a collective includes the wait for rank 1.
+//
+// Configs: configs/qwen2_moe_tiny.yaml (the RFC's config: bfloat16 model, fp32 main params,
+// Muon + AdamW, 0.24M parameters) and a ~41M-parameter one written to the work directory
+// (the same optimizer and precision sections; vocab 16000, hidden 384, 6 layers, 8 experts
+// of 384, shared expert 768, 128-token sequences). Both keep their global batch on 1 and 2
+// ranks (gradient accumulation on 1 rank), so tokens per step are equal and tokens/s compare.
+// Checkpoints are off. OMP_NUM_THREADS, when set, applies to every run. Unset, each config
+// runs three times: 1 rank using every core (the trainer's default), 1 rank with one thread,
+// and 2 ranks taking cores / 2 threads each (the launcher's default): on a machine whose cores
+// are busy with other work, intra-op threads that wait for each other at every operator can
+// cost far more than they bring, and the second row shows it.
+//
+// Usage: bench_train_throughput [MIXTRAIN_BINARY] [--steps S] [--tiny-config FILE]
+//                               [--work-dir DIR] [--keep]
+// Exit code 0 when every run trained and was measured, 1 otherwise (the end of the failed
+// run's log is printed).
+#include <fcntl.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace {
+
+namespace fs = std::filesystem;
+
+// configs/qwen2_moe_tiny.yaml's optimizer and precision sections on a larger model.
+constexpr const char* kMediumConfig = R"(# Written by bench_train_throughput.
+model_init_dtype: bfloat16
+optimizer:
+  _target_: Muon
+  fp32_main_params: true
+  muon_config:
+    muon_lr: 0.02
+    muon_weight_decay: 0.0
+    muon_momentum: 0.95
+    muon_nesterov: true
+    muon_ns_steps: 5
+    muon_ns_variant: asym5
+  adamw_config:
+    adamw_lr: 0.001
+    adamw_weight_decay: 0.01
+fsdp_config:
+  mix_precision:
+    param_dtype: bfloat16
+    reduce_dtype: float32
+    output_dtype: bfloat16
+    cast_forward_inputs: true
+model:
+  name: qwen2_moe
+  vocab_size: 16000
+  hidden_size: 384
+  num_layers: 6
+  num_heads: 6
+  num_kv_heads: 2
+  head_dim: 64
+  moe_intermediate_size: 384
+  num_experts: 8
+  num_experts_per_tok: 2
+  shared_expert_intermediate_size: 768
+  max_seq_len: 128
+data:
+  kind: synthetic
+  seq_len: 128
+  micro_batch_size: 2
+  global_batch_size: 4
+train:
+  seed: 1234
+  max_grad_norm: 1.0
+  lr_scheduler:
+    warmup_steps: 2
+checkpoint:
+  interval: 0
+)";
+
+struct Options {
+  std::string binary = MIXTRAIN_BINARY;
+  int steps = 8;
+  std::string tiny_config;
+  std::string work_dir;
+  bool keep = false;
+};
+
+[[noreturn]] void fail(const std::string& message) {
+  std::fprintf(stderr, "bench_train_throughput: %s\n", message.c_str());
+  std::exit(1);
+}
+
+Options parse_options(int argc, char** argv) {
+  Options options;
+  // The source tree this file was compiled from (CMake passes absolute paths).
+  options.tiny_config =
+      (fs::path(__FILE__).parent_path().parent_path() / "configs" / "qwen2_moe_tiny.yaml").string();
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    auto value = [&]() -> std::string {
+      if (i + 1 >= argc) fail(arg + " needs a value");
+      return argv[++i];
+    };
+    if (arg == "--steps") {
+      options.steps = std::atoi(value().c_str());
+      if (options.steps < 3) fail("--steps must be >= 3 (step 1 is not counted)");
+    } else if (arg == "--tiny-config") {
+      options.tiny_config = value();
+    } else if (arg == "--work-dir") {
+      options.work_dir = value();
+    } else if (arg == "--keep") {
+      options.keep = true;
+    } else if (arg == "-h" || arg == "--help") {
+      std::printf(
+          "usage: %s [MIXTRAIN_BINARY] [--steps S] [--tiny-config FILE] [--work-dir DIR] "
+          "[--keep]\n"
+          "Trains configs/qwen2_moe_tiny.yaml and a ~41M-parameter config S steps (default 8)\n"
+          "on 1 and 2 ranks with train.profile=true; prints tokens/s and the median phase\n"
+          "split of steps 2..S.\n",
+          argv[0]);
+      std::exit(0);
+    } else if (!arg.empty() && arg[0] != '-') {
+      options.binary = arg;
+    } else {
+      fail("unknown argument " + arg + " (see --help)");
+    }
+  }
+  return options;
+}
+
+std::string tail_of_file(const std::string& path, size_t lines) {
+  std::ifstream in(path);
+  std::vector<std::string> all;
+  std::string line;
+  while (std::getline(in, line)) all.push_back(line);
+  std::string text;
+  for (size_t i = all.size() > lines ? all.size() - lines : 0; i < all.size(); ++i) {
+    text += "    " + all[i] + "\n";
+  }
+  return text;
+}
+
+// Runs the binary with `args`, stdout+stderr to `log_path`, OMP_NUM_THREADS=`threads` unless 0;
+// the exit code (-signal if killed).
+int run_child(const std::vector<std::string>& args, const std::string& log_path, int threads) {
+  std::vector<std::string> owned = args;
+  std::vector<char*> argv;
+  for (std::string& arg : owned) argv.push_back(arg.data());
+  argv.push_back(nullptr);
+  std::fflush(nullptr);
+  const pid_t pid = fork();
+  if (pid < 0) fail(std::string("fork: ") + std::strerror(errno));
+  if (pid == 0) {
+    const int fd = open(log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0 || dup2(fd, STDOUT_FILENO) < 0 || dup2(fd, STDERR_FILENO) < 0) _exit(126);
+    if (threads > 0) setenv("OMP_NUM_THREADS", std::to_string(threads).c_str(), 1);
+    execv(argv[0], argv.data());
+    std::fprintf(stderr, "exec %s: %s\n", argv[0], std::strerror(errno));
+    _exit(127);
+  }
+  int status = 0;
+  while (waitpid(pid, &status, 0) < 0) {
+    if (errno != EINTR) fail(std::string("waitpid: ") + std::strerror(errno));
+  }
+  if (WIFEXITED(status)) return WEXITSTATUS(status);
+  return WIFSIGNALED(status) ? -WTERMSIG(status) : -1;
+}
+
+double median(std::vector<double> values) {
+  if (values.empty()) return NAN;
+  std::sort(values.begin(), values.end());
+  const size_t n = values.size();
+  return n % 2 == 1 ? values[n / 2] : 0.5 * (values[n / 2 - 1] + values[n / 2]);
+}
+
+std::string cpu_model() {
+  std::ifstream in("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("model name", 0) == 0) {
+      const size_t colon = line.find(':');
+      if (colon != std::string::npos) return line.substr(line.find_first_not_of(" \t", colon + 1));
+    }
+  }
+  return "unknown";
+}
+
+struct Row {
+  std::string config;
+  std::string layout;  // "ranks x threads per rank"
+  double tokens_per_s = 0, step = 0, forward = 0, backward = 0, reduce = 0, clip = 0, optimizer = 0,
+         other = 0;
+};
+
+// Medians of steps 2..S of one run's metrics.jsonl.
+Row summarize(const std::string& metrics_path, const std::string& config, const std::string& layout,
+              int steps) {
+  std::vector<nlohmann::json> rows;
+  std::ifstream in(metrics_path);
+  std::string line;
+  while (std::getline(in, line)) {
+    if (!line.empty()) rows.push_back(nlohmann::json::parse(line));
+  }
+  if (static_cast<int>(rows.size()) != steps) {
+    fail(metrics_path + " has " + std::to_string(rows.size()) + " rows, expected " +
+         std::to_string(steps));
+  }
+  std::vector<double> tokens, step, forward, backward, reduce, clip, optimizer, other;
+  for (size_t i = 1; i < rows.size(); ++i) {
+    const nlohmann::json& r = rows[i];
+    if (!r.contains("step_s")) fail(metrics_path + " has no profile fields (train.profile?)");
+    auto get = [&](const char* key) { return r.at(key).get<double>(); };
+    tokens.push_back(get("tokens_per_s"));
+    step.push_back(get("step_s"));
+    forward.push_back(get("forward_s"));
+    backward.push_back(get("backward_s"));
+    reduce.push_back(get("reduce_s"));
+    clip.push_back(get("clip_s"));
+    optimizer.push_back(get("optimizer_s"));
+    other.push_back(std::max(0.0, get("step_s") - get("forward_s") - get("backward_s") -
+                                      get("clip_s") - get("optimizer_s") - get("checkpoint_s")));
+  }
+  Row row;
+  row.config = config;
+  row.layout = layout;
+  row.tokens_per_s = median(tokens);
+  row.step = median(step);
+  row.forward = median(forward);
+  row.backward = median(backward);
+  row.reduce = median(reduce);
+  row.clip = median(clip);
+  row.optimizer = median(optimizer);
+  row.other = median(other);
+  return row;
+}
+
+std::string cell(double seconds, double step) {
+  char buf[48];
+  std::snprintf(buf, sizeof(buf), "%.3f (%.0f%%)", seconds, 100.0 * seconds / step);
+  return buf;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const Options options = parse_options(argc, argv);
+  if (access(options.binary.c_str(), X_OK) != 0) {
+    fail("cannot run " + options.binary + " (build the mixtrain target, or pass its path)");
+  }
+  if (!fs::is_regular_file(options.tiny_config)) {
+    fail("no " + options.tiny_config + " (pass --tiny-config configs/qwen2_moe_tiny.yaml)");
+  }
+  std::string base = options.work_dir;
+  if (base.empty()) base = std::getenv("TMPDIR") != nullptr ? std::getenv("TMPDIR") : "/tmp";
+  std::string pattern = base + "/mixtrain-throughput-XXXXXX";
+  if (mkdtemp(pattern.data()) == nullptr) {
+    fail("cannot create a directory under " + base + ": " + std::strerror(errno));
+  }
+  const std::string work_dir = pattern;
+  const std::string medium_config = work_dir + "/qwen2_moe_41m.yaml";
+  std::ofstream(medium_config) << kMediumConfig;
+
+  const char* threads = std::getenv("OMP_NUM_THREADS");
+  std::printf("machine: %ld CPUs online, %s; OMP_NUM_THREADS=%s\n", sysconf(_SC_NPROCESSORS_ONLN),
+              cpu_model().c_str(), threads != nullptr ? threads : "(unset)");
+  std::printf("%d steps per run, medians of steps 2..%d; runs in %s\n\n", options.steps,
+              options.steps, work_dir.c_str());
+  std::fflush(stdout);
+
+  struct Config {
+    std::string name, path;
+  };
+  const std::vector<Config> configs = {{"qwen2_moe_tiny.yaml", options.tiny_config},
+                                       {"41M (hidden 384, 6 layers)", medium_config}};
+  // (ranks, OMP_NUM_THREADS for the child; 0: as inherited / the defaults).
+  const long cores = std::max(1L, sysconf(_SC_NPROCESSORS_ONLN));
+  std::vector<std::pair<int, int>> layouts = {{1, 0}, {2, 0}};
+  if (threads == nullptr && cores > 1) layouts.insert(layouts.begin() + 1, {1, 1});
+  auto layout_name = [&](int ranks, int child_threads) {
+    long per_rank = threads != nullptr ? std::atol(threads) : std::max(1L, cores / ranks);
+    if (child_threads > 0) per_rank = child_threads;
+    return std::to_string(ranks) + " x " + std::to_string(per_rank);
+  };
+  std::vector<Row> rows;
+  for (const Config& config : configs) {
+    for (const auto& [ranks, child_threads] : layouts) {
+      const std::string name = "run" + std::to_string(rows.size());
+      const std::string run_dir = work_dir + "/" + name;
+      const std::string log = work_dir + "/" + name + ".log";
+      std::vector<std::string> args = {
+          options.binary, "train",
+          "--config",     config.path,
+          "--set",        "train.steps=" + std::to_string(options.steps),
+          "--set",        "train.profile=true",
+          "--set",        "train.log_every=" + std::to_string(options.steps),
+          "--set",        "checkpoint.interval=0",
+          "--run-dir",    run_dir};
+      if (ranks > 1) {
+        args.insert(args.begin() + 2, {"--nproc", std::to_string(ranks)});
+      }
+      const auto start = std::chrono::steady_clock::now();
+      const std::string layout = layout_name(ranks, child_threads);
+      const int code = run_child(args, log, child_threads);
+      std::fprintf(stderr, "  %s, %s (ranks x threads): exit %d after %.0f s\n",
+                   config.name.c_str(), layout.c_str(), code,
+                   std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+      if (code != 0) {
+        std::fprintf(stderr, "bench_train_throughput: the run failed; end of %s:\n%s", log.c_str(),
+                     tail_of_file(log, 8).c_str());
+        std::fprintf(stderr, "runs kept in %s\n", work_dir.c_str());
+        return 1;
+      }
+      rows.push_back(summarize(run_dir + "/metrics.jsonl", config.name, layout, options.steps));
+    }
+  }
+
+  std::printf(
+      "| config | ranks x threads | tokens/s | step (s) | forward | backward | of which gradient "
+      "reduce "
+      "| clip | optimizer | other |\n");
+  std::printf("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
+  for (const Row& r : rows) {
+    std::printf("| %s | %s | %.0f | %.3f | %s | %s | %s | %s | %s | %s |\n", r.config.c_str(),
+                r.layout.c_str(), r.tokens_per_s, r.step, cell(r.forward, r.step).c_str(),
+                cell(r.backward, r.step).c_str(), cell(r.reduce, r.step).c_str(),
+                cell(r.clip, r.step).c_str(), cell(r.optimizer, r.step).c_str(),
+                cell(r.other, r.step).c_str());
+  }
+  std::printf("\n(seconds: medians per column over steps 2..%d of rank 0; %% of the median step)\n",
+              options.steps);
+
+  if (options.keep) {
+    std::printf("runs kept in %s\n", work_dir.c_str());
+  } else {
+    std::error_code ignored;
+    fs::remove_all(work_dir, ignored);
+  }
+  return 0;
+}

@@ -1,0 +1,70 @@
+// StepProfile: averages of the added steps, "other" as the remainder, the log line's format;
+// and the profile fields of a metrics.jsonl line.
+#include "mixtrain/trainer/step_profile.h"
+
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include "mixtrain/trainer/metrics_writer.h"
+
+namespace mixtrain {
+namespace {
+
+StepTimes times(double scale) {
+  StepTimes t;
+  t.forward_s = 0.125 * scale;
+  t.backward_s = 0.25 * scale;
+  t.reduce_s = 0.0625 * scale;
+  t.clip_s = 0.0 * scale;
+  t.optimizer_s = 0.0625 * scale;
+  t.checkpoint_s = 0.0;
+  t.step_s = 0.5 * scale;
+  return t;
+}
+
+TEST(StepProfileTest, OtherIsTheRemainderAndNeverNegative) {
+  EXPECT_DOUBLE_EQ(times(1).other_s(), 0.0625);
+  StepTimes t = times(1);
+  t.step_s = 0.4;  // phases summing past the step (clock reads overlap)
+  EXPECT_EQ(t.other_s(), 0.0);
+}
+
+TEST(StepProfileTest, LogLineAveragesTheAddedSteps) {
+  StepProfile profile;
+  EXPECT_TRUE(profile.empty());
+  EXPECT_EQ(profile.format(), "");
+  profile.add(3, times(1), 500);
+  profile.add(4, times(3), 500);  // the average step is times(2)
+  EXPECT_FALSE(profile.empty());
+  EXPECT_EQ(profile.format(),
+            "profile steps 3-4: 1.000 s/step = forward 0.250 (25%) | backward 0.500 (50%; "
+            "gradient reduce 0.125) | clip 0.000 (0%) | optimizer 0.125 (12%) | checkpoint "
+            "0.000 (0%) | other 0.125 (12%) | 500 tok/s");
+  profile.clear();
+  EXPECT_TRUE(profile.empty());
+  profile.add(5, times(2), 2000);
+  EXPECT_EQ(profile.format().rfind("profile step 5: 1.000 s/step = ", 0), 0u) << profile.format();
+}
+
+TEST(StepProfileTest, MetricsLineCarriesTheSplitOnlyWithAProfile) {
+  StepMetrics row{2, 0.5, 0.25, 0.125, 1000.0, 2.0, 0.0, 1.0, 0};
+  EXPECT_EQ(nlohmann::json::parse(metrics_json_line(row)).size(), 9u);
+  row.profile = times(1);
+  row.profile->checkpoint_s = 0.03125;
+  const auto j = nlohmann::json::parse(metrics_json_line(row));
+  EXPECT_EQ(j.size(), 16u);
+  EXPECT_DOUBLE_EQ(j["forward_s"].get<double>(), 0.125);
+  EXPECT_DOUBLE_EQ(j["backward_s"].get<double>(), 0.25);
+  EXPECT_DOUBLE_EQ(j["reduce_s"].get<double>(), 0.0625);
+  EXPECT_DOUBLE_EQ(j["clip_s"].get<double>(), 0.0);
+  EXPECT_DOUBLE_EQ(j["optimizer_s"].get<double>(), 0.0625);
+  EXPECT_DOUBLE_EQ(j["checkpoint_s"].get<double>(), 0.03125);
+  EXPECT_DOUBLE_EQ(j["step_s"].get<double>(), 0.5);
+  // Appended after the existing keys, in this order.
+  EXPECT_NE(metrics_json_line(row).find("\"skipped_steps\":0,\"forward_s\":0.125,\"backward_s\""),
+            std::string::npos);
+}
+
+}  // namespace
+}  // namespace mixtrain

@@ -34,9 +34,9 @@ inline constexpr const char* kCheckpointMetadataFile = ".metadata.json";
 inline constexpr const char* kLatestFile = "latest";
 
 struct CheckpointChunk {
-  std::string file;               // "__<rank>_0.safetensors", in the step directory
-  std::vector<int64_t> offsets;   // first index per dim in the global tensor
-  std::vector<int64_t> sizes;     // extent per dim
+  std::string file;              // "__<rank>_0.safetensors", in the step directory
+  std::vector<int64_t> offsets;  // first index per dim in the global tensor
+  std::vector<int64_t> sizes;    // extent per dim
   uint64_t xxh3_64 = 0;
 };
 

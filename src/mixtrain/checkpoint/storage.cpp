@@ -1,8 +1,13 @@
 #include "mixtrain/checkpoint/storage.h"
 
 #include <ATen/ATen.h>
+#include <ATen/EmptyTensor.h>
+#include <ATen/Parallel.h>
+#include <c10/core/CPUAllocator.h>
 #include <fcntl.h>
+#include <sys/mman.h>
 #include <unistd.h>
+#include <xxhash.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -10,6 +15,8 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <memory>
+#include <new>
 #include <set>
 #include <stdexcept>
 #include <utility>
@@ -71,6 +78,60 @@ void write_file_atomically(const std::string& path, const std::string& text) {
   fsync_path(parent.empty() ? "." : parent.string(), true);
 }
 
+// Buffers that are written once, right after they are allocated: loaded chunks, and the
+// snapshot an async save copies the tensors into (distributed_checkpoint.cpp). Measured with
+// bench/checkpoint_io.cpp on a 2-core VM:
+//  - loading into fresh 4 KiB pages ran at the first-touch rate of fresh memory there,
+//    200-350 MB/s, a tenth of the disk's read rate;
+//  - an async snapshot taken from the malloc heap took the memory that the training step's
+//    temporaries are recycled from, so every step while the save was in flight faulted its
+//    temporaries in anew (~240,000 page faults, the step 2-3x slower).
+// Buffers of 4 MiB and more are therefore mapped on their own (never the heap's memory),
+// 2 MiB aligned and rounded up to 2 MiB, with madvise(MADV_HUGEPAGE) (as PyTorch 2.x's
+// THP_MEM_ALLOC_ENABLE does for its CPU allocator): one fault per 2 MiB where transparent huge
+// pages are on (`always` or `madvise`), plain pages otherwise; unmapped when the tensor dies.
+// Smaller ones come from the default CPU allocator.
+class LargeBufferAllocator final : public c10::Allocator {
+ public:
+  c10::DataPtr allocate(size_t bytes) const override {
+    if (bytes < kMinBytes) return c10::GetDefaultCPUAllocator()->allocate(bytes);
+    const size_t size = (bytes + kHugePage - 1) & ~(kHugePage - 1);
+    // Over-map by one huge page and trim, so that the mapping starts on a 2 MiB boundary.
+    void* raw = ::mmap(nullptr, size + kHugePage, PROT_READ | PROT_WRITE,
+                       MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (raw == MAP_FAILED) throw std::bad_alloc();
+    const auto begin = reinterpret_cast<uintptr_t>(raw);
+    const uintptr_t aligned = (begin + kHugePage - 1) & ~(kHugePage - 1);
+    if (aligned > begin) ::munmap(raw, aligned - begin);
+    if (const uintptr_t tail = begin + kHugePage - aligned; tail > 0) {
+      ::munmap(reinterpret_cast<void*>(aligned + size), tail);
+    }
+    void* data = reinterpret_cast<void*>(aligned);
+    ::madvise(data, size, MADV_HUGEPAGE);  // best effort: EINVAL without THP support
+    return {data, new Mapping{data, size}, &unmap, c10::Device(c10::DeviceType::CPU)};
+  }
+  c10::DeleterFnPtr raw_deleter() const override { return nullptr; }
+
+  // Never destroyed: a tensor's storage points at its allocator, and tensors may outlive main.
+  static c10::Allocator* get() {
+    static LargeBufferAllocator* allocator = new LargeBufferAllocator();
+    return allocator;
+  }
+
+ private:
+  static constexpr size_t kHugePage = size_t{2} << 20;
+  static constexpr size_t kMinBytes = size_t{4} << 20;
+  struct Mapping {
+    void* data;
+    size_t size;
+  };
+  static void unmap(void* context) {
+    auto* mapping = static_cast<Mapping*>(context);
+    ::munmap(mapping->data, mapping->size);
+    delete mapping;
+  }
+};
+
 // std::filesystem calls that report failure as UserError naming the path.
 void remove_all(const std::string& path) {
   std::error_code ec;
@@ -124,6 +185,12 @@ std::string format_metadata(const nlohmann::json& json) {
 }
 
 }  // namespace
+
+at::Tensor empty_large_buffer(at::IntArrayRef sizes, c10::ScalarType dtype) {
+  return at::Tensor(at::detail::empty_generic(sizes, LargeBufferAllocator::get(),
+                                              c10::DispatchKeySet(c10::DispatchKey::CPU), dtype,
+                                              c10::nullopt));
+}
 
 // --- writing ----------------------------------------------------------------------------------
 
@@ -330,9 +397,44 @@ at::Tensor CheckpointReader::Impl::load(const std::string& dir, const std::strin
                                         const CheckpointChunk& chunk, size_t index) {
   const File& file = files.at(chunk.file);
   const std::string path = (fs::path(dir) / chunk.file).string();
-  at::Tensor t = read_safetensors_tensor(file.fd, file.header, *file.entries.at(key), path);
-  if (verified.count({key, index}) == 0) {
-    const uint64_t got = tensor_xxh3_64(t);
+  const SafetensorsEntry& entry = *file.entries.at(key);
+  at::Tensor t = empty_large_buffer(entry.shape, entry.dtype);
+  // Read in windows of one 4 MiB block per intra-op thread, the window's blocks read in
+  // parallel (into fresh memory, the page faults dominate a load on a VM: bench_checkpoint_io;
+  // they proceed in parallel on separate cores), then hashed in order while they are still in
+  // the cache (XXH3's streaming form gives the same value as hashing the whole chunk at once).
+  const bool check = verified.count({key, index}) == 0;
+  std::unique_ptr<XXH3_state_t, decltype(&XXH3_freeState)> state(
+      check ? XXH3_createState() : nullptr, &XXH3_freeState);
+  if (check && (!state || XXH3_64bits_reset(state.get()) != XXH_OK)) throw std::bad_alloc();
+  constexpr uint64_t kBlock = uint64_t{4} << 20;
+  char* out = static_cast<char*>(t.data_ptr());
+  const uint64_t size = entry.end - entry.begin;
+  const uint64_t file_offset = file.header.data_start + entry.begin;
+  auto read_block = [&](uint64_t begin, uint64_t end) {
+    for (uint64_t done = begin; done < end;) {  // pread may return less than asked
+      const ssize_t n =
+          ::pread(file.fd, out + done, end - done, static_cast<off_t>(file_offset + done));
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0) throw DataError(path + ": read failed: " + errno_text());
+      if (n == 0) throw DataError(path + ": unexpected end of file (truncated?)");
+      done += static_cast<uint64_t>(n);
+    }
+  };
+  const uint64_t window = kBlock * static_cast<uint64_t>(std::max(1, at::get_num_threads()));
+  for (uint64_t begin = 0; begin < size; begin += window) {
+    const uint64_t end = std::min(size, begin + window);
+    const auto blocks = static_cast<int64_t>((end - begin + kBlock - 1) / kBlock);
+    at::parallel_for(0, blocks, 1, [&](int64_t first, int64_t last) {
+      for (int64_t b = first; b < last; ++b) {
+        const uint64_t lo = begin + static_cast<uint64_t>(b) * kBlock;
+        read_block(lo, std::min(end, lo + kBlock));
+      }
+    });
+    if (check) XXH3_64bits_update(state.get(), out + begin, end - begin);
+  }
+  if (check) {
+    const uint64_t got = XXH3_64bits_digest(state.get());
     if (got != chunk.xxh3_64) {
       throw DataError(chunk_where(dir, key, chunk) + ": checksum " + format_xxh3_64(got) + " but " +
                       kCheckpointMetadataFile + " says " + format_xxh3_64(chunk.xxh3_64));
@@ -411,7 +513,18 @@ at::Tensor CheckpointReader::read(const std::string& key, const std::vector<int6
     throw DataError(dir_ + ": " + key + ": region at offsets " + list(offsets) + " with sizes " +
                     list(sizes) + " is outside the shape " + list(tensor.shape));
   }
-  at::Tensor result = at::empty(sizes, at::TensorOptions().dtype(tensor.dtype));
+  // A region that is exactly one chunk (every read_full of a checkpoint saved by one rank, and
+  // every read on as many ranks as saved it) is that chunk as read: no second buffer, no copy.
+  // The chunks cover the shape exactly once, so no other chunk overlaps it.
+  int64_t numel = 1;
+  for (int64_t s : sizes) numel *= s;
+  if (numel > 0) {
+    for (size_t i = 0; i < tensor.chunks.size(); ++i) {
+      const CheckpointChunk& chunk = tensor.chunks[i];
+      if (chunk.offsets == offsets && chunk.sizes == sizes) return impl_->load(dir_, key, chunk, i);
+    }
+  }
+  at::Tensor result = empty_large_buffer(sizes, tensor.dtype);
   if (result.numel() == 0) return result;
   // The chunks cover the shape exactly once (checked with the metadata), so copying each
   // chunk's intersection with the region fills the result completely.

@@ -256,17 +256,38 @@ void Muon::finish_param_step(const at::Tensor& p) {
 void Muon::step_batch(const MuonOptions& options, const std::vector<NsCoefficients>& schedule,
                       const ShapeBatch& batch) {
   std::vector<at::Tensor> params;
-  std::vector<at::Tensor> directions;  // u per parameter, in the parameter's dtype
-  int64_t matrices = 0;
   for (const auto& p : batch.params) {
     const at::Tensor& grad = p.grad();
     if (!grad.defined()) continue;
     TORCH_CHECK(!grad.is_sparse(), "Muon does not support sparse gradients");
-    directions.push_back(momentum_direction(p, grad, options));
     params.push_back(p);
-    matrices += p.numel() / (batch.rows * batch.cols);
   }
-  if (params.empty()) return;
+  // Slices of whole parameters of at most one Newton-Schulz call's matrices each, so that the
+  // stacked directions and the orthogonalized result are as small as the call's temporaries
+  // and reused through the heap too (newton_schulz.h says why).
+  const int64_t per_call =
+      newton_schulz_matrices_per_call(batch.rows, batch.cols, options.ns_dtype());
+  for (size_t first = 0; first < params.size();) {
+    size_t last = first;
+    int64_t matrices = 0;
+    do {
+      matrices += params[last].numel() / (batch.rows * batch.cols);
+      ++last;
+    } while (last < params.size() &&
+             matrices + params[last].numel() / (batch.rows * batch.cols) <= per_call);
+    step_slice(options, schedule, batch,
+               std::vector<at::Tensor>(params.begin() + static_cast<std::ptrdiff_t>(first),
+                                       params.begin() + static_cast<std::ptrdiff_t>(last)),
+               matrices);
+    first = last;
+  }
+}
+
+void Muon::step_slice(const MuonOptions& options, const std::vector<NsCoefficients>& schedule,
+                      const ShapeBatch& batch, const std::vector<at::Tensor>& params,
+                      int64_t matrices) {
+  std::vector<at::Tensor> directions;  // u per parameter, in the parameter's dtype
+  for (const auto& p : params) directions.push_back(momentum_direction(p, p.grad(), options));
 
   // One [matrices, rows, cols] tensor for all of them; each copy_ also converts to ns_dtype.
   at::Tensor stacked;
@@ -289,11 +310,12 @@ void Muon::step_batch(const MuonOptions& options, const std::vector<NsCoefficien
                                          options.matched_adamw_rms());
 
   int64_t offset = 0;
-  for (auto& p : params) {
+  for (const auto& p : params) {
     const int64_t count = p.numel() / (batch.rows * batch.cols);
     const at::Tensor o = orthogonalized.narrow(0, offset, count).view(p.sizes());
     offset += count;
-    muon_apply_update(p, o, options.lr(), options.weight_decay(), scale);
+    at::Tensor param = p;
+    muon_apply_update(param, o, options.lr(), options.weight_decay(), scale);
     finish_param_step(p);
   }
 }

@@ -7,8 +7,9 @@
 //   scale = sqrt(max(1, A/B))               (adjust_lr_fn original)
 //         = matched_adamw_rms * sqrt(max(A, B))   (match_rms_adamw; A, B: last two dims)
 // A 3-D parameter [E, A, B] is E independent A x B matrices (MoE experts). Within a group, all
-// matrices of one shape go through ONE batched newton_schulz call; that changes nothing but
-// GEMM rounding (newton_schulz treats the leading dim as independent matrices).
+// matrices of one shape go through batched newton_schulz calls (of whole parameters, at most
+// newton_schulz_matrices_per_call() matrices each); that changes nothing but GEMM rounding
+// (newton_schulz treats the leading dim as independent matrices).
 //
 // The same-shape batches are cached per parameter object (RFC 7.3); reset_parameter_caches()
 // rebuilds them after replace_parameter(). step() also rebuilds them when it finds the group
@@ -148,6 +149,10 @@ class Muon : public LeafOptimizer {
   bool batches_match_groups() const;
   void step_batch(const MuonOptions& options, const std::vector<NsCoefficients>& schedule,
                   const ShapeBatch& batch);
+  // Momentum, one newton_schulz() call and the update for `params` (a slice of one batch,
+  // `matrices` rows x cols matrices in all).
+  void step_slice(const MuonOptions& options, const std::vector<NsCoefficients>& schedule,
+                  const ShapeBatch& batch, const std::vector<at::Tensor>& params, int64_t matrices);
   // Counts p's step and updates its momentum (state created, zeros in p's dtype, on first use)
   // with `grad`; returns u, the direction to orthogonalize (never the live buffer when the
   // state is swapped: the buffer leaves memory right after).

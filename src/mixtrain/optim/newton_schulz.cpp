@@ -20,6 +20,30 @@ constexpr std::array<NsCoefficients, 5> kAsym5 = {{
     {2.8366, -3.0525, 1.2012},
 }};
 
+// The iteration on [batch, rows, cols] matrices; returns [batch, rows, cols] in compute_dtype
+// (a transposed view when rows > cols).
+at::Tensor orthogonalize(const at::Tensor& matrices, const std::vector<NsCoefficients>& schedule,
+                         double eps, c10::ScalarType compute_dtype) {
+  // m <= n, so X X^T is the small m x m Gram matrix.
+  at::Tensor x = matrices.to(compute_dtype);
+  const bool transposed = matrices.size(1) > matrices.size(2);
+  if (transposed) x = x.transpose(1, 2);
+  x = x.contiguous();
+
+  // In compute_dtype, as the references do; eps only matters for an all-zero matrix.
+  at::Tensor norm = at::linalg_vector_norm(x, 2, at::IntArrayRef({1, 2}), /*keepdim=*/true);
+  x = x / (norm + eps);
+
+  for (const auto& [a, b, c] : schedule) {
+    const at::Tensor gram = at::bmm(x, x.transpose(1, 2));
+    // b A + c A A, then a X + (b A + c A A) X: one fused GEMM each, which also rounds once
+    // instead of after every product and sum.
+    const at::Tensor poly = at::baddbmm(gram, gram, gram, /*beta=*/b, /*alpha=*/c);
+    x = at::baddbmm(x, poly, x, /*beta=*/a, /*alpha=*/1.0);
+  }
+  return transposed ? x.transpose(1, 2) : x;
+}
+
 }  // namespace
 
 std::vector<NsCoefficients> newton_schulz_schedule(const std::string& variant, int64_t ns_steps,
@@ -69,26 +93,26 @@ at::Tensor newton_schulz(const at::Tensor& g, const std::vector<NsCoefficients>&
   const int64_t cols = g.size(-1);
   if (g.numel() == 0) return at::zeros(g.sizes(), g.options().dtype(compute_dtype));
 
-  // One [batch, m, n] view with m <= n, so X X^T is the small m x m Gram matrix.
-  at::Tensor x = g.to(compute_dtype).reshape({-1, rows, cols});
-  const bool transposed = rows > cols;
-  if (transposed) x = x.transpose(1, 2);
-  x = x.contiguous();
-
-  // In compute_dtype, as the references do; eps only matters for an all-zero matrix.
-  at::Tensor norm = at::linalg_vector_norm(x, 2, at::IntArrayRef({1, 2}), /*keepdim=*/true);
-  x = x / (norm + eps);
-
-  for (const auto& [a, b, c] : schedule) {
-    const at::Tensor gram = at::bmm(x, x.transpose(1, 2));
-    // b A + c A A, then a X + (b A + c A A) X: one fused GEMM each, which also rounds once
-    // instead of after every product and sum.
-    const at::Tensor poly = at::baddbmm(gram, gram, gram, /*beta=*/b, /*alpha=*/c);
-    x = at::baddbmm(x, poly, x, /*beta=*/a, /*alpha=*/1.0);
+  const at::Tensor matrices = g.reshape({-1, rows, cols});
+  const int64_t batch = matrices.size(0);
+  const int64_t per_call = newton_schulz_matrices_per_call(rows, cols, compute_dtype);
+  if (batch <= per_call) {
+    return orthogonalize(matrices, schedule, eps, compute_dtype).reshape(g.sizes()).contiguous();
   }
+  at::Tensor out = at::empty({batch, rows, cols}, g.options().dtype(compute_dtype));
+  for (int64_t first = 0; first < batch; first += per_call) {
+    const int64_t count = std::min(per_call, batch - first);
+    out.narrow(0, first, count)
+        .copy_(orthogonalize(matrices.narrow(0, first, count), schedule, eps, compute_dtype));
+  }
+  return out.view(g.sizes());
+}
 
-  if (transposed) x = x.transpose(1, 2);
-  return x.reshape(g.sizes()).contiguous();
+int64_t newton_schulz_matrices_per_call(int64_t rows, int64_t cols, c10::ScalarType dtype) {
+  const int64_t m = std::min(rows, cols), n = std::max(rows, cols);
+  const int64_t matrix_bytes =
+      std::max<int64_t>(1, std::max(m * n, m * m) * static_cast<int64_t>(c10::elementSize(dtype)));
+  return std::max<int64_t>(1, kNewtonSchulzBytesPerCall / matrix_bytes);
 }
 
 }  // namespace mixtrain

@@ -40,4 +40,15 @@ std::vector<NsCoefficients> newton_schulz_schedule(const std::string& variant, i
 at::Tensor newton_schulz(const at::Tensor& g, const std::vector<NsCoefficients>& schedule,
                          double eps, c10::ScalarType compute_dtype = c10::ScalarType::BFloat16);
 
+// A batch is orthogonalized in calls of at most this many bytes of X per call (at least one
+// matrix), each call's temporaries (X, X X^T, the polynomial: about 3x this) reused through
+// the heap. Why: one call on a large stack (Muon batches every same-shape matrix of a group)
+// allocated ~40 MiB temporaries, which glibc maps fresh and returns at every free, so every
+// Newton-Schulz step first-touched them again: 4x the GEMM time on a 2-core VM where a page
+// fault costs ~13 us (bench/README.md, train_throughput). Results are unchanged: the matrices
+// are independent and each one's GEMMs are the same.
+constexpr int64_t kNewtonSchulzBytesPerCall = int64_t{8} << 20;
+// How many rows x cols matrices newton_schulz() orthogonalizes per call in dtype.
+int64_t newton_schulz_matrices_per_call(int64_t rows, int64_t cols, c10::ScalarType dtype);
+
 }  // namespace mixtrain

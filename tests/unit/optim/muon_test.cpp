@@ -299,6 +299,33 @@ TEST(MuonBatchTest, SameShapeBatchEqualsPerParameterSteps) {
   }
 }
 
+// A same-shape batch larger than one Newton-Schulz call goes in slices of whole parameters (two
+// [1000, 64, 32] tensors fit one call of 2048 bf16 matrices, the third goes alone): each param
+// ends as if it had been stepped alone, to the tolerance of the test above.
+TEST(MuonBatchTest, BatchesLargerThanOneCallGoInSlicesOfWholeParameters) {
+  const MuonOptions options = MuonOptions().lr(0.05).ns_dtype(at::kBFloat16);
+  ASSERT_EQ(newton_schulz_matrices_per_call(64, 32, at::kBFloat16), 2048);
+  std::vector<at::Tensor> batched = {random_normal({1000, 64, 32}, 61),
+                                     random_normal({1000, 64, 32}, 62),
+                                     random_normal({1000, 64, 32}, 63)};
+  std::vector<at::Tensor> single;
+  for (const auto& p : batched) single.push_back(p.clone());
+  Muon together(batched, options);
+  std::vector<std::unique_ptr<Muon>> alone;
+  for (const auto& p : single) alone.push_back(std::make_unique<Muon>(std::vector{p}, options));
+  for (size_t i = 0; i < batched.size(); ++i) {
+    const at::Tensor g = random_normal(batched[i].sizes(), 2000 + i);
+    batched[i].mutable_grad() = g;
+    single[i].mutable_grad() = g.clone();
+  }
+  together.step();
+  for (auto& m : alone) m->step();
+  const double tol = 2 * step_tolerance(at::kBFloat16, 0.05 * 0.2 * std::sqrt(64.0), 1);
+  for (size_t i = 0; i < batched.size(); ++i) {
+    EXPECT_LT(max_abs_diff(batched[i], single[i]), tol) << "param " << i;
+  }
+}
+
 // ---- parameter replacement (RFC 7.3) ----
 TEST(MuonReplaceTest, StateMovesAndRebuiltBatchesUpdateTheNewTensor) {
   const MuonOptions options = MuonOptions().ns_dtype(at::kFloat);

@@ -272,6 +272,26 @@ TEST(NewtonSchulzTest, LeadingDimsAreIndependentMatrices) {
   }
 }
 
+// A stack larger than one call is orthogonalized in calls of newton_schulz_matrices_per_call()
+// matrices: the same per-call computation, assembled in order, so each part is BITWISE what a
+// call on that part alone gives (tall matrices, so the transposed path is covered too).
+TEST(NewtonSchulzTest, LargeStacksAreSplitIntoCallsWithoutChangingTheResult) {
+  const int64_t rows = 40, cols = 24;
+  const int64_t per_call = newton_schulz_matrices_per_call(rows, cols, at::kBFloat16);
+  EXPECT_EQ(per_call, kNewtonSchulzBytesPerCall / (rows * cols * 2));
+  const at::Tensor g = random_normal({2 * per_call + 3, rows, cols}, 700);
+  const auto schedule = newton_schulz_schedule("asym5", 5);
+  const at::Tensor all = newton_schulz(g, schedule, kEps, at::kBFloat16);
+  ASSERT_EQ(all.sizes(), g.sizes());
+  for (int64_t first = 0; first < g.size(0); first += per_call) {
+    const int64_t count = std::min(per_call, g.size(0) - first);
+    const at::Tensor part = newton_schulz(g.narrow(0, first, count), schedule, kEps, at::kBFloat16);
+    EXPECT_TRUE(at::equal(all.narrow(0, first, count), part)) << "matrices from " << first;
+  }
+  // One matrix larger than the budget still goes alone.
+  EXPECT_EQ(newton_schulz_matrices_per_call(4096, 4096, at::kFloat), 1);
+}
+
 TEST(NewtonSchulzTest, LeavesTheInputAloneAndKeepsItsShape) {
   const at::Tensor g = random_normal({2, 3, 7, 5}, 600);
   const at::Tensor before = g.clone();

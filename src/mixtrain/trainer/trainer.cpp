@@ -6,7 +6,6 @@
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
-#include <thread>
 #include <utility>
 #include <vector>
 
@@ -40,6 +39,7 @@
 #include "mixtrain/trainer/metrics_writer.h"
 #include "mixtrain/trainer/progress.h"
 #include "mixtrain/trainer/step_profile.h"
+#include "mixtrain/trainer/threads.h"
 
 namespace mixtrain {
 namespace {
@@ -98,13 +98,6 @@ NamedParameters named_parameters_of(const CausalLM& model) {
   NamedParameters params;
   for (const auto& item : model.named_parameters()) params.emplace_back(item.key(), item.value());
   return params;
-}
-
-void configure_threads() {
-  // Respect an explicit OMP_NUM_THREADS (ctest sets 1); otherwise use every core.
-  if (std::getenv("OMP_NUM_THREADS") == nullptr) {
-    at::set_num_threads(static_cast<int>(std::max(1u, std::thread::hardware_concurrency())));
-  }
 }
 
 struct StepLoss {
@@ -293,6 +286,7 @@ TrainSummary run_training(const ResolvedConfig& resolved, const TrainOptions& op
   configure_threads();
   if (is_rank0) {
     warn_if_reference_blas();
+    warn_if_cores_are_busy();
     log_info(format_trainer_config_block(resolved));
   }
   Trainer trainer(resolved, mesh, options.run_dir);

@@ -74,6 +74,7 @@
 #include <thread>
 #include <vector>
 
+#include "machine_info.h"
 #include "mixtrain/checkpoint/distributed_checkpoint.h"
 #include "mixtrain/checkpoint/metadata.h"
 #include "mixtrain/checkpoint/storage.h"
@@ -86,6 +87,10 @@
 #include "mixtrain/trainer/trainer.h"
 
 namespace {
+
+using mixtrain::bench::cpu_model;
+using mixtrain::bench::filesystem_of;
+using mixtrain::bench::mem_total_kib;
 
 namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
@@ -187,55 +192,6 @@ std::string spread(const std::vector<double>& values, const char* format = "%.0f
 }
 
 // --- machine ------------------------------------------------------------------------------
-
-std::string cpu_model() {
-  std::ifstream in("/proc/cpuinfo");
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.rfind("model name", 0) == 0) {
-      const size_t colon = line.find(':');
-      if (colon != std::string::npos) return line.substr(line.find_first_not_of(" \t", colon + 1));
-    }
-  }
-  return "unknown";
-}
-
-long mem_total_kib() {
-  std::ifstream in("/proc/meminfo");
-  std::string key;
-  long value = 0;
-  while (in >> key >> value) {
-    if (key == "MemTotal:") return value;
-    in.ignore(1 << 10, '\n');
-  }
-  return -1;
-}
-
-std::string filesystem_of(const std::string& path) {
-  struct statfs st {};
-  if (statfs(path.c_str(), &st) != 0) return "unknown";
-  struct Known {
-    unsigned long magic;
-    const char* name;
-  };
-  const Known known[] = {
-      {0xEF53, "ext4 (ext2/3/4)"},
-      {0x01021994, "tmpfs (RAM: nothing reaches a disk)"},
-      {0x58465342, "xfs"},
-      {0x9123683E, "btrfs"},
-      {0x794C7630, "overlay"},
-      {0x6969, "nfs"},
-      {0x2FC12FC1, "zfs"},
-      {0x65735546, "fuse"},
-      {0x858458F6, "ramfs (RAM: nothing reaches a disk)"},
-  };
-  for (const Known& k : known) {
-    if (static_cast<unsigned long>(st.f_type) == k.magic) return k.name;
-  }
-  char hex[32];
-  std::snprintf(hex, sizeof(hex), "f_type 0x%lx", static_cast<unsigned long>(st.f_type));
-  return hex;
-}
 
 // The block device behind `path` ("/dev/vda"), from /proc/self/mountinfo; "" if unknown.
 std::string device_of(const std::string& path) {

@@ -42,6 +42,7 @@
 #include <string>
 #include <vector>
 
+#include "machine_info.h"
 #include "mixtrain/config/load.h"
 #include "mixtrain/core/collectives.h"
 #include "mixtrain/core/logging.h"
@@ -56,6 +57,8 @@
 #include "mixtrain/trainer/trainer.h"
 
 namespace {
+
+using mixtrain::bench::cpu_model;
 
 namespace fs = std::filesystem;
 
@@ -251,18 +254,6 @@ std::string tail_of_file(const std::string& path, size_t lines) {
     text += "    " + all[i] + "\n";
   }
   return text;
-}
-
-std::string cpu_model() {
-  std::ifstream in("/proc/cpuinfo");
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.rfind("model name", 0) == 0) {
-      const size_t colon = line.find(':');
-      if (colon != std::string::npos) return line.substr(line.find_first_not_of(" \t", colon + 1));
-    }
-  }
-  return "unknown";
 }
 
 std::string mib(double bytes) {

@@ -51,11 +51,16 @@
 #include <thread>
 #include <vector>
 
+#include "machine_info.h"
 #include "mixtrain/config/load.h"
 #include "mixtrain/model/registry.h"
 #include "mixtrain/optim/routing.h"
 
 namespace {
+
+using mixtrain::bench::cpu_model;
+using mixtrain::bench::filesystem_of;
+using mixtrain::bench::mem_total_kib;
 
 namespace fs = std::filesystem;
 
@@ -325,55 +330,6 @@ double median(std::vector<double> values) {
   std::sort(values.begin(), values.end());
   const size_t n = values.size();
   return n % 2 == 1 ? values[n / 2] : 0.5 * (values[n / 2 - 1] + values[n / 2]);
-}
-
-std::string cpu_model() {
-  std::ifstream in("/proc/cpuinfo");
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.rfind("model name", 0) == 0) {
-      const size_t colon = line.find(':');
-      if (colon != std::string::npos) return line.substr(line.find_first_not_of(" \t", colon + 1));
-    }
-  }
-  return "unknown";
-}
-
-long mem_total_kib() {
-  std::ifstream in("/proc/meminfo");
-  std::string key;
-  long value = 0;
-  while (in >> key >> value) {
-    if (key == "MemTotal:") return value;
-    in.ignore(1 << 10, '\n');
-  }
-  return -1;
-}
-
-std::string filesystem_of(const std::string& path) {
-  struct statfs st {};
-  if (statfs(path.c_str(), &st) != 0) return "unknown";
-  struct Known {
-    unsigned long magic;
-    const char* name;
-  };
-  const Known known[] = {
-      {0xEF53, "ext2/3/4"},
-      {0x01021994, "tmpfs (RAM: the swap files stay in memory)"},
-      {0x58465342, "xfs"},
-      {0x9123683E, "btrfs"},
-      {0x794C7630, "overlay"},
-      {0x6969, "nfs"},
-      {0x2FC12FC1, "zfs"},
-      {0x65735546, "fuse"},
-      {0x858458F6, "ramfs (RAM: the swap files stay in memory)"},
-  };
-  for (const Known& k : known) {
-    if (static_cast<unsigned long>(st.f_type) == k.magic) return k.name;
-  }
-  char hex[32];
-  std::snprintf(hex, sizeof(hex), "f_type 0x%lx", static_cast<unsigned long>(st.f_type));
-  return hex;
 }
 
 double mib(double kib) {

@@ -7,7 +7,7 @@
 //   - tokens/s: the median over steps 2..S of the rows' tokens_per_s (global batch x seq_len
 //     over the training step's wall time);
 //   - the median over steps 2..S of each phase of the split (forward_s, backward_s, reduce_s,
-//     clip_s, optimizer_s, step_s; other = step_s minus the phases; see
+//     clip_s, optimizer_s, step_s; other = step_s minus the phases and the checkpoint; see
 //     src/mixtrain/trainer/step_profile.h). Step 1 is skipped: it creates the optimizer state.
 // The medians are taken per column, so the phases of a row need not add up to its step time.
 // Rank 0's clock: on 2 ranks a phase that ends in a collective includes the wait for rank 1.
@@ -17,11 +17,13 @@
 // (the same optimizer and precision sections; vocab 16000, hidden 384, 6 layers, 8 experts
 // of 384, shared expert 768, 128-token sequences). Both keep their global batch on 1 and 2
 // ranks (gradient accumulation on 1 rank), so tokens per step are equal and tokens/s compare.
-// Checkpoints are off. OMP_NUM_THREADS, when set, applies to every run. Unset, each config
-// runs three times: 1 rank using every core (the trainer's default), 1 rank with one thread,
-// and 2 ranks taking cores / 2 threads each (the launcher's default): on a machine whose cores
-// are busy with other work, intra-op threads that wait for each other at every operator can
-// cost far more than they bring, and the second row shows it.
+// A synchronous checkpoint is saved every S/2 steps (so twice in steps 2..S, at S/2 and at S);
+// the medians are hardly moved by those two steps; two more columns give the time per save
+// (checkpoint_s) and the share of all step time the saves took. OMP_NUM_THREADS, when set, applies
+// to every run. Unset, each config runs three times: 1 rank using every core (the trainer's
+// default), 1 rank with one thread, and 2 ranks taking cores / 2 threads each (the launcher's
+// default): on a machine whose cores are busy with other work, intra-op threads that wait for each
+// other at every operator can cost far more than they bring, and the second row shows it.
 //
 // Usage: bench_train_throughput [MIXTRAIN_BINARY] [--steps S] [--tiny-config FILE]
 //                               [--work-dir DIR] [--keep]
@@ -204,6 +206,9 @@ struct Row {
   std::string layout;  // "ranks x threads per rank"
   double tokens_per_s = 0, step = 0, forward = 0, backward = 0, reduce = 0, clip = 0, optimizer = 0,
          other = 0;
+  double checkpoint_per_save = 0;  // mean checkpoint_s of the steps that saved
+  double checkpoint_share = 0;     // all checkpoint_s over all step_s of steps 2..S
+  int saves = 0;
 };
 
 // Medians of steps 2..S of one run's metrics.jsonl.
@@ -220,6 +225,8 @@ Row summarize(const std::string& metrics_path, const std::string& config, const 
          std::to_string(steps));
   }
   std::vector<double> tokens, step, forward, backward, reduce, clip, optimizer, other;
+  double checkpoint_total = 0, step_total = 0;
+  int saves = 0;
   for (size_t i = 1; i < rows.size(); ++i) {
     const nlohmann::json& r = rows[i];
     if (!r.contains("step_s")) fail(metrics_path + " has no profile fields (train.profile?)");
@@ -233,6 +240,9 @@ Row summarize(const std::string& metrics_path, const std::string& config, const 
     optimizer.push_back(get("optimizer_s"));
     other.push_back(std::max(0.0, get("step_s") - get("forward_s") - get("backward_s") -
                                       get("clip_s") - get("optimizer_s") - get("checkpoint_s")));
+    checkpoint_total += get("checkpoint_s");
+    step_total += get("step_s");
+    if (get("checkpoint_s") > 0) ++saves;
   }
   Row row;
   row.config = config;
@@ -245,6 +255,9 @@ Row summarize(const std::string& metrics_path, const std::string& config, const 
   row.clip = median(clip);
   row.optimizer = median(optimizer);
   row.other = median(other);
+  row.saves = saves;
+  row.checkpoint_per_save = saves > 0 ? checkpoint_total / saves : 0.0;
+  row.checkpoint_share = step_total > 0 ? checkpoint_total / step_total : 0.0;
   return row;
 }
 
@@ -295,6 +308,9 @@ int main(int argc, char** argv) {
     if (child_threads > 0) per_rank = child_threads;
     return std::to_string(ranks) + " x " + std::to_string(per_rank);
   };
+  // Two synchronous saves in steps 2..S (at S/2 and at S, the last step always saves), into
+  // <run-dir>/checkpoints under the work directory.
+  const int checkpoint_interval = std::max(1, options.steps / 2);
   std::vector<Row> rows;
   for (const Config& config : configs) {
     for (const auto& [ranks, child_threads] : layouts) {
@@ -307,7 +323,7 @@ int main(int argc, char** argv) {
           "--set",        "train.steps=" + std::to_string(options.steps),
           "--set",        "train.profile=true",
           "--set",        "train.log_every=" + std::to_string(options.steps),
-          "--set",        "checkpoint.interval=0",
+          "--set",        "checkpoint.interval=" + std::to_string(checkpoint_interval),
           "--run-dir",    run_dir};
       if (ranks > 1) {
         args.insert(args.begin() + 2, {"--nproc", std::to_string(ranks)});
@@ -331,17 +347,21 @@ int main(int argc, char** argv) {
   std::printf(
       "| config | ranks x threads | tokens/s | step (s) | forward | backward | of which gradient "
       "reduce "
-      "| clip | optimizer | other |\n");
-  std::printf("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
+      "| clip | optimizer | other | checkpoint: per save (saves) | checkpoint: share of all "
+      "step time |\n");
+  std::printf("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
   for (const Row& r : rows) {
-    std::printf("| %s | %s | %.0f | %.3f | %s | %s | %s | %s | %s | %s |\n", r.config.c_str(),
-                r.layout.c_str(), r.tokens_per_s, r.step, cell(r.forward, r.step).c_str(),
-                cell(r.backward, r.step).c_str(), cell(r.reduce, r.step).c_str(),
-                cell(r.clip, r.step).c_str(), cell(r.optimizer, r.step).c_str(),
-                cell(r.other, r.step).c_str());
+    std::printf("| %s | %s | %.0f | %.3f | %s | %s | %s | %s | %s | %s | %.3f (%d) | %.0f%% |\n",
+                r.config.c_str(), r.layout.c_str(), r.tokens_per_s, r.step,
+                cell(r.forward, r.step).c_str(), cell(r.backward, r.step).c_str(),
+                cell(r.reduce, r.step).c_str(), cell(r.clip, r.step).c_str(),
+                cell(r.optimizer, r.step).c_str(), cell(r.other, r.step).c_str(),
+                r.checkpoint_per_save, r.saves, 100.0 * r.checkpoint_share);
   }
-  std::printf("\n(seconds: medians per column over steps 2..%d of rank 0; %% of the median step)\n",
-              options.steps);
+  std::printf(
+      "\n(seconds: medians per column over steps 2..%d of rank 0; %% of the median step; a "
+      "synchronous checkpoint every %d steps: its time per save and its share of the total)\n",
+      options.steps, checkpoint_interval);
 
   if (options.keep) {
     std::printf("runs kept in %s\n", work_dir.c_str());

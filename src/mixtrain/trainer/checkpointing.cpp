@@ -249,7 +249,23 @@ int64_t restore_checkpoint(const CheckpointParts& parts, const std::string& rest
 
   std::map<std::string, at::Tensor> loaded;
   const auto model = model_tensors(parts.model);
+  std::set<std::string> main_params_as_model;  // main-param keys read as float32 model values
   for (const auto& [key, tensor] : model) {
+    // A float32 parameter saved by a run with a bfloat16/float16 model and fp32 main params: its
+    // exact value is that main param, not the rounded model param.
+    const std::string main_key = kMainParamPrefix + fqn_of(key);
+    const auto saved = metadata.tensors.find(key);
+    if (tensor.scalar_type() == at::kFloat && reader->contains(main_key) &&
+        saved != metadata.tensors.end() && saved->second.dtype != at::kFloat) {
+      read_piece(*reader, place(parts, main_key, tensor.detach()), /*exact_dtype=*/true, loaded,
+                 problems);
+      if (loaded.count(main_key) != 0) {
+        loaded[key] = loaded.at(main_key);
+        loaded.erase(main_key);
+      }
+      main_params_as_model.insert(main_key);
+      continue;
+    }
     // The model is saved in its model dtype and converted by model_init_dtype (RFC 6.2).
     read_piece(*reader, place(parts, key, tensor.detach()), /*exact_dtype=*/false, loaded,
                problems);
@@ -280,7 +296,8 @@ int64_t restore_checkpoint(const CheckpointParts& parts, const std::string& rest
                          kMainParamPrefix + "*); missing: " + names);
     }
     for (const auto& [key, saved] : metadata.tensors) {
-      if (starts_with(key, "optimizer.") && !expected.count(key)) {
+      if (starts_with(key, "optimizer.") && !expected.count(key) &&
+          !main_params_as_model.count(key)) {
         problems.push_back("unexpected key " + key + " (no such state in this optimizer)");
       }
     }
@@ -339,6 +356,11 @@ int64_t restore_checkpoint(const CheckpointParts& parts, const std::string& rest
              std::to_string(metadata.world_size) + " rank(s), restored on " +
              std::to_string(parts.mesh.world_size) + ")" +
              (restore_optimizer ? "" : "; model only, optimizer state starts fresh"));
+    if (!main_params_as_model.empty()) {
+      log_info("checkpoint: " + std::to_string(main_params_as_model.size()) +
+               " float32 parameters take their values from the checkpoint's fp32 main params "
+               "(exact), not from its rounded model params");
+    }
     for (const auto& line : config_changes) log_info("checkpoint: config changed: " + line);
     for (const auto& line : group_changes) {
       log_warn("checkpoint: optimizer hyper-parameter restored from the checkpoint: " + line);

@@ -153,5 +153,40 @@ TEST_F(CheckpointingTest, ModelOnlyCheckpoints) {
   }
 }
 
+// A float32 model restored from this bfloat16 run (fp32 main params) takes every parameter's
+// value from its main param, bit for bit, not from the bf16-rounded model param; with the
+// optimizer, its state too (the main-param keys are consumed, not "unexpected").
+TEST_F(CheckpointingTest, AFloat32ModelTakesTheMainParamsOfAMixedPrecisionRun) {
+  auto bits_equal = [](const at::Tensor& a, const at::Tensor& b) {
+    if (a.scalar_type() != b.scalar_type() || !a.sizes().equals(b.sizes())) return false;
+    if (a.scalar_type() != at::kFloat) return a.equal(b);
+    return a.contiguous().view(at::kInt).equal(b.contiguous().view(at::kInt));
+  };
+  CheckpointReader reader(saved_);
+  const std::vector<std::string> float32 = {"model_init_dtype=float32",
+                                            "fsdp_config.mix_precision.param_dtype=float32",
+                                            "checkpoint.restore_from=" + saved_};
+  int rounded_differently = 0;
+  for (const bool with_optimizer : {true, false}) {
+    std::vector<std::string> overrides = float32;
+    overrides.push_back(std::string("checkpoint.restore_optimizer=") +
+                        (with_optimizer ? "true" : "false"));
+    auto restored = make_trainer(overrides);
+    for (const auto& item : restored->model().named_parameters()) {
+      ASSERT_EQ(item.value().scalar_type(), at::kFloat) << item.key();
+      const at::Tensor main = reader.read_full(std::string(kMainParamPrefix) + item.key());
+      EXPECT_TRUE(bits_equal(item.value(), main)) << item.key();
+      const at::Tensor bf16 = reader.read_full("model." + item.key()).to(at::kFloat);
+      rounded_differently += item.value().equal(bf16) ? 0 : 1;
+    }
+    if (with_optimizer) {
+      for (const auto& [key, t] : restored->optimizer().state_dict()) {
+        EXPECT_TRUE(bits_equal(t, reader.read_full(key))) << key;
+      }
+    }
+  }
+  EXPECT_GT(rounded_differently, 0);  // the main params carry bits the bf16 params lost
+}
+
 }  // namespace
 }  // namespace mixtrain

@@ -212,7 +212,8 @@ void StateSwap::enqueue_read(int64_t group) {
       }
       std::lock_guard<std::mutex> done(mutex_);
       // A write queued behind this read (the leaves moved past the group) owns it now.
-      if (groups_[group].state == GroupState::kReading) groups_[group].state = GroupState::kInMemory;
+      if (groups_[group].state == GroupState::kReading)
+        groups_[group].state = GroupState::kInMemory;
     } catch (...) {
       std::lock_guard<std::mutex> done(mutex_);
       groups_[group].state = GroupState::kFailed;

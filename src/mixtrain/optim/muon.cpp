@@ -267,27 +267,30 @@ void Muon::step_batch(const MuonOptions& options, const std::vector<NsCoefficien
   // and reused through the heap too (newton_schulz.h says why).
   const int64_t per_call =
       newton_schulz_matrices_per_call(batch.rows, batch.cols, options.ns_dtype());
-  for (size_t first = 0; first < params.size();) {
-    size_t last = first;
-    int64_t matrices = 0;
-    do {
-      matrices += params[last].numel() / (batch.rows * batch.cols);
-      ++last;
-    } while (last < params.size() &&
-             matrices + params[last].numel() / (batch.rows * batch.cols) <= per_call);
-    step_slice(options, schedule, batch,
-               std::vector<at::Tensor>(params.begin() + static_cast<std::ptrdiff_t>(first),
-                                       params.begin() + static_cast<std::ptrdiff_t>(last)),
-               matrices);
-    first = last;
+  std::vector<at::Tensor> slice;
+  int64_t matrices = 0;
+  for (const auto& p : params) {
+    const int64_t count = p.numel() / (batch.rows * batch.cols);
+    if (!slice.empty() && matrices + count > per_call) {
+      step_slice(options, schedule, batch, std::move(slice));
+      slice.clear();
+      matrices = 0;
+    }
+    slice.push_back(p);
+    matrices += count;
   }
+  if (!slice.empty()) step_slice(options, schedule, batch, std::move(slice));
 }
 
 void Muon::step_slice(const MuonOptions& options, const std::vector<NsCoefficients>& schedule,
-                      const ShapeBatch& batch, const std::vector<at::Tensor>& params,
-                      int64_t matrices) {
+                      const ShapeBatch& batch, std::vector<at::Tensor> params) {
+  const int64_t matrix_elements = batch.rows * batch.cols;
   std::vector<at::Tensor> directions;  // u per parameter, in the parameter's dtype
-  for (const auto& p : params) directions.push_back(momentum_direction(p, p.grad(), options));
+  int64_t matrices = 0;
+  for (const auto& p : params) {
+    directions.push_back(momentum_direction(p, p.grad(), options));
+    matrices += p.numel() / matrix_elements;
+  }
 
   // One [matrices, rows, cols] tensor for all of them; each copy_ also converts to ns_dtype.
   at::Tensor stacked;
@@ -298,7 +301,7 @@ void Muon::step_slice(const MuonOptions& options, const std::vector<NsCoefficien
                         directions[0].options().dtype(options.ns_dtype()));
     int64_t offset = 0;
     for (const auto& u : directions) {
-      const int64_t count = u.numel() / (batch.rows * batch.cols);
+      const int64_t count = u.numel() / matrix_elements;
       stacked.narrow(0, offset, count).copy_(u.reshape({count, batch.rows, batch.cols}));
       offset += count;
     }
@@ -310,12 +313,11 @@ void Muon::step_slice(const MuonOptions& options, const std::vector<NsCoefficien
                                          options.matched_adamw_rms());
 
   int64_t offset = 0;
-  for (const auto& p : params) {
-    const int64_t count = p.numel() / (batch.rows * batch.cols);
+  for (auto& p : params) {
+    const int64_t count = p.numel() / matrix_elements;
     const at::Tensor o = orthogonalized.narrow(0, offset, count).view(p.sizes());
     offset += count;
-    at::Tensor param = p;
-    muon_apply_update(param, o, options.lr(), options.weight_decay(), scale);
+    muon_apply_update(p, o, options.lr(), options.weight_decay(), scale);
     finish_param_step(p);
   }
 }

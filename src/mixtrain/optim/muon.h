@@ -149,10 +149,9 @@ class Muon : public LeafOptimizer {
   bool batches_match_groups() const;
   void step_batch(const MuonOptions& options, const std::vector<NsCoefficients>& schedule,
                   const ShapeBatch& batch);
-  // Momentum, one newton_schulz() call and the update for `params` (a slice of one batch,
-  // `matrices` rows x cols matrices in all).
+  // Momentum, one newton_schulz() call and the update for `params` (a slice of one batch).
   void step_slice(const MuonOptions& options, const std::vector<NsCoefficients>& schedule,
-                  const ShapeBatch& batch, const std::vector<at::Tensor>& params, int64_t matrices);
+                  const ShapeBatch& batch, std::vector<at::Tensor> params);
   // Counts p's step and updates its momentum (state created, zeros in p's dtype, on first use)
   // with `grad`; returns u, the direction to orthogonalize (never the live buffer when the
   // state is swapped: the buffer leaves memory right after).

@@ -9,10 +9,13 @@
 namespace mixtrain {
 namespace {
 
+double percent(double seconds, double step_s) {
+  return step_s > 0 ? 100.0 * seconds / step_s : 0.0;
+}
+
 std::string phase(const char* name, double seconds, double step_s) {
   char buf[96];
-  std::snprintf(buf, sizeof(buf), "%s %.3f (%.0f%%)", name, seconds,
-                step_s > 0 ? 100.0 * seconds / step_s : 0.0);
+  std::snprintf(buf, sizeof(buf), "%s %.3f (%.0f%%)", name, seconds, percent(seconds, step_s));
   return buf;
 }
 
@@ -20,6 +23,17 @@ std::string phase(const char* name, double seconds, double step_s) {
 
 double StepTimes::other_s() const {
   return std::max(0.0, step_s - forward_s - backward_s - clip_s - optimizer_s - checkpoint_s);
+}
+
+StepTimes& StepTimes::operator*=(double factor) {
+  forward_s *= factor;
+  backward_s *= factor;
+  reduce_s *= factor;
+  clip_s *= factor;
+  optimizer_s *= factor;
+  checkpoint_s *= factor;
+  step_s *= factor;
+  return *this;
 }
 
 StepTimes& StepTimes::operator+=(const StepTimes& other) {
@@ -43,15 +57,8 @@ void StepProfile::add(int64_t step, const StepTimes& times, double tokens) {
 
 std::string StepProfile::format() const {
   if (steps_ == 0) return "";
-  const double n = static_cast<double>(steps_);
-  StepTimes avg;
-  avg.forward_s = sum_.forward_s / n;
-  avg.backward_s = sum_.backward_s / n;
-  avg.reduce_s = sum_.reduce_s / n;
-  avg.clip_s = sum_.clip_s / n;
-  avg.optimizer_s = sum_.optimizer_s / n;
-  avg.checkpoint_s = sum_.checkpoint_s / n;
-  avg.step_s = sum_.step_s / n;
+  StepTimes avg = sum_;
+  avg *= 1.0 / static_cast<double>(steps_);
   char head[96];
   if (first_step_ == last_step_) {
     std::snprintf(head, sizeof(head), "profile step %" PRId64 ": %.3f s/step = ", last_step_,
@@ -61,11 +68,9 @@ std::string StepProfile::format() const {
                   "profile steps %" PRId64 "-%" PRId64 ": %.3f s/step = ", first_step_, last_step_,
                   avg.step_s);
   }
-  char reduce[48];
-  std::snprintf(reduce, sizeof(reduce), "; gradient reduce %.3f)", avg.reduce_s);
-  std::string backward = phase("backward", avg.backward_s, avg.step_s);
-  backward.pop_back();  // its ")": "backward 0.250 (49%; gradient reduce 0.030)"
-  backward += reduce;
+  char backward[96];
+  std::snprintf(backward, sizeof(backward), "backward %.3f (%.0f%%; gradient reduce %.3f)",
+                avg.backward_s, percent(avg.backward_s, avg.step_s), avg.reduce_s);
   return std::string(head) + phase("forward", avg.forward_s, avg.step_s) + " | " + backward +
          " | " + phase("clip", avg.clip_s, avg.step_s) + " | " +
          phase("optimizer", avg.optimizer_s, avg.step_s) + " | " +

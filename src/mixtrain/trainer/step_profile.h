@@ -47,6 +47,7 @@ struct StepTimes {
   // nanoseconds).
   double other_s() const;
   StepTimes& operator+=(const StepTimes& other);
+  StepTimes& operator*=(double factor);  // every field
 };
 
 // Sums the steps between two profile log lines.

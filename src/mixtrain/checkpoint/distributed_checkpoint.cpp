@@ -17,7 +17,6 @@
 #include "mixtrain/core/logging.h"
 
 namespace mixtrain {
-
 namespace {
 
 using json = nlohmann::json;

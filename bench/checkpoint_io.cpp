@@ -74,7 +74,7 @@
 #include <thread>
 #include <vector>
 
-#include "machine_info.h"
+#include "bench_support.h"
 #include "mixtrain/checkpoint/distributed_checkpoint.h"
 #include "mixtrain/checkpoint/metadata.h"
 #include "mixtrain/checkpoint/storage.h"
@@ -88,9 +88,7 @@
 
 namespace {
 
-using mixtrain::bench::cpu_model;
-using mixtrain::bench::filesystem_of;
-using mixtrain::bench::mem_total_kib;
+using namespace mixtrain::bench;  // bench_support.h
 
 namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
@@ -112,19 +110,11 @@ struct Options {
   bool keep = false;
 };
 
-[[noreturn]] void fail(const std::string& message) {
-  std::fprintf(stderr, "bench_checkpoint_io: %s\n", message.c_str());
-  std::exit(1);
-}
-
 Options parse_options(int argc, char** argv) {
   Options options;
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
-    auto value = [&]() -> std::string {
-      if (i + 1 >= argc) fail(arg + " needs a value");
-      return argv[++i];
-    };
+    auto value = [&] { return option_value(argc, argv, i); };
     if (arg == "--dir") {
       options.dir = value();
     } else if (arg == "--mib") {
@@ -161,13 +151,6 @@ Options parse_options(int argc, char** argv) {
 
 double seconds_since(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
-}
-
-double median(std::vector<double> values) {
-  if (values.empty()) return NAN;
-  std::sort(values.begin(), values.end());
-  const size_t n = values.size();
-  return n % 2 == 1 ? values[n / 2] : 0.5 * (values[n / 2 - 1] + values[n / 2]);
 }
 
 double min_of(const std::vector<double>& values) {
@@ -650,19 +633,14 @@ const char* verdict(bool met) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  program_name() = "bench_checkpoint_io";
   const Options options = parse_options(argc, argv);
   // As `mixtrain train`: every core unless OMP_NUM_THREADS says otherwise (a load reads its
   // blocks on every intra-op thread; the trainer computes on them).
   if (std::getenv("OMP_NUM_THREADS") == nullptr) {
     at::set_num_threads(static_cast<int>(std::max(1u, std::thread::hardware_concurrency())));
   }
-  std::string base = options.dir;
-  if (base.empty()) base = std::getenv("TMPDIR") != nullptr ? std::getenv("TMPDIR") : "/tmp";
-  std::string pattern = base + "/mixtrain-ckpt-bench-XXXXXX";
-  if (mkdtemp(pattern.data()) == nullptr) {
-    fail("cannot create a directory under " + base + ": " + std::strerror(errno));
-  }
-  const std::string dir = pattern;
+  const std::string dir = make_work_dir(options.dir, "mixtrain-ckpt-bench");
   const size_t bytes = static_cast<size_t>(options.mib) << 20;
   const std::string device = device_of(dir);
   mixtrain::set_log_level(mixtrain::LogLevel::kWarn);  // no "saved step" lines in the output
@@ -773,11 +751,6 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "bench_checkpoint_io: %s (files kept in %s)\n", e.what(), dir.c_str());
     return 1;
   }
-  if (options.keep) {
-    std::printf("files kept in %s\n", dir.c_str());
-  } else {
-    std::error_code ignored;
-    fs::remove_all(dir, ignored);
-  }
+  keep_or_remove(dir, options.keep, "files kept in ");
   return 0;
 }

@@ -31,10 +31,8 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
 #include <exception>
 #include <filesystem>
 #include <fstream>
@@ -42,7 +40,7 @@
 #include <string>
 #include <vector>
 
-#include "machine_info.h"
+#include "bench_support.h"
 #include "mixtrain/config/load.h"
 #include "mixtrain/core/collectives.h"
 #include "mixtrain/core/logging.h"
@@ -58,7 +56,7 @@
 
 namespace {
 
-using mixtrain::bench::cpu_model;
+using namespace mixtrain::bench;  // bench_support.h
 
 namespace fs = std::filesystem;
 
@@ -205,19 +203,11 @@ struct Options {
   bool keep = false;
 };
 
-[[noreturn]] void fail(const std::string& message) {
-  std::fprintf(stderr, "bench_muon_comm: %s\n", message.c_str());
-  std::exit(1);
-}
-
 Options parse_options(int argc, char** argv) {
   Options options;
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
-    auto value = [&]() -> std::string {
-      if (i + 1 >= argc) fail(arg + " needs a value");
-      return argv[++i];
-    };
+    auto value = [&] { return option_value(argc, argv, i); };
     if (arg == "--nproc") {
       const int n = std::atoi(value().c_str());
       if (n < 2) fail("--nproc must be >= 2");
@@ -244,18 +234,6 @@ Options parse_options(int argc, char** argv) {
   return options;
 }
 
-std::string tail_of_file(const std::string& path, size_t lines) {
-  std::ifstream in(path);
-  std::vector<std::string> all;
-  std::string line;
-  while (std::getline(in, line)) all.push_back(line);
-  std::string text;
-  for (size_t i = all.size() > lines ? all.size() - lines : 0; i < all.size(); ++i) {
-    text += "    " + all[i] + "\n";
-  }
-  return text;
-}
-
 std::string mib(double bytes) {
   char buf[32];
   std::snprintf(buf, sizeof(buf), "%.2f MiB", bytes / 1048576.0);
@@ -265,6 +243,7 @@ std::string mib(double bytes) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  program_name() = "bench_muon_comm";
   const std::string worker_config = env_or(kWorkerEnv, "");
   if (!worker_config.empty()) {
     try {
@@ -276,13 +255,7 @@ int main(int argc, char** argv) {
   }
 
   const Options options = parse_options(argc, argv);
-  std::string base = options.work_dir;
-  if (base.empty()) base = env_or("TMPDIR", "/tmp");
-  std::string pattern = base + "/mixtrain-muon-comm-XXXXXX";
-  if (mkdtemp(pattern.data()) == nullptr) {
-    fail("cannot create a directory under " + base + ": " + std::strerror(errno));
-  }
-  const std::string work_dir = pattern;
+  const std::string work_dir = make_work_dir(options.work_dir, "mixtrain-muon-comm");
   const std::string config_path = work_dir + "/muon_comm.yaml";
   std::ofstream(config_path) << kConfig;
 
@@ -372,11 +345,6 @@ int main(int argc, char** argv) {
   std::printf("\n");
   for (const std::string& note : notes) std::printf("%s\n", note.c_str());
 
-  if (options.keep || !ok) {
-    std::printf("\nruns kept in %s\n", work_dir.c_str());
-  } else {
-    std::error_code ignored;
-    fs::remove_all(work_dir, ignored);
-  }
+  keep_or_remove(work_dir, options.keep || !ok, "\nruns kept in ");
   return ok ? 0 : 1;
 }

@@ -26,10 +26,8 @@
 // Exit code: 0 when both runs trained and were measured (whether or not the targets were met);
 // 1 when a run failed (the trainer's exit code and the end of its log are printed) or the
 // losses differ.
-#include <fcntl.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
-#include <sys/statfs.h>
 #include <sys/time.h>
 #include <sys/types.h>
 #include <sys/wait.h>
@@ -43,26 +41,20 @@
 #include <cstdlib>
 #include <cstring>
 #include <exception>
-#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
-#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
 
-#include "machine_info.h"
+#include "bench_support.h"
 #include "mixtrain/config/load.h"
 #include "mixtrain/model/registry.h"
 #include "mixtrain/optim/routing.h"
 
 namespace {
 
-using mixtrain::bench::cpu_model;
-using mixtrain::bench::filesystem_of;
-using mixtrain::bench::mem_total_kib;
-
-namespace fs = std::filesystem;
+using namespace mixtrain::bench;  // bench_support.h
 
 // The benchmark model: 6 layers of the RFC's tiny Qwen2-MoE scaled up to hidden 512, 8 experts
 // and a 32000-token vocabulary (~85M parameters), one 128-token sample per step so that a step
@@ -158,19 +150,11 @@ struct RunResult {
   std::vector<double> step_s;    // steps 2..N
 };
 
-[[noreturn]] void fail(const std::string& message) {
-  std::fprintf(stderr, "bench_swap_optimizer: %s\n", message.c_str());
-  std::exit(1);
-}
-
 Options parse_options(int argc, char** argv) {
   Options options;
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
-    auto value = [&]() -> std::string {
-      if (i + 1 >= argc) fail(arg + " needs a value");
-      return argv[++i];
-    };
+    auto value = [&] { return option_value(argc, argv, i); };
     if (arg == "--steps") {
       options.steps = std::atoi(value().c_str());
       if (options.steps < 3) fail("--steps must be >= 3 (step 1 is not timed)");
@@ -230,54 +214,19 @@ bool reset_peak_rss(pid_t pid) {
   return static_cast<bool>(out);
 }
 
-std::vector<nlohmann::json> read_metrics(const std::string& path) {
-  std::vector<nlohmann::json> rows;
-  std::ifstream in(path);
-  std::string line;
-  while (std::getline(in, line)) {
-    if (!line.empty()) rows.push_back(nlohmann::json::parse(line));
-  }
-  return rows;
-}
-
-std::string tail_of_file(const std::string& path, size_t lines) {
-  std::ifstream in(path);
-  std::vector<std::string> all;
-  std::string line;
-  while (std::getline(in, line)) all.push_back(line);
-  std::string text;
-  for (size_t i = all.size() > lines ? all.size() - lines : 0; i < all.size(); ++i) {
-    text += "    " + all[i] + "\n";
-  }
-  return text;
-}
-
 RunResult run_training(const Options& options, const std::string& config_path,
                        const std::string& work_dir, bool swap) {
   RunResult result;
   result.name = swap ? "swap" : "no-swap";
   result.run_dir = work_dir + "/" + result.name;
   result.log_path = work_dir + "/" + result.name + ".log";
-  std::vector<std::string> args = {
+  const std::vector<std::string> args = {
       options.binary, "train",
       "--config",     config_path,
       "--set",        "train.steps=" + std::to_string(options.steps),
       "--set",        std::string("optimizer.swap_optimizer=") + (swap ? "true" : "false"),
       "--run-dir",    result.run_dir};
-  std::vector<char*> argv;
-  for (std::string& arg : args) argv.push_back(arg.data());
-  argv.push_back(nullptr);
-
-  std::fflush(nullptr);
-  const pid_t pid = fork();
-  if (pid < 0) fail(std::string("fork: ") + std::strerror(errno));
-  if (pid == 0) {
-    const int fd = open(result.log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd < 0 || dup2(fd, STDOUT_FILENO) < 0 || dup2(fd, STDERR_FILENO) < 0) _exit(126);
-    execv(argv[0], argv.data());
-    std::fprintf(stderr, "exec %s: %s\n", argv[0], std::strerror(errno));
-    _exit(127);
-  }
+  const pid_t pid = spawn_logged(args, result.log_path);
 
   // Wait, and once step 1 (which creates the optimizer state) is in metrics.jsonl reset the
   // kernel's high-water mark: from then on ru_maxrss is the peak of steps 2..N.
@@ -312,7 +261,7 @@ RunResult run_training(const Options& options, const std::string& config_path,
   }
 
   if (result.exit_code == 0) {
-    const std::vector<nlohmann::json> rows = read_metrics(metrics_path);
+    const std::vector<nlohmann::json> rows = read_jsonl(metrics_path);
     for (size_t i = 0; i < rows.size(); ++i) {
       result.losses.push_back(rows[i].at("loss").is_null() ? NAN
                                                            : rows[i].at("loss").get<double>());
@@ -323,13 +272,6 @@ RunResult run_training(const Options& options, const std::string& config_path,
     }
   }
   return result;
-}
-
-double median(std::vector<double> values) {
-  if (values.empty()) return NAN;
-  std::sort(values.begin(), values.end());
-  const size_t n = values.size();
-  return n % 2 == 1 ? values[n / 2] : 0.5 * (values[n / 2 - 1] + values[n / 2]);
 }
 
 double mib(double kib) {
@@ -357,17 +299,10 @@ void report_failure(const RunResult& run) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  program_name() = "bench_swap_optimizer";
   const Options options = parse_options(argc, argv);
-  if (access(options.binary.c_str(), X_OK) != 0) {
-    fail("cannot run " + options.binary + " (build the mixtrain target, or pass its path)");
-  }
-  std::string base = options.work_dir;
-  if (base.empty()) base = std::getenv("TMPDIR") != nullptr ? std::getenv("TMPDIR") : "/tmp";
-  std::string pattern = base + "/mixtrain-swap-bench-XXXXXX";
-  if (mkdtemp(pattern.data()) == nullptr) {
-    fail("cannot create a directory under " + base + ": " + std::strerror(errno));
-  }
-  const std::string work_dir = pattern;
+  require_executable(options.binary);
+  const std::string work_dir = make_work_dir(options.work_dir, "mixtrain-swap-bench");
   const std::string config_path = work_dir + "/swap_bench.yaml";
   std::ofstream(config_path) << kConfig;
 
@@ -465,12 +400,7 @@ int main(int argc, char** argv) {
                   ? "bit-identical"
                   : ("DIFFER from step " + std::to_string(first_difference)).c_str());
 
-  if (options.keep) {
-    std::printf("\nruns kept in %s\n", work_dir.c_str());
-  } else {
-    std::error_code ignored;
-    fs::remove_all(work_dir, ignored);
-  }
+  keep_or_remove(work_dir, options.keep, "\nruns kept in ");
   if (first_difference != 0) {
     std::fprintf(stderr, "bench_swap_optimizer: the swap run's loss differs from step %d on\n",
                  first_difference);

@@ -29,7 +29,6 @@
 //                               [--work-dir DIR] [--keep]
 // Exit code 0 when every run trained and was measured, 1 otherwise (the end of the failed
 // run's log is printed).
-#include <fcntl.h>
 #include <sys/types.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -48,11 +47,11 @@
 #include <utility>
 #include <vector>
 
-#include "machine_info.h"
+#include "bench_support.h"
 
 namespace {
 
-using mixtrain::bench::cpu_model;
+using namespace mixtrain::bench;  // bench_support.h
 
 namespace fs = std::filesystem;
 
@@ -113,11 +112,6 @@ struct Options {
   bool keep = false;
 };
 
-[[noreturn]] void fail(const std::string& message) {
-  std::fprintf(stderr, "bench_train_throughput: %s\n", message.c_str());
-  std::exit(1);
-}
-
 Options parse_options(int argc, char** argv) {
   Options options;
   // The source tree this file was compiled from (CMake passes absolute paths).
@@ -125,10 +119,7 @@ Options parse_options(int argc, char** argv) {
       (fs::path(__FILE__).parent_path().parent_path() / "configs" / "qwen2_moe_tiny.yaml").string();
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
-    auto value = [&]() -> std::string {
-      if (i + 1 >= argc) fail(arg + " needs a value");
-      return argv[++i];
-    };
+    auto value = [&] { return option_value(argc, argv, i); };
     if (arg == "--steps") {
       options.steps = std::atoi(value().c_str());
       if (options.steps < 3) fail("--steps must be >= 3 (step 1 is not counted)");
@@ -156,49 +147,16 @@ Options parse_options(int argc, char** argv) {
   return options;
 }
 
-std::string tail_of_file(const std::string& path, size_t lines) {
-  std::ifstream in(path);
-  std::vector<std::string> all;
-  std::string line;
-  while (std::getline(in, line)) all.push_back(line);
-  std::string text;
-  for (size_t i = all.size() > lines ? all.size() - lines : 0; i < all.size(); ++i) {
-    text += "    " + all[i] + "\n";
-  }
-  return text;
-}
-
 // Runs the binary with `args`, stdout+stderr to `log_path`, OMP_NUM_THREADS=`threads` unless 0;
 // the exit code (-signal if killed).
 int run_child(const std::vector<std::string>& args, const std::string& log_path, int threads) {
-  std::vector<std::string> owned = args;
-  std::vector<char*> argv;
-  for (std::string& arg : owned) argv.push_back(arg.data());
-  argv.push_back(nullptr);
-  std::fflush(nullptr);
-  const pid_t pid = fork();
-  if (pid < 0) fail(std::string("fork: ") + std::strerror(errno));
-  if (pid == 0) {
-    const int fd = open(log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd < 0 || dup2(fd, STDOUT_FILENO) < 0 || dup2(fd, STDERR_FILENO) < 0) _exit(126);
-    if (threads > 0) setenv("OMP_NUM_THREADS", std::to_string(threads).c_str(), 1);
-    execv(argv[0], argv.data());
-    std::fprintf(stderr, "exec %s: %s\n", argv[0], std::strerror(errno));
-    _exit(127);
-  }
+  const pid_t pid = spawn_logged(args, log_path, threads);
   int status = 0;
   while (waitpid(pid, &status, 0) < 0) {
     if (errno != EINTR) fail(std::string("waitpid: ") + std::strerror(errno));
   }
   if (WIFEXITED(status)) return WEXITSTATUS(status);
   return WIFSIGNALED(status) ? -WTERMSIG(status) : -1;
-}
-
-double median(std::vector<double> values) {
-  if (values.empty()) return NAN;
-  std::sort(values.begin(), values.end());
-  const size_t n = values.size();
-  return n % 2 == 1 ? values[n / 2] : 0.5 * (values[n / 2 - 1] + values[n / 2]);
 }
 
 struct Row {
@@ -214,12 +172,7 @@ struct Row {
 // Medians of steps 2..S of one run's metrics.jsonl.
 Row summarize(const std::string& metrics_path, const std::string& config, const std::string& layout,
               int steps) {
-  std::vector<nlohmann::json> rows;
-  std::ifstream in(metrics_path);
-  std::string line;
-  while (std::getline(in, line)) {
-    if (!line.empty()) rows.push_back(nlohmann::json::parse(line));
-  }
+  const std::vector<nlohmann::json> rows = read_jsonl(metrics_path);
   if (static_cast<int>(rows.size()) != steps) {
     fail(metrics_path + " has " + std::to_string(rows.size()) + " rows, expected " +
          std::to_string(steps));
@@ -270,20 +223,13 @@ std::string cell(double seconds, double step) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  program_name() = "bench_train_throughput";
   const Options options = parse_options(argc, argv);
-  if (access(options.binary.c_str(), X_OK) != 0) {
-    fail("cannot run " + options.binary + " (build the mixtrain target, or pass its path)");
-  }
+  require_executable(options.binary);
   if (!fs::is_regular_file(options.tiny_config)) {
     fail("no " + options.tiny_config + " (pass --tiny-config configs/qwen2_moe_tiny.yaml)");
   }
-  std::string base = options.work_dir;
-  if (base.empty()) base = std::getenv("TMPDIR") != nullptr ? std::getenv("TMPDIR") : "/tmp";
-  std::string pattern = base + "/mixtrain-throughput-XXXXXX";
-  if (mkdtemp(pattern.data()) == nullptr) {
-    fail("cannot create a directory under " + base + ": " + std::strerror(errno));
-  }
-  const std::string work_dir = pattern;
+  const std::string work_dir = make_work_dir(options.work_dir, "mixtrain-throughput");
   const std::string medium_config = work_dir + "/qwen2_moe_41m.yaml";
   std::ofstream(medium_config) << kMediumConfig;
 
@@ -363,11 +309,6 @@ int main(int argc, char** argv) {
       "synchronous checkpoint every %d steps: its time per save and its share of the total)\n",
       options.steps, checkpoint_interval);
 
-  if (options.keep) {
-    std::printf("runs kept in %s\n", work_dir.c_str());
-  } else {
-    std::error_code ignored;
-    fs::remove_all(work_dir, ignored);
-  }
+  keep_or_remove(work_dir, options.keep, "runs kept in ");
   return 0;
 }

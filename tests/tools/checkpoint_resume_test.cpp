@@ -26,12 +26,6 @@ extern char** environ;
 namespace mixtrain::testing {
 namespace {
 
-nlohmann::json without_timing(nlohmann::json row) {
-  row.erase("tokens_per_s");
-  row.erase("elapsed_s");
-  return row;
-}
-
 // The RFC's configuration (bfloat16, fp32 main params, Muon + AdamW) with a constant LR, so
 // that steps 1-2 do not depend on train.steps.
 std::string base_command(const std::string& run_dir) {

@@ -41,6 +41,14 @@ inline std::vector<nlohmann::json> read_metrics(const std::string& path) {
   return rows;
 }
 
+// A metrics.jsonl row without its timings (tokens_per_s, elapsed_s): what two runs of the same
+// training must agree on.
+inline nlohmann::json without_timing(nlohmann::json row) {
+  row.erase("tokens_per_s");
+  row.erase("elapsed_s");
+  return row;
+}
+
 inline std::string source_path(const std::string& relative) {
   return std::string(MIXTRAIN_SOURCE_DIR) + "/" + relative;
 }

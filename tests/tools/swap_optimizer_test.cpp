@@ -15,12 +15,6 @@
 namespace mixtrain::testing {
 namespace {
 
-nlohmann::json without_timing(nlohmann::json row) {
-  row.erase("tokens_per_s");
-  row.erase("elapsed_s");
-  return row;
-}
-
 void expect_swap_changes_nothing(const std::string& nproc, bool resume = false) {
   TempDir off, on;
   const std::string common =

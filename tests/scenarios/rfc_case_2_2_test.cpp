@@ -18,7 +18,7 @@ namespace {
 
 using test_support::checkpoint_test_config;
 using test_support::recorded_step;
-using test_support::whole;
+using test_support::whole_optimizer_state;
 using testing::run_workers;
 using testing::WorkerResult;
 
@@ -27,23 +27,6 @@ ResolvedConfig config_for(const testing::WorkerEnv& worker, const std::string& r
                                         "checkpoint.dir=" + worker.get("CKPT")};
   if (!restore_from.empty()) overrides.push_back("checkpoint.restore_from=" + restore_from);
   return checkpoint_test_config(overrides);
-}
-
-// The optimizer state (whole tensors) and the group hyper-parameters of a trainer.
-NamedTensors whole_optimizer_state(Trainer& trainer) {
-  NamedTensors out;
-  for (const auto& [key, local] : trainer.optimizer().state_dict()) {
-    if (local.dim() == 0) {
-      out.emplace_back(key, local.clone());
-      continue;
-    }
-    const std::string prefix =
-        key.rfind(kMainParamPrefix, 0) == 0 ? kMainParamPrefix : kOptimizerStatePrefix;
-    std::string fqn = key.substr(std::string(prefix).size());
-    if (prefix == std::string(kOptimizerStatePrefix)) fqn = fqn.substr(0, fqn.rfind('.'));
-    out.emplace_back(key, whole(trainer, fqn, local));
-  }
-  return out;
 }
 
 void write_on_rank0(const testing::WorkerEnv& worker, const std::string& name,

@@ -17,6 +17,7 @@
 #include "mixtrain/distributed/fsdp.h"
 #include "mixtrain/model/causal_lm.h"
 #include "mixtrain/optim/chained_optimizer.h"
+#include "mixtrain/optim/training_optimizer.h"
 #include "mixtrain/trainer/trainer.h"
 
 namespace mixtrain::test_support {
@@ -67,6 +68,34 @@ inline NamedTensors recorded_step(Trainer& trainer) {
   trainer.apply_update();
   for (const auto& name : chained.names()) {
     out.emplace_back("main." + name, whole(trainer, name, chained.optimizer_param(name)));
+    out.emplace_back("model." + name, whole(trainer, name, chained.model_param(name)));
+  }
+  return out;
+}
+
+// The optimizer state (main params included) as whole tensors, copied; 0-dim state (step
+// counters) as it is on this rank.
+inline NamedTensors whole_optimizer_state(Trainer& trainer) {
+  NamedTensors out;
+  for (const auto& [key, local] : trainer.optimizer().state_dict()) {
+    if (local.dim() == 0) {
+      out.emplace_back(key, local.clone());
+      continue;
+    }
+    const bool is_main = key.rfind(kMainParamPrefix, 0) == 0;
+    std::string fqn =
+        key.substr(std::string(is_main ? kMainParamPrefix : kOptimizerStatePrefix).size());
+    if (!is_main) fqn = fqn.substr(0, fqn.rfind('.'));
+    out.emplace_back(key, whole(trainer, fqn, local));
+  }
+  return out;
+}
+
+// The model params as whole tensors under their checkpoint keys (model.<fqn>), copied.
+inline NamedTensors whole_model_params(Trainer& trainer) {
+  NamedTensors out;
+  ChainedOptimizer& chained = trainer.optimizer().chained();
+  for (const auto& name : chained.names()) {
     out.emplace_back("model." + name, whole(trainer, name, chained.model_param(name)));
   }
   return out;

@@ -253,7 +253,7 @@ std::vector<std::string> ChainedOptimizer::check_state_dict(const NamedTensors& 
       if (t.sizes() != live.sizes())
         problems.push_back(key + ": shape " + format_sizes(t.sizes()) + ", expected " +
                            format_sizes(live.sizes()));
-      if (t.scalar_type() != live.scalar_type())
+      if (!state_dtype_loads_into(t.scalar_type(), live.scalar_type()))
         problems.push_back(key + ": dtype " + dtype_name(t.scalar_type()) + ", expected " +
                            dtype_name(live.scalar_type()));
     }
@@ -279,7 +279,12 @@ void ChainedOptimizer::import_checked_state(const NamedTensors& state) {
     LeafOptimizer& leaf = *leaves_[e.leaf];
     NamedTensorList imported;
     for (const auto& [state_name, live] : leaf.export_state(e.optimizer_param)) {
-      imported.emplace_back(state_name, by_key.at(kOptimizerStatePrefix + name + "." + state_name));
+      const at::Tensor& saved = by_key.at(kOptimizerStatePrefix + name + "." + state_name);
+      // A floating state of another precision takes the live state's dtype, as in
+      // torch.optim.Optimizer.load_state_dict (exact when widening, rounding when narrowing).
+      imported.emplace_back(state_name, saved.scalar_type() == live.scalar_type()
+                                            ? saved
+                                            : saved.to(live.scalar_type()));
     }
     if (!imported.empty()) leaf.import_state(e.optimizer_param, imported);
   }

@@ -15,7 +15,10 @@
 // with one zero-lr step on zero grads (parameters untouched), then checks every key, shape
 // and dtype against it; on any problem it drops that created state again and throws
 // std::invalid_argument listing all problems. Every optimizer.state key of every trainable
-// parameter must be present; any other key is an error.
+// parameter must be present; any other key is an error. A floating-point state saved in
+// another floating dtype (a bfloat16 run's moments loaded into float32 state, or back) is
+// cast to the live state's dtype, as torch.optim.Optimizer.load_state_dict casts to the
+// param's dtype; integer state (step counters) must match exactly.
 //
 // Param-group hyper-parameters (RFC: restored from a checkpoint, as torch.optim's
 // load_state_dict restores param_groups): param_groups_state() / load_param_groups_state(),
@@ -97,7 +100,8 @@ class ChainedOptimizer : public TrainingOptimizer {
   StateInitialization initialize_state();
   void undo_initialize_state(const StateInitialization& created);
   // Every problem of `state` (optimizer.state.* keys only) against the current state
-  // structure: missing, unexpected or duplicate keys, shape and dtype mismatches.
+  // structure: missing, unexpected or duplicate keys, shape and dtype mismatches (see
+  // state_dtype_loads_into).
   std::vector<std::string> check_state_dict(const NamedTensors& state) const;
 
   // TrainingOptimizer

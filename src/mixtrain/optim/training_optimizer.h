@@ -28,6 +28,13 @@ inline constexpr const char* kOptimizerStatePrefix = "optimizer.state.";
 inline constexpr const char* kMainParamPrefix =
     "optimizer._mixed_precision_optimizer.fp32_from_fp16_params.";
 
+// Whether optimizer state saved as `saved` loads into live state of dtype `live`: the same
+// dtype, or both floating point (cast to `live` on load, as torch.optim does; RFC 9.3 branch 2
+// loads a bfloat16 run's moments into float32 state).
+inline bool state_dtype_loads_into(c10::ScalarType saved, c10::ScalarType live) {
+  return saved == live || (c10::isFloatingType(saved) && c10::isFloatingType(live));
+}
+
 class TrainingOptimizer {
  public:
   virtual ~TrainingOptimizer() = default;

@@ -126,14 +126,42 @@ void agree_or_throw(const DeviceMesh& mesh, const std::string& dir,
   }
 }
 
+// Optimizer state tensors cast on load, and from which dtype to which ("bfloat16 to float32").
+struct Casts {
+  int64_t count = 0;
+  std::set<std::string> pairs;
+  void add(const std::string& pair) {
+    ++count;
+    pairs.insert(pair);
+  }
+  std::string kinds() const {
+    std::string out;
+    for (const auto& pair : pairs) out += (out.empty() ? "" : ", ") + pair;
+    return out;
+  }
+};
+
+bool is_low_precision_param(const std::vector<std::pair<std::string, at::Tensor>>& model,
+                            const std::string& key) {
+  for (const auto& [name, tensor] : model) {
+    if (name == key)
+      return tensor.scalar_type() == at::kBFloat16 || tensor.scalar_type() == at::kHalf;
+  }
+  return false;
+}
+
 std::string format_shape(const std::vector<int64_t>& shape) {
   std::string out = "[";
   for (size_t i = 0; i < shape.size(); ++i) out += (i ? ", " : "") + std::to_string(shape[i]);
   return out + "]";
 }
 
+// Which saved dtype a tensor accepts: model params any (model_init_dtype converts them, RFC
+// 6.2), optimizer state one it can be cast to (state_dtype_loads_into), main params exactly.
+enum class DtypeRule { kAny, kOptimizerState, kExact };
+
 // Reads this rank's region of `key` into `out`, or records why it cannot.
-void read_piece(CheckpointReader& reader, const LocalChunk& target, bool exact_dtype,
+void read_piece(CheckpointReader& reader, const LocalChunk& target, DtypeRule rule,
                 std::map<std::string, at::Tensor>& out, std::vector<std::string>& problems) {
   const auto it = reader.metadata().tensors.find(target.key);
   if (it == reader.metadata().tensors.end()) {
@@ -147,7 +175,11 @@ void read_piece(CheckpointReader& reader, const LocalChunk& target, bool exact_d
                        " in this model");
     return;
   }
-  if (exact_dtype && saved.dtype != target.data.scalar_type()) {
+  const c10::ScalarType live = target.data.scalar_type();
+  const bool accepted =
+      rule == DtypeRule::kAny ||
+      (rule == DtypeRule::kExact ? saved.dtype == live : state_dtype_loads_into(saved.dtype, live));
+  if (!accepted) {
     problems.push_back(target.key + ": dtype " + dtype_name(saved.dtype) + " in the checkpoint, " +
                        dtype_name(target.data.scalar_type()) + " expected");
     return;
@@ -257,7 +289,7 @@ int64_t restore_checkpoint(const CheckpointParts& parts, const std::string& rest
     const auto saved = metadata.tensors.find(key);
     if (tensor.scalar_type() == at::kFloat && reader->contains(main_key) &&
         saved != metadata.tensors.end() && saved->second.dtype != at::kFloat) {
-      read_piece(*reader, place(parts, main_key, tensor.detach()), /*exact_dtype=*/true, loaded,
+      read_piece(*reader, place(parts, main_key, tensor.detach()), DtypeRule::kExact, loaded,
                  problems);
       if (loaded.count(main_key) != 0) {
         loaded[key] = loaded.at(main_key);
@@ -267,10 +299,12 @@ int64_t restore_checkpoint(const CheckpointParts& parts, const std::string& rest
       continue;
     }
     // The model is saved in its model dtype and converted by model_init_dtype (RFC 6.2).
-    read_piece(*reader, place(parts, key, tensor.detach()), /*exact_dtype=*/false, loaded,
-               problems);
+    read_piece(*reader, place(parts, key, tensor.detach()), DtypeRule::kAny, loaded, problems);
   }
   NamedTensors optimizer_state;
+  // Optimizer state saved in another floating dtype (cast on load) and main params not used.
+  Casts widened, narrowed;
+  int64_t dropped_mains = 0;
   if (restore_optimizer) {
     std::set<std::string> expected;
     std::vector<std::string> main_keys, missing_mains;
@@ -284,8 +318,16 @@ int64_t restore_checkpoint(const CheckpointParts& parts, const std::string& rest
           continue;  // the branch is decided below
         }
       }
-      read_piece(*reader, place(parts, key, tensor), /*exact_dtype=*/true, loaded, problems);
-      if (loaded.count(key)) optimizer_state.emplace_back(key, loaded.at(key));
+      read_piece(*reader, place(parts, key, tensor),
+                 is_main ? DtypeRule::kExact : DtypeRule::kOptimizerState, loaded, problems);
+      if (!loaded.count(key)) continue;
+      optimizer_state.emplace_back(key, loaded.at(key));
+      const c10::ScalarType saved = loaded.at(key).scalar_type();
+      if (saved != tensor.scalar_type()) {
+        const bool widens = c10::elementSize(saved) < c10::elementSize(tensor.scalar_type());
+        (widens ? widened : narrowed)
+            .add(dtype_name(saved) + " to " + dtype_name(tensor.scalar_type()));
+      }
     }
     // RFC 9.3 branch 3: some main params but not all is damaged data.
     if (!missing_mains.empty() && missing_mains.size() < main_keys.size()) {
@@ -296,10 +338,18 @@ int64_t restore_checkpoint(const CheckpointParts& parts, const std::string& rest
                          kMainParamPrefix + "*); missing: " + names);
     }
     for (const auto& [key, saved] : metadata.tensors) {
-      if (starts_with(key, "optimizer.") && !expected.count(key) &&
-          !main_params_as_model.count(key)) {
-        problems.push_back("unexpected key " + key + " (no such state in this optimizer)");
+      if (!starts_with(key, "optimizer.") || expected.count(key) ||
+          main_params_as_model.count(key)) {
+        continue;
       }
+      // A main-params checkpoint resumed with fp32_main_params off: the model continues from
+      // its low-precision params (the rounded main params, as saved); the main params go.
+      if (starts_with(key, kMainParamPrefix) && main_keys.empty() &&
+          is_low_precision_param(model, kModelPrefix + fqn_of(key))) {
+        ++dropped_mains;
+        continue;
+      }
+      problems.push_back("unexpected key " + key + " (no such state in this optimizer)");
     }
   }
   for (const auto& [key, saved] : metadata.tensors) {
@@ -360,6 +410,24 @@ int64_t restore_checkpoint(const CheckpointParts& parts, const std::string& rest
       log_info("checkpoint: " + std::to_string(main_params_as_model.size()) +
                " float32 parameters take their values from the checkpoint's fp32 main params "
                "(exact), not from its rounded model params");
+    }
+    if (widened.count > 0) {
+      log_info("checkpoint: " + std::to_string(widened.count) +
+               " optimizer state tensors widened (" + widened.kinds() + ", exact)");
+    }
+    if (dropped_mains > 0 || narrowed.count > 0) {
+      std::string lost;
+      if (dropped_mains > 0) {
+        lost = "fp32_main_params is off: the checkpoint's " + std::to_string(dropped_mains) +
+               " fp32 main params are not used (the model continues from its low-precision "
+               "params, their rounded values)";
+      }
+      if (narrowed.count > 0) {
+        lost += (lost.empty() ? "" : "; ") + std::to_string(narrowed.count) +
+                " optimizer state tensors are rounded (" + narrowed.kinds() + ")";
+      }
+      log_warn("checkpoint: " + lost +
+               "; the mantissa bits the lower precision cannot hold are lost");
     }
     for (const auto& line : config_changes) log_info("checkpoint: config changed: " + line);
     for (const auto& line : group_changes) {

@@ -14,7 +14,10 @@
 // is of this model, every key, shape and dtype, which main params exist, every checksum of
 // every chunk this rank reads), agreeing over all ranks; then loads the model, applies
 // model_init_dtype, and loads the optimizer, whose RFC 9.3 branches are
-// MixedPrecisionOptimizer::load_state_dict's. restore_optimizer false: the model only, then
+// MixedPrecisionOptimizer::load_state_dict's. Optimizer state saved in another floating dtype
+// (fp32_main_params switched between save and restore) is cast to the live state's dtype; a
+// run without main params ignores the checkpoint's (its model params are their rounding), with
+// one warning. restore_optimizer false: the model only, then
 // reload_model_params() (RFC 9.4). Errors are DataError naming the checkpoint and the problems.
 #pragma once
 

@@ -209,6 +209,34 @@ TEST(ChainedOptimizer, LoadStateDictRestoresStateSoTheNextStepMatches) {
   EXPECT_EQ(restored.a->export_state(restored.w)[1].second.item<int64_t>(), 3);
 }
 
+// RFC 9.3 branch 2: state saved in another floating dtype (a bfloat16 run's, or float64) is
+// cast to the live state's dtype, as torch.optim.Optimizer.load_state_dict casts to the param's.
+TEST(ChainedOptimizer, LoadStateDictCastsFloatingStateToTheLiveDtype) {
+  TwoLeaves saved;
+  saved.w.mutable_grad() = at::full({2, 3}, 0.3f);
+  saved.bias.mutable_grad() = at::full({3}, -0.7f);
+  saved.chain.step();
+  for (const c10::ScalarType dtype : {at::kBFloat16, at::kDouble}) {
+    NamedTensors state;
+    for (const auto& [key, tensor] : saved.chain.state_dict()) {
+      state.emplace_back(
+          key, at::isFloatingType(tensor.scalar_type()) ? tensor.to(dtype) : tensor.clone());
+    }
+    TwoLeaves restored;
+    restored.chain.load_state_dict(state);
+    const auto loaded = restored.chain.state_dict();
+    ASSERT_EQ(loaded.size(), state.size());
+    for (size_t i = 0; i < loaded.size(); ++i) {
+      const at::Tensor& live = loaded[i].second;
+      const at::Tensor& given = state[i].second;
+      EXPECT_EQ(live.scalar_type(), saved.chain.state_dict()[i].second.scalar_type());
+      // bfloat16 -> float32 is exact; float64 -> float32 rounds the float32 values it was
+      // widened from back to themselves: both equal the given values cast.
+      EXPECT_TRUE(at::equal(live, given.to(live.scalar_type()))) << loaded[i].first;
+    }
+  }
+}
+
 TEST(ChainedOptimizer, InitializeStateCreatesStateWithoutTouchingParamsAndCanBeUndone) {
   TwoLeaves t;
   t.w.mutable_grad() = at::full({2, 3}, 7.0f);
@@ -247,7 +275,7 @@ TEST(ChainedOptimizer, LoadStateDictChecksEverythingAndModifiesNothingOnError) {
     if (key == "optimizer.state.layer.bias.momentum_buffer") {
       bad.emplace_back(key, at::zeros({4}));  // wrong shape
     } else if (key == "optimizer.state.layer.w.momentum_buffer") {
-      bad.emplace_back(key, tensor.to(at::kDouble));  // wrong dtype
+      bad.emplace_back(key, tensor.to(at::kLong));  // not a floating dtype
     } else {
       bad.emplace_back(key, tensor);
     }
@@ -265,7 +293,7 @@ TEST(ChainedOptimizer, LoadStateDictChecksEverythingAndModifiesNothingOnError) {
       for (const char* expected :
            {"missing key optimizer.state.layer.w.step",
             "optimizer.state.layer.bias.momentum_buffer: shape [4], expected [3]",
-            "optimizer.state.layer.w.momentum_buffer: dtype float64, expected float32",
+            "optimizer.state.layer.w.momentum_buffer: dtype int64, expected float32",
             "unexpected key optimizer.state.layer.w.exp_avg",
             "unexpected key optimizer.state.other.momentum_buffer", "unexpected key model.layer.w",
             "6 problem(s)"}) {

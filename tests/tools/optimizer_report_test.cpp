@@ -1,7 +1,7 @@
 // The live optimizer report of `mixtrain train` (trainer/optimizer_report.h): after a restore
 // whose checkpoint was written with other learning rates than the resuming config sets, the
 // report printed after the restore shows the checkpoint's values, and the one printed after
-// construction the config's.
+// construction the config's; with two ranks only rank 0 prints it.
 #include <gtest/gtest.h>
 
 #include <sstream>
@@ -91,6 +91,23 @@ TEST(OptimizerReport, RestoreShowsTheCheckpointsLearningRates) {
   // A run without a restore prints only the construction report.
   EXPECT_EQ(first.output.find("Optimizer after the restore"), std::string::npos) << first.output;
   EXPECT_FALSE(report_block(first.output, "after construction").empty()) << first.output;
+}
+
+// Two ranks: only rank 0 logs the report (other ranks would tag their lines "[rank 1]").
+TEST(OptimizerReport, OnlyRankZeroLogsIt) {
+  TempDir run;
+  const CommandResult result = run_mixtrain(
+      "train --config " + source_path("configs/qwen2_moe_tiny.toml") +
+      " --set training.steps=1 --set training.seq_len=32 --nproc 2 --run-dir " + run.path());
+  ASSERT_EQ(result.exit_code, 0) << result.output;
+  const std::string header = "Optimizer after construction (";
+  const size_t first = result.output.find(header);
+  ASSERT_NE(first, std::string::npos) << result.output;
+  EXPECT_EQ(result.output.find(header, first + 1), std::string::npos) << result.output;
+  // The TOML dialect's keys and defaults: torchtitan's lr default 8e-4.
+  EXPECT_EQ(table_row(report_block(result.output, "after construction"), "adamw", "lr"),
+            (std::vector<std::string>{"lr", "optimizer.lr", "0.0008", "0.00022"}))
+      << result.output;
 }
 
 }  // namespace

@@ -3,6 +3,7 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <cstdio>
 #include <set>
 #include <sstream>
 
@@ -165,11 +166,12 @@ std::string format_main_params(const MainParamsSummary& main) {
     return "  fp32 main params: none (optimizer.fp32_main_params false: the optimizer updates the "
            "model params in their own dtype)\n";
   }
+  char mib[32];
+  std::snprintf(mib, sizeof(mib), "%.2f", static_cast<double>(main.bytes) / (1 << 20));
   std::ostringstream out;
   out << "  fp32 main params: " << main.count << " (of the bfloat16/float16 model params), "
-      << main.elements << " elements, " << main.bytes << " bytes ("
-      << format_number(static_cast<double>(main.bytes) / (1 << 20)) << " MiB); " << main.own_count
-      << " float32 model params are their own main params\n";
+      << main.elements << " elements, " << main.bytes << " bytes (" << mib << " MiB); "
+      << main.own_count << " float32 model params are their own main params\n";
   return out.str();
 }
 

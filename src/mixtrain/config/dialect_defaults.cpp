@@ -1,11 +1,10 @@
 #include "mixtrain/config/dialect_defaults.h"
 
-#include <stdexcept>
-
 #include "mixtrain/config/document.h"
 #include "mixtrain/config/provenance.h"
 #include "mixtrain/config/toml_front_end.h"
 #include "mixtrain/config/yaml_front_end.h"
+#include "mixtrain/core/error.h"
 
 namespace mixtrain {
 
@@ -19,7 +18,7 @@ TrainerConfig dialect_default_config(const std::string& dialect) {
   } else if (dialect == "toml") {
     translate_toml(empty, config, provenance);
   } else {
-    throw std::invalid_argument("unknown config dialect '" + dialect + "' (expected yaml or toml)");
+    throw ConfigError("dialect: unknown config dialect '" + dialect + "' (expected yaml or toml)");
   }
   config.source_file.clear();
   return config;

@@ -13,7 +13,8 @@
 
 namespace mixtrain {
 
-// Throws std::invalid_argument for a dialect other than "yaml" or "toml".
+// Throws ConfigError naming the `dialect` leaf for anything but "yaml" or "toml" (a config
+// built in code can hold any string there).
 TrainerConfig dialect_default_config(const std::string& dialect);
 
 }  // namespace mixtrain

@@ -2,10 +2,9 @@
 
 #include <gtest/gtest.h>
 
-#include <stdexcept>
-
 #include "mixtrain/config/load.h"
 #include "mixtrain/config/schema.h"
+#include "mixtrain/core/error.h"
 #include "unit/config/temp_config.h"
 
 namespace mixtrain {
@@ -73,9 +72,10 @@ TEST(DialectDefaultsTest, EqualsAnEmptyFileOfTheDialect) {
 TEST(DialectDefaultsTest, UnknownDialectIsRefused) {
   try {
     dialect_default_config("json");
-    FAIL() << "expected std::invalid_argument";
-  } catch (const std::invalid_argument& e) {
-    EXPECT_NE(std::string(e.what()).find("'json'"), std::string::npos) << e.what();
+    FAIL() << "expected ConfigError";
+  } catch (const ConfigError& e) {
+    EXPECT_EQ(std::string(e.what()),
+              "dialect: unknown config dialect 'json' (expected yaml or toml)");
   }
 }
 

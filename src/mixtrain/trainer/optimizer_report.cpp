@@ -95,7 +95,9 @@ OptimizerReportTable make_table(const std::string& optimizer,
   table.optimizer = optimizer;
   OptimizerReportRow params{"params", "", "", {}};
   OptimizerReportRow elements{"elements", "", "", {}};
-  nlohmann::json hyper = nlohmann::json::object();  // fields of the first group, for the order
+  nlohmann::json hyper = nlohmann::json::object();  // every hyper-parameter field of the groups
+  // The YAML rule gives no-decay names (param_groups.h) weight decay 0, in a group of their own.
+  const bool no_decay_rule = optimizer == "adamw" && resolved.config.optimizer.routing == "yaml";
   for (const nlohmann::json* group : groups) {
     int64_t numel = 0;
     bool all_no_decay = !group->at("params").empty();
@@ -106,7 +108,7 @@ OptimizerReportTable make_table(const std::string& optimizer,
     params.values.push_back(std::to_string(group->at("params").size()));
     elements.values.push_back(std::to_string(numel));
     table.groups.push_back("group " + std::to_string(group->at("group").get<size_t>()) +
-                           (optimizer == "adamw" && all_no_decay ? " (no decay)" : ""));
+                           (no_decay_rule && all_no_decay ? " (no decay)" : ""));
     for (const auto& item : group->items()) {
       if (!is_group_bookkeeping(item.key())) hyper[item.key()] = item.value();
     }
@@ -120,8 +122,7 @@ OptimizerReportTable make_table(const std::string& optimizer,
     if (const LeafSpec* spec = find_canonical_leaf(key)) {
       row.key = dialect_key(resolved, key);
       row.default_value = spec->format(defaults);
-      // YAML routing gives no-decay names weight decay 0 whatever adamw_weight_decay is.
-      if (optimizer == "adamw" && field == "weight_decay" && defaults.optimizer.routing == "yaml") {
+      if (no_decay_rule && field == "weight_decay") {
         row.default_value += " (no-decay names: 0)";
       }
     }

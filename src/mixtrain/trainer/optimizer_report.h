@@ -13,8 +13,9 @@
 //                      momentum, nesterov, ns_* settings, ...
 // Each hyper-parameter row also has its key in the config's dialect ("from <what>" for a
 // value the TOML dialect derives, "-" for one no key sets) and the constructor default of that
-// dialect (dialect_defaults.h). An adamw group all of whose parameter names are no-decay names
-// (param_groups.h) is labelled "(no decay)". Then one line on the fp32 main params.
+// dialect (dialect_defaults.h). Under the YAML routing rule, an adamw group all of whose
+// parameter names are no-decay names (param_groups.h) is labelled "(no decay)". Then one line
+// on the fp32 main params.
 #pragma once
 
 #include <cstdint>

@@ -5,6 +5,7 @@
 #include <sstream>
 #include <vector>
 
+#include "mixtrain/config/dialect_defaults.h"
 #include "mixtrain/config/schema.h"
 #include "mixtrain/config/show.h"
 
@@ -41,7 +42,7 @@ const ResolvedLeaf* find_leaf(const ResolvedConfig& resolved, const std::string&
 // One row per canonical leaf under `prefix`: default, configured, final.
 std::string effective_block(const ResolvedConfig& resolved, const std::string& title,
                             const std::string& prefix) {
-  const TrainerConfig defaults;
+  const TrainerConfig defaults = dialect_default_config(resolved.config.dialect);
   std::vector<Row> rows = {{"parameter", "constructor default", "configured", "final"}};
   for (const LeafSpec& spec : canonical_leaves()) {
     if (spec.key.rfind(prefix, 0) != 0) continue;

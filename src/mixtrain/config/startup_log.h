@@ -5,9 +5,10 @@
 //   Model config:            the model's hyper-parameters
 //   Effective adamw config:  per hyper-parameter: constructor default, configured value, final
 //   Effective muon config:   the same for Muon, or "not used" when the target is AdamW
-// "Constructor default" is the value of AdamWConfig{} / MuonConfig{} (torch.optim.AdamW's
-// defaults and the YAML dialect's Muon defaults); "configured" is what the file or --set gave
-// ("-" when nothing did, or what a derived value came from); "final" is what the optimizer gets.
+// "Constructor default" is the default of the config's dialect (dialect_defaults.h:
+// torch.optim.AdamW's and hyper-parallel's Muon defaults for YAML, torchtitan's for TOML);
+// "configured" is what the file or --set gave ("-" when nothing did, or what a derived value
+// came from); "final" is what the optimizer gets.
 #pragma once
 
 #include <string>

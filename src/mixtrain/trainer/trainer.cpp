@@ -37,6 +37,7 @@
 #include "mixtrain/trainer/interrupt.h"
 #include "mixtrain/trainer/loss_plot.h"
 #include "mixtrain/trainer/metrics_writer.h"
+#include "mixtrain/trainer/optimizer_report.h"
 #include "mixtrain/trainer/progress.h"
 #include "mixtrain/trainer/step_profile.h"
 #include "mixtrain/trainer/threads.h"
@@ -188,6 +189,7 @@ Trainer::Trainer(const ResolvedConfig& resolved, const DeviceMesh& mesh, const s
   if (is_rank0) {
     log_info(format_effective_adamw_block(resolved_));
     log_info(format_effective_muon_block(resolved_));
+    log_info(optimizer_report_text(*optimizer_, resolved_, "after construction"));
   }
 
   // Data-parallel rank r reads windows r, r+n, ...: together the ranks read the global batch.
@@ -202,6 +204,7 @@ Trainer::Trainer(const ResolvedConfig& resolved, const DeviceMesh& mesh, const s
     CheckpointParts parts{*model_, sharded_.get(), *optimizer_, *data_, resolved_, mesh_};
     completed_steps_ = restore_checkpoint(parts, config.checkpoint.restore_from,
                                           config.checkpoint.restore_optimizer);
+    if (is_rank0) log_info(optimizer_report_text(*optimizer_, resolved_, "after the restore"));
   }
 }
 

@@ -87,17 +87,23 @@ TEST(StartupLogTest, EffectiveMuonShowsTomlDerivations) {
   const ResolvedConfig r = load_config(
       dir.write("c.toml", "[optimizer]\nname = \"Muon\"\nlr = 1e-4\nmuon_lr = 1e-2\n"), {});
   const std::string block = format_effective_muon_block(r);
-  // Constructor default 0.02; derived from optimizer.lr (muon_lr ignored); final 1e-4.
+  // TOML's constructor default: optimizer.lr's default 8e-4 (an empty TOML file's Muon lr);
+  // derived from optimizer.lr (muon_lr ignored); final 1e-4.
   const auto lr = cells_of_row(block, "muon_lr");
   ASSERT_GE(lr.size(), 4u);
-  EXPECT_EQ(lr[1], "0.02");
+  EXPECT_EQ(lr[1], "0.0008");
   EXPECT_EQ(lr[2], "derived");
   EXPECT_EQ(lr.back(), "0.0001");
   EXPECT_NE(block.find("optimizer.muon_lr = 0.01 ignored"), std::string::npos);
   const auto rms = cells_of_row(block, "muon_matched_adamw_rms");
   ASSERT_GE(rms.size(), 3u);
-  EXPECT_EQ(rms[1], "0.2");
+  // torchtitan-npu's constant is both TOML's default and the final value (the YAML default
+  // 0.2 is not what a TOML user gets).
+  EXPECT_EQ(rms[1], "0.18");
   EXPECT_EQ(rms.back(), "0.18");
+  const auto style = cells_of_row(block, "muon_momentum_style");
+  ASSERT_GE(style.size(), 2u);
+  EXPECT_EQ(style[1], "ema_add");
 }
 
 TEST(StartupLogTest, MuonNotUsedWithAdamW) {

@@ -203,6 +203,8 @@ TEST(ValidateTest, MuonRanges) {
   EXPECT_EQ(yaml_error(m + "    muon_ns_dtype: float16\n"),
             "optimizer.muon_config.muon_ns_dtype: must be one of bfloat16, float32, got "
             "'float16'");
+  EXPECT_EQ(toml_error("[optimizer]\nmuon_ns_dtype = \"float16\"\n"),
+            "optimizer.muon_ns_dtype: must be one of bfloat16, float32, got 'float16'");
   EXPECT_EQ(yaml_error(m + "    muon_matched_adamw_rms: 0\n"),
             "optimizer.muon_config.muon_matched_adamw_rms: must be > 0, got 0");
   EXPECT_EQ(yaml_error(m + "    muon_adjust_lr_fn: moonshot\n"),

@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "mixtrain/core/error.h"
-#include "mixtrain/core/logging.h"
+#include "mixtrain/model/causal_lm.h"
 #include "support/tiny_model_config.h"
 
 namespace mixtrain {

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "mixtrain/cli/ckpt_command.h"
+#include "mixtrain/config/document.h"
 #include "mixtrain/config/load.h"
 #include "mixtrain/config/show.h"
 #include "mixtrain/core/error.h"
@@ -121,6 +122,34 @@ int optim_replay_command(const std::string& config_path, const std::vector<std::
   return 0;
 }
 
+// The first words that name no command where one is expected: "unknown command 'trian' (did
+// you mean 'train'?)" with the nearest name, as for config keys, instead of CLI11's "A
+// subcommand is required" (or its help for `mixtrain trian --help`). Options are CLI11's.
+std::optional<std::string> unknown_command(const CLI::App& app, int argc, char** argv) {
+  const CLI::App* level = &app;
+  std::string path;  // the commands before this word, "config " for `mixtrain config shwo`
+  for (int i = 1; i < argc; ++i) {
+    const std::string word = argv[i];
+    const auto commands = level->get_subcommands([](const CLI::App*) { return true; });
+    if (commands.empty() || word.empty() || word[0] == '-') return std::nullopt;
+    std::vector<std::string> names;
+    const CLI::App* next = nullptr;
+    for (const CLI::App* command : commands) {
+      names.push_back(command->get_name());
+      if (command->get_name() == word) next = command;
+    }
+    if (next == nullptr) {
+      std::string list;
+      for (const std::string& name : names) list += (list.empty() ? "" : ", ") + path + name;
+      return "unknown command '" + path + word + "' (did you mean '" + path +
+             closest_key(word, names) + "'?); commands: " + list;
+    }
+    level = next;
+    path += word + " ";
+  }
+  return std::nullopt;
+}
+
 }  // namespace
 
 int run_cli(int argc, char** argv) {
@@ -176,6 +205,10 @@ int run_cli(int argc, char** argv) {
       diff->add_option("--atol", atol, "pass when every max abs difference is <= X")
           ->check(CLI::NonNegativeNumber);
 
+  if (const std::optional<std::string> error = unknown_command(app, argc, argv)) {
+    std::cerr << "mixtrain: " << *error << std::endl;
+    return 2;
+  }
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {

@@ -85,6 +85,10 @@ struct AdamWConfig {
   double weight_decay = 0.01;
 };
 
+// ns_variant hybrid: the legacy coefficients for this many Newton-Schulz steps, then
+// (2.0, -1.5, 0.5) (optim/newton_schulz.h).
+constexpr int64_t kHybridLegacySteps = 8;
+
 struct MuonConfig {
   double lr = 0.02;
   double weight_decay = 0.0;

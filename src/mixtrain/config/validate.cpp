@@ -48,6 +48,15 @@ class Checker {
   const Provenance& provenance_;
 };
 
+// RFC case 2.5: main_grad is fp32, so the gradient reduction must be too; never rewritten.
+// The rule that fp32_main_params breaks, or "" when it holds.
+std::string main_params_reduce_problem(bool fp32_main_params, const MixPrecisionConfig& mp) {
+  if (!fp32_main_params || mp.reduce_dtype.value_or("") == "float32") return "";
+  const std::string got = mp.reduce_dtype ? "it is " + *mp.reduce_dtype : "it is not set";
+  return "true requires fsdp_config.mix_precision.reduce_dtype: float32 (" + got +
+         "); set it explicitly, it is never changed automatically";
+}
+
 void check_model(const Checker& check, const ModelConfig& m) {
   check.one_of("model.name", m.name, {"qwen2_moe"});
   check.positive("model.vocab_size", m.vocab_size);
@@ -192,14 +201,9 @@ void check_precision(const Checker& check, const TrainerConfig& c) {
   if (c.mix_precision.reduce_dtype) {
     check.dtype("fsdp_config.mix_precision.reduce_dtype", *c.mix_precision.reduce_dtype);
   }
-  // RFC case 2.5: main_grad is fp32, so the gradient reduction must be too; never rewritten.
-  if (c.optimizer.fp32_main_params && c.mix_precision.reduce_dtype.value_or("") != "float32") {
-    const std::string got =
-        c.mix_precision.reduce_dtype ? "it is " + *c.mix_precision.reduce_dtype : "it is not set";
-    check.fail("optimizer.fp32_main_params",
-               "true requires fsdp_config.mix_precision.reduce_dtype: float32 (" + got +
-                   "); set it explicitly, it is never changed automatically");
-  }
+  const std::string problem =
+      main_params_reduce_problem(c.optimizer.fp32_main_params, c.mix_precision);
+  if (!problem.empty()) check.fail("optimizer.fp32_main_params", problem);
 }
 
 }  // namespace
@@ -211,6 +215,44 @@ void validate_config(const TrainerConfig& config, const Provenance& provenance) 
   check_data_and_parallel(check, config);
   check_train_and_checkpoint(check, config);
   check_optimizer(check, config.optimizer);
+}
+
+void validate_config(const TrainerConfig& config) {
+  Provenance provenance;
+  provenance.file =
+      config.source_file.empty() ? "TrainerConfig (built in code)" : config.source_file;
+  validate_config(config, provenance);
+}
+
+void require_fp32_reduce_for_main_params(bool fp32_main_params,
+                                         const MixPrecisionConfig& mix_precision,
+                                         const std::string& origin) {
+  const std::string problem = main_params_reduce_problem(fp32_main_params, mix_precision);
+  if (!problem.empty()) throw_config_error({origin, "optimizer.fp32_main_params"}, problem);
+}
+
+std::vector<std::string> config_warnings(const TrainerConfig& config) {
+  std::vector<std::string> warnings;
+  const MuonConfig& muon = config.optimizer.muon;
+  if (config.optimizer.target == "Muon" && muon.ns_variant == "hybrid" &&
+      muon.ns_steps <= kHybridLegacySteps) {
+    const bool toml = config.dialect == "toml";
+    const std::string steps = std::to_string(muon.ns_steps);
+    const std::string keys =
+        toml ? "optimizer.muon_hybrid_ns = true with optimizer.muon_ns_steps = " + steps
+             : "optimizer.muon_config.muon_ns_variant: hybrid with "
+               "optimizer.muon_config.muon_ns_steps: " +
+                   steps;
+    warnings.push_back(
+        keys +
+        " runs plain legacy Newton-Schulz: hybrid uses the legacy coefficients (3.4445, "
+        "-4.7750, 2.0315) for its first " +
+        std::to_string(kHybridLegacySteps) +
+        " steps and (2.0, -1.5, 0.5) only after them, so all " + steps +
+        " steps are legacy; set muon_ns_steps > " + std::to_string(kHybridLegacySteps) +
+        " for the hybrid tail");
+  }
+  return warnings;
 }
 
 }  // namespace mixtrain

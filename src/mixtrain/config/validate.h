@@ -4,7 +4,13 @@
 // key spelled as the user wrote it (TOML keys for TOML files). The RFC's case 2.5 is here:
 // fp32_main_params: true requires fsdp_config.mix_precision.reduce_dtype: float32, and the
 // reduce dtype is never filled in on the user's behalf.
+//
+// load_config validates every file; the Trainer and optim-replay validate again the config they
+// are given, so a TrainerConfig built or changed in code is held to the same rules.
 #pragma once
+
+#include <string>
+#include <vector>
 
 #include "mixtrain/config/provenance.h"
 #include "mixtrain/config/trainer_config.h"
@@ -12,5 +18,20 @@
 namespace mixtrain {
 
 void validate_config(const TrainerConfig& config, const Provenance& provenance);
+
+// The same checks for a config without provenance (built in code): errors name the canonical
+// key and start with config.source_file, or "TrainerConfig (built in code)" when it is empty.
+void validate_config(const TrainerConfig& config);
+
+// RFC case 2.5 alone, for the builders that take a config piecemeal (build_optimizer,
+// shard_model): fp32_main_params needs reduce_dtype float32, set by the user. Throws ConfigError
+// "<origin>: optimizer.fp32_main_params: true requires ...".
+void require_fp32_reduce_for_main_params(bool fp32_main_params,
+                                         const MixPrecisionConfig& mix_precision,
+                                         const std::string& origin);
+
+// Settings that are valid but do less than their name says, one line each naming the keys as
+// the config's dialect spells them. Empty for most configs; the trainer logs them at start.
+std::vector<std::string> config_warnings(const TrainerConfig& config);
 
 }  // namespace mixtrain

@@ -7,6 +7,7 @@
 #include <stdexcept>
 #include <utility>
 
+#include "mixtrain/config/validate.h"
 #include "mixtrain/core/dtype.h"
 #include "mixtrain/core/error.h"
 
@@ -146,8 +147,10 @@ FullyShardedModel::FullyShardedModel(CausalLM& model, std::shared_ptr<Collective
         std::make_shared<ExpertParallel>(ep_group_, [this] { queue_expert_grad_sync(); });
   }
   const auto& mp = options_.mix_precision;
+  // RFC case 2.5: main_grads need reduce_dtype float32 as the user set it; never filled in.
+  require_fp32_reduce_for_main_params(options_.fp32_main_params, mp, "shard_model");
   param_dtype_ = dtype_or_throw("param_dtype", mp.param_dtype);
-  reduce_dtype_ = dtype_or_throw("reduce_dtype", mp.reduce_dtype.value_or("float32"));
+  if (mp.reduce_dtype) reduce_dtype_ = dtype_or_throw("reduce_dtype", *mp.reduce_dtype);
   output_dtype_ = dtype_or_throw("output_dtype", mp.output_dtype);
   const int64_t parts = shard_group_->size();
   for (auto& item : model.named_parameters(/*recurse=*/true)) {
@@ -288,7 +291,7 @@ at::Tensor FullyShardedModel::reduce_scatter_main_grads(int64_t index,
   // Each rank's loss is the mean over its own batch: the mean over ranks is the gradient of
   // the mean over the global batch.
   if (shards * replicas > 1) grad.div_(static_cast<double>(shards * replicas));
-  if (reduce_dtype_ != at::kFloat) grad = grad.to(reduce_dtype_);
+  if (reduce_dtype_ && *reduce_dtype_ != at::kFloat) grad = grad.to(*reduce_dtype_);
   if (options_.fp32_main_params) {
     deliver_grad(p, grad);
     return at::Tensor();  // .grad stays empty (RFC 8.1)
@@ -337,7 +340,7 @@ void FullyShardedModel::sync_expert_grads() {
                           : at::zeros(p.param.sizes(), at::TensorOptions().dtype(at::kFloat));
     if (expert_dp_group_->size() > 1) expert_dp_group_->all_reduce_sum(grad);
     grad.div_(ranks);
-    if (reduce_dtype_ != at::kFloat) grad = grad.to(reduce_dtype_);
+    if (reduce_dtype_ && *reduce_dtype_ != at::kFloat) grad = grad.to(*reduce_dtype_);
     deliver_grad(p, grad);
   }
   pending_expert_grads_.clear();

@@ -13,9 +13,11 @@
 // Backward (all_gather_params' backward = reduce_scatter_main_grads): the full gradient, in
 // float32, is reduce-scattered over dp_shard, all-reduced over dp_replicate (HSDP, DDP) and
 // divided by the number of data-parallel ranks (each rank's loss is a mean over its own
-// batch), then rounded to reduce_dtype. fp32_main_params: added to main_grad(name) of the
-// attached optimizer (accumulating over micro-batches) and no gradient is returned, so .grad
-// stays empty (RFC 8.1); otherwise returned in the parameter's dtype and accumulated in .grad.
+// batch), then rounded to reduce_dtype (unset: kept as reduced, in float32; fp32_main_params
+// requires it set to float32, RFC case 2.5, else shard_model throws ConfigError). With
+// fp32_main_params: added to main_grad(name) of the attached optimizer (accumulating over
+// micro-batches) and no gradient is returned, so .grad stays empty (RFC 8.1); otherwise
+// returned in the parameter's dtype and accumulated in .grad.
 // Reductions run in float32 whatever reduce_dtype says (Gloo cannot reduce bfloat16).
 //
 // Memory: the full parameter's storage is freed in the reduce-scatter (after backward at the
@@ -44,6 +46,7 @@
 #include <c10/core/Storage.h>
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -59,7 +62,7 @@
 namespace mixtrain {
 
 struct FsdpOptions {
-  MixPrecisionConfig mix_precision;   // param_dtype, reduce_dtype (absent: float32), output_dtype
+  MixPrecisionConfig mix_precision;   // param_dtype, reduce_dtype, output_dtype
   bool fp32_main_params = false;      // optimizer.fp32_main_params (RFC 5.3: one switch)
   bool reshard_after_forward = true;  // fsdp_config.reshard_after_forward
 };
@@ -131,7 +134,8 @@ class FullyShardedModel : public ParameterMaterializer {
  private:
   std::shared_ptr<Collectives> shard_group_, replicate_group_;
   FsdpOptions options_;
-  c10::ScalarType param_dtype_, reduce_dtype_, output_dtype_;
+  c10::ScalarType param_dtype_, output_dtype_;
+  std::optional<c10::ScalarType> reduce_dtype_;  // unset: no rounding after the reduction
   std::vector<Param> params_;
   std::vector<std::string> names_;
   std::unordered_map<std::string, int64_t> index_;

@@ -5,6 +5,7 @@
 #include <stdexcept>
 #include <unordered_map>
 
+#include "mixtrain/config/validate.h"
 #include "mixtrain/core/error.h"
 #include "mixtrain/core/logging.h"
 #include "mixtrain/optim/adamw.h"
@@ -69,6 +70,8 @@ std::unique_ptr<TrainingOptimizer> build_optimizer(
     const std::vector<std::pair<std::string, at::Tensor>>& named_params,
     const TrainerConfig& config) {
   const OptimizerConfig& optimizer = config.optimizer;
+  require_fp32_reduce_for_main_params(optimizer.fp32_main_params, config.mix_precision,
+                                      "build_optimizer");
   std::vector<RouteEntry> routes = route_parameters(named_params, optimizer);
   if (routes.empty())
     throw std::invalid_argument("build_optimizer: the model has no trainable parameters");

@@ -5,13 +5,14 @@
 #include <algorithm>
 #include <stdexcept>
 
+#include "mixtrain/config/trainer_config.h"  // kHybridLegacySteps
+
 namespace mixtrain {
 namespace {
 
 constexpr NsCoefficients kLegacy = {3.4445, -4.7750, 2.0315};
 // Quintic with p(1) = 1 and p'(1) = 0: polishes the legacy band towards 1 (DeepSeek-V4).
 constexpr NsCoefficients kHybridTail = {2.0, -1.5, 0.5};
-constexpr int64_t kHybridLegacySteps = 8;
 constexpr std::array<NsCoefficients, 5> kAsym5 = {{
     {4.0848, -6.8946, 2.9270},
     {3.9505, -6.3029, 2.6377},

@@ -8,6 +8,7 @@
 #include <utility>
 #include <vector>
 
+#include "mixtrain/config/validate.h"
 #include "mixtrain/core/dtype.h"
 #include "mixtrain/core/error.h"
 #include "mixtrain/core/logging.h"
@@ -143,6 +144,7 @@ ReplayLayout join_replay_mesh(const TrainerConfig& config) {
 
 int64_t run_optim_replay(const ResolvedConfig& resolved, const ReplayPaths& paths) {
   const TrainerConfig& config = resolved.config;
+  validate_config(config);  // also a config built in code, before any process group exists
   ReplayLayout layout = join_replay_mesh(config);
   NamedTensors full_params = read_params(paths.params);
   GradsByStep grads = read_grads(paths.grads, full_params);
@@ -151,6 +153,7 @@ int64_t run_optim_replay(const ResolvedConfig& resolved, const ReplayPaths& path
     log_info("optim-replay: " + std::to_string(full_params.size()) + " parameters, " +
              std::to_string(steps) + " steps, " + std::to_string(layout.mesh.world_size) +
              " rank(s)");
+    for (const std::string& warning : config_warnings(config)) log_warn(warning);
   }
   std::map<std::string, std::vector<int64_t>> global_shape;
   NamedTensors params;

@@ -11,6 +11,7 @@
 
 #include "mixtrain/config/show.h"
 #include "mixtrain/config/startup_log.h"
+#include "mixtrain/config/validate.h"
 #include "mixtrain/core/blas_check.h"
 #include "mixtrain/core/collectives.h"
 #include "mixtrain/core/dtype.h"
@@ -149,9 +150,13 @@ DeviceMesh join_mesh(const TrainerConfig& config) {
 Trainer::Trainer(const ResolvedConfig& resolved, const DeviceMesh& mesh, const std::string& run_dir)
     : resolved_(resolved), mesh_(mesh), run_dir_(run_dir) {
   const TrainerConfig& config = resolved_.config;
+  validate_config(config);  // also a config built in code (RFC case 2.5 on every entry point)
   const c10::ScalarType model_dtype = model_dtype_of(config);
   refuse_unsupported(config, model_dtype);
   const bool is_rank0 = mesh_.rank == 0;
+  if (is_rank0) {
+    for (const std::string& warning : config_warnings(config)) log_warn(warning);
+  }
   // LibTorch seeds its default generator nondeterministically; a run is reproducible (and its
   // checkpointed RNG state meaningful) only when seeded: train.seed + rank, one stream per rank.
   at::manual_seed(config.train.seed + static_cast<uint64_t>(mesh_.rank));
@@ -281,6 +286,7 @@ static bool any_rank_interrupted(const DeviceMesh& mesh) {
 
 TrainSummary run_training(const ResolvedConfig& resolved, const TrainOptions& options) {
   const TrainerConfig& config = resolved.config;
+  validate_config(config);  // before any process group exists
   refuse_unsupported(config, model_dtype_of(config));
   install_interrupt_handler();
   DeviceMesh mesh = join_mesh(config);

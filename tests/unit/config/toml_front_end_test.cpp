@@ -113,6 +113,19 @@ TEST(TomlFrontEndTest, MuonCommunicationDtype) {
             ValueSource::kFile);
 }
 
+TEST(TomlFrontEndTest, MuonNsDtype) {
+  EXPECT_EQ(translate_text("").config.optimizer.muon.ns_dtype, "bfloat16");
+  const Translated t = translate_text("[optimizer]\nmuon_ns_dtype = \"float32\"\n");
+  EXPECT_EQ(t.config.optimizer.muon.ns_dtype, "float32");
+  EXPECT_EQ(t.provenance.source("optimizer.muon_config.muon_ns_dtype"), ValueSource::kFile);
+  EXPECT_EQ(t.provenance.user_key("optimizer.muon_config.muon_ns_dtype"),
+            "optimizer.muon_ns_dtype");
+  // The YAML spelling in a TOML file is answered with the TOML key.
+  EXPECT_EQ(error_of("[optimizer.muon_config]\nmuon_ns_dtype = \"float32\"\n"),
+            "optimizer.muon_config.muon_ns_dtype: unknown key (did you mean "
+            "optimizer.muon_ns_dtype?)");
+}
+
 TEST(TomlFrontEndTest, Example3Swap) {
   const Translated t = translate_text(testing::kMuonExample3Toml);
   EXPECT_TRUE(t.config.optimizer.swap_optimizer);

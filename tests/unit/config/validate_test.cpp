@@ -4,6 +4,9 @@
 
 #include <gtest/gtest.h>
 
+#include <string>
+#include <vector>
+
 #include "mixtrain/config/load.h"
 #include "unit/config/temp_config.h"
 
@@ -200,6 +203,8 @@ TEST(ValidateTest, MuonRanges) {
   EXPECT_EQ(yaml_error(m + "    muon_ns_dtype: float16\n"),
             "optimizer.muon_config.muon_ns_dtype: must be one of bfloat16, float32, got "
             "'float16'");
+  EXPECT_EQ(toml_error("[optimizer]\nmuon_ns_dtype = \"float16\"\n"),
+            "optimizer.muon_ns_dtype: must be one of bfloat16, float32, got 'float16'");
   EXPECT_EQ(yaml_error(m + "    muon_matched_adamw_rms: 0\n"),
             "optimizer.muon_config.muon_matched_adamw_rms: must be > 0, got 0");
   EXPECT_EQ(yaml_error(m + "    muon_adjust_lr_fn: moonshot\n"),
@@ -254,6 +259,80 @@ TEST(ValidateTest, NewtonSchulzSchedules) {
   expect_valid("c.yaml", m + "    muon_ns_variant: hybrid\n    muon_ns_steps: 10\n");
   expect_valid("c.toml",
                "[optimizer]\nname = \"Muon\"\nmuon_ns_steps = 10\nmuon_hybrid_ns = true\n");
+}
+
+// A config built in code gets the same rules; errors name the canonical key and where the
+// config came from.
+TEST(ValidateTest, ConfigBuiltInCodeIsValidatedToo) {
+  TrainerConfig config;
+  EXPECT_NO_THROW(validate_config(config));  // the defaults are a valid config
+  config.optimizer.fp32_main_params = true;
+  EXPECT_EQ(config_error_of([&] { validate_config(config); }),
+            "TrainerConfig (built in code): optimizer.fp32_main_params: true requires "
+            "fsdp_config.mix_precision.reduce_dtype: float32 (it is not set); set it explicitly, "
+            "it is never changed automatically");
+  EXPECT_FALSE(config.mix_precision.reduce_dtype.has_value());  // nothing filled in
+  config.mix_precision.reduce_dtype = "float32";
+  EXPECT_NO_THROW(validate_config(config));
+  config.source_file = "run.yaml";
+  config.data.seq_len = 0;
+  EXPECT_EQ(config_error_of([&] { validate_config(config); }),
+            "run.yaml: data.seq_len: must be > 0, got 0");
+}
+
+TEST(ValidateTest, RequireFp32ReduceForMainParams) {
+  MixPrecisionConfig mp;
+  EXPECT_NO_THROW(require_fp32_reduce_for_main_params(false, mp, "x"));
+  EXPECT_EQ(config_error_of([&] { require_fp32_reduce_for_main_params(true, mp, "x"); }),
+            "x: optimizer.fp32_main_params: true requires fsdp_config.mix_precision.reduce_dtype: "
+            "float32 (it is not set); set it explicitly, it is never changed automatically");
+  mp.reduce_dtype = "float16";
+  EXPECT_NE(config_error_of([&] {
+              require_fp32_reduce_for_main_params(true, mp, "x");
+            }).find("(it is float16)"),
+            std::string::npos);
+  mp.reduce_dtype = "float32";
+  EXPECT_NO_THROW(require_fp32_reduce_for_main_params(true, mp, "x"));
+}
+
+// hybrid runs the legacy coefficients for its first 8 steps: with muon_ns_steps <= 8 it is plain
+// legacy, which is legal but worth one warning naming both keys in the config's dialect.
+TEST(ValidateTest, HybridWithEightStepsOrFewerWarns) {
+  TempDir dir;
+  const std::string toml = "[optimizer]\nname = \"Muon\"\nmuon_hybrid_ns = true\n";
+  const auto toml_warnings = [&](int steps) {
+    return config_warnings(
+        load_config(dir.write("h.toml", toml), {"optimizer.muon_ns_steps=" + std::to_string(steps)})
+            .config);
+  };
+  const std::vector<std::string> five = toml_warnings(5);
+  ASSERT_EQ(five.size(), 1u);
+  EXPECT_EQ(five[0],
+            "optimizer.muon_hybrid_ns = true with optimizer.muon_ns_steps = 5 runs plain legacy "
+            "Newton-Schulz: hybrid uses the legacy coefficients (3.4445, -4.7750, 2.0315) for its "
+            "first 8 steps and (2.0, -1.5, 0.5) only after them, so all 5 steps are legacy; set "
+            "muon_ns_steps > 8 for the hybrid tail");
+  EXPECT_EQ(toml_warnings(8).size(), 1u);  // the boundary: step 8 is the last legacy one
+  EXPECT_TRUE(toml_warnings(9).empty());
+  // Not hybrid, or no Muon at all: nothing to say.
+  EXPECT_TRUE(
+      config_warnings(load_config(dir.write("l.toml", "[optimizer]\nname = \"Muon\"\n"), {}).config)
+          .empty());
+
+  const std::string yaml =
+      "optimizer:\n  _target_: Muon\n  muon_config:\n    muon_ns_variant: hybrid\n"
+      "    muon_ns_steps: 3\n";
+  const std::vector<std::string> three =
+      config_warnings(load_config(dir.write("h.yaml", yaml), {}).config);
+  ASSERT_EQ(three.size(), 1u);
+  EXPECT_EQ(three[0].rfind("optimizer.muon_config.muon_ns_variant: hybrid with "
+                           "optimizer.muon_config.muon_ns_steps: 3 runs plain legacy",
+                           0),
+            0u)
+      << three[0];
+  TrainerConfig adamw = load_config(dir.write("h.yaml", yaml), {}).config;
+  adamw.optimizer.target = "AdamW";
+  EXPECT_TRUE(config_warnings(adamw).empty());
 }
 
 TEST(ValidateTest, OverriddenValuesAreReportedAsSet) {

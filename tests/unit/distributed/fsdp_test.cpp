@@ -221,6 +221,34 @@ TEST(FsdpSingleProcess, OutputDtypeAndBadDtypes) {
   EXPECT_THROW(shard_model(*other, make_single_process_mesh(), options), ConfigError);
 }
 
+// RFC case 2.5 for options built in code: main_grads are float32, so an unset or bfloat16
+// reduce_dtype is refused, never filled in.
+TEST(FsdpSingleProcess, MainParamsNeedFloat32Reduce) {
+  for (const char* reduce : {"", "bfloat16"}) {
+    auto model = qwen2_moe::make_qwen2_moe(tiny_config(), 7);
+    FsdpOptions options;
+    options.mix_precision.param_dtype = "bfloat16";
+    if (*reduce != '\0') options.mix_precision.reduce_dtype = reduce;
+    options.fp32_main_params = true;
+    try {
+      shard_model(*model, make_single_process_mesh(), options);
+      ADD_FAILURE() << "reduce_dtype '" << reduce << "' was accepted";
+    } catch (const ConfigError& error) {
+      const std::string message = error.what();
+      EXPECT_EQ(message.rfind("shard_model: optimizer.fp32_main_params: true requires "
+                              "fsdp_config.mix_precision.reduce_dtype: float32",
+                              0),
+                0u)
+          << message;
+    }
+  }
+  auto model = qwen2_moe::make_qwen2_moe(tiny_config(), 7);
+  FsdpOptions options;
+  options.mix_precision.reduce_dtype = "float32";
+  options.fp32_main_params = true;
+  EXPECT_NO_THROW(shard_model(*model, make_single_process_mesh(), options));
+}
+
 // ---- multi-process: RFC case 2.1 ------------------------------------------------------------
 
 constexpr int64_t kGlobalBatch = 4, kSeq = 8;

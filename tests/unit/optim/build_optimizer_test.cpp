@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
+#include <optional>
 #include <set>
 
 #include "mixtrain/core/error.h"
@@ -59,6 +60,7 @@ TrainerConfig yaml_muon(bool fp32_main_params) {
   config.optimizer.target = "Muon";
   config.optimizer.routing = "yaml";
   config.optimizer.fp32_main_params = fp32_main_params;
+  config.mix_precision.reduce_dtype = "float32";  // RFC case 2.5
   config.optimizer.adamw.lr = 1e-3;
   config.optimizer.adamw.weight_decay = 0.01;
   config.optimizer.adamw.betas = {0.9, 0.95};
@@ -212,6 +214,27 @@ TEST(BuildOptimizer, LogsTheRoutingTable) {
   EXPECT_NE(log.find("weight_decay"), std::string::npos) << log;
   EXPECT_NE(log.find("model.layers.0.mlp.experts.down_proj"), std::string::npos) << log;
   EXPECT_NE(log.find("[4, 16, 8]"), std::string::npos) << log;
+}
+
+// RFC case 2.5 for a config built in code: fp32 main params without reduce_dtype float32 are
+// refused.
+TEST(BuildOptimizer, MainParamsWithoutFloat32ReduceAreRefused) {
+  for (const std::optional<std::string>& reduce :
+       {std::optional<std::string>(), std::optional<std::string>("bfloat16")}) {
+    TrainerConfig config = yaml_muon(true);
+    config.mix_precision.reduce_dtype = reduce;
+    std::string message;
+    try {
+      build_optimizer(tiny_qwen2_moe(at::kBFloat16), config);
+    } catch (const ConfigError& error) {
+      message = error.what();
+    }
+    EXPECT_EQ(message,
+              "build_optimizer: optimizer.fp32_main_params: true requires "
+              "fsdp_config.mix_precision.reduce_dtype: float32 (" +
+                  (reduce ? "it is " + *reduce : std::string("it is not set")) +
+                  "); set it explicitly, it is never changed automatically");
+  }
 }
 
 TEST(BuildOptimizer, BadLeafOptionsAreConfigErrors) {

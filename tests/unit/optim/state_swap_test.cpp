@@ -51,6 +51,7 @@ class StateSwapTest : public ::testing::Test {
     TrainerConfig config;
     config.optimizer.target = "Muon";
     config.optimizer.fp32_main_params = true;
+    config.mix_precision.reduce_dtype = "float32";  // RFC case 2.5
     return build_optimizer(params, config);
   }
   std::unique_ptr<StateSwap> swap(const std::string& name, int64_t bucket_bytes = 1024,

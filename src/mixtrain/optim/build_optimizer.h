@@ -3,7 +3,7 @@
 //   distinct (lr, weight_decay), in model order -> ChainedOptimizer -> MixedPrecisionOptimizer
 //   iff optimizer.fp32_main_params.
 // Logs the routing table with log_info. float16 params without fp32_main_params are a
-// ConfigError: float16 needs fp32 main params and loss scaling (DESIGN §6).
+// ConfigError: float16 needs fp32 main params and loss scaling (docs/architecture.md §6).
 #pragma once
 
 #include <ATen/core/Tensor.h>

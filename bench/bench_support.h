@@ -1,9 +1,9 @@
-// What the plain bench programs (the bench/*.cpp files without Google Benchmark, one file each)
-// share: what machine a benchmark ran on, for the figures it prints (the CPU model, the memory,
-// the filesystem of a directory: a checkpoint or swap file on tmpfs never reaches a disk); and
-// the plumbing around a measurement (failing with the program's name, an option's value, a fresh
-// work directory, a child process logging to a file, the end of that log, a JSON-lines file, a
-// median). Header-only.
+// What the bench programs share (the plain ones, without Google Benchmark, most of it; a Google
+// Benchmark program may use the figures): what machine a benchmark ran on, for the figures it
+// prints (the CPU model, the memory, the filesystem of a directory: a checkpoint or swap file on
+// tmpfs never reaches a disk); and the plumbing around a measurement (failing with the program's
+// name, an option's value, a fresh work directory, a child process logging to a file, the end of
+// that log, a JSON-lines file, a median). Header-only.
 #pragma once
 
 #include <fcntl.h>

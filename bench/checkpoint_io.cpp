@@ -1,5 +1,5 @@
-// Checkpoint I/O (DESIGN §8): how close a checkpoint save and load come to what the disk can do,
-// and what an async save costs the training steps that run while it is in flight.
+// Checkpoint I/O (docs/architecture.md §8): how close a checkpoint save and load come to what the
+// disk can do, and what an async save costs the training steps that run while it is in flight.
 //
 // A plain program (no Google Benchmark). In one run it measures and prints:
 //   1. the raw sequential rate of the target directory's disk: a file as large as the checkpoint

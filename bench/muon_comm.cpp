@@ -1,5 +1,5 @@
-// Distributed Muon's communication (DESIGN §7, the FSDP owner-per-bucket path): the bytes each
-// rank sends per optimizer step in Muon's all_to_alls, against the alternative of
+// Distributed Muon's communication (docs/architecture.md §7, the FSDP owner-per-bucket path): the
+// bytes each rank sends per optimizer step in Muon's all_to_alls, against the alternative of
 // all-gathering every Muon matrix to every rank and updating locally.
 //
 // A plain program (no Google Benchmark). For each rank count N (default 2 and 4) it starts N

@@ -1,5 +1,5 @@
-// Swap optimizer (DESIGN §9): how much resident memory keeping the optimizer state in a file
-// saves, and what it costs in step time.
+// Swap optimizer (docs/architecture.md §9): how much resident memory keeping the optimizer state in
+// a file saves, and what it costs in step time.
 //
 // A plain program (no Google Benchmark): it writes a ~85M-parameter Qwen2-MoE config (the RFC's
 // optimizer setup: bfloat16 model, fp32 main params, Muon + AdamW), trains it for a few steps

@@ -1,6 +1,6 @@
-// A checkpoint saved by N ranks in one mesh restores on M ranks in another (DESIGN §8): saved
-// on 2 ranks (FSDP) and resumed on 1 rank and on 4 ranks (2 x 2 HSDP); saved on 4 (HSDP) and
-// resumed on 2. bfloat16 model, fp32 main params, Muon + AdamW.
+// A checkpoint saved by N ranks in one mesh restores on M ranks in another (docs/architecture.md
+// §8): saved on 2 ranks (FSDP) and resumed on 1 rank and on 4 ranks (2 x 2 HSDP); saved on 4 (HSDP)
+// and resumed on 2. bfloat16 model, fp32 main params, Muon + AdamW.
 //
 // The reference is the saving run itself, continued without a restart: the restored state is
 // bit-identical to it (RFC case 2.2, rfc_case_2_2_test.cpp),

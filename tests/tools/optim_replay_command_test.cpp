@@ -87,7 +87,7 @@ TEST_F(OptimReplay, AdamWWithMainParamsMatchesTheFormula) {
   ASSERT_EQ(r.exit_code, 0) << r.output;
   auto out = as_map(read_safetensors(dir_.file("o.safetensors")).tensors);
 
-  // Defaults (DESIGN §5): lr 1e-3, wd 0.01, but "bias" names get no weight decay.
+  // Defaults (docs/architecture.md §5): lr 1e-3, wd 0.01, but "bias" names get no weight decay.
   AdamWReference w{w_.to(at::kDouble), at::zeros({2, 3}, at::kDouble),
                    at::zeros({2, 3}, at::kDouble)};
   AdamWReference b{b_.to(at::kDouble), at::zeros({3}, at::kDouble), at::zeros({3}, at::kDouble)};

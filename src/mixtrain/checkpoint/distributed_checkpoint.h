@@ -1,5 +1,5 @@
-// Distributed save (DESIGN §8, torch DCP's plan -> write -> finish, natively): every rank
-// passes its pieces of the global tensors; pieces that several ranks hold (HSDP replicas,
+// Distributed save (docs/architecture.md §8, torch DCP's plan -> write -> finish, natively): every
+// rank passes its pieces of the global tensors; pieces that several ranks hold (HSDP replicas,
 // expert-data-parallel replicas, replicated scalars) are written once, by the lowest rank
 // holding them. Each rank writes its own __<rank>_0.safetensors into the step's temporary
 // directory; rank 0 then writes .metadata.json with every chunk's checksum, publishes the

@@ -1,4 +1,4 @@
-// The checkpoint format (DESIGN §8, docs/checkpoint.md): a step directory
+// The checkpoint format (docs/architecture.md §8, docs/checkpoint.md): a step directory
 //   <checkpoint.dir>/step-<8 digits>/
 //     __<rank>_0.safetensors   one per rank at save; each holds the chunks that rank wrote,
 //                              one safetensors tensor per key (name = the key)

@@ -1,6 +1,6 @@
-// File-level checkpoint storage (DESIGN §8): what one rank writes, how a step directory is
-// published atomically, and how any process reads any region back. No collectives here; the
-// distributed save (checkpoint/distributed_checkpoint.h) drives these from every rank.
+// File-level checkpoint storage (docs/architecture.md §8): what one rank writes, how a step
+// directory is published atomically, and how any process reads any region back. No collectives
+// here; the distributed save (checkpoint/distributed_checkpoint.h) drives these from every rank.
 //
 // Crash safety: a step is written into a temporary directory <dir>/.tmp-step-<8 digits>,
 // every file fsynced; publish_step_dir() fsyncs the directory and renames it to

@@ -1,8 +1,8 @@
 // The one internal configuration tree. Both front ends (YAML: hyper-parallel dialect,
 // TOML: torchtitan-npu dialect) fill it; nothing below config/ reads a config file.
 //
-// Field names follow the canonical YAML keys (DESIGN §4). Defaults here are the defaults a
-// user gets when a key is absent; docs/config.md documents every key.
+// Field names follow the canonical YAML keys (docs/architecture.md §4). Defaults here are the
+// defaults a user gets when a key is absent; docs/config.md documents every key.
 #pragma once
 
 #include <array>

@@ -1,8 +1,8 @@
 // Start-up check of the BLAS that LibTorch's float32 GEMM resolves to.
 //
 // Without OpenBLAS, Debian's LibTorch falls back to the reference BLAS and fp32 GEMM runs about
-// 20x slower (DESIGN §1). The check finds the library that really provides `sgemm_` in this
-// process and warns once when it is not OpenBLAS; it never fails a run.
+// 20x slower (docs/architecture.md §1). The check finds the library that really provides `sgemm_`
+// in this process and warns once when it is not OpenBLAS; it never fails a run.
 #pragma once
 
 #include <string>

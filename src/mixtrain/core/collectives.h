@@ -1,7 +1,7 @@
 // The narrow collective-communication interface the optimizer and the parallel layouts use
-// (DESIGN §2, §7). optim/ and model/ talk only to this; distributed/ implements it on c10d's
-// ProcessGroupGloo (NCCL on CUDA builds), and LocalCollectives is the one-rank identity, so the
-// single-process reference and every parallel layout run the same code.
+// (docs/architecture.md §2, §7). optim/ and model/ talk only to this; distributed/ implements it on
+// c10d's ProcessGroupGloo (NCCL on CUDA builds), and LocalCollectives is the one-rank identity, so
+// the single-process reference and every parallel layout run the same code.
 //
 // Every call is collective over the group: all ranks call it in the same order with tensors of
 // the same dtype and shape (except where a split says otherwise). Tensors are contiguous CPU

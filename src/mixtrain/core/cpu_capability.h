@@ -1,10 +1,10 @@
 // Which vectorized kernel variant to run on this CPU, chosen once per process.
 //
 // Kernel files (src/mixtrain/<module>/kernels/*.cpp) are compiled three times, into namespaces
-// DEFAULT, AVX2 and AVX512 (DESIGN §1); the caller picks the variant with cpu_capability().
-// Detection: AVX512 needs avx512f+bw+vl+dq, AVX2 needs avx2+fma. The environment variable
-// MIXTRAIN_CPU_CAPABILITY=default|avx2|avx512 lowers the choice (for tests and A/B runs); a
-// request above what the CPU supports is clamped with a warning, an unknown name is a
+// DEFAULT, AVX2 and AVX512 (docs/architecture.md §1); the caller picks the variant with
+// cpu_capability(). Detection: AVX512 needs avx512f+bw+vl+dq, AVX2 needs avx2+fma. The environment
+// variable MIXTRAIN_CPU_CAPABILITY=default|avx2|avx512 lowers the choice (for tests and A/B runs);
+// a request above what the CPU supports is clamped with a warning, an unknown name is a
 // ConfigError.
 #pragma once
 

@@ -1,5 +1,5 @@
-// Step-level helpers of data-parallel training (FSDP, HSDP, DDP; DESIGN §3, issue 4 part 8):
-// the numbers every rank must agree on.
+// Step-level helpers of data-parallel training (FSDP, HSDP, DDP; docs/architecture.md §3, issue 4
+// part 8): the numbers every rank must agree on.
 //
 // average_over_data_parallel: the mean of a per-rank scalar (the loss, a mean over the rank's
 // own batch) over every data-parallel rank, so every rank reports the loss of the global batch.

@@ -1,4 +1,4 @@
-// The process groups of one job (DESIGN §7, issue 4 part 3).
+// The process groups of one job (docs/architecture.md §7, issue 4 part 3).
 //
 // World rank r = replicate_index * dp_shard + shard_index: row-major over (dp_replicate,
 // dp_shard), as torch's DeviceMesh. Groups seen from rank r:

@@ -1,5 +1,5 @@
-// Expert parallelism (DESIGN §7, issue 4 part 6): the routed experts split by expert over the
-// mesh's ep group, tokens moved to their experts and back with all_to_all.
+// Expert parallelism (docs/architecture.md §7, issue 4 part 6): the routed experts split by expert
+// over the mesh's ep group, tokens moved to their experts and back with all_to_all.
 //
 // Layout (parallel.ep > 1; model.num_experts divisible by ep, checked by config validation):
 // the ep ranks of one block (DeviceMesh::ep_group, consecutive ranks of a dp_shard row) each

@@ -1,5 +1,6 @@
-// FSDP / HSDP / DDP for a CausalLM (DESIGN §3, §7; fp32-main-params RFC 5.3 and 8.1), built on
-// the model's ParameterMaterializer hooks (model/causal_lm.h) and a custom autograd Function.
+// FSDP / HSDP / DDP for a CausalLM (docs/architecture.md §3, §7; fp32-main-params RFC 5.3 and 8.1),
+// built on the model's ParameterMaterializer hooks (model/causal_lm.h) and a custom autograd
+// Function.
 //
 // shard_model() (before any optimizer exists, after model_init_dtype, RFC 6.1) replaces every
 // parameter's data by this rank's dim-0 chunk over mesh.dp_shard_group (torch.chunk semantics:

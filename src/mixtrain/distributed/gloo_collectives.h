@@ -1,4 +1,4 @@
-// Collectives over a c10d::ProcessGroupGloo (DESIGN §7).
+// Collectives over a c10d::ProcessGroupGloo (docs/architecture.md §7).
 //
 // LibTorch 1.13's Gloo has no bfloat16, no reduce_scatter, no _allgather_base and no list-form
 // alltoall, so: bfloat16 travels as its bits viewed as float16 (data movement only; reductions

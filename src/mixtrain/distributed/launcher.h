@@ -1,4 +1,4 @@
-// Local worker processes: `mixtrain train --nproc N` (DESIGN §7, issue 4 parts 1-2).
+// Local worker processes: `mixtrain train --nproc N` (docs/architecture.md §7, issue 4 parts 1-2).
 //
 // Workers are the binary itself, re-executed (/proc/self/exe), never a bare fork: OpenMP and
 // Gloo threads do not survive fork. Each worker gets RANK, WORLD_SIZE, LOCAL_RANK,

@@ -1,4 +1,5 @@
-// Which rank this process is, from the launcher's environment (DESIGN §7, issue 4 part 1).
+// Which rank this process is, from the launcher's environment (docs/architecture.md §7, issue 4
+// part 1).
 //
 // Checked in this order, the first present wins:
 //   torchrun / mixtrain --nproc: RANK, WORLD_SIZE, LOCAL_RANK (default 0), MASTER_ADDR, MASTER_PORT

@@ -7,9 +7,9 @@
 // the coefficient is applied by the caller, not here, so metrics can report both terms.
 // Models without a router return aux_loss = 0.
 //
-// Parameter materialization (DESIGN §7): forward never computes with a parameter directly; it
-// asks the installed ParameterMaterializer for the tensor to compute with. Without one (the
-// default) that is the parameter itself, so a plain model is unchanged, bit for bit. The
+// Parameter materialization (docs/architecture.md §7): forward never computes with a parameter
+// directly; it asks the installed ParameterMaterializer for the tensor to compute with. Without one
+// (the default) that is the parameter itself, so a plain model is unchanged, bit for bit. The
 // data-parallel wrappers (distributed/fsdp.h) install one that all-gathers the local shard
 // (FSDP) or casts to param_dtype, and routes the gradient back through a reduce-scatter /
 // all-reduce into main_grad or .grad.

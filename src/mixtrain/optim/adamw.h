@@ -1,4 +1,5 @@
-// AdamW, fused: torch.optim.AdamW with amsgrad off (DESIGN §5), as a LibTorch optimizer.
+// AdamW, fused: torch.optim.AdamW with amsgrad off (docs/architecture.md §5), as a LibTorch
+// optimizer.
 //
 // Per parameter p with gradient g and its own step count t (1 at its first step), with the
 // group's lr, betas (beta1, beta2), eps and weight_decay (wd); exactly PyTorch's single-tensor

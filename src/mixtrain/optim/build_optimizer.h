@@ -3,8 +3,8 @@
 //   distinct (lr, weight_decay), in model order -> ChainedOptimizer -> MixedPrecisionOptimizer
 //   iff optimizer.fp32_main_params.
 // Logs the routing table with log_info. float16 params without fp32_main_params are a
-// ConfigError: float16 needs fp32 main params and loss scaling (DESIGN §6); so is
-// fp32_main_params without fsdp_config.mix_precision.reduce_dtype: float32 (RFC case 2.5).
+// ConfigError: float16 needs fp32 main params and loss scaling (docs/architecture.md §6); so
+// is fp32_main_params without fsdp_config.mix_precision.reduce_dtype: float32 (RFC case 2.5).
 #pragma once
 
 #include <ATen/core/Tensor.h>

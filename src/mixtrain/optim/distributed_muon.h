@@ -1,6 +1,6 @@
-// Distributed Muon (DESIGN §7; the Muon document's "分布式通信机制"): how one Muon step runs
-// when a parameter is held sharded or replicated across ranks, with the single-process result.
-// Muon (muon.h) takes a MuonSharding per parameter (unset = kLocal) and runs three paths:
+// Distributed Muon (docs/architecture.md §7; the Muon document's "分布式通信机制"): how one Muon
+// step runs when a parameter is held sharded or replicated across ranks, with the single-process
+// result. Muon (muon.h) takes a MuonSharding per parameter (unset = kLocal) and runs three paths:
 //
 // - step_experts (kLocal, and kFsdp 3-D tensors): the rank holds whole matrices (a 3-D expert
 //   tensor's dim-0 chunk is a set of whole experts), so Newton–Schulz runs locally, batched by

@@ -28,10 +28,10 @@ double global_grad_norm(const std::vector<at::Tensor>& grads);
 // skip the step, or fail).
 double clip_grad_norm(const std::vector<at::Tensor>& grads, double max_norm);
 
-// Distributed variants (DESIGN §3): `grads` are this rank's pieces of the gradients and `group`
-// the ranks whose pieces are disjoint and together make the whole (FSDP: dp_shard; replicas of
-// the same shard are left out, so each element counts once). The local sums of squares (double)
-// are all-reduced over `group`; every rank gets the same norm and clips with the same
+// Distributed variants (docs/architecture.md §3): `grads` are this rank's pieces of the gradients
+// and `group` the ranks whose pieces are disjoint and together make the whole (FSDP: dp_shard;
+// replicas of the same shard are left out, so each element counts once). The local sums of squares
+// (double) are all-reduced over `group`; every rank gets the same norm and clips with the same
 // coefficient. A one-rank group gives exactly the functions above. Collective over `group`.
 double global_grad_norm(const std::vector<at::Tensor>& grads, Collectives& group);
 double clip_grad_norm(const std::vector<at::Tensor>& grads, double max_norm, Collectives& group);

@@ -1,5 +1,5 @@
 // Dynamic loss scaling for float16 models (Megatron's DynamicGradScaler without hysteresis;
-// DESIGN §6): float16 gradients of an unscaled loss underflow silently.
+// docs/architecture.md §6): float16 gradients of an unscaled loss underflow silently.
 //
 // The trainer multiplies the loss by scale(); the optimizer unscales the float32 main grads
 // (unscale_and_check) and calls update(found_inf):

@@ -1,5 +1,5 @@
 // MixedPrecisionOptimizer: Megatron's Float16OptimizerWithFloat16Params, natively (RFC 7-9,
-// DESIGN §3, §6). Wraps a ChainedOptimizer whose leaves hold the model params.
+// docs/architecture.md §3, §6). Wraps a ChainedOptimizer whose leaves hold the model params.
 //
 // Construction (RFC 7.2): for each bfloat16/float16 trainable param, an fp32 main param
 // (detach().to(float32), requires_grad as the model param) replaces it in its leaf group,

@@ -1,4 +1,4 @@
-// Muon (MomentUm Orthogonalized by Newton–Schulz) for matrix parameters, DESIGN §5.
+// Muon (MomentUm Orthogonalized by Newton–Schulz) for matrix parameters, docs/architecture.md §5.
 //
 // Per parameter p with gradient g, in this order:
 //   momentum_buffer, u = muon_momentum_update(...)         (sum | ema | ema_add, Nesterov or not)
@@ -61,7 +61,7 @@ double muon_update_scale(int64_t rows, int64_t cols, AdjustLrFn fn, double match
 void muon_apply_update(at::Tensor& param, const at::Tensor& orthogonalized, double lr,
                        double weight_decay, double scale);
 
-// Defaults are the YAML defaults of DESIGN §5 (MuonConfig).
+// Defaults are the YAML defaults of docs/architecture.md §5 (MuonConfig).
 struct MuonOptions : public torch::optim::OptimizerCloneableOptions<MuonOptions> {
   MuonOptions() = default;
   TORCH_ARG(double, lr) = 0.02;

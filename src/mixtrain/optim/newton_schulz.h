@@ -1,5 +1,6 @@
-// Newton–Schulz orthogonalization for Muon (DESIGN §5), as pure functions so the single-process
-// Muon and the distributed Muon paths (FSDP all_to_all, DDP all_gather, expert-local) share them.
+// Newton–Schulz orthogonalization for Muon (docs/architecture.md §5), as pure functions so the
+// single-process Muon and the distributed Muon paths (FSDP all_to_all, DDP all_gather,
+// expert-local) share them.
 //
 // For a matrix G = U S V^T, Muon wants U V^T (all singular values set to 1). Newton–Schulz gets
 // close with matrix products only: X_0 = G / (||G||_F + eps) puts every singular value in
@@ -24,7 +25,8 @@ using NsCoefficients = std::array<double, 3>;  // (a, b, c)
 
 // One (a, b, c) per Newton–Schulz step:
 //   legacy: (3.4445, -4.7750, 2.0315) every step;
-//   asym5:  the five triples of DESIGN §5, the first ns_steps of them (ns_steps > 5 throws:
+//   asym5:  the five triples of docs/architecture.md §5, the first ns_steps of them (ns_steps > 5
+//   throws:
 //           "asym5 has 5 coefficient sets; muon_ns_steps=N", never a silent cut);
 //   hybrid: legacy for steps 0..7, then (2.0, -1.5, 0.5);
 //   custom: `custom` itself; its length must equal ns_steps.

@@ -1,8 +1,8 @@
 // Parameter grouping shared by every optimizer: which parameters get weight decay.
 //
-// DESIGN §5 (YAML dialect, as hyper-parallel and Megatron do): a parameter whose fully
-// qualified name contains "bias", "norm" or "ln_" gets weight decay 0; everything else gets the
-// configured weight decay.
+// docs/architecture.md §5 (YAML dialect, as hyper-parallel and Megatron do): a parameter whose
+// fully qualified name contains "bias", "norm" or "ln_" gets weight decay 0; everything else gets
+// the configured weight decay.
 #pragma once
 
 #include <ATen/core/Tensor.h>

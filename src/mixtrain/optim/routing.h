@@ -1,5 +1,6 @@
 // Which leaf optimizer (AdamW or Muon) updates each trainable parameter, with its lr and
-// weight decay (DESIGN §5; Muon document "参数路由"; RFC 7.1: the wrapper acts after routing).
+// weight decay (docs/architecture.md §5; Muon document "参数路由"; RFC 7.1: the wrapper acts after
+// routing).
 //
 // optimizer._target_ AdamW: every trainable parameter goes to AdamW.
 // optimizer._target_ Muon, by optimizer.routing:

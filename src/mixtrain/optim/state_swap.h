@@ -1,6 +1,6 @@
-// Swap optimizer (DESIGN §9; the Muon feature's swap_optimizer / swap_merge_buckets): AdamW's
-// exp_avg / exp_avg_sq and Muon's momentum_buffer live in a file between steps and come into
-// memory bucket by bucket while step() runs.
+// Swap optimizer (docs/architecture.md §9; the Muon feature's swap_optimizer / swap_merge_buckets):
+// AdamW's exp_avg / exp_avg_sq and Muon's momentum_buffer live in a file between steps and come
+// into memory bucket by bucket while step() runs.
 //
 // The leaves (AdamW, Muon on every path) bracket each parameter's state use with
 // acquire(param) / release(param) (LeafOptimizer::acquire_state). The floating state tensors of

@@ -1,11 +1,11 @@
 // The optimizer interface the trainer drives: ChainedOptimizer (fp32_main_params: false) or
 // MixedPrecisionOptimizer (true), built by build_optimizer().
 //
-// One step, in Megatron's order (RFC 8.2, DESIGN §3):
+// One step, in Megatron's order (RFC 8.2, docs/architecture.md §3):
 //   accumulate_model_grads() after each micro-batch (or FSDP adds into main_grad(name)),
 //   prepare_grads(), clip over grads_for_clipping(), step_with_ready_grads(), zero_grad().
 // Every parameter is addressed by its model fully qualified name (RFC 7.3); checkpoint keys
-// follow DESIGN §8:
+// follow docs/architecture.md §8:
 //   optimizer.state.<fqn>.<exp_avg|exp_avg_sq|momentum_buffer|step>
 //   optimizer._mixed_precision_optimizer.fp32_from_fp16_params.<fqn>  (low-precision only)
 #pragma once

@@ -1,5 +1,6 @@
-// What a training checkpoint holds and how it goes back in (DESIGN §8; fp32-main-params RFC
-// 6.2, 9.1-9.4). The format itself is checkpoint/metadata.h; docs/checkpoint.md lists the keys.
+// What a training checkpoint holds and how it goes back in (docs/architecture.md §8;
+// fp32-main-params RFC 6.2, 9.1-9.4). The format itself is checkpoint/metadata.h;
+// docs/checkpoint.md lists the keys.
 //
 // Tensors, each a global tensor of which every rank passes the piece it holds (FSDP dim-0 row
 // ranges, expert-parallel slices, whole tensors on one rank; replicas are written once):

@@ -1,5 +1,5 @@
-// optim-replay (DESIGN §10): runs the configured optimizer stack on given parameters with given
-// float32 gradients, so anyone can check our numerics against another framework.
+// optim-replay (docs/architecture.md §10): runs the configured optimizer stack on given parameters
+// with given float32 gradients, so anyone can check our numerics against another framework.
 //
 //   params file: one tensor per parameter, keyed by its fully qualified name, in its model
 //                dtype (float32, bfloat16 or float16; dtypes may differ per tensor).

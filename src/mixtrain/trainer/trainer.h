@@ -1,4 +1,4 @@
-// The training loop (DESIGN §3, fp32-main-params RFC 6.1-6.2).
+// The training loop (docs/architecture.md §3, fp32-main-params RFC 6.1-6.2).
 //
 // Trainer builds, in the RFC's order: model, model_init_dtype, sharding (FSDP/HSDP/DDP/EP when
 // the mesh has several ranks, or when the compute dtype differs from the stored one), the

@@ -94,7 +94,7 @@ TEST(AdamWHand, OneStepWithAndWithoutWeightDecay) {
 }
 
 TEST(AdamWHand, TwoStepsAgainstDoubleFormula) {
-  // The DESIGN §5 formula evaluated in double by hand-written code, two steps.
+  // The docs/architecture.md §5 formula evaluated in double by hand-written code, two steps.
   const std::vector<double> p0 = {0.25, -1.5, 2.0};
   const std::vector<std::vector<double>> grads = {{0.5, -0.25, 1e-3}, {-0.75, 0.5, 2e-3}};
   for (const double wd : {0.0, 0.05}) {

@@ -1,6 +1,6 @@
 // Muon tests. Expected values are worked out by hand (momentum, scale, weight decay) or by an
-// independent float64 reimplementation of DESIGN §5 written below (reference_muon), never
-// copied from Muon's own output.
+// independent float64 reimplementation of docs/architecture.md §5 written below (reference_muon),
+// never copied from Muon's own output.
 #include "mixtrain/optim/muon.h"
 
 #include <ATen/ATen.h>
@@ -127,7 +127,7 @@ TEST(MuonApplyUpdateTest, LowPrecisionParamRoundsOnce) {
   EXPECT_TRUE(at::equal(p, expected));
 }
 
-// ---- independent float64 reference of one Muon step (DESIGN §5) ----
+// ---- independent float64 reference of one Muon step (docs/architecture.md §5) ----
 constexpr std::array<std::array<double, 3>, 5> kAsym5 = {{{4.0848, -6.8946, 2.9270},
                                                           {3.9505, -6.3029, 2.6377},
                                                           {3.7418, -5.5913, 2.3037},

@@ -12,7 +12,7 @@ namespace {
 
 using NamedParams = std::vector<std::pair<std::string, at::Tensor>>;
 
-// Expected routing of one parameter, written by hand from the rules of DESIGN §5.
+// Expected routing of one parameter, written by hand from the rules of docs/architecture.md §5.
 struct Expected {
   std::string name;
   std::vector<int64_t> shape;

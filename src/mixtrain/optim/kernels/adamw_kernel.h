@@ -1,7 +1,7 @@
 // Fused AdamW update of one contiguous float32 tensor: the per-capability kernel variants.
 //
-// adamw_kernel.cpp is compiled once per capability (DESIGN §1), defining adamw_step in
-// namespaces DEFAULT, AVX2 and AVX512; AdamW dispatches with select_kernel()
+// adamw_kernel.cpp is compiled once per capability (docs/architecture.md §1), defining adamw_step
+// in namespaces DEFAULT, AVX2 and AVX512; AdamW dispatches with select_kernel()
 // (core/cpu_capability.h). Call an AVX2/AVX512 variant only when the CPU supports it.
 //
 // One pass reads param, grad, exp_avg, exp_avg_sq, writes param, exp_avg, exp_avg_sq and,

@@ -1,7 +1,7 @@
 // Sum of squares of a contiguous floating buffer: the per-capability kernel variants.
 //
-// sum_of_squares_kernel.cpp is compiled once per capability (DESIGN §1), defining these
-// functions in namespace DEFAULT, AVX2 and AVX512; callers dispatch with select_kernel()
+// sum_of_squares_kernel.cpp is compiled once per capability (docs/architecture.md §1), defining
+// these functions in namespace DEFAULT, AVX2 and AVX512; callers dispatch with select_kernel()
 // (core/cpu_capability.h). Call an AVX2/AVX512 variant only when the CPU supports it.
 //
 // Contract of sum_of_squares(buffers, count): the sum, over all buffers, of the squares of

@@ -158,18 +158,17 @@ void CheckpointSaver::write(const SaveRequest& request) {
   }
   // The written chunks (and each rank's error) go to every rank; only rank 0 uses them.
   const std::vector<std::string> results = all_gather_strings(group, result.dump());
-  std::string failed;
-  for (size_t r = 0; r < results.size(); ++r) {
-    const std::string error = json::parse(results[r]).at("error");
-    if (!error.empty())
-      failed += (failed.empty() ? "" : "; ") + ("rank " + std::to_string(r) + ": " + error);
+  bool failed = false;
+  for (const std::string& text : results) {
+    failed = failed || !json::parse(text).at("error").get<std::string>().empty();
   }
-  if (!failed.empty()) {
+  if (failed) {
     if (rank == 0) {
       std::error_code ignored;
       std::filesystem::remove_all(tmp, ignored);
     }
-    agree(group, step, "writing the rank files", rank == 0 ? failed : "");
+    // Each rank passes its own error: the message says "rank <r>: <error>" once per rank.
+    agree(group, step, "writing the rank files", write_error);
   }
 
   std::string publish_error;

@@ -229,7 +229,7 @@ int ckpt_diff_command(const std::string& path_a, const std::string& path_b,
     const bool in_a = ma.state.contains(k), in_b = mb.state.contains(k);
     if (in_a && in_b && ma.state[k] == mb.state[k]) continue;
     ++other;
-    std::cout << "state." << k << ": ";
+    std::cout << "state." << printable(k) << ": ";
     if (!in_b) {
       std::cout << "only in A\n";
     } else if (!in_a) {

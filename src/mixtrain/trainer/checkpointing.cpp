@@ -315,16 +315,19 @@ int64_t restore_checkpoint(const CheckpointParts& parts, const std::string& rest
     }
   }
   std::vector<std::string> group_changes;
-  if (problems.empty() && restore_optimizer) {
-    // Validates fully before it sets anything.
-    try {
-      group_changes = parts.optimizer.chained().load_param_groups_state(saved_state.param_groups);
-    } catch (const std::exception& error) {
-      problems.push_back((std::filesystem::path(dir) / kCheckpointMetadataFile).string() +
-                         ": state.optimizer.param_groups: " + error.what());
-    }
-  }
   try {
+    // Every rank's tensors are good before any rank sets its group hyper-parameters (another
+    // rank's problem would otherwise leave them changed here).
+    agree_or_throw(parts.mesh, dir, problems);
+    if (restore_optimizer) {
+      // Validates fully before it sets anything; the same input on every rank.
+      try {
+        group_changes = parts.optimizer.chained().load_param_groups_state(saved_state.param_groups);
+      } catch (const std::exception& error) {
+        problems.push_back((std::filesystem::path(dir) / kCheckpointMetadataFile).string() +
+                           ": state.optimizer.param_groups: " + error.what());
+      }
+    }
     agree_or_throw(parts.mesh, dir, problems);
   } catch (...) {
     if (restore_optimizer) parts.optimizer.chained().undo_initialize_state(created);

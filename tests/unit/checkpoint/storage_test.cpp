@@ -410,7 +410,7 @@ TEST_F(StorageTest, MalformedMetadataAndMissingFiles) {
 }
 
 // One flipped bit anywhere in .metadata.json (here: bit i % 8 of every third byte i, so that
-// every bit position and every part of the file is hit, ~2.5 s; and every byte of a key name),
+// every bit position and every part of the file is hit, ~1 s; and every byte of a key name),
 // or in its checksum file, is refused before the JSON is parsed.
 TEST_F(StorageTest, MetadataChecksumCatchesEveryBitFlip) {
   save(3, make_tensors(0));

@@ -8,6 +8,11 @@
 #include <string>
 #include <vector>
 
+#include <xxhash.h>
+
+#include <fstream>
+#include <nlohmann/json.hpp>
+
 #include "mixtrain/checkpoint/storage.h"
 
 namespace mixtrain::test_support {
@@ -46,6 +51,19 @@ inline std::string copy_checkpoint(
   publish_step_dir(dst_dir, metadata.step);
   write_latest(dst_dir, metadata.step);
   return step_dir(dst_dir, metadata.step);
+}
+
+// Replaces <step_dir>/.metadata.json with `text` as it is (no validation: the damaged metadata
+// the fault tests need) and rewrites .metadata.json.xxh3_64 to match, so that the damage gets
+// past the checksum to the checks behind it.
+inline void rewrite_metadata_text(const std::string& step_dir, const std::string& text) {
+  std::ofstream(step_dir + "/" + kCheckpointMetadataFile, std::ios::binary | std::ios::trunc)
+      << text;
+  std::ofstream(step_dir + "/" + kCheckpointMetadataChecksumFile, std::ios::trunc)
+      << format_xxh3_64(XXH3_64bits(text.data(), text.size())) << "\n";
+}
+inline void rewrite_metadata(const std::string& step_dir, const nlohmann::json& json) {
+  rewrite_metadata_text(step_dir, json.dump());
 }
 
 }  // namespace mixtrain::test_support

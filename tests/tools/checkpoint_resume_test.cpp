@@ -13,12 +13,14 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <random>
 #include <thread>
 #include <vector>
 
+#include "support/checkpoint_surgery.h"
 #include "tools/cli_test_util.h"
 
 extern char** environ;
@@ -84,6 +86,45 @@ TEST(CheckpointResume, TwoRanksSaveAsynchronouslyAndOneRankResumes) {
   EXPECT_NE(resumed.output.find("restored step 4"), std::string::npos) << resumed.output;
   EXPECT_NE(resumed.output.find("saved by 2 rank(s), restored on 1"), std::string::npos)
       << resumed.output;
+}
+
+// The two examples at the command line: data.position set to a string and rng_cpu cut
+// short (the metadata's checksum rewritten to match, as a tool that edits it would) are one
+// error naming the file and the field, exit 1, no "internal error", nothing trained.
+TEST(CheckpointResume, MalformedStateIsOneCleanError) {
+  TempDir run;
+  const CommandResult saved = run_mixtrain(base_command(run.file("a")) +
+                                           " --set train.steps=1 --set checkpoint.interval=1");
+  ASSERT_EQ(saved.exit_code, 0) << saved.output;
+  const std::string step_dir = run.file("a/checkpoints/step-00000001");
+  nlohmann::json good;
+  {
+    std::ifstream in(step_dir + "/.metadata.json");
+    good = nlohmann::json::parse(in);
+  }
+  const std::string rng = good["state"]["ranks"][0]["rng_cpu"];
+  const std::vector<std::pair<std::string, std::string>> edits = {
+      {"/state/data/position", "\"12\""},
+      {"/state/ranks/0/rng_cpu", "\"" + rng.substr(0, 64) + "\""}};
+  const std::vector<std::string> expected = {
+      "state.data.position: must be an integer, got \"12\"",
+      "state.ranks[0].rng_cpu: must be " + std::to_string(rng.size()) + " hex digits"};
+  for (size_t i = 0; i < edits.size(); ++i) {
+    nlohmann::json edited = good;
+    edited[nlohmann::json::json_pointer(edits[i].first)] = nlohmann::json::parse(edits[i].second);
+    test_support::rewrite_metadata(step_dir, edited);
+    const CommandResult r = run_mixtrain(
+        base_command(run.file("b")) +
+        " --set train.steps=2 --set checkpoint.restore_from=" + run.file("a/checkpoints"));
+    EXPECT_EQ(r.exit_code, 1) << r.output;
+    EXPECT_NE(r.output.find("mixtrain: error: checkpoint " + step_dir +
+                            " cannot be restored (nothing was changed):\n  - " + step_dir +
+                            "/.metadata.json: " + expected[i]),
+              std::string::npos)
+        << r.output;
+    EXPECT_EQ(r.output.find("internal error"), std::string::npos) << r.output;
+    EXPECT_FALSE(std::filesystem::exists(run.file("b/metrics.jsonl"))) << r.output;
+  }
 }
 
 pid_t spawn_quiet(std::vector<std::string> args) {

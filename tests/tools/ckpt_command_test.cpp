@@ -3,7 +3,9 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <string>
 #include <vector>
 
@@ -96,7 +98,10 @@ TEST(CkptCommand, VerifyPassesThenNamesTheCorruptChunk) {
   const std::string step_dir = dir.file("ckpt/step-00000007");
   CommandResult r = run_mixtrain("ckpt verify " + step_dir);
   EXPECT_EQ(r.exit_code, 0) << r.output;
-  EXPECT_TRUE(contains(r.output, "ok: 4 chunks in 2 files")) << r.output;
+  EXPECT_TRUE(contains(r.output,
+                       "ok: 4 chunks in 2 files, .metadata.json matches "
+                       ".metadata.json.xxh3_64\n"))
+      << r.output;
 
   corrupt_rank1(step_dir);
   r = run_mixtrain("ckpt verify " + dir.file("ckpt"));
@@ -105,6 +110,53 @@ TEST(CkptCommand, VerifyPassesThenNamesTheCorruptChunk) {
                                             "checksum "))
       << r.output;
   EXPECT_TRUE(contains(r.output, "FAILED: 1 of 4 chunks")) << r.output;
+}
+
+std::string read_bytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+
+// One flipped bit inside a parameter name in .metadata.json ('w' 0x77 -> '7' 0x37 still parses
+// and is consistent: only the checksum can tell) fails verify, naming the file. A flip that
+// leaves a raw byte in the file (0x37 '7' -> 0xb7) reaches no message raw, on a version-1
+// checkpoint (no checksum file, so the JSON parser sees and quotes it) either.
+TEST(CkptCommand, VerifyFailsOnABitFlipInTheMetadataWithACleanMessage) {
+  TempDir dir;
+  save(dir.file("ckpt"), 7, Content{});
+  const std::string meta = dir.file("ckpt/step-00000007/.metadata.json");
+  const std::string good = read_bytes(meta);
+  const size_t at = good.find("\"model.w\"");
+  ASSERT_NE(at, std::string::npos);
+  std::string bad = good;
+  bad[at + 7] = static_cast<char>(bad[at + 7] ^ 0x40);  // 'w' -> '7'
+  std::ofstream(meta, std::ios::binary | std::ios::trunc) << bad;
+  CommandResult r = run_mixtrain("ckpt verify " + dir.file("ckpt"));
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_TRUE(contains(r.output, "mixtrain: error: " + meta + ": checksum ")) << r.output;
+
+  // Version 1: no checksum; intact, verify passes with a note.
+  nlohmann::json v1 = nlohmann::json::parse(good);
+  v1["format_version"] = 1;
+  std::ofstream(meta, std::ios::binary | std::ios::trunc) << v1.dump();
+  std::filesystem::remove(meta + ".xxh3_64");
+  r = run_mixtrain("ckpt verify " + dir.file("ckpt"));
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(contains(r.output,
+                       "ok: 4 chunks in 2 files\nnote: format_version 1 has no "
+                       ".metadata.json.xxh3_64"))
+      << r.output;
+  bad = v1.dump();
+  const size_t key = bad.find("\"model.w\"");
+  bad[key + 7] = static_cast<char>(0xb7);
+  std::ofstream(meta, std::ios::binary | std::ios::trunc) << bad;
+  for (const char* command : {"ckpt verify ", "ckpt inspect "}) {
+    r = run_mixtrain(command + dir.file("ckpt"));
+    EXPECT_EQ(r.exit_code, 1) << r.output;
+    EXPECT_TRUE(contains(r.output, "mixtrain: error: " + meta + ": not valid JSON")) << r.output;
+    EXPECT_TRUE(contains(r.output, "\\xb7")) << r.output;
+    for (char c : r.output) ASSERT_LT(static_cast<unsigned char>(c), 0x80) << r.output;
+  }
 }
 
 TEST(CkptCommand, DiffReportsEachDifferenceAndHonoursAtol) {
@@ -192,13 +244,16 @@ TEST(CkptCommand, BadInputIsOneErrorLineAndExitOne) {
   EXPECT_EQ(r.output,
             "mixtrain: error: " + dir.file("missing") + ": no such checkpoint directory\n");
   save(dir.file("ckpt"), 7, Content{});
-  std::ofstream(dir.file("ckpt/step-00000007/.metadata.json")) << "{\"format\": ";
+  const std::string meta = dir.file("ckpt/step-00000007/.metadata.json");
+  std::ofstream(meta) << "{\"format\": ";
   r = run_mixtrain("ckpt diff " + dir.file("ckpt") + " " + dir.file("ckpt"));
   EXPECT_EQ(r.exit_code, 1) << r.output;
-  EXPECT_TRUE(contains(
-      r.output,
-      "mixtrain: error: " + dir.file("ckpt/step-00000007/.metadata.json") + ": not valid JSON"))
-      << r.output;
+  EXPECT_TRUE(contains(r.output, "mixtrain: error: " + meta + ": checksum ")) << r.output;
+  EXPECT_TRUE(contains(r.output, "(the file is corrupt or was edited)\n")) << r.output;
+  std::filesystem::remove(meta + ".xxh3_64");  // as a version-1 directory would be
+  r = run_mixtrain("ckpt diff " + dir.file("ckpt") + " " + dir.file("ckpt"));
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_TRUE(contains(r.output, "mixtrain: error: " + meta + ": not valid JSON")) << r.output;
   r = run_mixtrain("ckpt diff " + dir.file("ckpt"));  // flags: exit 2
   EXPECT_EQ(r.exit_code, 2) << r.output;
 }

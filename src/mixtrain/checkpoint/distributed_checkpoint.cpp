@@ -22,7 +22,13 @@ namespace {
 using json = nlohmann::json;
 using Region = std::tuple<std::string, std::vector<int64_t>, std::vector<int64_t>>;
 
-// Every rank's `error` (empty: fine); if any is non-empty, every rank throws the same UserError.
+// A save that every rank agreed has failed (agree()), as opposed to a collective that failed.
+class SaveFailed : public UserError {
+ public:
+  using UserError::UserError;
+};
+
+// Every rank's `error` (empty: fine); if any is non-empty, every rank throws the same SaveFailed.
 void agree(Collectives& group, int64_t step, const std::string& phase, const std::string& error) {
   const std::vector<std::string> errors = all_gather_strings(group, error);
   std::string message;
@@ -31,8 +37,24 @@ void agree(Collectives& group, int64_t step, const std::string& phase, const std
     message += (message.empty() ? "" : "; ") + ("rank " + std::to_string(r) + ": " + errors[r]);
   }
   if (!message.empty()) {
-    throw UserError("checkpoint: saving step " + std::to_string(step) + " failed while " + phase +
-                    " (the previous checkpoint is untouched): " + message);
+    throw SaveFailed("checkpoint: saving step " + std::to_string(step) + " failed while " + phase +
+                     " (the previous checkpoint is untouched): " + message);
+  }
+}
+
+// Runs a save; a collective failing inside it (a rank died or stopped answering mid-save: Gloo
+// reports the closed connection or the timeout) is reported as the failed save it is.
+template <typename F>
+void as_save(int64_t step, F&& action) {
+  try {
+    action();
+  } catch (const SaveFailed&) {
+    throw;
+  } catch (const UserError& error) {
+    throw UserError("checkpoint: saving step " + std::to_string(step) +
+                    " failed (a rank stopped during the save; latest names the newest complete "
+                    "step): " +
+                    error.what());
   }
 }
 
@@ -83,7 +105,7 @@ void CheckpointSaver::wait() {
 void CheckpointSaver::save(SaveRequest request) {
   wait();
   if (!async_) {
-    write(request);
+    as_save(request.step, [&] { write(request); });
     return;
   }
   // Snapshot: training changes params and state in place while the worker writes. Not in
@@ -102,7 +124,7 @@ void CheckpointSaver::save(SaveRequest request) {
     // leave a core idle; the save takes longer on a busy machine, training does not.
     ::setpriority(PRIO_PROCESS, static_cast<id_t>(::syscall(SYS_gettid)), 19);
     try {
-      write(request);
+      as_save(request.step, [&] { write(request); });
     } catch (...) {
       error_ = std::current_exception();
     }
@@ -158,18 +180,17 @@ void CheckpointSaver::write(const SaveRequest& request) {
   }
   // The written chunks (and each rank's error) go to every rank; only rank 0 uses them.
   const std::vector<std::string> results = all_gather_strings(group, result.dump());
-  std::string failed;
-  for (size_t r = 0; r < results.size(); ++r) {
-    const std::string error = json::parse(results[r]).at("error");
-    if (!error.empty())
-      failed += (failed.empty() ? "" : "; ") + ("rank " + std::to_string(r) + ": " + error);
+  bool failed = false;
+  for (const std::string& text : results) {
+    failed = failed || !json::parse(text).at("error").get<std::string>().empty();
   }
-  if (!failed.empty()) {
+  if (failed) {
     if (rank == 0) {
       std::error_code ignored;
       std::filesystem::remove_all(tmp, ignored);
     }
-    agree(group, step, "writing the rank files", rank == 0 ? failed : "");
+    // Each rank passes its own error: the message says "rank <r>: <error>" once per rank.
+    agree(group, step, "writing the rank files", write_error);
   }
 
   std::string publish_error;

@@ -4,11 +4,13 @@
 #include <xxhash.h>
 
 #include <cinttypes>
+#include <cmath>
 #include <cstdio>
 #include <optional>
 
 #include "mixtrain/core/dtype.h"
 #include "mixtrain/core/error.h"
+#include "mixtrain/core/printable.h"
 
 namespace mixtrain {
 namespace {
@@ -33,54 +35,6 @@ std::string list(const std::vector<int64_t>& values) {
   return out + "]";
 }
 
-// Parses one JSON document, throwing DataError "<where>: <field>: <problem>".
-class Parser {
- public:
-  explicit Parser(const std::string& where) : where_(where) {}
-
-  [[noreturn]] void fail(const std::string& field, const std::string& problem) const {
-    throw DataError(where_ + ": " + field + ": " + problem);
-  }
-  const nlohmann::json& member(const nlohmann::json& object, const std::string& name,
-                               const std::string& field) const {
-    auto it = object.find(name);
-    if (it == object.end()) fail(field, "missing");
-    return *it;
-  }
-  const nlohmann::json& object(const nlohmann::json& parent, const std::string& name,
-                               const std::string& field) const {
-    const nlohmann::json& value = member(parent, name, field);
-    if (!value.is_object()) fail(field, "must be an object, got " + value.dump());
-    return value;
-  }
-  int64_t integer(const nlohmann::json& value, const std::string& field, int64_t min) const {
-    // is_number_integer is false for 1.5 and 1e3; an unsigned value above int64 max is refused.
-    if (!value.is_number_integer() ||
-        (value.is_number_unsigned() && value.get<uint64_t>() > uint64_t(INT64_MAX))) {
-      fail(field, "must be an integer, got " + value.dump());
-    }
-    const int64_t v = value.get<int64_t>();
-    if (v < min) fail(field, "must be >= " + std::to_string(min) + ", got " + std::to_string(v));
-    return v;
-  }
-  std::vector<int64_t> integers(const nlohmann::json& value, const std::string& field,
-                                int64_t min) const {
-    if (!value.is_array()) fail(field, "must be a list of integers, got " + value.dump());
-    std::vector<int64_t> out;
-    for (size_t i = 0; i < value.size(); ++i) {
-      out.push_back(integer(value[i], field + "[" + std::to_string(i) + "]", min));
-    }
-    return out;
-  }
-  std::string string(const nlohmann::json& value, const std::string& field) const {
-    if (!value.is_string()) fail(field, "must be a string, got " + value.dump());
-    return value.get<std::string>();
-  }
-
- private:
-  std::string where_;
-};
-
 // "__<r>_0.safetensors" with r a decimal rank (no leading zeros); nullopt otherwise.
 std::optional<int64_t> rank_of_file(const std::string& name) {
   const std::string prefix = "__", suffix = "_0.safetensors";
@@ -94,25 +48,6 @@ std::optional<int64_t> rank_of_file(const std::string& name) {
     if (c < '0' || c > '9') return std::nullopt;
   }
   return std::stoll(digits);
-}
-
-std::optional<uint64_t> parse_hex64(const std::string& text) {
-  if (text.size() != 16) return std::nullopt;
-  uint64_t value = 0;
-  for (char c : text) {
-    int digit;
-    if (c >= '0' && c <= '9') {
-      digit = c - '0';
-    } else if (c >= 'a' && c <= 'f') {
-      digit = c - 'a' + 10;
-    } else if (c >= 'A' && c <= 'F') {
-      digit = c - 'A' + 10;
-    } else {
-      return std::nullopt;
-    }
-    value = value << 4 | static_cast<uint64_t>(digit);
-  }
-  return value;
 }
 
 int64_t numel(const std::vector<int64_t>& sizes) {
@@ -130,8 +65,8 @@ bool overlap(const CheckpointChunk& a, const CheckpointChunk& b) {
   return true;
 }
 
-CheckpointTensor parse_tensor(const Parser& p, const nlohmann::json& json, const std::string& field,
-                              int64_t world_size) {
+CheckpointTensor parse_tensor(const JsonFieldReader& p, const nlohmann::json& json,
+                              const std::string& field, int64_t world_size) {
   if (!json.is_object()) p.fail(field, "must be an object, got " + json.dump());
   CheckpointTensor tensor;
   const std::string dtype = p.string(p.member(json, "dtype", field + ".dtype"), field + ".dtype");
@@ -180,7 +115,7 @@ CheckpointTensor parse_tensor(const Parser& p, const nlohmann::json& json, const
       }
     }
     const std::string hex = p.string(p.member(c, "xxh3_64", cf + ".xxh3_64"), cf + ".xxh3_64");
-    const auto hash = parse_hex64(hex);
+    const auto hash = parse_xxh3_64(hex);
     if (!hash) p.fail(cf + ".xxh3_64", "\"" + hex + "\" is not 16 hex digits");
     chunk.xxh3_64 = *hash;
     tensor.chunks.push_back(std::move(chunk));
@@ -251,7 +186,7 @@ nlohmann::json metadata_to_json(const CheckpointMetadata& metadata) {
 }
 
 CheckpointMetadata metadata_from_json(const nlohmann::json& json, const std::string& where) {
-  const Parser p(where);
+  const JsonFieldReader p(where);
   if (!json.is_object())
     p.fail("(top level)", std::string("must be a JSON object, got ") + json.type_name());
   const nlohmann::json& format = p.member(json, "format", "format");
@@ -260,11 +195,13 @@ CheckpointMetadata metadata_from_json(const nlohmann::json& json, const std::str
   }
   CheckpointMetadata m;
   const nlohmann::json& version = p.member(json, "format_version", "format_version");
-  if (!version.is_number_integer() || version.get<int64_t>() != kCheckpointFormatVersion) {
-    p.fail("format_version", version.dump() + " is not supported (this build reads version " +
+  if (!version.is_number_integer() || version.get<int64_t>() < kOldestCheckpointFormatVersion ||
+      version.get<int64_t>() > kCheckpointFormatVersion) {
+    p.fail("format_version", version.dump() + " is not supported (this build reads versions " +
+                                 std::to_string(kOldestCheckpointFormatVersion) + " to " +
                                  std::to_string(kCheckpointFormatVersion) + ")");
   }
-  m.format_version = kCheckpointFormatVersion;
+  m.format_version = version.get<int>();
   m.step = p.integer(p.member(json, "step", "step"), "step", 0);
   m.world_size = p.integer(p.member(json, "world_size", "world_size"), "world_size", 1);
   const nlohmann::json& mesh = p.object(json, "mesh", "mesh");
@@ -288,6 +225,84 @@ std::string format_xxh3_64(uint64_t hash) {
   char buffer[17];
   std::snprintf(buffer, sizeof(buffer), "%016" PRIx64, hash);
   return buffer;
+}
+
+std::optional<uint64_t> parse_xxh3_64(const std::string& text) {
+  if (text.size() != 16) return std::nullopt;
+  uint64_t value = 0;
+  for (char c : text) {
+    int digit;
+    if (c >= '0' && c <= '9') {
+      digit = c - '0';
+    } else if (c >= 'a' && c <= 'f') {
+      digit = c - 'a' + 10;
+    } else if (c >= 'A' && c <= 'F') {
+      digit = c - 'A' + 10;
+    } else {
+      return std::nullopt;
+    }
+    value = value << 4 | static_cast<uint64_t>(digit);
+  }
+  return value;
+}
+
+// --- JsonFieldReader ---------------------------------------------------------------------------
+
+void JsonFieldReader::fail(const std::string& field, const std::string& problem) const {
+  throw DataError(printable(where_ + ": " + field + ": " + problem));
+}
+
+const nlohmann::json& JsonFieldReader::member(const nlohmann::json& object, const std::string& name,
+                                              const std::string& field) const {
+  auto it = object.find(name);
+  if (it == object.end()) fail(field, "missing");
+  return *it;
+}
+
+const nlohmann::json& JsonFieldReader::object(const nlohmann::json& parent, const std::string& name,
+                                              const std::string& field) const {
+  const nlohmann::json& value = member(parent, name, field);
+  if (!value.is_object()) fail(field, "must be an object, got " + value.dump());
+  return value;
+}
+
+int64_t JsonFieldReader::integer(const nlohmann::json& value, const std::string& field,
+                                 int64_t min) const {
+  // is_number_integer is false for 1.5 and 1e3; an unsigned value above int64 max is refused.
+  if (!value.is_number_integer() ||
+      (value.is_number_unsigned() && value.get<uint64_t>() > uint64_t(INT64_MAX))) {
+    fail(field, "must be an integer, got " + value.dump());
+  }
+  const int64_t v = value.get<int64_t>();
+  if (v < min) fail(field, "must be >= " + std::to_string(min) + ", got " + std::to_string(v));
+  return v;
+}
+
+std::vector<int64_t> JsonFieldReader::integers(const nlohmann::json& value,
+                                               const std::string& field, int64_t min) const {
+  if (!value.is_array()) fail(field, "must be a list of integers, got " + value.dump());
+  std::vector<int64_t> out;
+  for (size_t i = 0; i < value.size(); ++i) {
+    out.push_back(integer(value[i], field + "[" + std::to_string(i) + "]", min));
+  }
+  return out;
+}
+
+double JsonFieldReader::number(const nlohmann::json& value, const std::string& field) const {
+  if (!value.is_number()) fail(field, "must be a number, got " + value.dump());
+  const double v = value.get<double>();
+  if (!std::isfinite(v)) fail(field, "must be finite, got " + value.dump());
+  return v;
+}
+
+bool JsonFieldReader::boolean(const nlohmann::json& value, const std::string& field) const {
+  if (!value.is_boolean()) fail(field, "must be true or false, got " + value.dump());
+  return value.get<bool>();
+}
+
+std::string JsonFieldReader::string(const nlohmann::json& value, const std::string& field) const {
+  if (!value.is_string()) fail(field, "must be a string, got " + value.dump());
+  return value.get<std::string>();
 }
 
 }  // namespace mixtrain

@@ -2,6 +2,7 @@
 //   <checkpoint.dir>/step-<8 digits>/
 //     __<rank>_0.safetensors   one per rank at save; each holds the chunks that rank wrote,
 //                              one safetensors tensor per key (name = the key)
+//     .metadata.json.xxh3_64   XXH3-64 of .metadata.json's bytes (16 hex digits and "\n")
 //     .metadata.json           everything below, written last
 //   <checkpoint.dir>/latest    the name of the newest complete step directory ("step-00000012")
 //
@@ -15,6 +16,11 @@
 // dtype uses torch names (float32, bfloat16, float16, float64, int64, int32, int16, int8,
 // uint8, bool); the checksum is XXH3-64 (seed 0) of the chunk's bytes as stored in the file
 // (row-major, little-endian). The chunks of a key cover its global shape exactly once.
+//
+// Format versions: 2 (written now) has .metadata.json.xxh3_64, and a reader refuses a version-2
+// step directory without it or whose .metadata.json does not match it. Version 1 (before the
+// metadata checksum) is otherwise the same and is still read, its metadata checked for
+// consistency only (CheckpointReader::metadata_checksummed() is false).
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -24,13 +30,17 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace mixtrain {
 
-inline constexpr int kCheckpointFormatVersion = 1;
+inline constexpr int kCheckpointFormatVersion = 2;
+inline constexpr int kOldestCheckpointFormatVersion = 1;  // without the metadata checksum
 inline constexpr const char* kCheckpointMetadataFile = ".metadata.json";
+inline constexpr const char* kCheckpointMetadataChecksumFile = ".metadata.json.xxh3_64";
 inline constexpr const char* kLatestFile = "latest";
 
 struct CheckpointChunk {
@@ -74,5 +84,32 @@ CheckpointMetadata metadata_from_json(const nlohmann::json& json, const std::str
 // XXH3-64 of a contiguous CPU tensor's bytes.
 uint64_t tensor_xxh3_64(const at::Tensor& tensor);
 std::string format_xxh3_64(uint64_t hash);  // 16 lower-case hex digits
+// 16 hex digits (either case) -> the value; nullopt otherwise.
+std::optional<uint64_t> parse_xxh3_64(const std::string& text);
+
+// Reads fields of a JSON document, throwing DataError "<where>: <field>: <problem>" (the
+// message made printable: keys and values come from a file).
+class JsonFieldReader {
+ public:
+  explicit JsonFieldReader(std::string where) : where_(std::move(where)) {}
+
+  [[noreturn]] void fail(const std::string& field, const std::string& problem) const;
+  const nlohmann::json& member(const nlohmann::json& object, const std::string& name,
+                               const std::string& field) const;
+  // member() that must be an object.
+  const nlohmann::json& object(const nlohmann::json& parent, const std::string& name,
+                               const std::string& field) const;
+  // An integer >= min (not 1.5 or 1e3; not above int64's range).
+  int64_t integer(const nlohmann::json& value, const std::string& field, int64_t min) const;
+  std::vector<int64_t> integers(const nlohmann::json& value, const std::string& field,
+                                int64_t min) const;
+  double number(const nlohmann::json& value, const std::string& field) const;  // finite
+  bool boolean(const nlohmann::json& value, const std::string& field) const;
+  std::string string(const nlohmann::json& value, const std::string& field) const;
+  const std::string& where() const { return where_; }
+
+ private:
+  std::string where_;
+};
 
 }  // namespace mixtrain

@@ -15,6 +15,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <memory>
 #include <new>
 #include <set>
@@ -23,6 +24,7 @@
 
 #include "mixtrain/core/dtype.h"
 #include "mixtrain/core/error.h"
+#include "mixtrain/core/printable.h"
 #include "mixtrain/core/safetensors.h"
 
 // Checksums and files hold the bytes as they are in memory; the format says little-endian.
@@ -184,6 +186,47 @@ std::string format_metadata(const nlohmann::json& json) {
   return text + "\n}\n";
 }
 
+// A whole file's bytes; DataError naming it when it cannot be read.
+std::string read_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw DataError(path + ": cannot open: " + errno_text());
+  std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  if (in.bad()) throw DataError(path + ": read failed: " + errno_text());
+  return bytes;
+}
+
+// The parsed .metadata.json of `dir`. With a .metadata.json.xxh3_64 beside it, the bytes are
+// checked against it before they are parsed (checksummed = true); without one, checksummed =
+// false and the caller decides by the format version.
+nlohmann::json read_metadata_json(const std::string& dir, bool& checksummed) {
+  const std::string meta_path = (fs::path(dir) / kCheckpointMetadataFile).string();
+  const std::string sum_path = (fs::path(dir) / kCheckpointMetadataChecksumFile).string();
+  const std::string text = read_file(meta_path);
+  std::error_code ec;
+  checksummed = fs::exists(sum_path, ec);
+  if (checksummed) {
+    std::string want = read_file(sum_path);
+    if (!want.empty() && want.back() == '\n') want.pop_back();
+    const auto expected = parse_xxh3_64(want);
+    if (!expected) {
+      throw DataError(
+          printable(sum_path + ": \"" + want.substr(0, 40) + "\" is not 16 hex digits (corrupt?)"));
+    }
+    const uint64_t got = XXH3_64bits(text.data(), text.size());
+    if (got != *expected) {
+      throw DataError(meta_path + ": checksum " + format_xxh3_64(got) + " but " +
+                      kCheckpointMetadataChecksumFile + " says " + format_xxh3_64(*expected) +
+                      " (the file is corrupt or was edited)");
+    }
+  }
+  try {
+    return nlohmann::json::parse(text);
+  } catch (const nlohmann::json::exception& e) {
+    // The parser's message quotes the bytes it read last: never print them raw.
+    throw DataError(printable(meta_path + ": not valid JSON: " + e.what()));
+  }
+}
+
 }  // namespace
 
 at::Tensor empty_large_buffer(at::IntArrayRef sizes, c10::ScalarType dtype) {
@@ -222,13 +265,19 @@ std::vector<CheckpointChunk> write_rank_file(const std::string& step_tmp_dir, in
 
 void write_metadata(const std::string& step_tmp_dir, const CheckpointMetadata& metadata) {
   const std::string path = (fs::path(step_tmp_dir) / kCheckpointMetadataFile).string();
-  const nlohmann::json json = metadata_to_json(metadata);
+  CheckpointMetadata current = metadata;  // always written as this build's version
+  current.format_version = kCheckpointFormatVersion;
+  const nlohmann::json json = metadata_to_json(current);
   try {  // never publish metadata that the reader would refuse
     metadata_from_json(json, path);
   } catch (const DataError& e) {
     throw std::logic_error(std::string("write_metadata: invalid metadata: ") + e.what());
   }
-  write_file_atomically(path, format_metadata(json));
+  const std::string text = format_metadata(json);
+  // The checksum first, .metadata.json last: the directory is complete when that exists.
+  write_file_atomically((fs::path(step_tmp_dir) / kCheckpointMetadataChecksumFile).string(),
+                        format_xxh3_64(XXH3_64bits(text.data(), text.size())) + "\n");
+  write_file_atomically(path, text);
 }
 
 std::string step_tmp_dir(const std::string& checkpoint_dir, int64_t step) {
@@ -387,7 +436,7 @@ namespace {
 
 std::string chunk_where(const std::string& dir, const std::string& key,
                         const CheckpointChunk& chunk) {
-  return (fs::path(dir) / chunk.file).string() + ": " + key + " chunk at offsets " +
+  return printable((fs::path(dir) / chunk.file).string() + ": " + key) + " chunk at offsets " +
          list(chunk.offsets);
 }
 
@@ -447,15 +496,13 @@ at::Tensor CheckpointReader::Impl::load(const std::string& dir, const std::strin
 CheckpointReader::CheckpointReader(const std::string& step_dir)
     : dir_(step_dir), impl_(std::make_unique<Impl>()) {
   const std::string meta_path = (fs::path(dir_) / kCheckpointMetadataFile).string();
-  std::ifstream in(meta_path);
-  if (!in) throw DataError(meta_path + ": cannot open: " + errno_text());
-  nlohmann::json json;
-  try {
-    json = nlohmann::json::parse(in);
-  } catch (const nlohmann::json::exception& e) {
-    throw DataError(meta_path + ": not valid JSON: " + e.what());
-  }
+  const nlohmann::json json = read_metadata_json(dir_, metadata_checksummed_);
   metadata_ = metadata_from_json(json, meta_path);
+  if (!metadata_checksummed_ && metadata_.format_version >= 2) {
+    throw DataError((fs::path(dir_) / kCheckpointMetadataChecksumFile).string() +
+                    ": missing (a format_version " + std::to_string(metadata_.format_version) +
+                    " checkpoint has it; was it lost in a copy?)");
+  }
 
   // Check every file and chunk, and report every problem at once (one line each).
   std::vector<std::string> problems;
@@ -494,7 +541,7 @@ CheckpointReader::CheckpointReader(const std::string& step_dir)
   if (!problems.empty()) {
     std::string message = problems[0];
     for (size_t i = 1; i < problems.size(); ++i) message += "\n" + problems[i];
-    throw DataError(message);
+    throw DataError(printable(message, /*keep_newlines=*/true));
   }
 }
 

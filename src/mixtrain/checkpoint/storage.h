@@ -39,7 +39,9 @@ struct LocalChunk {
 std::vector<CheckpointChunk> write_rank_file(const std::string& step_tmp_dir, int64_t rank,
                                              const std::vector<LocalChunk>& chunks);
 
-// <step_tmp_dir>/.metadata.json, written through a temporary file, fsynced, renamed.
+// <step_tmp_dir>/.metadata.json.xxh3_64 and then <step_tmp_dir>/.metadata.json (as
+// kCheckpointFormatVersion, whatever metadata.format_version says), each written through a
+// temporary file, fsynced, renamed.
 void write_metadata(const std::string& step_tmp_dir, const CheckpointMetadata& metadata);
 
 // <dir>/.tmp-step-<8 digits>, and <dir>/step-<8 digits>.
@@ -73,7 +75,8 @@ std::string resolve_step_dir(const std::string& path);
 // the tensor dies. Smaller ones come from the default CPU allocator.
 at::Tensor empty_large_buffer(at::IntArrayRef sizes, c10::ScalarType dtype);
 
-// Read access to one step directory. The constructor reads and validates .metadata.json
+// Read access to one step directory. The constructor checks .metadata.json against
+// .metadata.json.xxh3_64 (required from format version 2), reads and validates it
 // (metadata_from_json) and checks every rank file it names: it exists, its safetensors header
 // is valid, it is exactly as long as its header says, and each chunk listed for it is there
 // under its key with the metadata's dtype and sizes. Checksums are checked as chunks are read
@@ -88,6 +91,8 @@ class CheckpointReader {
 
   const std::string& dir() const { return dir_; }
   const CheckpointMetadata& metadata() const { return metadata_; }
+  // Whether .metadata.json was checked against its checksum (false: a version-1 checkpoint).
+  bool metadata_checksummed() const { return metadata_checksummed_; }
   bool contains(const std::string& key) const { return metadata_.tensors.count(key) != 0; }
 
   // The region [offsets, offsets + sizes) of tensor `key` (its dtype), assembled from every
@@ -106,6 +111,7 @@ class CheckpointReader {
   struct Impl;
   std::string dir_;
   CheckpointMetadata metadata_;
+  bool metadata_checksummed_ = false;
   std::unique_ptr<Impl> impl_;
 };
 

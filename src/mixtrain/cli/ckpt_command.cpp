@@ -12,6 +12,7 @@
 
 #include "mixtrain/checkpoint/storage.h"
 #include "mixtrain/core/dtype.h"
+#include "mixtrain/core/printable.h"
 
 namespace mixtrain {
 namespace {
@@ -130,14 +131,14 @@ int ckpt_inspect_command(const std::string& path) {
   for (const auto& [key, tensor] : m.tensors) {
     const int64_t bytes =
         numel(tensor.shape) * static_cast<int64_t>(c10::elementSize(tensor.dtype));
-    std::cout << "  " << std::left << std::setw(static_cast<int>(width)) << key << "  "
+    std::cout << "  " << std::left << std::setw(static_cast<int>(width)) << printable(key) << "  "
               << std::setw(8) << dtype_name(tensor.dtype) << "  " << std::setw(14)
               << list(tensor.shape) << std::right << std::setw(12) << bytes << " bytes  "
               << tensor.chunks.size() << (tensor.chunks.size() == 1 ? " chunk" : " chunks") << "\n";
   }
   std::cout << "state: " << m.state.size() << " keys\n";
   for (const auto& [name, value] : m.state.items()) {
-    std::cout << "  " << name << ": " << compact(value) << "\n";
+    std::cout << "  " << printable(name) << ": " << printable(compact(value)) << "\n";
   }
   return 0;
 }
@@ -148,13 +149,21 @@ int ckpt_verify_command(const std::string& path) {
   for (const auto& [key, tensor] : reader.metadata().tensors) chunks += tensor.chunks.size();
   const size_t files = files_of(reader.metadata()).size();
   const std::vector<std::string> problems = reader.verify();
-  for (const auto& line : problems) std::cout << line << "\n";
+  for (const auto& line : problems) std::cout << printable(line) << "\n";
   if (!problems.empty()) {
     std::cout << "FAILED: " << problems.size() << " of " << chunks << " chunks in " << files
               << " files are corrupt\n";
     return 1;
   }
-  std::cout << "ok: " << chunks << " chunks in " << files << " files\n";
+  std::cout << "ok: " << chunks << " chunks in " << files << " files";
+  if (reader.metadata_checksummed()) {
+    std::cout << ", " << kCheckpointMetadataFile << " matches " << kCheckpointMetadataChecksumFile
+              << "\n";
+  } else {
+    std::cout << "\nnote: format_version " << reader.metadata().format_version << " has no "
+              << kCheckpointMetadataChecksumFile << ": " << kCheckpointMetadataFile
+              << " was checked for consistency only, not against a checksum\n";
+  }
   return 0;
 }
 
@@ -186,13 +195,13 @@ int ckpt_diff_command(const std::string& path_a, const std::string& path_b,
   for (const auto& [key, ta] : ma.tensors) {
     auto it = mb.tensors.find(key);
     if (it == mb.tensors.end()) {
-      std::cout << key << ": only in A\n";
+      std::cout << printable(key) << ": only in A\n";
       ++structural;
       continue;
     }
     const CheckpointTensor& tb = it->second;
     if (ta.dtype != tb.dtype || ta.shape != tb.shape) {
-      std::cout << key << ": " << dtype_name(ta.dtype) << " " << list(ta.shape) << " vs "
+      std::cout << printable(key) << ": " << dtype_name(ta.dtype) << " " << list(ta.shape) << " vs "
                 << dtype_name(tb.dtype) << " " << list(tb.shape) << "\n";
       ++structural;
       continue;
@@ -202,13 +211,13 @@ int ckpt_diff_command(const std::string& path_a, const std::string& path_b,
     ++differing_tensors;
     worst = std::max(worst, d.max_abs);
     if (atol && d.max_abs > *atol) within = false;
-    std::cout << key << ": max abs diff " << number(d.max_abs) << ", max rel diff "
+    std::cout << printable(key) << ": max abs diff " << number(d.max_abs) << ", max rel diff "
               << number(d.max_rel) << " (" << d.differing << " of " << numel(ta.shape)
               << " elements differ)\n";
   }
   for (const auto& [key, tb] : mb.tensors) {
     if (ma.tensors.count(key) == 0) {
-      std::cout << key << ": only in B\n";
+      std::cout << printable(key) << ": only in B\n";
       ++structural;
     }
   }
@@ -220,7 +229,7 @@ int ckpt_diff_command(const std::string& path_a, const std::string& path_b,
     const bool in_a = ma.state.contains(k), in_b = mb.state.contains(k);
     if (in_a && in_b && ma.state[k] == mb.state[k]) continue;
     ++other;
-    std::cout << "state." << k << ": ";
+    std::cout << "state." << printable(k) << ": ";
     if (!in_b) {
       std::cout << "only in A\n";
     } else if (!in_a) {

@@ -18,6 +18,7 @@
 #include "mixtrain/config/show.h"
 #include "mixtrain/core/error.h"
 #include "mixtrain/core/logging.h"
+#include "mixtrain/core/printable.h"
 #include "mixtrain/distributed/launcher.h"
 #include "mixtrain/trainer/optim_replay.h"
 #include "mixtrain/trainer/trainer.h"
@@ -232,13 +233,15 @@ int run_cli(int argc, char** argv) {
           ckpt_a, ckpt_b, atol_option->count() > 0 ? std::optional<double>(atol) : std::nullopt);
     }
   } catch (const UserError& e) {
-    std::cerr << "mixtrain: error: " << e.what() << std::endl;
+    // Messages may quote file contents: printable() so that no raw byte reaches the terminal.
+    std::cerr << "mixtrain: error: " << printable(e.what(), true) << std::endl;
     return e.exit_code();
   } catch (const c10::Error& e) {
-    std::cerr << "mixtrain: internal error: " << e.what_without_backtrace() << std::endl;
+    std::cerr << "mixtrain: internal error: " << printable(e.what_without_backtrace(), true)
+              << std::endl;
     return 1;
   } catch (const std::exception& e) {
-    std::cerr << "mixtrain: internal error: " << e.what() << std::endl;
+    std::cerr << "mixtrain: internal error: " << printable(e.what(), true) << std::endl;
     return 1;
   }
   return 2;

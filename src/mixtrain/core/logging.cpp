@@ -6,6 +6,8 @@
 #include <ctime>
 #include <mutex>
 
+#include "mixtrain/core/printable.h"
+
 namespace mixtrain {
 namespace {
 
@@ -51,7 +53,9 @@ void log_message(LogLevel level, const std::string& message) {
   std::string rank_tag;
   if (g_rank.load() != 0) rank_tag = "[rank " + std::to_string(g_rank.load()) + "] ";
   std::lock_guard<std::mutex> lock(g_mutex);
-  std::fprintf(stderr, "%s %s %s%s\n", stamp, level_name(level), rank_tag.c_str(), message.c_str());
+  // Messages may quote file contents (checkpoint keys, config values): never raw bytes.
+  const std::string text = printable(message, /*keep_newlines=*/true);
+  std::fprintf(stderr, "%s %s %s%s\n", stamp, level_name(level), rank_tag.c_str(), text.c_str());
   std::fflush(stderr);
 }
 

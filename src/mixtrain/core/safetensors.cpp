@@ -14,6 +14,7 @@
 #include <stdexcept>
 
 #include "mixtrain/core/error.h"
+#include "mixtrain/core/printable.h"
 
 namespace mixtrain {
 namespace {
@@ -36,7 +37,7 @@ std::optional<c10::ScalarType> dtype_from_name(const std::string& name) {
 }
 
 [[noreturn]] void fail(const std::string& path, const std::string& what) {
-  throw DataError(path + ": not a valid safetensors file: " + what);
+  throw DataError(printable(path + ": not a valid safetensors file: " + what));
 }
 
 void write_all(int fd, const void* data, size_t size, const std::string& path) {

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <filesystem>
 #include <map>
 #include <mutex>
 #include <set>
@@ -16,6 +17,7 @@
 #include "mixtrain/core/dtype.h"
 #include "mixtrain/core/error.h"
 #include "mixtrain/core/logging.h"
+#include "mixtrain/core/printable.h"
 #include "mixtrain/data/dataset.h"
 #include "mixtrain/distributed/fsdp.h"
 #include "mixtrain/model/causal_lm.h"
@@ -23,6 +25,7 @@
 #include "mixtrain/optim/chained_optimizer.h"
 #include "mixtrain/optim/loss_scaler.h"
 #include "mixtrain/optim/training_optimizer.h"
+#include "mixtrain/trainer/checkpoint_state.h"
 
 namespace mixtrain {
 namespace {
@@ -83,31 +86,6 @@ bool is_model_key(const std::string& key) {
   return starts_with(key, "model.");
 }
 
-std::string rng_state_hex() {
-  at::Generator generator = at::detail::getDefaultCPUGenerator();
-  std::lock_guard<std::mutex> lock(generator.mutex());
-  const at::Tensor bytes = generator.get_state().contiguous();  // uint8
-  std::string out;
-  const auto* data = bytes.data_ptr<uint8_t>();
-  for (int64_t i = 0; i < bytes.numel(); ++i) {
-    char b[3];
-    std::snprintf(b, sizeof(b), "%02x", data[i]);
-    out += b;
-  }
-  return out;
-}
-
-void set_rng_state_hex(const std::string& text) {
-  at::Tensor bytes = at::empty({static_cast<int64_t>(text.size() / 2)}, at::kByte);
-  for (int64_t i = 0; i < bytes.numel(); ++i) {
-    bytes.data_ptr<uint8_t>()[i] =
-        static_cast<uint8_t>(std::stoi(text.substr(2 * i, 2), nullptr, 16));
-  }
-  at::Generator generator = at::detail::getDefaultCPUGenerator();
-  std::lock_guard<std::mutex> lock(generator.mutex());
-  generator.set_state(bytes);
-}
-
 // Every rank's problems joined; the same DataError on every rank when any has one.
 void agree_or_throw(const DeviceMesh& mesh, const std::string& dir,
                     const std::vector<std::string>& problems) {
@@ -121,8 +99,10 @@ void agree_or_throw(const DeviceMesh& mesh, const std::string& dir,
     message += (all.size() > 1 ? "rank " + std::to_string(r) + ":\n" : "") + all[r];
   }
   if (!message.empty()) {
-    throw DataError("checkpoint " + dir + " cannot be restored (nothing was changed):\n" +
-                    message.substr(0, message.size() - 1));
+    // Keys and values come from the checkpoint's files: printable, never raw bytes.
+    throw DataError(printable("checkpoint " + dir + " cannot be restored (nothing was changed):\n" +
+                                  message.substr(0, message.size() - 1),
+                              /*keep_newlines=*/true));
   }
 }
 
@@ -191,6 +171,32 @@ void read_piece(CheckpointReader& reader, const LocalChunk& target, DtypeRule ru
   }
 }
 
+// The non-tensor state, checked completely (checkpoint_state.h), and the data position checked
+// by the dataset itself: seek() refuses a position it cannot resume at before it changes
+// anything, and the current position is put back at once. Problems go to `problems`.
+SavedTrainingState validate_training_state(const CheckpointParts& parts,
+                                           const CheckpointReader& reader,
+                                           std::vector<std::string>& problems) {
+  const std::string where =
+      (std::filesystem::path(reader.dir()) / kCheckpointMetadataFile).string();
+  SavedTrainingState saved;
+  try {
+    saved = read_training_state(reader.metadata(), where);
+  } catch (const DataError& error) {
+    problems.push_back(error.what());
+    return saved;
+  }
+  const int64_t current = parts.data.position();
+  try {
+    parts.data.seek(saved.data_position);
+  } catch (const DataError& error) {
+    problems.push_back(where + ": state.data.position: " + error.what());
+    return saved;
+  }
+  parts.data.seek(current);
+  return saved;
+}
+
 }  // namespace
 
 SaveRequest make_save_request(const CheckpointParts& parts, int64_t step) {
@@ -228,7 +234,7 @@ SaveRequest make_save_request(const CheckpointParts& parts, int64_t step) {
   state["config"] = config_json(parts.resolved);
   state["config_hash"] = hex(XXH3_64bits(config_text.data(), config_text.size()));
   request.state = std::move(state);
-  request.rank_state = {{"rng_cpu", rng_state_hex()}};
+  request.rank_state = {{"rng_cpu", cpu_rng_state_hex()}};
   return request;
 }
 
@@ -248,15 +254,16 @@ int64_t restore_checkpoint(const CheckpointParts& parts, const std::string& rest
   }
   agree_or_throw(parts.mesh, dir, problems);
   const CheckpointMetadata& metadata = reader->metadata();
-  const json& state = metadata.state;
+  // Every non-tensor value is checked before it is used (and before anything changes).
+  const SavedTrainingState saved_state = validate_training_state(parts, *reader, problems);
+  agree_or_throw(parts.mesh, dir, problems);
 
   // A checkpoint of another model is refused by its config before any tensor is looked at.
-  const json saved_config = state.value("config", json::object());
   const json current_config = config_json(parts.resolved);
   std::vector<std::string> config_changes;
   for (const auto& [key, value] : current_config.items()) {
-    const std::string saved =
-        saved_config.contains(key) ? saved_config[key].get<std::string>() : "(absent)";
+    const auto recorded = saved_state.config.find(key);
+    const std::string saved = recorded != saved_state.config.end() ? recorded->second : "(absent)";
     if (saved == value.get<std::string>()) continue;
     const std::string line =
         key + ": " + saved + " in the checkpoint, " + value.get<std::string>() + " now";
@@ -266,8 +273,7 @@ int64_t restore_checkpoint(const CheckpointParts& parts, const std::string& rest
       config_changes.push_back(line);
     }
   }
-  const bool has_optimizer = state.value("optimizer", json::object()).value("saved", false);
-  if (restore_optimizer && !has_optimizer) {
+  if (restore_optimizer && !saved_state.optimizer_saved) {
     problems.push_back(
         "it has no optimizer state (saved with checkpoint.save_optimizer: false); set "
         "checkpoint.restore_optimizer: false to restore the model only");
@@ -359,16 +365,19 @@ int64_t restore_checkpoint(const CheckpointParts& parts, const std::string& rest
     }
   }
   std::vector<std::string> group_changes;
-  if (problems.empty() && restore_optimizer) {
-    // Validates fully before it sets anything.
-    try {
-      group_changes = parts.optimizer.chained().load_param_groups_state(
-          state.at("optimizer").at("param_groups"));
-    } catch (const std::exception& error) {
-      problems.push_back(std::string("optimizer param groups: ") + error.what());
-    }
-  }
   try {
+    // Every rank's tensors are good before any rank sets its group hyper-parameters (another
+    // rank's problem would otherwise leave them changed here).
+    agree_or_throw(parts.mesh, dir, problems);
+    if (restore_optimizer) {
+      // Validates fully before it sets anything; the same input on every rank.
+      try {
+        group_changes = parts.optimizer.chained().load_param_groups_state(saved_state.param_groups);
+      } catch (const std::exception& error) {
+        problems.push_back((std::filesystem::path(dir) / kCheckpointMetadataFile).string() +
+                           ": state.optimizer.param_groups: " + error.what());
+      }
+    }
     agree_or_throw(parts.mesh, dir, problems);
   } catch (...) {
     if (restore_optimizer) parts.optimizer.chained().undo_initialize_state(created);
@@ -386,21 +395,21 @@ int64_t restore_checkpoint(const CheckpointParts& parts, const std::string& rest
   if (restore_optimizer) {
     parts.optimizer.load_state_dict(optimizer_state);  // RFC 9.3 branches 1 and 2
     DynamicLossScaler* scaler = parts.optimizer.loss_scaler();
-    if (scaler != nullptr && state.contains("loss_scaler")) {
-      const json& s = state.at("loss_scaler");
-      scaler->restore(s.at("scale").get<double>(), s.at("growth_tracker").get<int64_t>(),
-                      s.at("skipped_steps").get<int64_t>());
+    if (scaler != nullptr && saved_state.loss_scaler) {
+      const SavedLossScaler& s = *saved_state.loss_scaler;
+      scaler->restore(s.scale, s.growth_tracker, s.skipped_steps);
     }
   } else {
     parts.optimizer.reload_model_params();  // RFC 9.4: main params from the loaded model
   }
-  parts.data.seek(state.at("data").at("position").get<int64_t>());
-  const json& ranks = state.value("ranks", json::array());
-  if (ranks.size() == static_cast<size_t>(parts.mesh.world_size)) {
-    set_rng_state_hex(ranks.at(parts.mesh.rank).at("rng_cpu").get<std::string>());
+  parts.data.seek(saved_state.data_position);
+  if (saved_state.rng_cpu.size() == static_cast<size_t>(parts.mesh.world_size)) {
+    at::Generator generator = at::detail::getDefaultCPUGenerator();
+    std::lock_guard<std::mutex> lock(generator.mutex());
+    generator.set_state(saved_state.rng_cpu.at(parts.mesh.rank));
   }
 
-  const int64_t step = state.at("train").at("step").get<int64_t>();
+  const int64_t step = saved_state.step;
   if (parts.mesh.rank == 0) {
     log_info("checkpoint: restored step " + std::to_string(step) + " from " + dir + " (saved by " +
              std::to_string(metadata.world_size) + " rank(s), restored on " +

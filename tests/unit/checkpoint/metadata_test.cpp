@@ -16,7 +16,7 @@ constexpr const char* kWhere = "/ckpt/step-00000012/.metadata.json";
 // A valid document: a [4, 3] bfloat16 tensor in two row chunks, a scalar, an empty tensor.
 nlohmann::json valid_json() {
   return nlohmann::json::parse(R"({
-    "format": "mixtrain-checkpoint", "format_version": 1, "step": 12, "world_size": 2,
+    "format": "mixtrain-checkpoint", "format_version": 2, "step": 12, "world_size": 2,
     "mesh": {"dp_replicate": 1, "dp_shard": 2, "ep": 1},
     "tensors": {
       "model.w": {"dtype": "bfloat16", "shape": [4, 3], "chunks": [
@@ -82,13 +82,26 @@ TEST(CheckpointMetadata, RoundTrips) {
   EXPECT_EQ(again["format_version"], kCheckpointFormatVersion);
 }
 
+// Version 1 (before .metadata.json.xxh3_64) has the same fields and is still read; the reader
+// (storage_test) decides what its missing checksum means.
+TEST(CheckpointMetadata, ReadsVersionOne) {
+  nlohmann::json json = valid_json();
+  json["format_version"] = 1;
+  EXPECT_EQ(metadata_from_json(json, kWhere).format_version, 1);
+  EXPECT_EQ(metadata_from_json(valid_json(), kWhere).format_version, 2);
+}
+
 TEST(CheckpointMetadata, RejectsBadTopLevelFields) {
   expect_rejected(nlohmann::json::array(), "(top level)", "object");
   expect_edit_rejected([](auto& j) { j.erase("format"); }, "format", "missing");
   expect_edit_rejected([](auto& j) { j["format"] = "torch-dcp"; }, "format", "mixtrain-checkpoint");
   expect_edit_rejected([](auto& j) { j.erase("format_version"); }, "format_version", "missing");
-  expect_edit_rejected([](auto& j) { j["format_version"] = 2; }, "format_version",
-                       "this build reads version 1");
+  expect_edit_rejected([](auto& j) { j["format_version"] = 3; }, "format_version",
+                       "this build reads versions 1 to 2");
+  expect_edit_rejected([](auto& j) { j["format_version"] = 0; }, "format_version",
+                       "this build reads versions 1 to 2");
+  expect_edit_rejected([](auto& j) { j["format_version"] = "2"; }, "format_version",
+                       "not supported");
   expect_edit_rejected([](auto& j) { j["step"] = -1; }, "step", ">= 0");
   expect_edit_rejected([](auto& j) { j["step"] = 1.5; }, "step", "integer");
   expect_edit_rejected([](auto& j) { j["world_size"] = 0; }, "world_size", ">= 1");

@@ -15,6 +15,7 @@
 #include <sstream>
 
 #include "mixtrain/core/error.h"
+#include "support/checkpoint_surgery.h"
 
 namespace mixtrain {
 namespace {
@@ -139,8 +140,14 @@ TEST_F(StorageTest, LayoutAndNames) {
   for (const auto& e : fs::directory_iterator(step_dir(dir_, 3))) {
     names.insert(e.path().filename().string());
   }
-  EXPECT_EQ(names,
-            (std::set<std::string>{".metadata.json", "__0_0.safetensors", "__1_0.safetensors"}));
+  EXPECT_EQ(names, (std::set<std::string>{".metadata.json", ".metadata.json.xxh3_64",
+                                          "__0_0.safetensors", "__1_0.safetensors"}));
+  // The checksum file is XXH3-64 of .metadata.json's bytes, 16 hex digits and a newline.
+  const std::string text = read_text(file(3, ".metadata.json"));
+  char hex[17];
+  std::snprintf(hex, sizeof(hex), "%016llx",
+                static_cast<unsigned long long>(XXH3_64bits(text.data(), text.size())));
+  EXPECT_EQ(read_text(file(3, ".metadata.json.xxh3_64")), std::string(hex) + "\n");
   EXPECT_EQ(read_text(dir_ + "/latest"), "step-00000003\n");
 }
 
@@ -373,13 +380,15 @@ TEST_F(StorageTest, MalformedMetadataAndMissingFiles) {
   const std::string meta = file(3, ".metadata.json");
   const std::string good = read_text(meta);
 
-  write_text(meta, good.substr(0, good.size() / 2));
+  // Damage behind a matching checksum (test_support::rewrite_metadata): the checks after it.
+  const std::string dir = step_dir(dir_, 3);
+  test_support::rewrite_metadata_text(dir, good.substr(0, good.size() / 2));
   std::string error = error_of([&] { CheckpointReader reader(step_dir(dir_, 3)); });
   EXPECT_EQ(error.rfind(meta + ": not valid JSON", 0), 0u) << error;
 
   nlohmann::json json = nlohmann::json::parse(good);
   json["tensors"]["model.w"]["dtype"] = "float64";
-  write_text(meta, json.dump());
+  test_support::rewrite_metadata(dir, json);
   error = error_of([&] { CheckpointReader reader(step_dir(dir_, 3)); });
   EXPECT_NE(error.find(file(3, "__0_0.safetensors") +
                        ": model.w chunk at offsets [0, 0]: dtype float32 but .metadata.json says "
@@ -389,15 +398,84 @@ TEST_F(StorageTest, MalformedMetadataAndMissingFiles) {
 
   json = nlohmann::json::parse(good);
   json["tensors"]["model.v"] = json["tensors"]["model.w"];
-  write_text(meta, json.dump());
+  test_support::rewrite_metadata(dir, json);
   error = error_of([&] { CheckpointReader reader(step_dir(dir_, 3)); });
   EXPECT_NE(error.find("model.v chunk at offsets [0, 0]: missing from the file"), std::string::npos)
       << error;
 
-  write_text(meta, good);
+  test_support::rewrite_metadata_text(dir, good);
   fs::remove(file(3, "__1_0.safetensors"));
   error = error_of([&] { CheckpointReader reader(step_dir(dir_, 3)); });
   EXPECT_EQ(error.rfind(file(3, "__1_0.safetensors") + ": cannot open", 0), 0u) << error;
+}
+
+// One flipped bit anywhere in .metadata.json (here: bit i % 8 of every third byte i, so that
+// every bit position and every part of the file is hit, ~1 s; and every byte of a key name),
+// or in its checksum file, is refused before the JSON is parsed.
+TEST_F(StorageTest, MetadataChecksumCatchesEveryBitFlip) {
+  save(3, make_tensors(0));
+  const std::string dir = step_dir(dir_, 3);
+  const std::string meta = file(3, ".metadata.json");
+  const std::string good = read_text(meta);
+  const size_t key = good.find("model.experts");
+  ASSERT_NE(key, std::string::npos);
+  for (size_t i = 0; i < good.size(); ++i) {
+    if (i % 3 != 0 && (i < key || i >= key + 13)) continue;
+    std::string bad = good;
+    bad[i] = static_cast<char>(bad[i] ^ (1 << (i % 8)));
+    write_text(meta, bad);
+    const std::string error = error_of([&] { CheckpointReader reader(dir); });
+    ASSERT_EQ(error.rfind(meta + ": checksum ", 0), 0u) << "byte " << i << ": " << error;
+    ASSERT_NE(error.find("but .metadata.json.xxh3_64 says"), std::string::npos) << error;
+  }
+  write_text(meta, good);
+  CheckpointReader intact(dir);
+  EXPECT_TRUE(intact.metadata_checksummed());
+
+  const std::string sum = file(3, ".metadata.json.xxh3_64");
+  const std::string good_sum = read_text(sum);
+  std::string bad_sum = good_sum;
+  bad_sum[5] = static_cast<char>(bad_sum[5] ^ 0x01);  // another hex digit: a mismatch
+  write_text(sum, bad_sum);
+  EXPECT_EQ(error_of([&] { CheckpointReader reader(dir); }).rfind(meta + ": checksum ", 0), 0u);
+  write_text(sum, "\xb1not hex\n");
+  EXPECT_EQ(error_of([&] { CheckpointReader reader(dir); }),
+            sum + ": \"\\xb1not hex\" is not 16 hex digits (corrupt?)");
+  fs::remove(sum);
+  EXPECT_EQ(error_of([&] { CheckpointReader reader(dir); }),
+            sum + ": missing (a format_version 2 checkpoint has it; was it lost in a copy?)");
+}
+
+// A version-1 step directory (written before the metadata checksum existed) has no checksum
+// file and is read as before, its metadata checked for consistency only; a corrupt one that no
+// longer parses is reported without any raw byte of the file.
+TEST_F(StorageTest, VersionOneIsReadWithoutAChecksum) {
+  save(3, make_tensors(0));
+  const std::string dir = step_dir(dir_, 3);
+  const std::string meta = file(3, ".metadata.json");
+  nlohmann::json json = nlohmann::json::parse(read_text(meta));
+  json["format_version"] = 1;
+  const std::string v1 = json.dump();
+  write_text(meta, v1);
+  fs::remove(file(3, ".metadata.json.xxh3_64"));
+  {
+    CheckpointReader reader(dir);
+    EXPECT_FALSE(reader.metadata_checksummed());
+    EXPECT_EQ(reader.metadata().format_version, 1);
+    EXPECT_TRUE(reader.verify().empty());
+    EXPECT_TRUE(bits_equal(reader.read_full("model.w"), make_tensors(0).w));
+  }
+  // The top bit of a '1' (0x31) flipped: 0xb1, a stray UTF-8 continuation byte, which the JSON
+  // parser refuses and quotes in its message.
+  const size_t at = v1.find("__1_0");
+  ASSERT_NE(at, std::string::npos);
+  std::string bad = v1;
+  bad[at + 2] = static_cast<char>(bad[at + 2] ^ 0x80);
+  write_text(meta, bad);
+  const std::string error = error_of([&] { CheckpointReader reader(dir); });
+  EXPECT_EQ(error.rfind(meta + ": not valid JSON", 0), 0u) << error;
+  EXPECT_NE(error.find("\\xb1"), std::string::npos) << error;
+  for (char c : error) EXPECT_LT(static_cast<unsigned char>(c), 0x80) << error;
 }
 
 }  // namespace

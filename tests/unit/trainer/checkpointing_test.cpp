@@ -8,9 +8,15 @@
 
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <iostream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <random>
 
 #include "mixtrain/core/error.h"
 #include "mixtrain/data/dataset.h"
+#include "mixtrain/trainer/checkpoint_state.h"
 #include "support/checkpoint_surgery.h"
 #include "support/trainer_probe.h"
 
@@ -186,6 +192,219 @@ TEST_F(CheckpointingTest, AFloat32ModelTakesTheMainParamsOfAMixedPrecisionRun) {
     }
   }
   EXPECT_GT(rounded_differently, 0);  // the main params carry bits the bf16 params lost
+}
+
+// A copy of the saved step directory whose .metadata.json is `edit`ed (its checksum rewritten
+// to match, so that the edit reaches restore's own checks).
+std::string edited_copy(const std::string& saved, const std::string& dst,
+                        const std::function<void(nlohmann::json&)>& edit) {
+  std::filesystem::remove_all(dst);
+  std::filesystem::copy(saved, dst, std::filesystem::copy_options::recursive);
+  std::ifstream in(dst + "/.metadata.json");
+  nlohmann::json json = nlohmann::json::parse(in);
+  edit(json);
+  test_support::rewrite_metadata(dst, json);
+  return dst;
+}
+
+// Every non-tensor field malformed (wrong type, out of range, cut short, missing) is refused
+// before anything changes, in one DataError naming the file and the field: model, optimizer
+// state, data position and RNG state unchanged bit for bit.
+TEST_F(CheckpointingTest, EachMalformedStateFieldIsRefusedByName) {
+  using json = nlohmann::json;
+  const std::string rng = CheckpointReader(saved_).metadata().state["ranks"][0]["rng_cpu"];
+  const std::string config_key = "model.hidden_size";
+  const std::vector<std::pair<std::function<void(json&)>, std::string>> cases = {
+      {[](json& j) { j["state"]["data"]["position"] = "4"; },
+       "state.data.position: must be an integer, got \"4\""},
+      {[](json& j) { j["state"]["data"]["position"] = -4; }, "state.data.position: must be >= 0"},
+      {[](json& j) { j["state"]["data"]["position"] = 4.5; }, "state.data.position: must be an"},
+      {[](json& j) { j["state"]["data"].erase("description"); }, "state.data.description: missing"},
+      {[](json& j) { j["state"].erase("data"); }, "state.data: missing"},
+      {[](json& j) { j["state"]["train"]["step"] = "1"; }, "state.train.step: must be an integer"},
+      {[](json& j) { j["state"]["train"]["step"] = 2; },
+       "state.train.step: 2 but the checkpoint's step is 1"},
+      {[](json& j) { j["state"]["train"] = 1; }, "state.train: must be an object"},
+      {[](json& j) {
+         j["state"]["loss_scaler"] = {
+             {"scale", "big"}, {"growth_tracker", 0}, {"skipped_steps", 0}};
+       },
+       "state.loss_scaler.scale: must be a number"},
+      {[](json& j) {
+         j["state"]["loss_scaler"] = {{"scale", 0.0}, {"growth_tracker", 0}, {"skipped_steps", 0}};
+       },
+       "state.loss_scaler.scale: must be > 0"},
+      {[](json& j) {
+         j["state"]["loss_scaler"] = {
+             {"scale", 8.0}, {"growth_tracker", 1.5}, {"skipped_steps", 0}};
+       },
+       "state.loss_scaler.growth_tracker: must be an integer"},
+      {[](json& j) {
+         j["state"]["loss_scaler"] = {{"scale", 8.0}, {"growth_tracker", 0}};
+       },
+       "state.loss_scaler.skipped_steps: missing"},
+      {[&](json& j) { j["state"]["ranks"][0]["rng_cpu"] = rng.substr(0, 1000); },
+       "state.ranks[0].rng_cpu: must be " + std::to_string(rng.size()) + " hex digits"},
+      {[&](json& j) { j["state"]["ranks"][0]["rng_cpu"] = "zz" + rng.substr(2); },
+       "state.ranks[0].rng_cpu: character 0 is not a hex digit"},
+      {[&](json& j) { j["state"]["ranks"][0]["rng_cpu"] = std::string(rng.size(), '0'); },
+       "state.ranks[0].rng_cpu: is not a valid CPU generator state"},
+      {[](json& j) { j["state"]["ranks"][0]["rng_cpu"] = 7; },
+       "state.ranks[0].rng_cpu: must be a string"},
+      {[](json& j) { j["state"]["ranks"] = "all"; }, "state.ranks: must be a list"},
+      {[](json& j) { j["state"]["lr_schedule"]["warmup_steps"] = "0"; },
+       "state.lr_schedule.warmup_steps: must be an integer"},
+      {[](json& j) { j["state"]["lr_schedule"]["min_lr_ratio"] = nullptr; },
+       "state.lr_schedule.min_lr_ratio: must be a number"},
+      {[&](json& j) { j["state"]["config"][config_key] = 24; },
+       "state.config." + config_key + ": must be a string, got 24"},
+      {[&](json& j) { j["state"]["config"][config_key] = "32"; },
+       "state.config_hash: "},  // an edited config no longer matches its hash
+      {[](json& j) { j["state"]["config_hash"] = "0123"; },
+       "state.config_hash: \"0123\" is not 16 hex digits"},
+      {[](json& j) { j["state"]["optimizer"]["saved"] = "yes"; },
+       "state.optimizer.saved: must be true or false"},
+      {[](json& j) { j["state"]["optimizer"]["fp32_main_params"] = 1; },
+       "state.optimizer.fp32_main_params: must be true or false"},
+      {[](json& j) { j["state"]["optimizer"]["param_groups"] = json::object(); },
+       "state.optimizer.param_groups: must be a list"},
+      {[](json& j) { j["state"]["optimizer"]["param_groups"][0] = 3; },
+       "state.optimizer.param_groups[0]: must be an object"},
+      {[](json& j) { j["state"]["optimizer"]["param_groups"][0]["base_lr"] = "0.1"; }, "base_lr"},
+  };
+  for (size_t i = 0; i < cases.size(); ++i) {
+    SCOPED_TRACE("case " + std::to_string(i) + ": " + cases[i].second);
+    const std::string path =
+        edited_copy(saved_, (dir_ / ("edited" + std::to_string(i))).string(), cases[i].first);
+    const int64_t position = trainer_->data().position();
+    const std::string rng_before = cpu_rng_state_hex();
+    expect_refused(path, {path + "/.metadata.json", cases[i].second, "nothing was changed"});
+    EXPECT_EQ(trainer_->data().position(), position);
+    EXPECT_EQ(cpu_rng_state_hex(), rng_before);
+  }
+}
+
+// A data position the dataset cannot resume at is refused before anything changes: 3 windows
+// with 2 data-parallel ranks (seek's own rule: a multiple of the rank count), checked by the
+// dataset itself through a seek that is put back. A 2-rank dataset in this one process is
+// enough: the position check is the dataset's, not the mesh's.
+TEST_F(CheckpointingTest, ADataPositionTheDatasetCannotResumeAtChangesNothing) {
+  const TrainerConfig& config = trainer_->resolved().config;
+  auto two_ranks = make_dataset(config.data, config.model.vocab_size, 0, /*dp_rank=*/0,
+                                /*dp_size=*/2);
+  CheckpointParts parts{trainer_->model(), trainer_->sharded(),  trainer_->optimizer(),
+                        *two_ranks,        trainer_->resolved(), trainer_->mesh()};
+  const std::string odd = edited_copy(saved_, (dir_ / "odd").string(),
+                                      [](auto& j) { j["state"]["data"]["position"] = 3; });
+  two_ranks->next_batch(1, 8);  // position 2
+  const NamedTensors before = snapshot(*trainer_);
+  try {
+    restore_checkpoint(parts, odd, true);
+    ADD_FAILURE() << "position 3 with 2 ranks should be refused";
+  } catch (const DataError& error) {
+    const std::string message = error.what();
+    EXPECT_NE(message.find(odd + "/.metadata.json: state.data.position: "), std::string::npos)
+        << message;
+    EXPECT_NE(message.find("cannot resume at position 3 with 2 data-parallel ranks"),
+              std::string::npos)
+        << message;
+  }
+  test_support::expect_bitwise_equal(snapshot(*trainer_), before);
+  EXPECT_EQ(two_ranks->position(), 2);
+
+  const std::string even = edited_copy(saved_, (dir_ / "even").string(),
+                                       [](auto& j) { j["state"]["data"]["position"] = 6; });
+  EXPECT_EQ(restore_checkpoint(parts, even, true), 1);
+  EXPECT_EQ(two_ranks->position(), 6);
+}
+
+// One value of .metadata.json changed at random (seeded: the same 60 edits every run), half of
+// them in the non-tensor state, half in the rest (format fields, tensors, chunks): a restore
+// either succeeds or fails with one DataError that changed nothing; never another exception
+// (a JSON type error, LibTorch's generator message: "internal error" at the command line).
+TEST_F(CheckpointingTest, RandomMetadataEditsGiveADataErrorOrARestore) {
+  using json = nlohmann::json;
+  json good;
+  {
+    std::ifstream in(saved_ + "/.metadata.json");
+    good = json::parse(in);
+  }
+  const json flat = good.flatten();
+  std::map<std::string, std::vector<std::string>> state_leaves;  // by top-level state field
+  std::vector<std::string> other_leaves;
+  for (const auto& [pointer, value] : flat.items()) {
+    if (pointer.rfind("/state/", 0) == 0) {
+      state_leaves[pointer.substr(7, pointer.find('/', 7) - 7)].push_back(pointer);
+    } else {
+      other_leaves.push_back(pointer);
+    }
+  }
+  ASSERT_GE(state_leaves.size(), 7u);  // train, lr_schedule, data, optimizer, config, hash, ranks
+  std::mt19937 rng(20261201);
+  auto pick = [&](const std::vector<std::string>& from) { return from[rng() % from.size()]; };
+  // Half the edits keep the type (an integer + 1, a number doubled, a string one character
+  // shorter, a bool flipped: values that may well be accepted), half change it.
+  auto mutate = [&](const json& value) -> json {
+    if (rng() % 2 == 0) {
+      if (value.is_number_integer()) return value.get<int64_t>() + 1;
+      if (value.is_number()) return value.get<double>() * 2;
+      if (value.is_string()) {
+        const std::string s = value.get<std::string>();
+        return s.empty() ? std::string("a") : s.substr(0, s.size() - 1);
+      }
+      if (value.is_boolean()) return !value.get<bool>();
+    }
+    switch (rng() % 7) {
+      case 0:
+        return "x";
+      case 1:
+        return -3;
+      case 2:
+        return 1.5;
+      case 3:
+        return nullptr;
+      case 4:
+        return true;
+      case 5:
+        return json::object();
+      default:
+        return 18446744073709551615ull;
+    }
+  };
+  int refused = 0, restored = 0;
+  CheckpointParts parts{trainer_->model(), trainer_->sharded(),  trainer_->optimizer(),
+                        trainer_->data(),  trainer_->resolved(), trainer_->mesh()};
+  for (int trial = 0; trial < 60; ++trial) {
+    std::string pointer;
+    if (trial % 2 == 0) {
+      auto field = state_leaves.begin();
+      std::advance(field, rng() % state_leaves.size());
+      pointer = pick(field->second);
+    } else {
+      pointer = pick(other_leaves);
+    }
+    const json replacement = mutate(flat.at(pointer));
+    SCOPED_TRACE("trial " + std::to_string(trial) + ": " + pointer + " = " + replacement.dump());
+    const std::string path = edited_copy(saved_, (dir_ / "mutated").string(), [&](json& j) {
+      j[json::json_pointer(pointer)] = replacement;
+    });
+    const NamedTensors before = snapshot(*trainer_);
+    try {
+      restore_checkpoint(parts, path, /*restore_optimizer=*/true);
+      ++restored;
+    } catch (const DataError& error) {
+      ++refused;
+      EXPECT_NE(std::string(error.what()).find("nothing was changed"), std::string::npos)
+          << error.what();
+      test_support::expect_bitwise_equal(snapshot(*trainer_), before);
+    } catch (const std::exception& error) {
+      ADD_FAILURE() << "not a DataError: " << error.what();
+    }
+  }
+  // Both outcomes occur with this seed (the counts are printed for the record).
+  EXPECT_GT(refused, 0);
+  EXPECT_GT(restored, 0);
+  std::cout << refused << " of 60 edits refused, " << restored << " restored\n";
 }
 
 }  // namespace

@@ -20,6 +20,7 @@
 // the test's own.
 #pragma once
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/prctl.h>
@@ -29,6 +30,7 @@
 #include <cerrno>
 #include <chrono>
 #include <cstring>
+#include <fstream>
 #include <map>
 #include <optional>
 #include <stdexcept>
@@ -177,6 +179,32 @@ class ChildProcess {
 // Exit code of a raw waitpid status; -1 when a signal ended the process.
 inline int exit_code_of(int status) {
   return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+// The running children of `pid` (all its threads'), from /proc.
+inline std::vector<pid_t> children_of(pid_t pid) {
+  std::vector<pid_t> out;
+  const std::string task_dir = "/proc/" + std::to_string(pid) + "/task";
+  DIR* dir = opendir(task_dir.c_str());
+  if (dir == nullptr) return out;
+  while (dirent* entry = readdir(dir)) {
+    if (entry->d_name[0] == '.') continue;
+    std::ifstream in(task_dir + "/" + entry->d_name + "/children");
+    pid_t child;
+    while (in >> child) out.push_back(child);
+  }
+  closedir(dir);
+  return out;
+}
+
+// True when `pid` no longer runs: gone, or a zombie waiting for its parent to reap it.
+inline bool process_ended(pid_t pid) {
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  std::string line;
+  if (!std::getline(stat, line)) return true;
+  const size_t close = line.rfind(')');  // "pid (comm) S ...": comm may hold spaces
+  return close == std::string::npos || line.compare(close + 2, 1, "Z") == 0 ||
+         line.compare(close + 2, 1, "X") == 0;
 }
 
 }  // namespace mixtrain::testing

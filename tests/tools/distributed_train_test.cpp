@@ -1,6 +1,5 @@
 // `mixtrain train --nproc N`: local ranks on loopback (FSDP), their agreement with one process,
 // and what happens when a rank dies.
-#include <dirent.h>
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -43,21 +42,6 @@ TEST(DistributedTrain, TwoRankFsdpMatchesOneProcess) {
   // but stay close.
   EXPECT_NEAR(a[3]["loss"].get<double>(), b[3]["loss"].get<double>(),
               1e-2 * b[3]["loss"].get<double>());
-}
-
-std::vector<pid_t> children_of(pid_t pid) {
-  std::vector<pid_t> out;
-  std::string task_dir = "/proc/" + std::to_string(pid) + "/task";
-  DIR* dir = opendir(task_dir.c_str());
-  if (dir == nullptr) return out;
-  while (dirent* entry = readdir(dir)) {
-    if (entry->d_name[0] == '.') continue;
-    std::ifstream in(task_dir + "/" + entry->d_name + "/children");
-    pid_t child;
-    while (in >> child) out.push_back(child);
-  }
-  closedir(dir);
-  return out;
 }
 
 // RANK=... from a running process's environment ("" if unreadable).

@@ -26,6 +26,7 @@ set(MIXTRAIN_TEST_TABLE
   "scenarios_rfc_case_2_2_test               2          60"      #          4.6
   # "scenarios_rfc_case_2_1_scale_test       8          ...      slow"      (8 ranks; added on merge)
   "tools_checkpoint_resume_test              2          150      slow"    # 14.8
+  "tools_child_process_guard_test            2          60"      #          1.2
   "tools_ckpt_command_test                   1          150      slow"    # 13.1
   "tools_distributed_train_test              2          150      slow"    # 12.8
   "tools_optim_replay_command_test           1          120"     #          9.3

@@ -235,8 +235,8 @@ void run_one_step_against_the_oracle(const std::vector<std::string>& overrides,
   // Loss: the same bfloat16 forward; only the float32 cross-entropy is computed by other ops
   // (log_softmax + gather vs cross_entropy): a few float32 ulps, 1e-6 relative is ~10x that.
   EXPECT_NEAR(rec.result.loss, oracle.loss, 1e-6 * oracle.loss);
-  // Norm: float64 sums of the same float32 grads in another order; 1e-6 relative allows for
-  // the grads' own tolerance below.
+  // Norm: float64 sums, in another order, of float32 grads that agree but for the rare
+  // bfloat16 flips described below, each of which moves the norm by far less than 1e-6.
   EXPECT_NEAR(rec.result.grad_norm, oracle.norm, 1e-6 * oracle.norm);
   // The configured max_grad_norm must actually clip here, or the clip would go untested.
   ASSERT_LT(oracle.coefficient, 1.0) << "grad norm " << oracle.norm << " does not clip";

@@ -20,8 +20,10 @@ configure: setup $(BUILD_DIR)/CMakeCache.txt
 build: configure
 	cmake --build $(BUILD_DIR) -j $(JOBS)
 
+# `build` compiles the bench programs too (not run here: `make bench`). --no-tests=error: a
+# test run that finds no tests fails.
 test: build
-	ctest --test-dir $(BUILD_DIR) --output-on-failure -j $(JOBS)
+	ctest --test-dir $(BUILD_DIR) --output-on-failure --no-tests=error -j $(JOBS)
 
 train: build
 	$(BUILD_DIR)/mixtrain train --config $(CONFIG) --nproc $(NPROC) --run-dir $(RUN_DIR)

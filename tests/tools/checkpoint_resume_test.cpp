@@ -5,12 +5,8 @@
 // - kill -9 at random moments of a run that saves every step never leaves an unloadable
 //   checkpoint: after each kill `latest` names a step that `ckpt verify` passes, and a run
 //   restores from it.
-#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <signal.h>
-#include <spawn.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include <chrono>
 #include <filesystem>
@@ -21,9 +17,8 @@
 #include <vector>
 
 #include "support/checkpoint_surgery.h"
+#include "support/child_process.h"
 #include "tools/cli_test_util.h"
-
-extern char** environ;
 
 namespace mixtrain::testing {
 namespace {
@@ -127,20 +122,6 @@ TEST(CheckpointResume, MalformedStateIsOneCleanError) {
   }
 }
 
-pid_t spawn_quiet(std::vector<std::string> args) {
-  std::vector<char*> argv;
-  for (auto& a : args) argv.push_back(a.data());
-  argv.push_back(nullptr);
-  posix_spawn_file_actions_t actions;
-  posix_spawn_file_actions_init(&actions);
-  posix_spawn_file_actions_addopen(&actions, 1, "/dev/null", O_WRONLY, 0);
-  posix_spawn_file_actions_addopen(&actions, 2, "/dev/null", O_WRONLY, 0);
-  pid_t pid = 0;
-  posix_spawn(&pid, args[0].c_str(), &actions, nullptr, argv.data(), environ);
-  posix_spawn_file_actions_destroy(&actions);
-  return pid;
-}
-
 TEST(CheckpointResume, KillNineDuringSavesLeavesLoadableCheckpoint) {
   TempDir run;
   const std::string checkpoints = run.file("checkpoints");
@@ -158,8 +139,9 @@ TEST(CheckpointResume, KillNineDuringSavesLeavesLoadableCheckpoint) {
       args.push_back("--set");
       args.push_back("checkpoint.restore_from=" + checkpoints);
     }
-    const pid_t pid = spawn_quiet(args);
-    ASSERT_GT(pid, 0);
+    ChildOptions quiet;
+    quiet.stdout_path = quiet.stderr_path = "/dev/null";
+    ChildProcess train(args, quiet);  // 100000 steps: killed below, or by ~ChildProcess
     // Wait for a first save of this run, then kill at a random moment.
     const std::string latest = checkpoints + "/latest";
     std::string before;
@@ -172,9 +154,8 @@ TEST(CheckpointResume, KillNineDuringSavesLeavesLoadableCheckpoint) {
     }
     ASSERT_NE(now, before) << "no checkpoint was saved in time";
     std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms(random)));
-    kill(pid, SIGKILL);
-    int status = 0;
-    ASSERT_EQ(waitpid(pid, &status, 0), pid);
+    train.signal(SIGKILL);
+    train.wait();
 
     const CommandResult verify = run_mixtrain("ckpt verify " + checkpoints);
     EXPECT_EQ(verify.exit_code, 0) << "attempt " << attempt << ": " << verify.output;

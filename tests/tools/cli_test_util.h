@@ -2,16 +2,14 @@
 // exit code, and make throw-away directories.
 #pragma once
 
-#include <sys/wait.h>
-
-#include <array>
-#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
+
+#include "support/child_process.h"
 
 namespace mixtrain::testing {
 
@@ -20,15 +18,16 @@ struct CommandResult {
   std::string output;  // stdout and stderr together
 };
 
+// `arguments` are shell words (quoting works as in a shell); the shell execs the binary, so
+// the guarded child is mixtrain itself (killed with the test, support/child_process.h).
 inline CommandResult run_mixtrain(const std::string& arguments) {
-  const std::string command = std::string(MIXTRAIN_BINARY) + " " + arguments + " 2>&1";
+  ChildOptions options;
+  options.capture_output = true;
+  ChildProcess child({"/bin/sh", "-c", "exec " + std::string(MIXTRAIN_BINARY) + " " + arguments},
+                     options);
   CommandResult result;
-  FILE* pipe = popen(command.c_str(), "r");
-  if (pipe == nullptr) return result;
-  std::array<char, 4096> buffer{};
-  while (std::fgets(buffer.data(), buffer.size(), pipe) != nullptr) result.output += buffer.data();
-  const int status = pclose(pipe);
-  result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  result.output = child.read_output();
+  result.exit_code = exit_code_of(child.wait());
   return result;
 }
 

@@ -1,12 +1,8 @@
 // `mixtrain train --nproc N`: local ranks on loopback (FSDP), their agreement with one process,
 // and what happens when a rank dies.
-#include <dirent.h>
-#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <signal.h>
-#include <spawn.h>
 #include <sys/wait.h>
-#include <unistd.h>
 
 #include <chrono>
 #include <cmath>
@@ -15,9 +11,8 @@
 #include <sstream>
 #include <thread>
 
+#include "support/child_process.h"
 #include "tools/cli_test_util.h"
-
-extern char** environ;
 
 namespace mixtrain::testing {
 namespace {
@@ -49,51 +44,39 @@ TEST(DistributedTrain, TwoRankFsdpMatchesOneProcess) {
               1e-2 * b[3]["loss"].get<double>());
 }
 
-std::vector<pid_t> children_of(pid_t pid) {
-  std::vector<pid_t> out;
-  std::string task_dir = "/proc/" + std::to_string(pid) + "/task";
-  DIR* dir = opendir(task_dir.c_str());
-  if (dir == nullptr) return out;
-  while (dirent* entry = readdir(dir)) {
-    if (entry->d_name[0] == '.') continue;
-    std::ifstream in(task_dir + "/" + entry->d_name + "/children");
-    pid_t child;
-    while (in >> child) out.push_back(child);
+// RANK=... from a running process's environment ("" if unreadable).
+std::string rank_of(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/environ");
+  std::string entry;
+  while (std::getline(in, entry, '\0')) {
+    if (entry.rfind("RANK=", 0) == 0) return entry.substr(5);
   }
-  closedir(dir);
-  return out;
+  return "";
 }
 
 TEST(DistributedTrain, KillingOneRankStopsTheJobWithAMessage) {
   TempDir run;
-  std::vector<std::string> args = {MIXTRAIN_BINARY, "train",
-                                   "--config",      source_path("configs/qwen2_moe_tiny.yaml"),
-                                   "--nproc",       "2",
-                                   "--set",         "train.steps=100000",
-                                   "--set",         "distributed.timeout_s=10",
-                                   "--run-dir",     run.path()};
-  std::vector<char*> argv;
-  for (auto& a : args) argv.push_back(a.data());
-  argv.push_back(nullptr);
-  posix_spawn_file_actions_t actions;
-  posix_spawn_file_actions_init(&actions);
-  posix_spawn_file_actions_addopen(&actions, 2, run.file("stderr.txt").c_str(),
-                                   O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  pid_t launcher = 0;
-  ASSERT_EQ(posix_spawn(&launcher, MIXTRAIN_BINARY, &actions, nullptr, argv.data(), environ), 0);
-  posix_spawn_file_actions_destroy(&actions);
+  ChildOptions options;
+  options.stderr_path = run.file("stderr.txt");
+  // 100000 steps: ended by the kill below, or (launcher and ranks) by ~ChildProcess.
+  ChildProcess launcher(
+      {MIXTRAIN_BINARY, "train", "--config", source_path("configs/qwen2_moe_tiny.yaml"), "--nproc",
+       "2", "--set", "train.steps=100000", "--set", "distributed.timeout_s=10", "--run-dir",
+       run.path()},
+      options);
 
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
   while (read_metrics(run.file("metrics.jsonl")).size() < 2 &&
          std::chrono::steady_clock::now() < deadline) {
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
-  std::vector<pid_t> workers = children_of(launcher);
+  std::vector<pid_t> workers = children_of(launcher.pid());
   ASSERT_EQ(workers.size(), 2u);
+  const std::string victim_rank = rank_of(workers[1]);
+  ASSERT_FALSE(victim_rank.empty()) << "no RANK in the environment of pid " << workers[1];
   const auto killed_at = std::chrono::steady_clock::now();
   kill(workers[1], SIGKILL);
-  int status = 0;
-  ASSERT_EQ(waitpid(launcher, &status, 0), launcher);
+  const int status = launcher.wait();
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - killed_at).count();
   ASSERT_TRUE(WIFEXITED(status));
@@ -103,8 +86,11 @@ TEST(DistributedTrain, KillingOneRankStopsTheJobWithAMessage) {
   for (pid_t worker : workers) EXPECT_NE(kill(worker, 0), 0) << "worker " << worker << " survived";
   std::stringstream err;
   err << std::ifstream(run.file("stderr.txt")).rdbuf();
-  EXPECT_NE(err.str().find("rank 1"), std::string::npos) << err.str();
-  EXPECT_NE(err.str().find("SIGKILL"), std::string::npos) << err.str();
+  // The launcher's failure line for the killed rank (not any "[rank 1]" log tag).
+  const std::string failure_line = "launcher: rank " + victim_rank + " (pid " +
+                                   std::to_string(workers[1]) + ") killed by signal " +
+                                   std::to_string(SIGKILL) + " (SIGKILL) after ";
+  EXPECT_NE(err.str().find(failure_line), std::string::npos) << failure_line << "\n" << err.str();
 }
 
 TEST(DistributedTrain, NprocThatDoesNotMatchTheMeshIsAConfigError) {

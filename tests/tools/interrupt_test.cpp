@@ -1,20 +1,16 @@
 // Ctrl-C during `mixtrain train`: the run stops between steps with exit code 130, every
 // completed step is in metrics.jsonl as whole JSON lines, and the loss picture is written.
-#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <signal.h>
-#include <spawn.h>
 #include <sys/wait.h>
-#include <unistd.h>
 
 #include <chrono>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <thread>
 
+#include "support/child_process.h"
 #include "tools/cli_test_util.h"
-
-extern char** environ;
 
 namespace mixtrain::testing {
 namespace {
@@ -29,20 +25,13 @@ size_t count_lines(const std::string& path) {
 
 TEST(Interrupt, CtrlCFlushesMetricsAndExits130) {
   TempDir run;
-  std::vector<std::string> args = {
-      MIXTRAIN_BINARY, "train",
-      "--config",      source_path("configs/qwen2_moe_tiny_adamw.yaml"),
-      "--set",         "train.steps=100000",
-      "--run-dir",     run.path()};
-  std::vector<char*> argv;
-  for (auto& a : args) argv.push_back(a.data());
-  argv.push_back(nullptr);
-  posix_spawn_file_actions_t actions;
-  posix_spawn_file_actions_init(&actions);
-  posix_spawn_file_actions_addopen(&actions, 2, "/dev/null", O_WRONLY, 0);
-  pid_t pid = 0;
-  ASSERT_EQ(posix_spawn(&pid, MIXTRAIN_BINARY, &actions, nullptr, argv.data(), environ), 0);
-  posix_spawn_file_actions_destroy(&actions);
+  ChildOptions quiet;
+  quiet.stderr_path = "/dev/null";
+  // 100000 steps: only the SIGINT below ends it (or ~ChildProcess, if an assertion fails).
+  ChildProcess train(
+      {MIXTRAIN_BINARY, "train", "--config", source_path("configs/qwen2_moe_tiny_adamw.yaml"),
+       "--set", "train.steps=100000", "--run-dir", run.path()},
+      quiet);
 
   const std::string metrics = run.file("metrics.jsonl");
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
@@ -50,9 +39,8 @@ TEST(Interrupt, CtrlCFlushesMetricsAndExits130) {
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
   ASSERT_GE(count_lines(metrics), 3u) << "training produced no metrics in time";
-  kill(pid, SIGINT);
-  int status = 0;
-  ASSERT_EQ(waitpid(pid, &status, 0), pid);
+  train.signal(SIGINT);
+  const int status = train.wait();
   ASSERT_TRUE(WIFEXITED(status));
   EXPECT_EQ(WEXITSTATUS(status), 130);
 

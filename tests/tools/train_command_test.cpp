@@ -53,9 +53,15 @@ TEST(TrainCommand, MissingConfigFileIsAConfigError) {
   EXPECT_NE(r.output.find("/nonexistent/x.yaml"), std::string::npos) << r.output;
 }
 
+// With a config that exists, so the flag (not a missing file) is what gets refused.
 TEST(TrainCommand, UnknownFlagExitsTwo) {
-  CommandResult r = run_mixtrain("train --config x.yaml --bogus");
+  TempDir run;
+  CommandResult r =
+      run_mixtrain("train --config " + source_path("configs/qwen2_moe_tiny_adamw.yaml") +
+                   " --bogus --run-dir " + run.file("out"));
   EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("--bogus"), std::string::npos) << r.output;
+  EXPECT_FALSE(std::filesystem::exists(run.file("out"))) << "nothing may run";
 }
 
 // The RFC's section-1 config: bfloat16 model, FP32 main params, Muon + AdamW, single process.

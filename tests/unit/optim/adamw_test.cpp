@@ -14,6 +14,7 @@
 #include <cstring>
 #include <iostream>
 #include <limits>
+#include <regex>
 #include <string>
 #include <tuple>
 #include <utility>
@@ -21,6 +22,7 @@
 
 #include "mixtrain/core/cpu_capability.h"
 #include "mixtrain/optim/kernels/adamw_kernel.h"
+#include "support/child_process.h"
 
 namespace mixtrain {
 namespace {
@@ -215,19 +217,42 @@ TEST(AdamWFused, BitwiseEqualToUnfusedOpsAtCurrentCapability) {
   }
 }
 
+// The number of tests gtest says it ran ("[==========] N test(s) from M test suite(s) ran."),
+// -1 without that line.
+int tests_ran(const std::string& output) {
+  static const std::regex line(R"(\[==========\] (\d+) tests? from \d+ test suites? ran\.)");
+  std::smatch match;
+  return std::regex_search(output, match, line) ? std::stoi(match[1]) : -1;
+}
+
 TEST(AdamWFused, BitwiseEqualToUnfusedOpsAtEveryCpuCapability) {
   // ATen reads its capability once per process, so each capability runs in a child process of
-  // this test binary with both libraries set to it.
+  // this test binary with both libraries set to it. A filter that matches nothing, or a skip,
+  // also exits 0: the child must show it ran and passed exactly that one test, at that
+  // capability (its "capability: NAME" line).
   char self[4096];
   const ssize_t len = readlink("/proc/self/exe", self, sizeof(self) - 1);
   ASSERT_GT(len, 0);
   self[len] = '\0';
   for (int c = 0; c <= static_cast<int>(hardware_cpu_capability()); ++c) {
     const std::string name = cpu_capability_name(static_cast<CpuCapability>(c));
-    const std::string command =
-        "ATEN_CPU_CAPABILITY=" + name + " MIXTRAIN_CPU_CAPABILITY=" + name + " '" + self +
-        "' --gtest_filter=AdamWFused.BitwiseEqualToUnfusedOpsAtCurrentCapability";
-    EXPECT_EQ(std::system(command.c_str()), 0) << "capability " << name << ": " << command;
+    testing::ChildOptions options;
+    options.capture_output = true;
+    options.env = {{"ATEN_CPU_CAPABILITY", name}, {"MIXTRAIN_CPU_CAPABILITY", name}};
+    testing::ChildProcess child(
+        {self, "--gtest_color=no",
+         "--gtest_filter=AdamWFused.BitwiseEqualToUnfusedOpsAtCurrentCapability"},
+        options);
+    const std::string output = child.read_output();
+    const int exit_code = testing::exit_code_of(child.wait());
+    const int ran = tests_ran(output);
+    std::cout << "capability " << name << ": child ran " << ran << " test(s), exit " << exit_code
+              << "\n";
+    EXPECT_EQ(exit_code, 0) << "capability " << name << ":\n" << output;
+    EXPECT_EQ(ran, 1) << "capability " << name << ":\n" << output;
+    EXPECT_NE(output.find("[  PASSED  ] 1 test."), std::string::npos) << output;
+    EXPECT_EQ(output.find("SKIPPED"), std::string::npos) << output;
+    EXPECT_NE(output.find("capability: " + name + "\n"), std::string::npos) << output;
   }
 }
 

@@ -1,0 +1,68 @@
+# CTest properties of the tests, in one table (included by CMakeLists.txt).
+#
+# Every test gets the label of its folder (unit, scenario, tools) and OMP_NUM_THREADS=1. A row
+# below adds, for one test:
+#   processes  the most processes it runs at once (its ranks, or the launcher's workers; the
+#              test process itself waits meanwhile): CTest's PROCESSORS, so `ctest -j N` never
+#              starts more than N busy processes, and a test wider than N runs alone;
+#   timeout    seconds: 10x its time in one `ctest -j2` run of the whole suite on the 2-core
+#              development VM (the "measured" column; 225 s for all), at least 60 (a shared or
+#              slower machine can be several times slower; a hung test still ends in minutes);
+#   labels     "slow" for the tests over 10 s there (`ctest -LE slow` leaves them out).
+# A test without a row: 1 process, MIXTRAIN_TEST_DEFAULT_TIMEOUT seconds, no extra label (every
+# such test took under 5 s there). A row naming no test is a configure error.
+set(MIXTRAIN_TEST_DEFAULT_TIMEOUT 60)
+set(MIXTRAIN_TEST_TABLE
+  # test                                     processes  timeout  labels    measured (s)
+  "unit_distributed_config_agreement_test    3          60"      #          2.5
+  "unit_distributed_device_mesh_test         4          60"      #          4.8
+  "unit_distributed_distributed_muon_test    4          120      slow"    # 11.6
+  "unit_distributed_expert_parallel_test     4          240      slow"    # 22.2
+  "unit_distributed_fsdp_test                4          300      slow"    # 28.4
+  "unit_distributed_gloo_collectives_test    4          120"     #          9.4
+  "unit_distributed_launcher_test            3          150      slow"    # 13.1
+  "unit_optim_adamw_test                     1          60"      #          5.3 (child per CPU capability)
+  "scenarios_checkpoint_resharding_test      4          150      slow"    # 14.3
+  "scenarios_rfc_case_2_2_test               2          60"      #          4.6
+  "scenarios_rfc_case_2_1_scale_test        8          600      slow"    # 85 (on a busy machine; 8 ranks)
+  "scenarios_rfc_case_2_4_test              2          600      slow"    # 72 (on a busy machine)
+  "tools_checkpoint_resume_test              2          150      slow"    # 14.8
+  "tools_child_process_guard_test            2          60"      #          1.2
+  "tools_checkpoint_save_failure_test        2          200      slow"    # 19 (on a busy machine)
+  "tools_ckpt_command_test                   1          150      slow"    # 13.1
+  "tools_cli_test                            1          120      slow"    # 11.4 (on a busy machine)
+  "tools_distributed_train_test              2          150      slow"    # 12.8
+  "tools_optim_replay_command_test           1          120"     #          9.3
+  "tools_optim_replay_distributed_test       4          120      slow"    # 10.6
+  "tools_optimizer_report_test               2          120"     #          9.6 (on a busy machine)
+  "tools_swap_optimizer_test                 2          300      slow"    # 25.0
+  "tools_train_command_test                  2          150      slow"    # 13.8
+)
+
+# Applies the table to the tests already added; call once, after the last add_test.
+function(mixtrain_apply_test_properties tests)
+  set(listed)
+  foreach(row ${MIXTRAIN_TEST_TABLE})
+    separate_arguments(fields UNIX_COMMAND "${row}")
+    list(GET fields 0 name)
+    list(GET fields 1 processes)
+    list(GET fields 2 timeout)
+    set(labels)
+    list(LENGTH fields count)
+    if(count GREATER 3)
+      list(SUBLIST fields 3 -1 labels)
+    endif()
+    if(NOT name IN_LIST tests)
+      message(FATAL_ERROR "tests/ctest_properties.cmake: no test named '${name}'")
+    endif()
+    list(APPEND listed ${name})
+    get_test_property(${name} LABELS folder_label)
+    set_tests_properties(${name} PROPERTIES
+      PROCESSORS ${processes} TIMEOUT ${timeout} LABELS "${folder_label};${labels}")
+  endforeach()
+  foreach(name ${tests})
+    if(NOT name IN_LIST listed)
+      set_tests_properties(${name} PROPERTIES TIMEOUT ${MIXTRAIN_TEST_DEFAULT_TIMEOUT})
+    endif()
+  endforeach()
+endfunction()

@@ -8,6 +8,7 @@
 #include "mixtrain/config/dialect_defaults.h"
 #include "mixtrain/config/schema.h"
 #include "mixtrain/config/show.h"
+#include "mixtrain/core/text_table.h"
 
 namespace mixtrain {
 namespace {
@@ -15,21 +16,9 @@ namespace {
 using Row = std::array<std::string, 4>;
 
 std::string format_rows(const std::string& title, const std::vector<Row>& rows) {
-  std::array<size_t, 4> width{};
-  for (const Row& row : rows) {
-    for (size_t i = 0; i < row.size(); ++i) width[i] = std::max(width[i], row[i].size());
-  }
-  std::ostringstream out;
-  out << title << "\n";
-  for (const Row& row : rows) {
-    std::string line = "  ";
-    for (size_t i = 0; i < row.size(); ++i) {
-      line += row[i];
-      if (i + 1 < row.size()) line += std::string(width[i] - row[i].size() + 2, ' ');
-    }
-    out << line << "\n";
-  }
-  return out.str();
+  std::vector<std::vector<std::string>> cells;
+  for (const Row& row : rows) cells.emplace_back(row.begin(), row.end());
+  return title + "\n" + format_text_table(cells);
 }
 
 const ResolvedLeaf* find_leaf(const ResolvedConfig& resolved, const std::string& key) {

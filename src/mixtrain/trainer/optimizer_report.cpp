@@ -10,6 +10,7 @@
 #include "mixtrain/config/dialect_defaults.h"
 #include "mixtrain/config/schema.h"
 #include "mixtrain/config/toml_front_end.h"
+#include "mixtrain/core/text_table.h"
 #include "mixtrain/optim/chained_optimizer.h"
 #include "mixtrain/optim/mixed_precision_optimizer.h"
 #include "mixtrain/optim/param_groups.h"
@@ -146,20 +147,7 @@ std::string format_table(const OptimizerReportTable& table, const std::string& d
     line.insert(line.end(), row.values.begin(), row.values.end());
     cells.push_back(std::move(line));
   }
-  std::vector<size_t> width(cells.front().size(), 0);
-  for (const auto& line : cells) {
-    for (size_t i = 0; i < line.size(); ++i) width[i] = std::max(width[i], line[i].size());
-  }
-  std::ostringstream out;
-  for (const auto& line : cells) {
-    std::string text = "  ";
-    for (size_t i = 0; i < line.size(); ++i) {
-      text += line[i];
-      if (i + 1 < line.size()) text += std::string(width[i] - line[i].size() + 2, ' ');
-    }
-    out << text << "\n";
-  }
-  return out.str();
+  return format_text_table(cells);
 }
 
 std::string format_main_params(const MainParamsSummary& main) {

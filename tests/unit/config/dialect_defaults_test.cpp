@@ -25,7 +25,8 @@ TEST(DialectDefaultsTest, YamlIsTorchAdamWAndHyperParallelMuon) {
   EXPECT_EQ(c.optimizer.adamw.betas[1], 0.999);
   EXPECT_EQ(c.optimizer.adamw.eps, 1e-8);
   EXPECT_EQ(c.optimizer.adamw.weight_decay, 0.01);
-  // hyper-parallel's Muon (docs/architecture.md §5): lr 0.02, momentum 0.95 (sum, Nesterov), rms 0.2.
+  // hyper-parallel's Muon (docs/architecture.md §5): lr 0.02, momentum 0.95 (sum, Nesterov), rms
+  // 0.2.
   EXPECT_EQ(c.optimizer.muon.lr, 0.02);
   EXPECT_EQ(c.optimizer.muon.momentum, 0.95);
   EXPECT_EQ(c.optimizer.muon.momentum_style, "sum");

@@ -38,6 +38,7 @@
 // median and the ratios the issue targets: fused vs (a), fused vs (b) (target >= 5x), fused vs
 // (c) (target >= 0.85 on 1 thread, >= 0.75 on all), in wall time and in CPU time, with the load
 // average before and after.
+#include <c10/core/GradMode.h>
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <benchmark/benchmark.h>
@@ -232,7 +233,7 @@ void BM_TensorOpsAdamW(benchmark::State& state) {
   if (!use_heap(state, static_cast<int>(state.range(2)))) return;
   AdamWTensors t(state.range(0) << 20);
   const double lr = 1e-3, beta1 = 0.9, beta2 = 0.999, eps = 1e-8, weight_decay = 1e-2;
-  const at::NoGradGuard no_grad;
+  const c10::NoGradGuard no_grad;
   at::Tensor p = t.param.detach(), m = at::zeros_like(p), v = at::zeros_like(p);
   int64_t step_count = 0;
   measure(state, "tensor_ops", [&] {
@@ -254,7 +255,7 @@ void BM_TorchAdamWPlusCopy(benchmark::State& state) {
   torch::optim::AdamW optimizer({torch::optim::OptimizerParamGroup({t.param})});
   measure(state, "torch_adamw", [&] {
     optimizer.step();
-    const at::NoGradGuard no_grad;
+    const c10::NoGradGuard no_grad;
     t.model.copy_(t.param);
   });
 }

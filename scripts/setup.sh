@@ -1,11 +1,18 @@
 #!/usr/bin/env bash
-# Installs every Debian package mixtrain needs to build, test and run.
+# Installs everything mixtrain needs to build, test and run:
+#  - Debian packages (compiler, CMake, libraries, test frameworks);
+#  - .venv, a project-local Python virtual environment (Debian's python3) holding the pinned
+#    packages of scripts/python-requirements.txt from PyPI: the torch wheel is LibTorch
+#    (headers, shared libraries, CMake config); Python torch and safetensors serve the tests.
 # Idempotent and silent when everything is present. GNU make is the only prerequisite.
 set -euo pipefail
+cd "$(dirname "$0")/.."
 
+# libgloo-dev: headers only. The torch wheel carries Gloo inside libtorch_cpu but not its
+# headers, which c10d's ProcessGroupGloo.hpp includes.
 PACKAGES=(
-  build-essential cmake pkg-config ccache clang-format
-  libtorch-dev libgloo-dev libsleef-dev libopenblas0-pthread libopenblas-dev
+  build-essential cmake pkg-config ccache clang-format python3 python3-venv
+  libgloo-dev libsleef-dev
   libyaml-cpp-dev libtoml11-dev nlohmann-json3-dev libcli11-dev libxxhash-dev
   libgtest-dev libgmock-dev libbenchmark-dev
 )
@@ -15,21 +22,32 @@ for p in "${PACKAGES[@]}"; do
   status=$(dpkg-query -W -f='${Status}' "$p" 2>/dev/null || true)
   [[ "$status" == "install ok installed" ]] || missing+=("$p")
 done
-[[ ${#missing[@]} -eq 0 ]] && exit 0
-
-cmd="apt-get install -y --no-install-recommends ${missing[*]}"
-if [[ $(id -u) -ne 0 ]]; then
-  if command -v sudo >/dev/null 2>&1 && sudo -n true 2>/dev/null; then
-    SUDO=sudo
+if [[ ${#missing[@]} -gt 0 ]]; then
+  cmd="apt-get install -y --no-install-recommends ${missing[*]}"
+  if [[ $(id -u) -ne 0 ]]; then
+    if command -v sudo >/dev/null 2>&1 && sudo -n true 2>/dev/null; then
+      SUDO=sudo
+    else
+      echo "mixtrain setup: missing Debian packages. Run as root:" >&2
+      echo "  apt-get update && $cmd" >&2
+      exit 1
+    fi
   else
-    echo "mixtrain setup: missing Debian packages. Run as root:" >&2
-    echo "  apt-get update && $cmd" >&2
-    exit 1
+    SUDO=
   fi
-else
-  SUDO=
+  echo "mixtrain setup: installing ${missing[*]}" >&2
+  export DEBIAN_FRONTEND=noninteractive
+  $SUDO apt-get update -qq >/dev/null
+  $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
-echo "mixtrain setup: installing ${missing[*]}" >&2
-export DEBIAN_FRONTEND=noninteractive
-$SUDO apt-get update -qq >/dev/null
-$SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+
+# The Python environment: rebuilt only when the requirements change (their copy in .venv).
+REQUIREMENTS=scripts/python-requirements.txt
+STAMP=.venv/mixtrain-requirements.txt
+if ! cmp -s "$REQUIREMENTS" "$STAMP" 2>/dev/null || [[ ! -x .venv/bin/python ]]; then
+  echo "mixtrain setup: installing $(grep -v '^#' "$REQUIREMENTS" | xargs) into .venv (several GB, a few minutes)" >&2
+  rm -rf .venv
+  /usr/bin/python3 -m venv .venv
+  .venv/bin/pip install --quiet --disable-pip-version-check --no-input -r "$REQUIREMENTS"
+  cp "$REQUIREMENTS" "$STAMP"
+fi

@@ -4,6 +4,7 @@
 // Shared by the ChainedOptimizer and MixedPrecisionOptimizer tests.
 #pragma once
 
+#include <c10/core/GradMode.h>
 #include <ATen/ATen.h>
 #include <torch/arg.h>
 
@@ -37,7 +38,7 @@ class TestSgd : public LeafOptimizer {
   explicit TestSgd(std::vector<torch::optim::OptimizerParamGroup> groups)
       : LeafOptimizer(std::move(groups), std::make_unique<TestSgdOptions>()) {}
   at::Tensor step(LossClosure = nullptr) override {
-    at::NoGradGuard no_grad;
+    c10::NoGradGuard no_grad;
     for (auto& group : param_groups_) {
       const auto& options = static_cast<const TestSgdOptions&>(group.options());
       for (auto& p : group.params()) {

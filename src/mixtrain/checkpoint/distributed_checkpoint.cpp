@@ -1,5 +1,6 @@
 #include "mixtrain/checkpoint/distributed_checkpoint.h"
 
+#include <c10/core/GradMode.h>
 #include <ATen/ATen.h>
 #include <sys/resource.h>
 #include <sys/syscall.h>
@@ -111,7 +112,7 @@ void CheckpointSaver::save(SaveRequest request) {
   // Snapshot: training changes params and state in place while the worker writes. Not in
   // malloc'd memory: that would take the memory the training step's temporaries are recycled
   // from, and every step until the save ends would fault its temporaries in anew.
-  const at::NoGradGuard no_grad;
+  const c10::NoGradGuard no_grad;
   for (auto& chunk : request.chunks) {
     at::Tensor copy = empty_large_buffer(chunk.data.sizes(), chunk.data.scalar_type());
     copy.copy_(chunk.data);

@@ -95,7 +95,7 @@ void write_file_atomically(const std::string& path, const std::string& text) {
 // Smaller ones come from the default CPU allocator.
 class LargeBufferAllocator final : public c10::Allocator {
  public:
-  c10::DataPtr allocate(size_t bytes) const override {
+  c10::DataPtr allocate(size_t bytes) override {
     if (bytes < kMinBytes) return c10::GetDefaultCPUAllocator()->allocate(bytes);
     const size_t size = (bytes + kHugePage - 1) & ~(kHugePage - 1);
     // Over-map by one huge page and trim, so that the mapping starts on a 2 MiB boundary.
@@ -113,6 +113,9 @@ class LargeBufferAllocator final : public c10::Allocator {
     return {data, new Mapping{data, size}, &unmap, c10::Device(c10::DeviceType::CPU)};
   }
   c10::DeleterFnPtr raw_deleter() const override { return nullptr; }
+  void copy_data(void* dest, const void* src, size_t count) const override {
+    default_copy_data(dest, src, count);
+  }
 
   // Never destroyed: a tensor's storage points at its allocator, and tensors may outlive main.
   static c10::Allocator* get() {

@@ -1,5 +1,6 @@
 #include "mixtrain/optim/adamw.h"
 
+#include <c10/core/GradMode.h>
 #include <ATen/ATen.h>
 
 #include <cmath>
@@ -108,7 +109,7 @@ AdamW::AdamW(std::vector<torch::optim::OptimizerParamGroup> groups, AdamWOptions
 }
 
 at::Tensor AdamW::step(LossClosure closure) {
-  at::NoGradGuard no_grad;
+  c10::NoGradGuard no_grad;
   at::Tensor loss;
   if (closure != nullptr) {
     at::AutoGradMode enable_grad(true);
@@ -173,7 +174,7 @@ NamedTensorList AdamW::export_state(const at::Tensor& param) const {
 }
 
 void AdamW::import_state(const at::Tensor& param, const NamedTensorList& state) {
-  const std::string key = state_key(param);
+  void* const key = state_key(param);
   if (state.empty()) {
     state_.erase(key);
     return;

@@ -46,7 +46,7 @@ namespace mixtrain {
 
 class ChainedOptimizer : public TrainingOptimizer {
  public:
-  // Key type of torch::optim::Optimizer::state() (a string in LibTorch 1.13).
+  // Key type of torch::optim::Optimizer::state() (the param's TensorImpl*).
   using StateKey =
       std::decay_t<decltype(std::declval<const torch::optim::Optimizer&>().state().begin()->first)>;
 

@@ -1,5 +1,6 @@
 #include "mixtrain/optim/grad_clip.h"
 
+#include <c10/core/GradMode.h>
 #include <ATen/ATen.h>
 
 #include <cmath>
@@ -65,7 +66,7 @@ double clip_with_norm(const std::vector<at::Tensor>& grads, double max_norm, dou
   if (max_norm <= 0.0 || !std::isfinite(norm)) return norm;
   const double coefficient = max_norm / (norm + 1e-6);
   if (coefficient < 1.0) {
-    at::NoGradGuard no_grad;  // grads may be leaves of a graph; scaling is not part of it
+    c10::NoGradGuard no_grad;  // grads may be leaves of a graph; scaling is not part of it
     for (const auto& grad : grads) {
       if (grad.defined()) grad.mul_(coefficient);
     }

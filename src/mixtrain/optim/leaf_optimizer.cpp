@@ -2,16 +2,14 @@
 
 #include "mixtrain/optim/state_swap.h"
 
-#include <c10/util/string_utils.h>
-
 #include <cstdint>
 #include <stdexcept>
 
 namespace mixtrain {
 
-std::string LeafOptimizer::state_key(const at::Tensor& param) {
+void* LeafOptimizer::state_key(const at::Tensor& param) {
   // The key torch::optim::Optimizer uses for state_ (torch/csrc/api/src/optim/*.cpp).
-  return c10::guts::to_string(param.unsafeGetTensorImpl());
+  return param.unsafeGetTensorImpl();
 }
 
 void LeafOptimizer::replace_parameter(const at::Tensor& old_param, const at::Tensor& new_param) {

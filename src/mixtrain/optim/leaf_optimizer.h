@@ -73,7 +73,7 @@ class LeafOptimizer : public torch::optim::Optimizer {
  protected:
   void acquire_state(const at::Tensor& param);
   void release_state(const at::Tensor& param);
-  static std::string state_key(const at::Tensor& param);
+  static void* state_key(const at::Tensor& param);
   // Undefined tensor when `param` has no copy-back target.
   at::Tensor copy_back_target(const at::Tensor& param) const;
 

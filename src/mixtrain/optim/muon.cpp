@@ -217,7 +217,7 @@ at::Tensor Muon::step(LossClosure closure) {
     at::AutoGradMode enable_grad(true);
     loss = closure();
   }
-  at::NoGradGuard no_grad;
+  c10::NoGradGuard no_grad;
   // add_param_group() or replace_parameter() without reset_parameter_caches().
   if (!batches_match_groups()) rebuild_batches();
   for (size_t g = 0; g < param_groups_.size(); ++g) {

@@ -3,6 +3,7 @@
 // and the LeafOptimizer hooks.
 #include "mixtrain/optim/adamw.h"
 
+#include <c10/core/GradMode.h>
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <gtest/gtest.h>
@@ -152,7 +153,7 @@ TEST(AdamWHand, TwoGroupsUseTheirOwnLrAndWeightDecay) {
 // The op sequence of torch/optim/adamw.py (_single_tensor_adamw), written out again here.
 void reference_step(const AdamWOptions& o, int64_t t, at::Tensor& param, const at::Tensor& grad,
                     at::Tensor& exp_avg, at::Tensor& exp_avg_sq) {
-  at::NoGradGuard no_grad;
+  c10::NoGradGuard no_grad;
   const double beta1 = std::get<0>(o.betas()), beta2 = std::get<1>(o.betas());
   const double bias_correction1 = 1 - std::pow(beta1, static_cast<double>(t));
   const double bias_correction2 = 1 - std::pow(beta2, static_cast<double>(t));

@@ -1,5 +1,6 @@
 #include "mixtrain/optim/chained_optimizer.h"
 
+#include <c10/core/GradMode.h>
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
@@ -194,7 +195,7 @@ TEST(ChainedOptimizer, LoadStateDictRestoresStateSoTheNextStepMatches) {
 
   TwoLeaves restored;
   {
-    at::NoGradGuard no_grad;
+    c10::NoGradGuard no_grad;
     restored.w.copy_(saved.w);
     restored.bias.copy_(saved.bias);
   }
@@ -352,7 +353,7 @@ TEST(ChainedOptimizer, RealAdamWAndMuonStateRoundTrip) {
                       "optimizer.state.layer.bias.step", "optimizer.state.layer.w.momentum_buffer",
                       "optimizer.state.layer.w.step"}));
   {
-    at::NoGradGuard no_grad;
+    c10::NoGradGuard no_grad;
     w2.copy_(w1);
     b2.copy_(b1);
   }
@@ -443,7 +444,7 @@ struct RealChain {
     }
   }
   void copy_params_from(const RealChain& other) {
-    at::NoGradGuard no_grad;
+    c10::NoGradGuard no_grad;
     for (size_t i = 0; i < params().size(); ++i) params()[i].copy_(other.params()[i]);
   }
   std::vector<double> lrs() const {

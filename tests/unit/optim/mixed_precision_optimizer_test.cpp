@@ -1,5 +1,6 @@
 #include "mixtrain/optim/mixed_precision_optimizer.h"
 
+#include <c10/core/GradMode.h>
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
@@ -212,7 +213,7 @@ TEST(MixedPrecisionOptimizer, ReloadModelParamsCopiesModelIntoMain) {
   s.set_grads(1);
   s.opt->step();
   {
-    at::NoGradGuard no_grad;
+    c10::NoGradGuard no_grad;
     s.w.fill_(0.75);
     s.m.copy_(at::linspace(3, 4, 12).reshape({3, 4}));
   }
@@ -289,7 +290,7 @@ struct SavedAndRestored {
       saved.opt->zero_grad();
     }
     state = cloned(saved.opt->state_dict());
-    at::NoGradGuard no_grad;
+    c10::NoGradGuard no_grad;
     restored.w.copy_(saved.w);
     restored.b.copy_(saved.b);
     restored.m.copy_(saved.m);

@@ -18,8 +18,23 @@ TEST(Cli, TypoedCommandNamesTheNearestCommand) {
   EXPECT_EQ(r.exit_code, 2) << r.output;
   EXPECT_TRUE(contains(r.output, "mixtrain: unknown command 'trian' (did you mean 'train'?)"))
       << r.output;
-  EXPECT_TRUE(contains(r.output, "commands: train, optim-replay, config, ckpt")) << r.output;
+  EXPECT_TRUE(contains(r.output, "commands: train, optim-replay, config, ckpt, version"))
+      << r.output;
   EXPECT_FALSE(contains(r.output, "A subcommand is required")) << r.output;
+}
+
+// `mixtrain version` names LibTorch >= 2.11 (the wheel scripts/setup.sh installs), whether CUDA
+// is compiled in, the CPU capability and the BLAS; no run starts.
+TEST(Cli, VersionNamesLibTorchCudaCapabilityAndBlas) {
+  const CommandResult r = run_mixtrain("version");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(contains(r.output, "mixtrain 0.")) << r.output;
+  const size_t at = r.output.find("LibTorch 2.");
+  ASSERT_NE(at, std::string::npos) << r.output;
+  EXPECT_GE(std::stoi(r.output.substr(at + 11)), 11) << r.output;
+  EXPECT_TRUE(contains(r.output, "CUDA: compiled in")) << r.output;  // the CUDA wheel
+  EXPECT_TRUE(contains(r.output, "CPU capability: ")) << r.output;
+  EXPECT_TRUE(contains(r.output, "BLAS: mkl")) << r.output;
 }
 
 TEST(Cli, UnknownCommandWithHelpIsAnErrorNotTheHelp) {

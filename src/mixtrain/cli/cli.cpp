@@ -16,6 +16,7 @@
 #include "mixtrain/config/document.h"
 #include "mixtrain/config/load.h"
 #include "mixtrain/config/show.h"
+#include "mixtrain/core/build_info.h"
 #include "mixtrain/core/error.h"
 #include "mixtrain/core/logging.h"
 #include "mixtrain/core/printable.h"
@@ -206,6 +207,9 @@ int run_cli(int argc, char** argv) {
       diff->add_option("--atol", atol, "pass when every max abs difference is <= X")
           ->check(CLI::NonNegativeNumber);
 
+  CLI::App* version = app.add_subcommand(
+      "version", "mixtrain's version and commit, LibTorch, CUDA, CPU capability, BLAS");
+
   if (const std::optional<std::string> error = unknown_command(app, argc, argv)) {
     std::cerr << "mixtrain: " << *error << std::endl;
     return 2;
@@ -222,6 +226,10 @@ int run_cli(int argc, char** argv) {
   }
 
   try {
+    if (version->parsed()) {
+      std::cout << format_build_info(build_info());
+      return 0;
+    }
     if (train->parsed()) return train_command(config_path, overrides, run_dir, nproc, argc, argv);
     if (show->parsed()) return config_show_command(config_path, overrides);
     if (replay->parsed())

@@ -12,7 +12,7 @@
 #include "mixtrain/config/show.h"
 #include "mixtrain/config/startup_log.h"
 #include "mixtrain/config/validate.h"
-#include "mixtrain/core/blas_check.h"
+#include "mixtrain/core/build_info.h"
 #include "mixtrain/core/collectives.h"
 #include "mixtrain/core/dtype.h"
 #include "mixtrain/core/error.h"
@@ -294,6 +294,7 @@ TrainSummary run_training(const ResolvedConfig& resolved, const TrainOptions& op
   if (mesh.world_size > 1) check_config_agreement(mesh, format_config_show(resolved));
   configure_threads();
   if (is_rank0) {
+    log_info("build:\n" + format_build_info(build_info()));
     warn_if_reference_blas();
     warn_if_cores_are_busy();
     log_info(format_trainer_config_block(resolved));

@@ -1,0 +1,37 @@
+// What this binary is and what it runs on, for `mixtrain version` and the top of every run's
+// log: mixtrain's version and commit, the LibTorch it was built against and runs with, CUDA
+// (compiled in, devices visible), the CPU capability our kernels picked, and LibTorch's BLAS.
+// The BLAS is a build property of LibTorch (the torch wheel links MKL in); a LibTorch without
+// an optimized BLAS (BLAS_INFO absent or "generic") runs float32 GEMM many times slower: warned.
+#pragma once
+
+#include <string>
+
+namespace mixtrain {
+
+struct BuildInfo {
+  std::string version;          // mixtrain's (CMake project version)
+  std::string commit;           // git commit at configure time, "unknown" outside a checkout
+  std::string libtorch;         // TORCH_VERSION of the headers built against
+  bool cuda_compiled = false;   // LibTorch built with CUDA
+  int cuda_devices = 0;         // CUDA devices visible to this process
+  std::string cpu_capability;   // our kernels' pick (core/cpu_capability)
+  std::string aten_capability;  // ATen's own pick
+  std::string blas;             // BLAS_INFO of LibTorch's build configuration ("" if none)
+};
+
+BuildInfo build_info();
+
+// "BLAS_INFO=mkl, ..." -> "mkl": the value of `key` in LibTorch's show_config() text.
+std::string config_value(const std::string& show_config, const std::string& key);
+
+// Whether LibTorch's BLAS is an optimized one (not absent, "generic" or "eigen").
+bool is_optimized_blas(const std::string& blas);
+
+// Multi-line text for `mixtrain version` and the run log.
+std::string format_build_info(const BuildInfo& info);
+
+// Warns once when LibTorch has no optimized BLAS.
+void warn_if_reference_blas();
+
+}  // namespace mixtrain

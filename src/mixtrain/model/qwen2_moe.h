@@ -26,9 +26,8 @@
 // each module (linear, embedding, norm, the routed experts as one unit) reports its output to
 // post_forward, so FSDP can gather, reshard and gather again per module; without a materializer
 // the model computes exactly as it always did.
-// Compute dtype = parameter dtype: float32 and bfloat16 run on CPU. A float16 model can be built
-// and converted, but LibTorch 1.13 has no float16 GEMM on CPU, so its forward needs a GPU or a
-// float32/bfloat16 compute copy (fsdp param_dtype).
+// Compute dtype = parameter dtype: float32, bfloat16 and float16 (LibTorch 2.x has CPU float16
+// GEMM) all run on CPU.
 #pragma once
 
 #include <torch/types.h>

@@ -64,10 +64,6 @@ void refuse_unsupported(const TrainerConfig& config, c10::ScalarType model_dtype
   auto refuse = [&](const std::string& key, const std::string& why) {
     throw ConfigError(config.source_file + ": " + key + ": " + why);
   };
-  if (parse_float_dtype(config.mix_precision.param_dtype) == c10::kHalf)
-    refuse("fsdp_config.mix_precision.param_dtype",
-           "float16 compute is not possible on CPU (LibTorch 1.13 has no float16 GEMM); compute "
-           "a float16 model in float32 or bfloat16");
   if (model_dtype == c10::kHalf && !config.optimizer.fp32_main_params)
     refuse("optimizer.fp32_main_params",
            "float16 models need fp32 main params and loss scaling; set it to true");

@@ -16,11 +16,13 @@
 //
 // Fused path (float32 contiguous CPU param, grad and moments): one vectorized pass
 // (kernels/adamw_kernel.h) that also writes the model param. It is BITWISE equal to the op
-// sequence above run by LibTorch 1.13 at the same CPU capability (ATen picks the best the CPU
+// sequence above run by LibTorch 2.11 at the same CPU capability (ATen picks the best the CPU
 // has, as we do; ATEN_CPU_CAPABILITY and MIXTRAIN_CPU_CAPABILITY lower them). The capability
 // matters: ATen's AVX2/AVX-512 builds fuse lerp_ and addcmul_ into multiply-adds and its
-// DEFAULT build does not, and each of our variants does what ATen's does (verified against the
-// installed LibTorch 1.13 by tests/unit/optim/adamw_test.cpp). Everything else (a
+// DEFAULT build does not, and each of our variants does what ATen's does. sqrt is not correctly
+// rounded in the torch wheel (ATen takes it from MKL VML, about 0.6% of results 1 ulp off), so
+// the kernel calls that same MKL function (verified against the installed LibTorch 2.11 by
+// tests/unit/optim/adamw_test.cpp). Everything else (a
 // bfloat16/float16 param without main params, non-contiguous tensors) runs that op sequence
 // itself, with state in the param's dtype.
 //

@@ -1,20 +1,25 @@
 // Compiled three times (CPU_CAPABILITY = DEFAULT, AVX2, AVX512); see the header for the
 // contract.
 //
-// Bitwise agreement with the unfused ATen ops rests on three facts about LibTorch 1.13's CPU
+// Bitwise agreement with the unfused ATen ops rests on four facts about LibTorch 2.11's CPU
 // kernels, measured against the installed library (tests/unit/optim/adamw_test.cpp re-checks
 // them for every capability):
-// - mul_, div, add_ (alpha 1), sqrt and addcdiv_ round each operation once, in every build:
+// - mul_, div, add_ (alpha 1) and addcdiv_ round each operation once, in every build:
 //   addcdiv_ is self + (value * t1) / t2, with no multiply-add to fuse.
 // - lerp_ (self + w * (end - self), or end - (end - self) * (1 - w) for |w| >= 0.5) and
-//   addcmul_ (self + value * t1 * t2) are written as plain expressions, which GCC contracts
-//   into one fused multiply-add in ATen's AVX2 and AVX-512 builds (compiled with -mfma) and
-//   cannot in the DEFAULT build. at::vec::fmadd is exactly that: a fused multiply-add in our
-//   AVX2/AVX-512 builds and a * b + c with two roundings in DEFAULT.
+//   addcmul_ (self + value * t1 * t2) each end in one fused multiply-add in ATen's AVX2 and
+//   AVX-512 builds and in none in its DEFAULT build. at::vec::fmadd is exactly that: a fused
+//   multiply-add in our AVX2/AVX-512 builds and a * b + c with two roundings in DEFAULT.
+// - sqrt is NOT correctly rounded: a LibTorch built with MKL (the x86-64 torch wheel) takes a
+//   contiguous float sqrt from MKL VML, vmsSqrt in high-accuracy mode (ATen/cpu/vml.h), whose
+//   result is 1 ulp off the rounded square root for about 0.6% of inputs, at every ATen
+//   capability (MKL picks its own code path from the CPU). So we call that same function (see
+//   aten_sqrt); the result of an element does not depend on where in the array it is.
 // - to(kBFloat16) and to(kHalf) round to nearest even.
 // Everything else must NOT be fused: see rounded() below.
 #include "mixtrain/optim/kernels/adamw_kernel.h"
 
+#include <ATen/Config.h>
 #include <ATen/Parallel.h>
 #include <ATen/cpu/vec/vec.h>
 #include <c10/util/BFloat16.h>
@@ -36,6 +41,19 @@
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #endif
 
+// ATen's own condition for taking sqrt from MKL (ATen/cpu/vml.h). The wheel ships no MKL
+// headers; libtorch_cpu exports MKL's C interface, declared here as MKL 2024 declares it for
+// LP64, the interface ATen is built against (its MKL_INT is int here).
+#if AT_MKL_ENABLED() && !defined(__APPLE__)
+#define MIXTRAIN_ATEN_SQRT_IS_MKL 1
+extern "C" {
+void vmsSqrt(int n, const float* a, float* r, long long mode);
+int MKL_Set_Num_Threads_Local(int threads);
+}
+#else
+#define MIXTRAIN_ATEN_SQRT_IS_MKL 0
+#endif
+
 namespace mixtrain {
 namespace CPU_CAPABILITY {
 namespace {
@@ -45,6 +63,15 @@ constexpr int64_t kLanes = Vec::size();
 // One iteration updates two vectors: Vectorized<BFloat16> packs two float vectors.
 constexpr int64_t kBlock = 2 * kLanes;
 static_assert(kAdamWChunk % kBlock == 0, "a chunk is whole blocks");
+// The elements whose square roots are taken in one call: small enough that the span's moments
+// stay in L1 between the passes over it, large enough to amortize the call.
+constexpr int64_t kSpan = 1024;
+static_assert(kSpan % kBlock == 0, "a span is whole blocks");
+
+#if MIXTRAIN_ATEN_SQRT_IS_MKL
+// The mode ATen passes: VML_HA | VML_FTZDAZ_OFF | VML_ERRMODE_IGNORE (mkl_vml_defines.h).
+constexpr long long kAtenVmlMode = 0x2 | 0x140000 | 0x100;
+#endif
 
 // Returns v, rounded to float here. GCC contracts a product feeding an addition into a fused
 // multiply-add (-ffp-contract=fast is its C++ default) wherever the target has FMA; ATen
@@ -80,22 +107,37 @@ struct VecScalars {
   bool small_weight;  // which of lerp's two formulas ATen uses
 };
 
-// One AdamW update of kLanes elements; returns the new param, updates the moments in place.
-// Each line is one op of the unfused sequence (adamw.h), with its rounding.
-inline Vec adamw_update(const VecScalars& s, Vec param, const Vec& grad, Vec& exp_avg,
-                        Vec& exp_avg_sq) {
-  // param.mul_(1 - lr * weight_decay)
-  param = rounded(param * s.decay);
+// The moment updates of kLanes elements, in place. Each line is one op of the unfused sequence
+// (adamw.h), with its rounding.
+inline void update_moments(const VecScalars& s, const Vec& grad, Vec& exp_avg, Vec& exp_avg_sq) {
   // exp_avg.lerp_(grad, 1 - beta1)
   const Vec diff = grad - exp_avg;
   exp_avg = s.small_weight ? at::vec::fmadd(s.exp_avg_weight, diff, exp_avg)
                            : at::vec::fmadd(diff.neg(), s.one_minus_exp_avg_weight, grad);
   // exp_avg_sq.mul_(beta2).addcmul_(grad, grad, 1 - beta2)
   exp_avg_sq = at::vec::fmadd(s.one_minus_beta2 * grad, grad, exp_avg_sq * s.beta2);
+}
+
+// The new param of kLanes elements, from the updated exp_avg and sqrt(exp_avg_sq) as ATen's
+// sqrt gives it.
+inline Vec update_param(const VecScalars& s, Vec param, const Vec& exp_avg,
+                        const Vec& exp_avg_sq_sqrt) {
+  // param.mul_(1 - lr * weight_decay)
+  param = rounded(param * s.decay);
   // denom = (exp_avg_sq.sqrt() / sqrt(bias_correction2)).add_(eps)
-  const Vec denom = exp_avg_sq.sqrt() / s.bias_correction2_sqrt + s.eps;
+  const Vec denom = exp_avg_sq_sqrt / s.bias_correction2_sqrt + s.eps;
   // param.addcdiv_(exp_avg, denom, -step_size)
   return param + s.neg_step_size * exp_avg / denom;
+}
+
+// out[0, n) = sqrt(in[0, n)), bitwise what at::sqrt gives for a contiguous float tensor; n is a
+// multiple of kLanes.
+inline void aten_sqrt(const float* in, float* out, int64_t n) {
+#if MIXTRAIN_ATEN_SQRT_IS_MKL
+  vmsSqrt(static_cast<int>(n), in, out, kAtenVmlMode);
+#else
+  for (int64_t i = 0; i < n; i += kLanes) Vec::loadu(in + i).sqrt().store(out + i);
+#endif
 }
 
 // The model-param type when there is no copy-back target: nothing is written.
@@ -117,9 +159,8 @@ inline void store_model(Vec p0, Vec p1, c10::BFloat16* out) {
 }
 
 inline void store_model(Vec p0, Vec p1, c10::Half* out) {
-  // LibTorch 1.13 has no vectorized float -> Half helper; F16C (-mf16c in both vector builds)
-  // rounds to nearest even like c10::Half's software conversion, subnormals and overflow
-  // included.
+  // F16C (-mf16c in both vector builds) rounds to nearest even like c10::Half's software
+  // conversion, subnormals and overflow included.
 #if defined(CPU_CAPABILITY_AVX512)
   _mm256_storeu_si256(reinterpret_cast<__m256i*>(out),
                       _mm512_cvtps_ph(p0, _MM_FROUND_TO_NEAREST_INT));
@@ -137,33 +178,42 @@ inline void store_model(Vec p0, Vec p1, c10::Half* out) {
 #endif
 }
 
-// Updates kBlock elements at the given pointers.
+// Updates n elements at the given pointers, n a multiple of kBlock and at most kSpan: the moments
+// first, then their square roots in one call, then the params; the span's moments are still in
+// L1 when the second and third steps read them again, so memory sees one pass.
 template <typename ModelT>
-inline void adamw_block(const VecScalars& s, float* param, const float* grad, float* exp_avg,
-                        float* exp_avg_sq, ModelT* model) {
-  Vec exp_avg0 = Vec::loadu(exp_avg), exp_avg1 = Vec::loadu(exp_avg + kLanes);
-  Vec exp_avg_sq0 = Vec::loadu(exp_avg_sq), exp_avg_sq1 = Vec::loadu(exp_avg_sq + kLanes);
-  const Vec p0 = adamw_update(s, Vec::loadu(param), Vec::loadu(grad), exp_avg0, exp_avg_sq0);
-  const Vec p1 =
-      adamw_update(s, Vec::loadu(param + kLanes), Vec::loadu(grad + kLanes), exp_avg1, exp_avg_sq1);
-  p0.store(param);
-  p1.store(param + kLanes);
-  exp_avg0.store(exp_avg);
-  exp_avg1.store(exp_avg + kLanes);
-  exp_avg_sq0.store(exp_avg_sq);
-  exp_avg_sq1.store(exp_avg_sq + kLanes);
-  store_model(p0, p1, model);
+void adamw_span(const VecScalars& s, float* param, const float* grad, float* exp_avg,
+                float* exp_avg_sq, ModelT* model, int64_t n) {
+  for (int64_t i = 0; i < n; i += kLanes) {
+    Vec m = Vec::loadu(exp_avg + i), v = Vec::loadu(exp_avg_sq + i);
+    update_moments(s, Vec::loadu(grad + i), m, v);
+    m.store(exp_avg + i);
+    v.store(exp_avg_sq + i);
+  }
+  alignas(64) float root[kSpan];
+  aten_sqrt(exp_avg_sq, root, n);
+  for (int64_t i = 0; i < n; i += kBlock) {
+    const Vec p0 =
+        update_param(s, Vec::loadu(param + i), Vec::loadu(exp_avg + i), Vec::loadu(root + i));
+    const Vec p1 = update_param(s, Vec::loadu(param + i + kLanes), Vec::loadu(exp_avg + i + kLanes),
+                                Vec::loadu(root + i + kLanes));
+    p0.store(param + i);
+    p1.store(param + i + kLanes);
+    store_model(p0, p1, at_offset(model, i));
+  }
 }
 
-// Elements [0, n) of one chunk. The last n % kBlock elements go through the same vector code
-// on zero-padded copies, so every element sees the same operations.
+// Elements [0, n) of one chunk. The last n % kBlock elements go through the same code on
+// zero-padded copies, so every element sees the same operations.
 template <typename ModelT>
 void adamw_range(const VecScalars& s, float* param, const float* grad, float* exp_avg,
                  float* exp_avg_sq, ModelT* model, int64_t n) {
-  int64_t i = 0;
-  for (; i + kBlock <= n; i += kBlock) {
-    adamw_block(s, param + i, grad + i, exp_avg + i, exp_avg_sq + i, at_offset(model, i));
+  const int64_t whole = n / kBlock * kBlock;
+  for (int64_t i = 0; i < whole; i += kSpan) {
+    adamw_span(s, param + i, grad + i, exp_avg + i, exp_avg_sq + i, at_offset(model, i),
+               std::min(kSpan, whole - i));
   }
+  const int64_t i = whole;
   const int64_t rest = n - i;
   if (rest == 0) return;
   float p[kBlock] = {}, g[kBlock] = {}, m[kBlock] = {}, v[kBlock] = {};
@@ -172,7 +222,7 @@ void adamw_range(const VecScalars& s, float* param, const float* grad, float* ex
   std::copy_n(grad + i, rest, g);
   std::copy_n(exp_avg + i, rest, m);
   std::copy_n(exp_avg_sq + i, rest, v);
-  adamw_block(s, p, g, m, v, out);
+  adamw_span(s, p, g, m, v, out, kBlock);
   std::copy_n(p, rest, param + i);
   std::copy_n(m, rest, exp_avg + i);
   std::copy_n(v, rest, exp_avg_sq + i);
@@ -185,11 +235,20 @@ void adamw_chunks(const AdamWStepScalars& scalars, float* param, const float* gr
   const VecScalars s(scalars);
   const int64_t chunks = (numel + kAdamWChunk - 1) / kAdamWChunk;
   at::parallel_for(0, chunks, 1, [&](int64_t begin, int64_t end) {
+#if MIXTRAIN_ATEN_SQRT_IS_MKL
+    // One MKL thread per call: VML would otherwise start its own threads for each span where
+    // this body runs outside a parallel region (one chunk, or one ATen thread). The results do
+    // not depend on it: vmsSqrt is elementwise.
+    const int mkl_threads = MKL_Set_Num_Threads_Local(1);
+#endif
     for (int64_t c = begin; c < end; ++c) {
       const int64_t offset = c * kAdamWChunk;
       adamw_range(s, param + offset, grad + offset, exp_avg + offset, exp_avg_sq + offset,
                   at_offset(model, offset), std::min(kAdamWChunk, numel - offset));
     }
+#if MIXTRAIN_ATEN_SQRT_IS_MKL
+    MKL_Set_Num_Threads_Local(mkl_threads);
+#endif
   });
 }
 

@@ -7,10 +7,11 @@
 // One pass reads param, grad, exp_avg, exp_avg_sq, writes param, exp_avg, exp_avg_sq and,
 // when model_param is not null, param rounded to nearest even into the bfloat16 or float16
 // model_param (bitwise what Tensor::to(kBFloat16 / kHalf) gives, NaN payloads aside). Each
-// element gets exactly the float operations ATen 1.13's CPU kernels of the same capability
-// perform for the unfused op sequence (see adamw.h): so the result is bitwise that sequence's.
-// The work is split into fixed chunks of kAdamWChunk elements run by at::parallel_for; the
-// update is elementwise, so the result does not depend on the thread count.
+// element gets exactly the float operations LibTorch 2.11's CPU kernels of the same capability
+// perform for the unfused op sequence (see adamw.h), sqrt included (MKL's, where ATen takes it
+// from MKL): so the result is bitwise that sequence's. The work is split into fixed chunks of
+// kAdamWChunk elements run by at::parallel_for; the update is elementwise, so the result does
+// not depend on the thread count.
 #pragma once
 
 #include <c10/core/ScalarType.h>

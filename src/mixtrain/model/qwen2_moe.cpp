@@ -296,8 +296,16 @@ class Qwen2MoeExperts : public torch::nn::Module {
       }
     }
     const auto combined = dispatcher.token_combine(torch::cat(outputs, 0), dispatched);
+    // One index_add_ per expert, as in forward(): LibTorch 2.x's CPU index_add_ sums a row's
+    // repeated indices of one call in float32 and rounds once, while forward() rounds to
+    // bfloat16 after each expert; with 3 or more experts per token the two differ by bf16 ulps.
+    const auto weighted =
+        (combined * slot_weights.unsqueeze(-1)).split_with_sizes(tokens_per_expert);
+    const auto indices = token_index.split_with_sizes(tokens_per_expert);
     auto final_hidden = torch::zeros_like(hidden);
-    final_hidden.index_add_(0, token_index, combined * slot_weights.unsqueeze(-1));
+    for (int64_t e = 0; e < num_experts_; ++e) {
+      if (count[e] > 0) final_hidden.index_add_(0, indices[e], weighted[e]);
+    }
     return access_.post_forward({"gate_proj", "up_proj", "down_proj"}, final_hidden);
   }
 

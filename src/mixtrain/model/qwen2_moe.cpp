@@ -268,13 +268,14 @@ class Qwen2MoeExperts : public torch::nn::Module {
     const DispatchedTokens dispatched =
         dispatcher.token_dispatch(torch::cat(rows, 0), tokens_per_expert);
     // Each expert runs one GEMM per source rank, not one over all its rows: the per-row results
-    // of a bfloat16 GEMM depend on the number of rows (oneDNN's blocking; measured from 16
-    // rows on), and this way every row is computed exactly as the all-experts-local model
-    // computes it on the source rank's batch, so the result does not depend on the parallel
-    // layout. The weights are materialized once per source for the same reason: each source's
-    // weight gradient reaches the materializer on its own and is summed there in float32 (the
-    // fp32 main_grad's unrounded sum), instead of being summed in bfloat16 by autograd. The
-    // cost is ep smaller GEMMs per expert; the materialization is a cast (no copy in bf16).
+    // of a bfloat16 GEMM may depend on the number of rows (oneDNN's blocking: measured from 16
+    // rows on with LibTorch 1.13; not seen with 2.11, but no kernel promises it), and this way
+    // every row is computed exactly as the all-experts-local model computes it on the source rank's
+    // batch, so the result does not depend on the parallel layout. The weights are materialized
+    // once per source for the same reason: each source's weight gradient reaches the materializer
+    // on its own and is summed there in float32 (the fp32 main_grad's unrounded sum), instead of
+    // being summed in bfloat16 by autograd. The cost is ep smaller GEMMs per expert; the
+    // materialization is a cast (no copy in bf16).
     const int64_t ranks = dispatcher.ep_size();
     std::vector<std::vector<torch::Tensor>> gate, up, down;  // [source][local expert]
     for (int64_t src = 0; src < ranks; ++src) {
@@ -296,8 +297,16 @@ class Qwen2MoeExperts : public torch::nn::Module {
       }
     }
     const auto combined = dispatcher.token_combine(torch::cat(outputs, 0), dispatched);
+    // One index_add_ per expert, as in forward(): LibTorch 2.x's CPU index_add_ sums a row's
+    // repeated indices of one call in float32 and rounds once, while forward() rounds to
+    // bfloat16 after each expert; with 3 or more experts per token the two differ by bf16 ulps.
+    const auto weighted =
+        (combined * slot_weights.unsqueeze(-1)).split_with_sizes(tokens_per_expert);
+    const auto indices = token_index.split_with_sizes(tokens_per_expert);
     auto final_hidden = torch::zeros_like(hidden);
-    final_hidden.index_add_(0, token_index, combined * slot_weights.unsqueeze(-1));
+    for (int64_t e = 0; e < num_experts_; ++e) {
+      if (count[e] > 0) final_hidden.index_add_(0, indices[e], weighted[e]);
+    }
     return access_.post_forward({"gate_proj", "up_proj", "down_proj"}, final_hidden);
   }
 

@@ -1,7 +1,7 @@
 # CTest properties of the tests, in one table (included by CMakeLists.txt).
 #
-# Every test gets the label of its folder (unit, scenario, tools) and OMP_NUM_THREADS=1. A row
-# below adds, for one test:
+# Every test gets the label of its folder (unit, scenario, tools, python) and OMP_NUM_THREADS=1.
+# A row below adds, for one test:
 #   processes  the most processes it runs at once (its ranks, or the launcher's workers; the
 #              test process itself waits meanwhile): CTest's PROCESSORS, so `ctest -j N` never
 #              starts more than N busy processes, and a test wider than N runs alone;
@@ -37,6 +37,9 @@ set(MIXTRAIN_TEST_TABLE
   "tools_optimizer_report_test               2          120"     #          9.6 (on a busy machine)
   "tools_swap_optimizer_test                 2          300      slow"    # 25.0
   "tools_train_command_test                  2          150      slow"    # 13.8
+  "python_adamw_oracle                       1          300      slow"    # 31 (alone)
+  "python_muon_oracle                        1          210      slow"    # 11-21 (alone)
+  "python_safetensors_oracle                 2          70       "        # 7 (alone; 2 ranks)
 )
 
 # Applies the table to the tests already added; call once, after the last add_test.

@@ -1,0 +1,237 @@
+"""Our Muon with `muon_momentum_style: ema` (through `mixtrain optim-replay`) against Python's
+torch.optim.Muon (torch/optim/_muon.py), for 2-D parameters, both `adjust_lr_fn` modes, with and
+without Nesterov; float32 params and bfloat16 params with fp32 main params (torch: fp32 masters
+updated by Muon, then cast to bfloat16).
+
+torch.optim.Muon, read from its source (checked below where it is a constant):
+  buf.lerp_(g, 1 - momentum); u = g.lerp(buf, momentum) if nesterov else buf   (= our `ema`)
+  O = NS(u): X = u.bfloat16(), transposed if rows > cols, X /= max(||X||_F, eps), then ns_steps
+      times X = a X + (b A + c A A) X with A = X X^T, (a, b, c) = (3.4445, -4.7750, 2.0315)
+      every step (= our `muon_ns_variant: legacy`), eps = 1e-7, ns_steps = 5; O is bfloat16
+  p.mul_(1 - lr * weight_decay)          (the unadjusted lr, as ours)
+  p.add_(O, alpha=-lr * r): r = sqrt(max(1, A/B)) ("original", torch's default) or
+      0.2 * sqrt(max(A, B)) ("match_rms_adamw"; ours: muon_matched_adamw_rms * sqrt(max(A, B)))
+Differences of definition: torch divides by max(||X||_F, eps), we (and Keller Jordan's
+original Muon) by ||X||_F + eps; torch always runs Newton-Schulz in bfloat16, we in
+muon_ns_dtype. Checks:
+  1. muon_ns_dtype: bfloat16 vs stock torch.optim.Muon: BITWISE (params, bf16 model params,
+     momentum buffers). In bfloat16, ||X|| + 1e-7 rounds back to ||X|| for ||X|| >= 2^-15
+     (half an ulp of bf16 is 2^-9 of the value), so both normalisations agree here.
+  2. muon_ns_dtype: float32 vs torch's Muon with its Newton-Schulz run in float32, normalised
+     as ours (||X|| + eps) and on a contiguous copy of the transposed X (as ours; float32 GEMMs
+     on the transposed view round differently): BITWISE. So our float32 path is torch's formula.
+  3. muon_ns_dtype: float32 vs torch's Muon with its exact Newton-Schulz in float32 (its
+     normalisation, the transposed view): the inputs to Newton-Schulz differ by the factor
+     1 - d, d = eps / ||u||_F.
+     Scaling X scales every singular value s; the 5 steps map s to f(s) and a relative change d
+     of s to at most K d of f(s), K = max over s in (0, 1] of |s f'(s) / f(s)| (computed here in
+     float64, ~10.04), with f <= F = max f (~1.2024). So per step |dO_ij| <= ||dO||_2 <= K F d,
+     and the params differ by at most sum over steps of lr * r * K * F * d_k (weight decay only
+     shrinks earlier differences), plus float32 rounding noise of the two runs (different GEMM
+     layout for rows > cols): allowed 2x. Measured: about 2% of the bound.
+  4. muon_ns_dtype: float32 vs stock torch.optim.Muon (bfloat16 Newton-Schulz): what torch's
+     bfloat16 costs. bf16 keeps 8 significant bits (1 ulp = 2^-8 relative at most); 5 steps
+     round X, A and the polynomial each: allowed 15 * 2^-8 = 5.9% of max |update| (measured
+     ~1.5%).
+"""
+
+import inspect
+import math
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import oracle_util as util  # noqa: E402
+
+STEPS = 5
+LR, WD, MU, EPS = 0.02, 0.1, 0.95, 1e-7
+LEGACY = (3.4445, -4.7750, 2.0315)
+SHAPES = {  # rows > cols (transposed), rows < cols, square
+    "layers.0.mlp.up": ((48, 32), "float32"),
+    "layers.0.mlp.down": ((32, 80), "bfloat16"),
+    "layers.0.attn.q": ((40, 40), "bfloat16"),
+}
+MAIN = "optimizer._mixed_precision_optimizer.fp32_from_fp16_params."
+
+
+def config(ns_dtype, adjust_lr_fn, nesterov):
+    return f"""optimizer:
+  _target_: Muon
+  fp32_main_params: true
+  muon_config:
+    muon_lr: {LR}
+    muon_weight_decay: {WD}
+    muon_momentum: {MU}
+    muon_nesterov: {str(nesterov).lower()}
+    muon_ns_variant: legacy
+    muon_ns_steps: 5
+    muon_ns_epsilon: {EPS}
+    muon_ns_dtype: {ns_dtype}
+    muon_adjust_lr_fn: {adjust_lr_fn}
+    muon_matched_adamw_rms: 0.2
+    muon_momentum_style: ema
+fsdp_config:
+  mix_precision:
+    param_dtype: bfloat16
+    reduce_dtype: float32
+train:
+  max_grad_norm: 0.0
+"""
+
+
+def check_torch_constants(check):
+    import torch
+    import torch.optim._muon as muon
+
+    defaults = {k: v.default for k, v in inspect.signature(torch.optim.Muon).parameters.items()}
+    check.expect(tuple(defaults["ns_coefficients"]) == LEGACY,
+                 f"torch.optim.Muon ns_coefficients {defaults['ns_coefficients']}, not legacy")
+    check.expect(defaults["eps"] == EPS and defaults["ns_steps"] == 5,
+                 f"torch.optim.Muon eps {defaults['eps']}, ns_steps {defaults['ns_steps']}")
+    check.expect(defaults["adjust_lr_fn"] is None, "torch.optim.Muon default adjust_lr_fn")
+    for shape in ((48, 32), (32, 80)):
+        a, b = shape
+        check.expect(muon._adjust_lr(1.0, None, torch.Size(shape)) == math.sqrt(max(1, a / b)),
+                     f"torch's original lr adjustment for {shape}")
+        check.expect(muon._adjust_lr(1.0, "match_rms_adamw", torch.Size(shape)) ==
+                     0.2 * math.sqrt(max(a, b)), f"torch's match_rms_adamw for {shape}")
+
+
+def amplification():
+    """K = max |s f'(s) / f(s)| and F = max f(s) over s in (0, 1] for the 5 legacy steps."""
+    import torch
+
+    s = torch.logspace(-12, 0, 200001, dtype=torch.float64, requires_grad=True)
+    a, b, c = LEGACY
+    f = s
+    for _ in range(5):
+        f = a * f + b * f**3 + c * f**5
+    (df,) = torch.autograd.grad(f.sum(), s)
+    return float((s * df / f).detach().abs().max()), float(f.detach().max())
+
+
+def float32_newton_schulz(ours, norms):
+    """torch's _zeropower_via_newtonschulz line by line, in float32. ours: normalised by
+    ||X|| + eps and X made contiguous after the transpose, as ours; else torch's max(||X||, eps)
+    on the transposed view. Records ||u|| in `norms`."""
+    import torch
+
+    def ns(grad, ns_coefficients, ns_steps, eps):
+        a, b, c = ns_coefficients
+        norms.append(float(grad.float().norm()))
+        ortho_grad = grad.float()
+        if grad.size(0) > grad.size(1):
+            ortho_grad = ortho_grad.T.contiguous() if ours else ortho_grad.T
+        norm = ortho_grad.norm()
+        ortho_grad = ortho_grad / (norm + eps) if ours else ortho_grad.div(norm.clamp(min=eps))
+        for _ in range(ns_steps):
+            gram_matrix = ortho_grad @ ortho_grad.T
+            gram_update = torch.addmm(gram_matrix, gram_matrix, gram_matrix, beta=b, alpha=c)
+            ortho_grad = torch.addmm(ortho_grad, gram_update, ortho_grad, beta=a)
+        if grad.size(0) > grad.size(1):
+            ortho_grad = ortho_grad.T
+        return ortho_grad
+
+    return ns
+
+
+def torch_muon(params, grads, adjust_lr_fn, nesterov, newton_schulz=None):
+    """torch.optim.Muon on fp32 masters (one optimizer per parameter, in order, so that the
+    recorded norms are per parameter); `newton_schulz` replaces torch's if given."""
+    import torch
+    import torch.optim._muon as muon
+
+    stock = muon._zeropower_via_newtonschulz
+    if newton_schulz is not None:
+        muon._zeropower_via_newtonschulz = newton_schulz
+    try:
+        out = {}
+        for name, p in params.items():
+            master = p.float().clone()
+            opt = torch.optim.Muon([master], lr=LR, weight_decay=WD, momentum=MU,
+                                   nesterov=nesterov, adjust_lr_fn=adjust_lr_fn)
+            for k in range(1, STEPS + 1):
+                master.grad = grads[f"step.{k}.{name}"].clone()
+                opt.step()
+            out[name] = (master, opt.state[master]["momentum_buffer"])
+        return out
+    finally:
+        muon._zeropower_via_newtonschulz = stock
+
+
+def main():
+    args = util.parse_args(__doc__.splitlines()[0])
+    util.require_packages()
+    import torch
+
+    torch.set_num_threads(1)
+    check = util.Checker()
+    check_torch_constants(check)
+    K, F = amplification()
+    print(f"Newton-Schulz (legacy, 5 steps): K = {K:.4f}, F = {F:.4f}")
+
+    gen = torch.Generator().manual_seed(20261201)
+    params = {n: (torch.randn(s, generator=gen) * 0.1).to(getattr(torch, d))
+              for n, (s, d) in SHAPES.items()}
+    grads = {f"step.{k}.{n}": torch.randn(s, generator=gen) * 0.01
+             for k in range(1, STEPS + 1) for n, (s, _) in SHAPES.items()}
+
+    def main_param(out, name):
+        return out["model." + name] if params[name].dtype == torch.float32 else out[MAIN + name]
+
+    for adjust_lr_fn in ("original", "match_rms_adamw"):
+        for nesterov in (True, False):
+            case = f"{adjust_lr_fn}, nesterov={nesterov}"
+            ours = {}
+            for ns_dtype in ("bfloat16", "float32"):
+                with util.temp_dir() as directory:
+                    ours[ns_dtype] = util.optim_replay(
+                        args.mixtrain, directory, config(ns_dtype, adjust_lr_fn, nesterov),
+                        params, grads)
+            stock = torch_muon(params, grads, adjust_lr_fn, nesterov)
+            norms_plus, norms_clamp = [], []
+            plus = torch_muon(params, grads, adjust_lr_fn, nesterov,
+                              float32_newton_schulz(True, norms_plus))
+            clamp = torch_muon(params, grads, adjust_lr_fn, nesterov,
+                               float32_newton_schulz(False, norms_clamp))
+            for i, name in enumerate(SHAPES):
+                rows, cols = SHAPES[name][0]
+                ratio = (math.sqrt(max(1, rows / cols)) if adjust_lr_fn == "original" else
+                         0.2 * math.sqrt(max(rows, cols)))
+                start = params[name].float()
+                # 1 and 2: bitwise, momentum buffers and bf16 model params included.
+                for ns_dtype, (master, buf) in (("bfloat16", stock[name]),
+                                                ("float32", plus[name])):
+                    out = ours[ns_dtype]
+                    pairs = [("main param", main_param(out, name), master),
+                             ("momentum", out[f"optimizer.state.{name}.momentum_buffer"], buf),
+                             ("model param", out["model." + name], master.to(params[name].dtype))]
+                    for what, a, b in pairs:
+                        differing = int((util.ulp_distance(a, b) > 0).sum())
+                        check.expect(a.dtype == b.dtype and differing == 0,
+                                     f"{case} {name} ns {ns_dtype}: {what}: {differing} of "
+                                     f"{b.numel()} elements differ from torch (dtypes {a.dtype}, "
+                                     f"{b.dtype})")
+                # 3: float32 vs torch's normalisation, within the derived bound.
+                ours32 = main_param(ours["float32"], name)
+                deltas = [EPS / n for n in norms_clamp[i * STEPS:(i + 1) * STEPS]]
+                bound = 2 * sum(LR * ratio * K * F * d for d in deltas)
+                diff = float((ours32 - clamp[name][0]).abs().max())
+                print(f"{case} {name}: float32 vs torch's max(||X||, eps): max |dp| {diff:.3e}, "
+                      f"bound {bound:.3e}")
+                check.expect(diff <= bound, f"{case} {name}: float32 vs torch's normalisation: "
+                             f"max |dp| {diff:.3e} > bound {bound:.3e}")
+                # 4: float32 vs stock torch (bfloat16 Newton-Schulz): update within 15 * 2^-8.
+                update = stock[name][0] - start
+                rel = float((ours32 - start - update).abs().max() / update.abs().max())
+                print(f"{case} {name}: float32 vs stock torch (bf16 Newton-Schulz): "
+                      f"max |dupdate| / max |update| = {rel:.2e}")
+                check.expect(rel <= 15 * 2**-8, f"{case} {name}: float32 vs bf16 torch: "
+                             f"{rel:.2e} > {15 * 2**-8:.2e}")
+            print(f"{case}: ns bfloat16 = stock torch.optim.Muon and ns float32 = torch's "
+                  "formula in float32 with ||X|| + eps: compared bitwise")
+    check.finish()
+
+
+if __name__ == "__main__":
+    main()

@@ -38,10 +38,10 @@
 // median and the ratios the issue targets: fused vs (a), fused vs (b) (target >= 5x), fused vs
 // (c) (target >= 0.85 on 1 thread, >= 0.75 on all), in wall time and in CPU time, with the load
 // average before and after.
-#include <c10/core/GradMode.h>
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <benchmark/benchmark.h>
+#include <c10/core/GradMode.h>
 #include <malloc.h>
 #include <sys/resource.h>
 #include <torch/optim/adamw.h>

@@ -4,8 +4,8 @@
 // Shared by the ChainedOptimizer and MixedPrecisionOptimizer tests.
 #pragma once
 
-#include <c10/core/GradMode.h>
 #include <ATen/ATen.h>
+#include <c10/core/GradMode.h>
 #include <torch/arg.h>
 
 #include <memory>

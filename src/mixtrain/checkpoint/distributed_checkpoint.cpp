@@ -1,7 +1,7 @@
 #include "mixtrain/checkpoint/distributed_checkpoint.h"
 
-#include <c10/core/GradMode.h>
 #include <ATen/ATen.h>
+#include <c10/core/GradMode.h>
 #include <sys/resource.h>
 #include <sys/syscall.h>
 #include <unistd.h>

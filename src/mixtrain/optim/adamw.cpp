@@ -1,7 +1,7 @@
 #include "mixtrain/optim/adamw.h"
 
-#include <c10/core/GradMode.h>
 #include <ATen/ATen.h>
+#include <c10/core/GradMode.h>
 
 #include <cmath>
 #include <memory>

@@ -1,7 +1,7 @@
 #include "mixtrain/optim/grad_clip.h"
 
-#include <c10/core/GradMode.h>
 #include <ATen/ATen.h>
+#include <c10/core/GradMode.h>
 
 #include <cmath>
 

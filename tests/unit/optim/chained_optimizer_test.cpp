@@ -1,7 +1,7 @@
 #include "mixtrain/optim/chained_optimizer.h"
 
-#include <c10/core/GradMode.h>
 #include <ATen/ATen.h>
+#include <c10/core/GradMode.h>
 #include <gtest/gtest.h>
 
 #include <torch/arg.h>

@@ -27,6 +27,14 @@ struct ResolvedLeaf {
 struct ResolvedConfig {
   TrainerConfig config;
   std::vector<ResolvedLeaf> leaves;  // every leaf of the tree, in canonical order
+
+  // The leaf named `key`, or null.
+  const ResolvedLeaf* leaf(const std::string& key) const {
+    for (const ResolvedLeaf& candidate : leaves) {
+      if (candidate.key == key) return &candidate;
+    }
+    return nullptr;
+  }
 };
 
 ResolvedConfig load_config(const std::string& path, const std::vector<std::string>& overrides);

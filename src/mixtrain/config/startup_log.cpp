@@ -21,13 +21,6 @@ std::string format_rows(const std::string& title, const std::vector<Row>& rows) 
   return title + "\n" + format_text_table(cells);
 }
 
-const ResolvedLeaf* find_leaf(const ResolvedConfig& resolved, const std::string& key) {
-  for (const ResolvedLeaf& leaf : resolved.leaves) {
-    if (leaf.key == key) return &leaf;
-  }
-  return nullptr;
-}
-
 // One row per canonical leaf under `prefix`: default, configured, final.
 std::string effective_block(const ResolvedConfig& resolved, const std::string& title,
                             const std::string& prefix) {
@@ -35,7 +28,7 @@ std::string effective_block(const ResolvedConfig& resolved, const std::string& t
   std::vector<Row> rows = {{"parameter", "constructor default", "configured", "final"}};
   for (const LeafSpec& spec : canonical_leaves()) {
     if (spec.key.rfind(prefix, 0) != 0) continue;
-    const ResolvedLeaf* leaf = find_leaf(resolved, spec.key);
+    const ResolvedLeaf* leaf = resolved.leaf(spec.key);
     const std::string final_value = spec.format(resolved.config);
     std::string configured = "-";
     if (leaf != nullptr &&

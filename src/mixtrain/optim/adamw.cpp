@@ -9,6 +9,7 @@
 #include <utility>
 
 #include "mixtrain/core/cpu_capability.h"
+#include "mixtrain/core/dtype.h"
 #include "mixtrain/optim/kernels/adamw_kernel.h"
 
 namespace mixtrain {
@@ -78,7 +79,7 @@ bool fusable(const at::Tensor& t) {
 
 bool fusable_model_param(const at::Tensor& model, const at::Tensor& param) {
   return model.device().is_cpu() && model.is_contiguous() && model.numel() == param.numel() &&
-         (model.scalar_type() == at::kBFloat16 || model.scalar_type() == at::kHalf);
+         is_low_precision(model.scalar_type());
 }
 
 using AdamWKernel = void (*)(const AdamWStepScalars&, float*, const float*, float*, float*, void*,

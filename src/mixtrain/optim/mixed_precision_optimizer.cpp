@@ -14,10 +14,6 @@
 namespace mixtrain {
 namespace {
 
-bool is_low_precision(c10::ScalarType dtype) {
-  return dtype == at::kBFloat16 || dtype == at::kHalf;
-}
-
 std::string format_sizes(at::IntArrayRef sizes) {
   std::ostringstream out;
   out << '[';

@@ -68,12 +68,6 @@ std::vector<std::pair<std::string, at::Tensor>> model_tensors(const CausalLM& mo
   return out;
 }
 
-std::string hex(uint64_t value) {
-  char buffer[17];
-  std::snprintf(buffer, sizeof(buffer), "%016llx", static_cast<unsigned long long>(value));
-  return buffer;
-}
-
 json config_json(const ResolvedConfig& resolved) {
   json out = json::object();
   for (const auto& leaf : resolved.leaves) out[leaf.key] = leaf.value;
@@ -120,15 +114,6 @@ struct Casts {
     return out;
   }
 };
-
-bool is_low_precision_param(const std::vector<std::pair<std::string, at::Tensor>>& model,
-                            const std::string& key) {
-  for (const auto& [name, tensor] : model) {
-    if (name == key)
-      return tensor.scalar_type() == at::kBFloat16 || tensor.scalar_type() == at::kHalf;
-  }
-  return false;
-}
 
 std::string format_shape(const std::vector<int64_t>& shape) {
   std::string out = "[";
@@ -232,7 +217,7 @@ SaveRequest make_save_request(const CheckpointParts& parts, int64_t step) {
                         {"fp32_main_params", config.optimizer.fp32_main_params},
                         {"param_groups", parts.optimizer.chained().param_groups_state()}};
   state["config"] = config_json(parts.resolved);
-  state["config_hash"] = hex(XXH3_64bits(config_text.data(), config_text.size()));
+  state["config_hash"] = format_xxh3_64(XXH3_64bits(config_text.data(), config_text.size()));
   request.state = std::move(state);
   request.rank_state = {{"rng_cpu", cpu_rng_state_hex()}};
   return request;
@@ -350,8 +335,10 @@ int64_t restore_checkpoint(const CheckpointParts& parts, const std::string& rest
       }
       // A main-params checkpoint resumed with fp32_main_params off: the model continues from
       // its low-precision params (the rounded main params, as saved); the main params go.
+      const ChainedOptimizer& chained = parts.optimizer.chained();
       if (starts_with(key, kMainParamPrefix) && main_keys.empty() &&
-          is_low_precision_param(model, kModelPrefix + fqn_of(key))) {
+          chained.contains(fqn_of(key)) &&
+          is_low_precision(chained.model_param(fqn_of(key)).scalar_type())) {
         ++dropped_mains;
         continue;
       }

@@ -43,19 +43,12 @@ std::string canonical_key(const std::string& optimizer, const std::string& field
   return "optimizer." + optimizer + "_config." + optimizer + "_" + field;
 }
 
-const ResolvedLeaf* find_resolved(const ResolvedConfig& resolved, const std::string& key) {
-  for (const ResolvedLeaf& leaf : resolved.leaves) {
-    if (leaf.key == key) return &leaf;
-  }
-  return nullptr;
-}
-
 // The key a user of the config's dialect sets this value with. TOML derives some values:
 // "from <what>" where no key of its own sets it, "<key>; now from <other key ...>" where this
 // run took it from another key (the Muon lr in match_rms_adamw mode).
 std::string dialect_key(const ResolvedConfig& resolved, const std::string& key) {
   if (resolved.config.dialect != "toml") return key;
-  const ResolvedLeaf* leaf = find_resolved(resolved, key);
+  const ResolvedLeaf* leaf = resolved.leaf(key);
   const std::string derived_from =
       leaf != nullptr && leaf->source == ValueSource::kDerived ? leaf->origin : "";
   std::string toml = toml_key_for(key);

@@ -5,14 +5,16 @@
 //   collective calls, so it lands in the same phase every run);
 // - disk full: the trainer resumed under RLIMIT_FSIZE (SIGXFSZ ignored, so writes fail with
 //   EFBIG as they would with ENOSPC) below the size of a rank file;
-// - an unwritable checkpoint directory (mode 0555; run as `nobody` when the test runs as
-//   root, for whom permission bits do not apply);
+// - an unwritable checkpoint directory (mode 0555; when the test runs as root, for whom
+//   permission bits do not apply, the run goes into a new user namespace, which drops root's
+//   capabilities but keeps it the owner of its files: the binary, .venv and a clone under a
+//   0700 directory stay reachable, and the 0555 directory refuses writes);
 // - an asynchronous save whose writer fails: the error reaches the training loop at the next
 //   save (step 6 joins the failed save of step 4), which stops with exit 1: no step 7.
 // Runs of the binary use the tiny RFC config (bfloat16, Muon + AdamW), ~1 s of training each.
 #include <ATen/ATen.h>
-#include <grp.h>
 #include <gtest/gtest.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
@@ -167,7 +169,7 @@ TEST(CheckpointSaveFailure, ARankKilledMidSaveLeavesThePreviousStep) {
 
 struct Limits {
   rlim_t file_size = RLIM_INFINITY;  // RLIMIT_FSIZE in bytes
-  bool unprivileged = false;         // as nobody (65534) when running as root
+  bool unprivileged = false;         // without root's capabilities when running as root
 };
 
 // `mixtrain <arguments>` in a child process with `limits`, its output in `log`.
@@ -182,10 +184,8 @@ CommandResult run_limited(const std::string& arguments, const Limits& limits,
       const rlimit limit{limits.file_size, limits.file_size};
       if (::setrlimit(RLIMIT_FSIZE, &limit) != 0) ::_exit(126);
     }
-    if (limits.unprivileged && ::geteuid() == 0) {
-      if (::setgroups(0, nullptr) != 0 || ::setgid(65534) != 0 || ::setuid(65534) != 0) {
-        ::_exit(126);
-      }
+    if (limits.unprivileged && ::geteuid() == 0 && ::unshare(CLONE_NEWUSER) != 0) {
+      ::_exit(126);
     }
     ::execl("/bin/sh", "sh", "-c", command.c_str(), static_cast<char*>(nullptr));
     ::_exit(127);
@@ -203,7 +203,7 @@ class TrainerSaveFailure : public ::testing::Test {
  protected:
   // Run 1: 2 steps, saving step 2 (synchronously) into checkpoints_.
   void SetUp() override {
-    fs::permissions(dir_.path(), fs::perms::all);  // others (nobody) may enter and write
+    fs::permissions(dir_.path(), fs::perms::all);  // the unprivileged run may enter and write
     const CommandResult first = run_mixtrain(command(dir_.file("run1")) +
                                              " --set train.steps=2 --set checkpoint.interval=2");
     ASSERT_EQ(first.exit_code, 0) << first.output;

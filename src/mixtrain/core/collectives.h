@@ -5,10 +5,9 @@
 //
 // Every call is collective over the group: all ranks call it in the same order with tensors of
 // the same dtype and shape (except where a split says otherwise). Tensors are contiguous CPU
-// tensors. Payload dtypes: float32, float64, bfloat16, float16, int32, int64, uint8 — bfloat16
-// travels as its bits (Gloo in LibTorch 1.13 has no bfloat16), so reductions of bfloat16 are
-// not offered: reduce in float32. A failed or timed-out peer raises mixtrain::UserError naming
-// the operation and the group.
+// tensors. Payload dtypes: float32, float64, bfloat16, float16, int32, int64, uint8. Reductions of
+// bfloat16 are not offered (a bfloat16 sum rounds every partial sum): reduce in float32. A failed
+// or timed-out peer raises mixtrain::UserError naming the operation and the group.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -73,8 +72,8 @@ std::unique_ptr<Collectives> make_local_collectives(const std::string& name = "l
 //   barrier         0
 // These are the bytes of the ideal algorithm, not a packet capture: Gloo's own algorithms
 // (e.g. its reduce_scatter emulated by alltoall_base, which sends exactly (n-1)/n B) may send
-// more or less, and headers are not counted. A one-rank group sends 0 bytes. bfloat16 counts 2
-// bytes per element, like float16 (it travels as float16 bits). A call that fails (a dead peer)
+// more or less, and headers are not counted. A one-rank group sends 0 bytes. bfloat16 and
+// float16 count 2 bytes per element. A call that fails (a dead peer)
 // is still counted, with the time until it failed; argument errors, thrown before any
 // communication, are not.
 enum class CollectiveOp { kAllReduce, kAllGather, kReduceScatter, kAllToAll, kBroadcast, kBarrier };

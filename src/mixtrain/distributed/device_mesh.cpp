@@ -9,7 +9,6 @@
 #include <map>
 #include <mutex>
 #include <sstream>
-#include <type_traits>
 
 #include "mixtrain/core/error.h"
 #include "mixtrain/core/logging.h"
@@ -20,18 +19,6 @@ namespace {
 
 std::chrono::milliseconds to_ms(double seconds) {
   return std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000.0));
-}
-
-// LibTorch 2.x has TCPStoreOptions::useLibUV; Debian's builds lack libuv, so it must be false.
-// 1.13 has no such field: set it only where it exists.
-template <typename Options, typename = void>
-struct HasUseLibUV : std::false_type {};
-template <typename Options>
-struct HasUseLibUV<Options, std::void_t<decltype(std::declval<Options&>().useLibUV)>>
-    : std::true_type {};
-template <typename Options>
-void disable_libuv(Options& options) {
-  if constexpr (HasUseLibUV<Options>::value) options.useLibUV = false;
 }
 
 std::string first_line(const std::exception& error) {
@@ -63,7 +50,7 @@ c10::intrusive_ptr<c10d::Store> connect_store(const RankInfo& info, double join_
   options.numWorkers = static_cast<std::size_t>(info.world_size);
   options.waitWorkers = false;  // we wait in join(), with our own timeout and message
   options.timeout = to_ms(join_timeout_s);
-  disable_libuv(options);
+  options.useLibUV = true;  // the libuv server (2.x default; the wheel has libuv)
   try {
     return c10::make_intrusive<c10d::TCPStore>(info.master_addr, options);
   } catch (const std::exception& error) {

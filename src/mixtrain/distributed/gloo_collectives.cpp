@@ -10,12 +10,6 @@
 namespace mixtrain {
 namespace {
 
-// Gloo moves bytes; bfloat16 and float16 have the same width, so a float16 view of a bfloat16
-// tensor carries its exact bits. Never used for a reduction (the sum would be wrong).
-at::Tensor wire_view(const at::Tensor& tensor) {
-  return tensor.scalar_type() == at::kBFloat16 ? tensor.view(at::kHalf) : tensor;
-}
-
 bool gloo_dtype(at::ScalarType type) {
   switch (type) {
     case at::kFloat:
@@ -72,6 +66,7 @@ void GlooCollectives::check_input(const at::Tensor& tensor, const char* op) cons
 void GlooCollectives::all_reduce_sum(at::Tensor& tensor) {
   check_input(tensor, "all_reduce_sum");
   if (tensor.scalar_type() == at::kBFloat16) {
+    // Gloo would sum in bfloat16, rounding every partial sum: reductions are float32 here.
     throw std::invalid_argument(name_ + ": all_reduce_sum of bfloat16 is not offered; reduce " +
                                 "in float32");
   }
@@ -94,13 +89,8 @@ at::Tensor GlooCollectives::all_gather(const at::Tensor& local) {
   CollectiveCallRecord record(CollectiveOp::kAllGather,
                               (size_ - 1) * static_cast<int64_t>(local.nbytes()));
   if (result.numel() == 0) return result;
-  at::Tensor wire_result = wire_view(result);
-  std::vector<at::Tensor> inputs = {
-      wire_view(local).reshape(wire_result.narrow(0, 0, rows).sizes())};
-  // List form (1.13 has no _allgather_base): Gloo copies each rank's block into these views.
-  std::vector<std::vector<at::Tensor>> outputs(1);
-  for (int r = 0; r < size_; ++r) outputs[0].push_back(wire_result.narrow(0, r * rows, rows));
-  wait(group_->allgather(outputs, inputs), "all_gather");
+  at::Tensor input = local.reshape(result.narrow(0, 0, rows).sizes());
+  wait(group_->_allgather_base(result, input), "all_gather");
   return result;
 }
 
@@ -169,11 +159,10 @@ at::Tensor GlooCollectives::all_to_all(const at::Tensor& input,
   }
   CollectiveCallRecord record(CollectiveOp::kAllToAll, sent_rows * row_bytes);
   at::Tensor result = at::empty(shape, input.options());
-  at::Tensor wire_input = wire_view(input);
-  at::Tensor wire_result = wire_view(result);
+  at::Tensor send_buffer = input;
   std::vector<int64_t> send = send_counts;
   std::vector<int64_t> recv = recv_counts;
-  wait(group_->alltoall_base(wire_result, wire_input, recv, send), "all_to_all");
+  wait(group_->alltoall_base(result, send_buffer, recv, send), "all_to_all");
   return result;
 }
 
@@ -187,7 +176,7 @@ void GlooCollectives::broadcast(at::Tensor& tensor, int root) {
   CollectiveCallRecord record(
       CollectiveOp::kBroadcast,
       rank_ == root ? (size_ - 1) * static_cast<int64_t>(tensor.nbytes()) : 0);
-  std::vector<at::Tensor> tensors = {wire_view(tensor)};
+  std::vector<at::Tensor> tensors = {tensor};
   c10d::BroadcastOptions options;
   options.rootRank = root;
   wait(group_->broadcast(tensors, options), "broadcast");

@@ -1,9 +1,11 @@
 // Collectives over a c10d::ProcessGroupGloo (docs/architecture.md §7).
 //
-// LibTorch 1.13's Gloo has no bfloat16, no reduce_scatter, no _allgather_base and no list-form
-// alltoall, so: bfloat16 travels as its bits viewed as float16 (data movement only; reductions
-// of bfloat16 are refused), all_gather uses the list form into views of one output tensor, and
-// reduce_scatter_sum is alltoall_base followed by a local sum in rank order (float16 payloads
+// bfloat16 travels natively (LibTorch 2.x's Gloo moves its bytes); all_gather is _allgather_base
+// into one output tensor. reduce_scatter_sum is NOT Gloo's _reduce_scatter_base: in LibTorch 2.11
+// that all-reduces the whole input and keeps one chunk (twice the bytes of a reduce-scatter, and
+// for more than 2 ranks a summation order that is not rank order). Ours is an equal-split
+// alltoall_base followed by a local sum in rank order, so every rank and the single-process
+// reference agree bit for bit, on (n-1)/n of the input's bytes (float16 payloads
 // accumulate in float32). Every Work is waited on; a failure or a timeout (the group's
 // Options::timeout) becomes mixtrain::UserError("<group>: <op> failed on rank R: <reason>"),
 // R being this process's world rank. Every call is counted in the communication counters of

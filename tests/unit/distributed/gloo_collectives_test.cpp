@@ -1,5 +1,5 @@
-// GlooCollectives on 2 and 4 real processes: every op for float32, bfloat16 (bitwise: it
-// travels as float16 bits), float16 and int64, uneven all_to_all splits (with empty ones) and
+// GlooCollectives on 2 and 4 real processes: every op for float32, bfloat16 (bitwise: Gloo
+// moves its bytes), float16 and int64, uneven all_to_all splits (with empty ones) and
 // reduce_scatter_sum against the sum written out by hand. Expected values are closed-form
 // functions of (sender, receiver, row, column), computed on each rank without communication.
 // Also the communication counters: calls, seconds and the bytes each rank sends, per op.
@@ -91,7 +91,7 @@ MIXTRAIN_WORKER(all_ops) {
     EXPECT_TRUE(same_bits(payload, block(7, 3, 2, type)));
 
     if (type == at::kBFloat16) {
-      // Reductions of bfloat16 are refused (the float16 view would sum wrong numbers).
+      // Reductions of bfloat16 are refused (a bfloat16 sum rounds every partial sum).
       at::Tensor t = at::ones({2}, type);
       EXPECT_THROW(world.all_reduce_sum(t), std::invalid_argument);
       EXPECT_THROW(world.reduce_scatter_sum(at::ones({2 * n}, type)), std::invalid_argument);
@@ -201,6 +201,33 @@ MIXTRAIN_WORKER(counters) {
   EXPECT_THROW(world.reduce_scatter_sum(at::zeros({2 * n + 1})), std::invalid_argument);
   EXPECT_EQ(thread_collective_stats()[CollectiveOp::kReduceScatter].calls, 1);
   worker.write_text("counted" + std::to_string(rank), "ok");
+}
+
+// reduce_scatter_sum adds in rank order on every rank: r0 + r1 + r2 + r3, which is what the
+// single-process reference computes. Values where float32 addition is not associative:
+// ((1e8 + 1) - 1e8) + 1 = 1, while other orders give 0 or 2 (1e8 + 1 rounds to 1e8). Gloo's own
+// _reduce_scatter_base (a ring all-reduce) gives 0 on ranks 0 and 1 of 4 (measured with
+// LibTorch 2.11): the reason reduce_scatter_sum is alltoall plus a local sum.
+MIXTRAIN_WORKER(rank_order) {
+  DeviceMesh mesh = worker.make_mesh();
+  Collectives& world = *mesh.world;
+  const float mine[] = {1e8f, 1.0f, -1e8f, 1.0f};
+  const int n = world.size();
+  at::Tensor full = at::full({n}, mine[world.rank()], at::kFloat);
+  const float got = world.reduce_scatter_sum(full).item<float>();
+  float expected = mine[0];
+  for (int r = 1; r < n; ++r) expected += mine[r];
+  EXPECT_EQ(expected, 1.0f);  // the order-sensitive case really is order sensitive
+  EXPECT_EQ(got, expected);
+  worker.write_text("sum" + std::to_string(world.rank()), std::to_string(got));
+}
+
+TEST(GlooCollectivesTest, ReduceScatterSumsInRankOrderOnFourRanks) {
+  ParallelConfig parallel;
+  parallel.dp_shard = 4;
+  const WorkerResult result = run_workers("rank_order", 4, parallel);
+  ASSERT_TRUE(result.all_ok()) << result.summary();
+  for (int r = 0; r < 4; ++r) EXPECT_EQ(result.read_text("sum" + std::to_string(r)), "1.000000");
 }
 
 void run_counters(int nproc) {

@@ -153,6 +153,7 @@ std::vector<LeafSpec> build_leaves() {
       MIXTRAIN_LEAF("train.max_grad_norm", train.max_grad_norm),
       MIXTRAIN_LEAF("train.log_every", train.log_every),
       MIXTRAIN_LEAF("train.profile", train.profile),
+      MIXTRAIN_LEAF("train.cpu_allocator", train.cpu_allocator),
       MIXTRAIN_LEAF("train.lr_scheduler.warmup_steps", train.lr_scheduler.warmup_steps),
       MIXTRAIN_LEAF("train.lr_scheduler.decay", train.lr_scheduler.decay),
       MIXTRAIN_LEAF("train.lr_scheduler.min_lr_ratio", train.lr_scheduler.min_lr_ratio),

@@ -35,6 +35,7 @@ const std::vector<std::pair<std::string, std::string>>& renamed_keys() {
         {"training.seq_len", "data.seq_len"},
         {"training.dataset", "data.kind"},
         {"training.dataset_path", "data.path"},
+        {"training.cpu_allocator", "train.cpu_allocator"},
         {"training.mixed_precision_param", "fsdp_config.mix_precision.param_dtype"},
         {"training.mixed_precision_reduce", "fsdp_config.mix_precision.reduce_dtype"},
         {"lr_scheduler.warmup_steps", "train.lr_scheduler.warmup_steps"},

@@ -129,6 +129,7 @@ void check_train_and_checkpoint(const Checker& check, const TrainerConfig& c) {
   check.non_negative("train.lr_scheduler.warmup_steps", c.train.lr_scheduler.warmup_steps);
   check.one_of("train.lr_scheduler.decay", c.train.lr_scheduler.decay,
                {"constant", "linear", "cosine"});
+  check.one_of("train.cpu_allocator", c.train.cpu_allocator, {"caching", "system"});
   const double min_ratio = c.train.lr_scheduler.min_lr_ratio;
   if (!(min_ratio >= 0 && min_ratio <= 1)) {
     check.fail_value("train.lr_scheduler.min_lr_ratio", "must be in [0, 1]");

@@ -13,6 +13,7 @@
 #include "mixtrain/config/startup_log.h"
 #include "mixtrain/config/validate.h"
 #include "mixtrain/core/build_info.h"
+#include "mixtrain/core/caching_cpu_allocator.h"
 #include "mixtrain/core/collectives.h"
 #include "mixtrain/core/dtype.h"
 #include "mixtrain/core/error.h"
@@ -284,6 +285,8 @@ TrainSummary run_training(const ResolvedConfig& resolved, const TrainOptions& op
   const TrainerConfig& config = resolved.config;
   validate_config(config);  // before any process group exists
   refuse_unsupported(config, model_dtype_of(config));
+  // Before the run's first tensor: buffers allocated earlier return to their own allocator.
+  if (config.train.cpu_allocator == "caching") install_caching_cpu_allocator();
   install_interrupt_handler();
   DeviceMesh mesh = join_mesh(config);
   const bool is_rank0 = mesh.rank == 0;
@@ -375,6 +378,9 @@ TrainSummary run_training(const ResolvedConfig& resolved, const TrainOptions& op
   if (is_rank0) {
     progress->finish();
     write_loss_svg(summary.plot_path, loss_curve, "mixtrain loss: " + config.source_file);
+  }
+  if (is_rank0 && config.train.profile && config.train.cpu_allocator == "caching") {
+    log_info(format_cpu_allocator_stats(CachingCpuAllocator::instance().stats()));
   }
   return summary;
 }

@@ -26,10 +26,6 @@
 #include <c10/util/Exception.h>
 #include <c10/util/Half.h>
 
-#if defined(CPU_CAPABILITY_AVX2) || defined(CPU_CAPABILITY_AVX512)
-#include <immintrin.h>
-#endif
-
 #include <algorithm>
 #include <cmath>
 #include <type_traits>
@@ -159,23 +155,8 @@ inline void store_model(Vec p0, Vec p1, c10::BFloat16* out) {
 }
 
 inline void store_model(Vec p0, Vec p1, c10::Half* out) {
-  // F16C (-mf16c in both vector builds) rounds to nearest even like c10::Half's software
-  // conversion, subnormals and overflow included.
-#if defined(CPU_CAPABILITY_AVX512)
-  _mm256_storeu_si256(reinterpret_cast<__m256i*>(out),
-                      _mm512_cvtps_ph(p0, _MM_FROUND_TO_NEAREST_INT));
-  _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + kLanes),
-                      _mm512_cvtps_ph(p1, _MM_FROUND_TO_NEAREST_INT));
-#elif defined(CPU_CAPABILITY_AVX2)
-  _mm_storeu_si128(reinterpret_cast<__m128i*>(out), _mm256_cvtps_ph(p0, _MM_FROUND_TO_NEAREST_INT));
-  _mm_storeu_si128(reinterpret_cast<__m128i*>(out + kLanes),
-                   _mm256_cvtps_ph(p1, _MM_FROUND_TO_NEAREST_INT));
-#else
-  float values[kBlock];
-  p0.store(values);
-  p1.store(values + kLanes);
-  for (int64_t k = 0; k < kBlock; ++k) out[k] = c10::Half(values[k]);
-#endif
+  // ATen's own float -> float16 rounding (round to nearest even; F16C in the vector builds).
+  at::vec::convert_float_half(p0, p1).store(out);
 }
 
 // Updates n elements at the given pointers, n a multiple of kBlock and at most kSpan: the moments

@@ -13,10 +13,6 @@
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>
 
-#if defined(CPU_CAPABILITY_AVX2) || defined(CPU_CAPABILITY_AVX512)
-#include <immintrin.h>
-#endif
-
 #include <algorithm>
 #include <stdexcept>
 #include <vector>
@@ -51,17 +47,9 @@ inline Vec load_float(const c10::BFloat16* p) {
   return out;
 }
 inline Vec load_float(const c10::Half* p) {
-  // LibTorch 1.13 has no Vectorized<Half> conversion helper (2.x has load_fp32_from_fp16);
-  // F16C (enabled with -mf16c in both vector builds) converts a full vector in one instruction.
-#if defined(CPU_CAPABILITY_AVX512)
-  return Vec(_mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))));
-#elif defined(CPU_CAPABILITY_AVX2)
-  return Vec(_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
-#else
-  float values[kLanes];
-  for (int64_t k = 0; k < kLanes; ++k) values[k] = static_cast<float>(p[k]);
-  return Vec::loadu(values);
-#endif
+  Vec out;
+  at::vec::load_fp32_from_fp16(p, out);
+  return out;
 }
 
 inline double lanes_to_double(const Vec& v) {

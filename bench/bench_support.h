@@ -3,7 +3,8 @@
 // prints (the CPU model, the memory, the filesystem of a directory: a checkpoint or swap file on
 // tmpfs never reaches a disk); and the plumbing around a measurement (failing with the program's
 // name, an option's value, a fresh work directory, a child process logging to a file, the end of
-// that log, a JSON-lines file, a median). Header-only.
+// that log, a JSON-lines file, a median); and the ~41M-parameter config two of them train.
+// Header-only.
 #pragma once
 
 #include <fcntl.h>
@@ -22,6 +23,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 #include <system_error>
+#include <utility>
 #include <vector>
 
 namespace mixtrain::bench {
@@ -111,6 +113,61 @@ inline void require_executable(const std::string& path) {
   }
 }
 
+// --- configs ------------------------------------------------------------------------------
+
+// A ~41M-parameter Qwen2-MoE with configs/qwen2_moe_tiny.yaml's optimizer and precision sections
+// (bfloat16 model, fp32 main params, Muon + AdamW): vocab 16000, hidden 384, 6 layers, 8 experts
+// of 384 (top 2), shared expert 768, 128-token sequences, global batch 4 in micro-batches of 2.
+// bench_train_throughput and bench_twin_ratio train it.
+inline constexpr const char* kMedium41MConfig =
+    R"(# Written by a mixtrain bench program (bench/bench_support.h).
+model_init_dtype: bfloat16
+optimizer:
+  _target_: Muon
+  fp32_main_params: true
+  muon_config:
+    muon_lr: 0.02
+    muon_weight_decay: 0.0
+    muon_momentum: 0.95
+    muon_nesterov: true
+    muon_ns_steps: 5
+    muon_ns_variant: asym5
+  adamw_config:
+    adamw_lr: 0.001
+    adamw_weight_decay: 0.01
+fsdp_config:
+  mix_precision:
+    param_dtype: bfloat16
+    reduce_dtype: float32
+    output_dtype: bfloat16
+    cast_forward_inputs: true
+model:
+  name: qwen2_moe
+  vocab_size: 16000
+  hidden_size: 384
+  num_layers: 6
+  num_heads: 6
+  num_kv_heads: 2
+  head_dim: 64
+  moe_intermediate_size: 384
+  num_experts: 8
+  num_experts_per_tok: 2
+  shared_expert_intermediate_size: 768
+  max_seq_len: 128
+data:
+  kind: synthetic
+  seq_len: 128
+  micro_batch_size: 2
+  global_batch_size: 4
+train:
+  seed: 1234
+  max_grad_norm: 1.0
+  lr_scheduler:
+    warmup_steps: 2
+checkpoint:
+  interval: 0
+)";
+
 // --- the work directory ---------------------------------------------------------------------
 
 // Creates a fresh directory "<base>/<prefix>-XXXXXX" (mkdtemp) and returns its path; an empty
@@ -139,12 +196,13 @@ inline void keep_or_remove(const std::string& dir, bool keep, const char* kept_m
 
 // Starts the program args[0] (a path: no PATH search) with arguments `args`, its stdout and
 // stderr going to `log_path` (created or truncated), with OMP_NUM_THREADS=`omp_threads` in its
-// environment unless that is 0 (then it inherits ours); returns its pid, for the caller to wait
-// for. Flushes every stdio stream first, so that the child writes nothing buffered twice.
-// fail()s when fork fails; the child exits 126 when it cannot open the log, 127 when it cannot
-// exec (saying why in the log).
+// environment unless that is 0 (then it inherits ours) and the (name, value) pairs of `env` set
+// too; returns its pid, for the caller to wait for. Flushes every stdio stream first, so that
+// the child writes nothing buffered twice. fail()s when fork fails; the child exits 126 when it
+// cannot open the log, 127 when it cannot exec (saying why in the log).
 inline pid_t spawn_logged(const std::vector<std::string>& args, const std::string& log_path,
-                          int omp_threads = 0) {
+                          int omp_threads = 0,
+                          const std::vector<std::pair<std::string, std::string>>& env = {}) {
   std::vector<std::string> owned = args;
   std::vector<char*> argv;
   for (std::string& arg : owned) argv.push_back(arg.data());
@@ -156,6 +214,7 @@ inline pid_t spawn_logged(const std::vector<std::string>& args, const std::strin
     const int fd = open(log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (fd < 0 || dup2(fd, STDOUT_FILENO) < 0 || dup2(fd, STDERR_FILENO) < 0) _exit(126);
     if (omp_threads > 0) setenv("OMP_NUM_THREADS", std::to_string(omp_threads).c_str(), 1);
+    for (const auto& [name, value] : env) setenv(name.c_str(), value.c_str(), 1);
     execv(argv[0], argv.data());
     std::fprintf(stderr, "exec %s: %s\n", argv[0], std::strerror(errno));
     _exit(127);

@@ -103,8 +103,7 @@ struct Options {
   int64_t mib = 512;
   int reps = 3;
   int trainer_reps = 5;
-  std::string config =
-      fs::path(__FILE__).parent_path().parent_path() / "configs" / "qwen2_moe_tiny.yaml";
+  std::string config = std::string(MIXTRAIN_SOURCE_DIR) + "/configs/qwen2_moe_tiny.yaml";
   bool io = true;       // parts 1 and 2
   bool trainer = true;  // part 3
   bool keep = false;

@@ -14,9 +14,10 @@
 //
 // Configs: configs/qwen2_moe_tiny.yaml (the RFC's config: bfloat16 model, fp32 main params,
 // Muon + AdamW, 0.24M parameters) and a ~41M-parameter one written to the work directory
-// (the same optimizer and precision sections; vocab 16000, hidden 384, 6 layers, 8 experts
-// of 384, shared expert 768, 128-token sequences). Both keep their global batch on 1 and 2
-// ranks (gradient accumulation on 1 rank), so tokens per step are equal and tokens/s compare.
+// (kMedium41MConfig of bench_support.h: the same optimizer and precision sections; vocab 16000,
+// hidden 384, 6 layers, 8 experts of 384, shared expert 768, 128-token sequences). Both keep their
+// global batch on 1 and 2 ranks (gradient accumulation on 1 rank), so tokens per step are equal
+// and tokens/s compare.
 // A synchronous checkpoint is saved every S/2 steps (so twice in steps 2..S, at S/2 and at S);
 // the medians are hardly moved by those two steps; two more columns give the time per save
 // (checkpoint_s) and the share of all step time the saves took. OMP_NUM_THREADS, when set, applies
@@ -55,55 +56,6 @@ using namespace mixtrain::bench;  // bench_support.h
 
 namespace fs = std::filesystem;
 
-// configs/qwen2_moe_tiny.yaml's optimizer and precision sections on a larger model.
-constexpr const char* kMediumConfig = R"(# Written by bench_train_throughput.
-model_init_dtype: bfloat16
-optimizer:
-  _target_: Muon
-  fp32_main_params: true
-  muon_config:
-    muon_lr: 0.02
-    muon_weight_decay: 0.0
-    muon_momentum: 0.95
-    muon_nesterov: true
-    muon_ns_steps: 5
-    muon_ns_variant: asym5
-  adamw_config:
-    adamw_lr: 0.001
-    adamw_weight_decay: 0.01
-fsdp_config:
-  mix_precision:
-    param_dtype: bfloat16
-    reduce_dtype: float32
-    output_dtype: bfloat16
-    cast_forward_inputs: true
-model:
-  name: qwen2_moe
-  vocab_size: 16000
-  hidden_size: 384
-  num_layers: 6
-  num_heads: 6
-  num_kv_heads: 2
-  head_dim: 64
-  moe_intermediate_size: 384
-  num_experts: 8
-  num_experts_per_tok: 2
-  shared_expert_intermediate_size: 768
-  max_seq_len: 128
-data:
-  kind: synthetic
-  seq_len: 128
-  micro_batch_size: 2
-  global_batch_size: 4
-train:
-  seed: 1234
-  max_grad_norm: 1.0
-  lr_scheduler:
-    warmup_steps: 2
-checkpoint:
-  interval: 0
-)";
-
 struct Options {
   std::string binary = MIXTRAIN_BINARY;
   int steps = 8;
@@ -114,9 +66,8 @@ struct Options {
 
 Options parse_options(int argc, char** argv) {
   Options options;
-  // The source tree this file was compiled from (CMake passes absolute paths).
-  options.tiny_config =
-      (fs::path(__FILE__).parent_path().parent_path() / "configs" / "qwen2_moe_tiny.yaml").string();
+  // The source tree this program was built from (__FILE__ is relative with Ninja).
+  options.tiny_config = std::string(MIXTRAIN_SOURCE_DIR) + "/configs/qwen2_moe_tiny.yaml";
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     auto value = [&] { return option_value(argc, argv, i); };
@@ -231,7 +182,7 @@ int main(int argc, char** argv) {
   }
   const std::string work_dir = make_work_dir(options.work_dir, "mixtrain-throughput");
   const std::string medium_config = work_dir + "/qwen2_moe_41m.yaml";
-  std::ofstream(medium_config) << kMediumConfig;
+  std::ofstream(medium_config) << kMedium41MConfig;
 
   const char* threads = std::getenv("OMP_NUM_THREADS");
   std::printf("machine: %ld CPUs online, %s; OMP_NUM_THREADS=%s\n", sysconf(_SC_NPROCESSORS_ONLN),

@@ -40,6 +40,7 @@ set(MIXTRAIN_TEST_TABLE
   "python_adamw_oracle                       1          300      slow"    # 31 (alone)
   "python_muon_oracle                        1          210      slow"    # 11-21 (alone)
   "python_safetensors_oracle                 2          70       "        # 7 (alone; 2 ranks)
+  "python_twin_oracle                        1          70       "        # 5-7 (loaded machine)
 )
 
 # Applies the table to the tests already added; call once, after the last add_test.

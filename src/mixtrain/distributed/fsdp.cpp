@@ -306,7 +306,7 @@ void FullyShardedModel::deliver_grad(const Param& p, at::Tensor grad) {
           "fsdp: fp32_main_params is on but no optimizer was attached (set_main_grads) before "
           "backward");
     }
-    main_grads_->main_grad(p.name).add_(grad);
+    main_grads_->accumulate_main_grad(p.name, grad);
     return;
   }
   // Outside autograd (the final callback), so accumulate into .grad as the engine would.

@@ -311,6 +311,22 @@ at::Tensor& ChainedOptimizer::main_grad(const std::string& name) {
   return e.main_grad;
 }
 
+void ChainedOptimizer::accumulate_main_grad(const std::string& name, const at::Tensor& grad) {
+  entry(name);  // throws for an unknown name
+  Entry& e = entries_.at(name);
+  if (grad.sizes() != e.model_param.sizes()) {
+    throw std::logic_error("optimizer: grad of " + name + " has the wrong shape for main_grad");
+  }
+  if (e.main_grad.defined()) {
+    e.main_grad.add_(grad);
+    return;
+  }
+  e.main_grad = at::empty(e.model_param.sizes(), e.model_param.options().dtype(at::kFloat));
+  // A 1-element float32 zero (not 0-dim: that would not promote) makes the sum float32, as the
+  // zeroed buffer did; a bfloat16 sum would also turn NaN's sign positive.
+  at::add_out(e.main_grad, grad, at::zeros({1}, grad.options().dtype(at::kFloat)));
+}
+
 at::Tensor ChainedOptimizer::main_grad_if_defined(const std::string& name) const {
   return entry(name).main_grad;
 }

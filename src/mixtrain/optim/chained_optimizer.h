@@ -106,6 +106,7 @@ class ChainedOptimizer : public TrainingOptimizer {
 
   // TrainingOptimizer
   at::Tensor& main_grad(const std::string& name) override;
+  void accumulate_main_grad(const std::string& name, const at::Tensor& grad) override;
   void accumulate_model_grads() override {}
   double loss_scale() const override { return 1.0; }
   void prepare_grads() override;

@@ -94,13 +94,18 @@ at::Tensor& MixedPrecisionOptimizer::main_grad(const std::string& name) {
   return chained_->main_grad(name);
 }
 
+void MixedPrecisionOptimizer::accumulate_main_grad(const std::string& name,
+                                                   const at::Tensor& grad) {
+  chained_->accumulate_main_grad(name, grad);
+}
+
 void MixedPrecisionOptimizer::accumulate_model_grads() {
   c10::NoGradGuard no_grad;
   for (const auto& name : chained_->names()) {
     const at::Tensor& model = chained_->model_param(name);
     if (!model.grad().defined()) continue;
     // fp32 accumulation of the (exactly widened) low-precision grad, RFC 8.1.
-    chained_->main_grad(name).add_(model.grad());
+    chained_->accumulate_main_grad(name, model.grad());
     model.mutable_grad().reset();
   }
 }

@@ -44,6 +44,10 @@ class TrainingOptimizer {
   // accumulate_model_grads() after each micro-batch. Throws std::invalid_argument for an
   // unknown name. The reference stays valid until zero_grad().
   virtual at::Tensor& main_grad(const std::string& name) = 0;
+  // main_grad(name) += grad, in float32. The step's first call writes 0 + grad in one pass
+  // (bitwise what the zeroed buffer plus grad gives: -0 becomes +0) instead of zero-filling the
+  // buffer and adding into it.
+  virtual void accumulate_main_grad(const std::string& name, const at::Tensor& grad) = 0;
   // fp32_main_params: for each param with a .grad: main_grad += grad (in float32), then
   // .grad = undefined. The plain chain leaves .grad where it is (no-op).
   virtual void accumulate_model_grads() = 0;

@@ -153,6 +153,28 @@ TEST(ChainedOptimizer, MainGradIsPreferredOverGradAndClearedByZeroGrad) {
   EXPECT_THROW(t.chain.main_grad("nope"), std::invalid_argument);
 }
 
+// accumulate_main_grad's first call writes 0 + grad in one pass; it must give the bits of the
+// zeroed float32 buffer plus the grad (the path it replaced): -0 becomes +0, everything else,
+// NaN and infinities included, is the exactly widened bfloat16 value. The second call adds.
+TEST(ChainedOptimizer, AccumulateMainGradMatchesZerosPlusGradBitwise) {
+  TwoLeaves t;
+  const int16_t bits[] = {0x3F80, static_cast<int16_t>(0x8000), 0x0000, 0x0001,
+                          0x7F80, static_cast<int16_t>(0xFFC0)};  // 1, -0, +0, subnormal, inf, NaN
+  at::Tensor raw = at::empty({6}, at::kShort);
+  for (int i = 0; i < 6; ++i) raw[i] = bits[i];
+  const at::Tensor grad = raw.view(at::kBFloat16).reshape({2, 3});
+  const at::Tensor expected = at::zeros({2, 3}, at::kFloat).add_(grad);
+  t.chain.accumulate_main_grad("layer.w", grad);
+  const at::Tensor got = t.chain.main_grad("layer.w");
+  ASSERT_EQ(got.scalar_type(), at::kFloat);
+  EXPECT_EQ(std::memcmp(got.data_ptr(), expected.data_ptr(), expected.nbytes()), 0);
+  EXPECT_FALSE(std::signbit(got.view({-1})[1].item<float>()));  // -0 became +0
+  t.chain.accumulate_main_grad("layer.w", at::ones({2, 3}, at::kBFloat16));
+  EXPECT_EQ(t.chain.main_grad("layer.w")[0][0].item<float>(), 2.0f);
+  EXPECT_THROW(t.chain.accumulate_main_grad("layer.w", at::ones({3})), std::logic_error);
+  EXPECT_THROW(t.chain.accumulate_main_grad("nope", at::ones({3})), std::invalid_argument);
+}
+
 TEST(ChainedOptimizer, LrFactorScalesEachGroupsBuildLr) {
   TwoLeaves t;
   t.chain.set_lr_factor(0.5);

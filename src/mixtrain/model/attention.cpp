@@ -12,6 +12,10 @@ const char* attention_kernel_name(AttentionKernel kernel) {
   return kernel == AttentionKernel::kFlash ? "flash" : "math";
 }
 
+AttentionKernel attention_kernel_for(c10::ScalarType dtype) {
+  return dtype == at::kFloat ? AttentionKernel::kFlash : AttentionKernel::kMath;
+}
+
 torch::Tensor causal_attention(const torch::Tensor& q, const torch::Tensor& k,
                                const torch::Tensor& v, AttentionKernel kernel) {
   TORCH_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4,

@@ -9,13 +9,14 @@
 //   kFlash: at::scaled_dot_product_attention (is_causal, enable_gqa), which LibTorch 2.x runs as
 //           its CPU flash-attention kernel: scores, softmax and both GEMMs' accumulations in
 //           float32, P rounded to the compute dtype only as an operand of the second GEMM.
-// The model uses kMath (qwen2_moe.cpp); the measurements behind that choice are in
-// bench/README.md (attention_bench), the accuracy of both against a float64 reference in
+// The model runs attention_kernel_for(its compute dtype); the measurements behind that choice are
+// in bench/README.md (attention_bench), the accuracy of both against a float64 reference in
 // tests/unit/model/attention_test.cpp. Both give the same bits for a sequence alone or inside a
 // batch, and for any number of intra-op threads, except kMath in float32 (MKL's sgemm splits the
 // backward's sums by thread count).
 #pragma once
 
+#include <c10/core/ScalarType.h>
 #include <torch/types.h>
 
 #include <cstdint>
@@ -25,6 +26,10 @@ namespace mixtrain {
 enum class AttentionKernel { kMath, kFlash };
 
 const char* attention_kernel_name(AttentionKernel kernel);  // "math", "flash"
+
+// kFlash for float32 (forward + backward 1.4-2.3x faster on this CPU, as accurate), kMath for
+// bfloat16 and float16 (flash's backward makes forward + backward up to 3.1x slower there).
+AttentionKernel attention_kernel_for(c10::ScalarType dtype);
 
 torch::Tensor causal_attention(const torch::Tensor& q, const torch::Tensor& k,
                                const torch::Tensor& v, AttentionKernel kernel);

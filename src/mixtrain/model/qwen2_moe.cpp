@@ -139,9 +139,10 @@ class Qwen2MoeAttention : public torch::nn::Module {
         v_proj->forward(x).view({bsz, q_len, num_key_value_heads_, head_dim_}).transpose(1, 2);
     query = apply_rotary_pos_emb(query, cos, sin);
     key = apply_rotary_pos_emb(key, cos, sin);
-    // HF's eager kernel: LibTorch's flash kernel (kFlash) takes 1.8-3.2x its time for forward +
-    // backward in bfloat16 on this CPU (bench/README.md, attention_bench).
-    auto attn_output = causal_attention(query, key, value, AttentionKernel::kMath);
+    // LibTorch's flash kernel in float32, HF's eager one in bf16/fp16, where flash's backward
+    // makes forward + backward up to 3.1x slower on this CPU (bench/README.md, attention_bench).
+    auto attn_output =
+        causal_attention(query, key, value, attention_kernel_for(query.scalar_type()));
     attn_output = attn_output.transpose(1, 2).reshape({bsz, q_len, num_heads_ * head_dim_});
     return o_proj->forward(attn_output);
   }

@@ -19,10 +19,10 @@
 // as a non-persistent buffer, which LibTorch cannot mark as such, and which would be rounded to
 // bf16 by model_init_dtype).
 //
-// Numerics follow HF: RMSNorm in float32 and cast back; attention HF's eager one (attention.h),
-// softmax in float32; router softmax in float32, top-k without renormalisation (norm_topk_prob =
-// false), routing weights cast to the compute dtype; SwiGLU experts; shared expert scaled by
-// sigmoid(shared_expert_gate(x)).
+// Numerics follow HF: RMSNorm in float32 and cast back; attention softmax in float32 (in bf16 and
+// fp16 HF's eager attention, in float32 LibTorch's flash kernel: attention.h); router softmax in
+// float32, top-k without renormalisation (norm_topk_prob = false), routing weights cast to the
+// compute dtype; SwiGLU experts; shared expert scaled by sigmoid(shared_expert_gate(x)).
 // Every parameter is read through the CausalLM materializer (causal_lm.h) under its HF name, and
 // each module (linear, embedding, norm, the routed experts as one unit) reports its output to
 // post_forward, so FSDP can gather, reshard and gather again per module; without a materializer

@@ -282,6 +282,12 @@ TEST(Attention, BitIdenticalAcrossThreadCountsAndBatchComposition) {
   }
 }
 
+TEST(Attention, TheModelsKernelIsFlashInFloat32Only) {
+  EXPECT_EQ(attention_kernel_for(torch::kFloat32), AttentionKernel::kFlash);
+  EXPECT_EQ(attention_kernel_for(torch::kBFloat16), AttentionKernel::kMath);
+  EXPECT_EQ(attention_kernel_for(torch::kHalf), AttentionKernel::kMath);
+}
+
 TEST(Attention, KernelNamesAndShapeChecks) {
   EXPECT_STREQ(attention_kernel_name(AttentionKernel::kMath), "math");
   EXPECT_STREQ(attention_kernel_name(AttentionKernel::kFlash), "flash");

@@ -3,14 +3,13 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <torch/torch.h>
 
-#include <cmath>
-#include <limits>
 #include <memory>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "mixtrain/core/error.h"
+#include "mixtrain/model/attention.h"
 
 namespace mixtrain::qwen2_moe {
 namespace {
@@ -129,9 +128,9 @@ class Qwen2MoeAttention : public torch::nn::Module {
                                                            false, access.child("o_proj")));
   }
 
-  // x [B, S, H]; cos/sin [S, D] float32; causal_mask [S, S] bool, true = masked (future key).
-  torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin,
-                        const torch::Tensor& causal_mask) {
+  // x [B, S, H]; cos/sin [S, D] float32.
+  torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& cos,
+                        const torch::Tensor& sin) {
     const int64_t bsz = x.size(0), q_len = x.size(1);
     auto query = q_proj->forward(x).view({bsz, q_len, num_heads_, head_dim_}).transpose(1, 2);
     auto key =
@@ -140,15 +139,10 @@ class Qwen2MoeAttention : public torch::nn::Module {
         v_proj->forward(x).view({bsz, q_len, num_key_value_heads_, head_dim_}).transpose(1, 2);
     query = apply_rotary_pos_emb(query, cos, sin);
     key = apply_rotary_pos_emb(key, cos, sin);
-    const int64_t groups = num_heads_ / num_key_value_heads_;
-    key = repeat_kv(key, groups);
-    value = repeat_kv(value, groups);
-
-    auto attn_weights = torch::matmul(query, key.transpose(2, 3)) / std::sqrt(double(head_dim_));
-    attn_weights = attn_weights.masked_fill(causal_mask, -std::numeric_limits<double>::infinity());
-    // Upcast for the softmax, as HF: bf16 exp/sum over the keys loses too much.
-    attn_weights = torch::softmax(attn_weights, -1, torch::kFloat32).to(query.scalar_type());
-    auto attn_output = torch::matmul(attn_weights, value);
+    // LibTorch's flash kernel in float32, HF's eager one in bf16/fp16, where flash's backward
+    // makes forward + backward up to 3.1x slower on this CPU (bench/README.md, attention_bench).
+    auto attn_output =
+        causal_attention(query, key, value, attention_kernel_for(query.scalar_type()));
     attn_output = attn_output.transpose(1, 2).reshape({bsz, q_len, num_heads_ * head_dim_});
     return o_proj->forward(attn_output);
   }
@@ -375,9 +369,8 @@ class Qwen2MoeDecoderLayer : public torch::nn::Module {
   }
 
   std::pair<torch::Tensor, torch::Tensor> forward(const torch::Tensor& x, const torch::Tensor& cos,
-                                                  const torch::Tensor& sin,
-                                                  const torch::Tensor& causal_mask) {
-    auto h = x + self_attn->forward(input_layernorm->forward(x), cos, sin, causal_mask);
+                                                  const torch::Tensor& sin) {
+    auto h = x + self_attn->forward(input_layernorm->forward(x), cos, sin);
     auto [mlp_out, router_logits] = mlp->forward(post_attention_layernorm->forward(h));
     return {h + mlp_out, router_logits};
   }
@@ -407,13 +400,11 @@ class Qwen2MoeModel : public torch::nn::Module {
   std::pair<torch::Tensor, std::vector<torch::Tensor>> forward(const torch::Tensor& input_ids) {
     const int64_t seq_len = input_ids.size(1);
     auto [cos, sin] = rotary_cos_sin(seq_len, config_.head_dim, config_.rope_theta);
-    const auto causal_mask =
-        torch::ones({seq_len, seq_len}, torch::TensorOptions().dtype(torch::kBool)).triu(1);
     auto h = embed_tokens->forward(input_ids);
     std::vector<torch::Tensor> router_logits;
     router_logits.reserve(layers.size());
     for (auto& layer : layers) {
-      auto [out, logits] = layer->forward(h, cos, sin, causal_mask);
+      auto [out, logits] = layer->forward(h, cos, sin);
       h = out;
       router_logits.push_back(logits);
     }
@@ -551,14 +542,6 @@ torch::Tensor apply_rotary_pos_emb(const torch::Tensor& x, const torch::Tensor& 
   const int64_t half = x.size(-1) / 2;
   const auto rotated = torch::cat({-x.narrow(-1, half, half), x.narrow(-1, 0, half)}, -1);
   return x * cos.to(x.scalar_type()) + rotated * sin.to(x.scalar_type());
-}
-
-torch::Tensor repeat_kv(const torch::Tensor& x, int64_t n_rep) {
-  if (n_rep == 1) return x;
-  const int64_t batch = x.size(0), kv_heads = x.size(1), seq = x.size(2), dim = x.size(3);
-  return x.unsqueeze(2)
-      .expand({batch, kv_heads, n_rep, seq, dim})
-      .reshape({batch, kv_heads * n_rep, seq, dim});
 }
 
 }  // namespace mixtrain::qwen2_moe

@@ -19,9 +19,10 @@
 // as a non-persistent buffer, which LibTorch cannot mark as such, and which would be rounded to
 // bf16 by model_init_dtype).
 //
-// Numerics follow HF: RMSNorm in float32 and cast back; attention softmax in float32; router
-// softmax in float32, top-k without renormalisation (norm_topk_prob = false), routing weights cast
-// to the compute dtype; SwiGLU experts; shared expert scaled by sigmoid(shared_expert_gate(x)).
+// Numerics follow HF: RMSNorm in float32 and cast back; attention softmax in float32 (in bf16 and
+// fp16 HF's eager attention, in float32 LibTorch's flash kernel: attention.h); router softmax in
+// float32, top-k without renormalisation (norm_topk_prob = false), routing weights cast to the
+// compute dtype; SwiGLU experts; shared expert scaled by sigmoid(shared_expert_gate(x)).
 // Every parameter is read through the CausalLM materializer (causal_lm.h) under its HF name, and
 // each module (linear, embedding, norm, the routed experts as one unit) reports its output to
 // post_forward, so FSDP can gather, reshard and gather again per module; without a materializer
@@ -68,9 +69,5 @@ std::pair<torch::Tensor, torch::Tensor> rotary_cos_sin(int64_t seq_len, int64_t 
 // are cast to x's dtype (as HF).
 torch::Tensor apply_rotary_pos_emb(const torch::Tensor& x, const torch::Tensor& cos,
                                    const torch::Tensor& sin);
-
-// Grouped-query attention: [batch, kv_heads, seq, D] -> [batch, kv_heads * n_rep, seq, D], query
-// head h reads kv head h / n_rep (HF repeat_kv, = repeat_interleave on dim 1).
-torch::Tensor repeat_kv(const torch::Tensor& x, int64_t n_rep);
 
 }  // namespace mixtrain::qwen2_moe

@@ -1,5 +1,5 @@
 // Tiny Qwen2-MoE: parameter names/shapes (HF), init, forward/backward, causality, determinism,
-// rotary/GQA helpers, the load-balancing loss against hand computation, and a float64 dense
+// rotary helpers, the load-balancing loss against hand computation, and a float64 dense
 // reference forward written independently here (per-head loops, pair-wise rotation, dense experts).
 #include "mixtrain/model/qwen2_moe.h"
 
@@ -236,16 +236,6 @@ TEST(Qwen2MoeRotary, PositionZeroIsIdentityAndRotationsPreserveNormsAndRelativeD
   const double d20 = rq[2].dot(rk[0]).item<double>();
   EXPECT_NEAR(d31, d64, 1e-5);
   EXPECT_NEAR(d31, d20, 1e-5);
-}
-
-TEST(Qwen2MoeGqa, RepeatKvMapsQueryHeadToKvHeadDividedByGroupSize) {
-  const auto kv = torch::arange(2 * 3 * 5 * 4, torch::kFloat32).view({2, 3, 5, 4});
-  const auto rep = qwen2_moe::repeat_kv(kv, 2);
-  ASSERT_EQ(rep.sizes().vec(), (std::vector<int64_t>{2, 6, 5, 4}));
-  for (int64_t h = 0; h < 6; ++h) {
-    EXPECT_TRUE(torch::equal(rep.select(1, h), kv.select(1, h / 2))) << h;
-  }
-  EXPECT_TRUE(torch::equal(qwen2_moe::repeat_kv(kv, 1), kv));
 }
 
 // Hand version of HF load_balancing_loss_func: plain loops in double over rows of logits.

@@ -1,0 +1,51 @@
+#include "mixtrain/model/attention.h"
+
+#include <ATen/ATen.h>
+#include <c10/util/Exception.h>
+
+#include <cmath>
+#include <limits>
+
+namespace mixtrain {
+
+const char* attention_kernel_name(AttentionKernel kernel) {
+  return kernel == AttentionKernel::kFlash ? "flash" : "math";
+}
+
+AttentionKernel attention_kernel_for(c10::ScalarType dtype) {
+  return dtype == at::kFloat ? AttentionKernel::kFlash : AttentionKernel::kMath;
+}
+
+torch::Tensor causal_attention(const torch::Tensor& q, const torch::Tensor& k,
+                               const torch::Tensor& v, AttentionKernel kernel) {
+  TORCH_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4,
+              "causal_attention: q, k, v must be [batch, heads, seq, head_dim]");
+  TORCH_CHECK(k.sizes() == v.sizes() && q.size(0) == k.size(0) && q.size(2) == k.size(2) &&
+                  q.size(3) == k.size(3) && q.size(1) % k.size(1) == 0,
+              "causal_attention: q ", q.sizes(), " and k/v ", k.sizes(), " ", v.sizes(),
+              " do not fit (kv heads must divide query heads)");
+  const int64_t head_dim = q.size(3), seq = q.size(2);
+  if (kernel == AttentionKernel::kFlash) {
+    return at::scaled_dot_product_attention(q, k, v, /*attn_mask=*/{}, /*dropout_p=*/0.0,
+                                            /*is_causal=*/true, 1.0 / std::sqrt(double(head_dim)),
+                                            /*enable_gqa=*/true);
+  }
+  const int64_t groups = q.size(1) / k.size(1);
+  const auto key = repeat_kv(k, groups), value = repeat_kv(v, groups);
+  auto weights = at::matmul(q, key.transpose(2, 3)) / std::sqrt(double(head_dim));
+  const auto future = at::ones({seq, seq}, at::TensorOptions().dtype(at::kBool)).triu(1);
+  weights = weights.masked_fill(future, -std::numeric_limits<double>::infinity());
+  // Upcast for the softmax, as HF: bf16 exp/sum over the keys loses too much.
+  weights = at::softmax(weights, -1, at::kFloat).to(q.scalar_type());
+  return at::matmul(weights, value);
+}
+
+torch::Tensor repeat_kv(const torch::Tensor& x, int64_t n_rep) {
+  if (n_rep == 1) return x;
+  const int64_t batch = x.size(0), kv_heads = x.size(1), seq = x.size(2), dim = x.size(3);
+  return x.unsqueeze(2)
+      .expand({batch, kv_heads, n_rep, seq, dim})
+      .reshape({batch, kv_heads * n_rep, seq, dim});
+}
+
+}  // namespace mixtrain

@@ -1,0 +1,41 @@
+// Causal grouped-query self-attention (the core of Qwen2-MoE's attention, after the projections
+// and rotary embeddings), with LibTorch's two CPU implementations:
+//   q [B, Hq, S, D], k and v [B, Hkv, S, D], Hq a multiple of Hkv; query head h reads kv head
+//   h / (Hq / Hkv) (HF repeat_kv); position i attends to keys 0..i with weights
+//   softmax_j(q_i . k_j / sqrt(D)); -> [B, Hq, S, D] in q's dtype, differentiable in q, k, v.
+// Kernels:
+//   kMath:  HF's eager attention as tensor ops: k, v repeated per group; Q K^T and its scaling
+//           in the compute dtype, masked, softmax upcast to float32, P cast back, P V.
+//   kFlash: at::scaled_dot_product_attention (is_causal, enable_gqa), which LibTorch 2.x runs as
+//           its CPU flash-attention kernel: scores, softmax and both GEMMs' accumulations in
+//           float32, P rounded to the compute dtype only as an operand of the second GEMM.
+// The model runs attention_kernel_for(its compute dtype); the measurements behind that choice are
+// in bench/README.md (attention_bench), the accuracy of both against a float64 reference in
+// tests/unit/model/attention_test.cpp. Both give the same bits for a sequence alone or inside a
+// batch, and for any number of intra-op threads, except kMath in float32 (MKL's sgemm splits the
+// backward's sums by thread count).
+#pragma once
+
+#include <c10/core/ScalarType.h>
+#include <torch/types.h>
+
+#include <cstdint>
+
+namespace mixtrain {
+
+enum class AttentionKernel { kMath, kFlash };
+
+const char* attention_kernel_name(AttentionKernel kernel);  // "math", "flash"
+
+// kFlash for float32 (forward + backward 1.4-2.3x faster on this CPU, as accurate), kMath for
+// bfloat16 and float16 (flash's backward makes forward + backward up to 3.1x slower there).
+AttentionKernel attention_kernel_for(c10::ScalarType dtype);
+
+torch::Tensor causal_attention(const torch::Tensor& q, const torch::Tensor& k,
+                               const torch::Tensor& v, AttentionKernel kernel);
+
+// Grouped-query attention: [B, Hkv, S, D] -> [B, Hkv * n_rep, S, D], query head h reads kv head
+// h / n_rep (HF repeat_kv, = repeat_interleave on dim 1).
+torch::Tensor repeat_kv(const torch::Tensor& x, int64_t n_rep);
+
+}  // namespace mixtrain

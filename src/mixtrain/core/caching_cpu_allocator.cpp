@@ -14,6 +14,7 @@ namespace {
 struct BlockHeader {
   CachingCpuAllocator* owner;  // null: a small block, freed at once
   size_t size;                 // the class size (the data bytes)
+  bool to_system;              // freed to the system, not cached (release_to_system_on_free)
 };
 constexpr size_t kHeaderBytes = 64;
 static_assert(sizeof(BlockHeader) <= kHeaderBytes);
@@ -68,9 +69,10 @@ c10::DataPtr CachingCpuAllocator::allocate(size_t bytes) {
       }
       throw;
     }
-    *static_cast<BlockHeader*>(base) = BlockHeader{cached ? this : nullptr, size};
+    *static_cast<BlockHeader*>(base) = BlockHeader{cached ? this : nullptr, size, false};
   }
   // Context == data, as c10::Allocator::raw_deallocate requires (ATen uses raw_allocate).
+  static_cast<BlockHeader*>(base)->to_system = false;
   void* data = static_cast<char*>(base) + kHeaderBytes;
   return {data, data, &CachingCpuAllocator::delete_block, c10::Device(c10::DeviceType::CPU)};
 }
@@ -102,15 +104,33 @@ void CachingCpuAllocator::delete_block(void* data) {
   if (header.owner == nullptr) {
     c10::free_cpu(base);  // below kMinCachedBytes: never cached
   } else {
-    header.owner->give_back(base, header.size);
+    header.owner->give_back(base, header.size, header.to_system);
   }
 }
 
-void CachingCpuAllocator::give_back(void* base, size_t size) {
-  std::lock_guard<std::mutex> lock(mutex_);
-  free_[size].push_back(base);
-  stats_.live_bytes -= static_cast<int64_t>(size);
-  stats_.cached_bytes += static_cast<int64_t>(size);
+bool CachingCpuAllocator::release_to_system_on_free(const c10::DataPtr& data) {
+  if (data.get_deleter() != &CachingCpuAllocator::delete_block || data.get() == nullptr) {
+    return false;
+  }
+  auto* header =
+      static_cast<BlockHeader*>(static_cast<void*>(static_cast<char*>(data.get()) - kHeaderBytes));
+  if (header->owner == nullptr) return false;  // small: freed at once anyway
+  header->to_system = true;
+  return true;
+}
+
+void CachingCpuAllocator::give_back(void* base, size_t size, bool to_system) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stats_.live_bytes -= static_cast<int64_t>(size);
+    if (!to_system) {
+      free_[size].push_back(base);
+      stats_.cached_bytes += static_cast<int64_t>(size);
+      return;
+    }
+    stats_.released_bytes += static_cast<int64_t>(size);
+  }
+  c10::free_cpu(base);
 }
 
 void CachingCpuAllocator::copy_data(void* dest, const void* src, size_t count) const {

@@ -56,6 +56,12 @@ class CachingCpuAllocator final : public c10::Allocator {
   CachingCpuAllocatorStats stats() const;
   void release_cached();  // frees every cached block
 
+  // Marks the block behind `data` (a DataPtr this allocator made) to go back to the system when
+  // it is freed instead of into the cache: for memory whose contents moved elsewhere for good
+  // (the swap optimizer's state, written to its file). false if `data` is not such a block
+  // (small blocks and other allocators' memory are freed at once anyway).
+  static bool release_to_system_on_free(const c10::DataPtr& data);
+
   // The size class a request of `bytes` (>= kMinCachedBytes) is served from.
   static size_t size_class(size_t bytes);
 
@@ -64,7 +70,7 @@ class CachingCpuAllocator final : public c10::Allocator {
 
  private:
   static void delete_block(void* data);
-  void give_back(void* base, size_t size);
+  void give_back(void* base, size_t size, bool to_system);
   void release_locked(size_t needed);
 
   mutable std::mutex mutex_;

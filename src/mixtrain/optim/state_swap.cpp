@@ -12,6 +12,7 @@
 #include <unordered_set>
 #include <utility>
 
+#include "mixtrain/core/caching_cpu_allocator.h"
 #include "mixtrain/core/error.h"
 #include "mixtrain/optim/leaf_optimizer.h"
 
@@ -30,8 +31,11 @@ bool in_memory(const at::Tensor& t) {
   return t.numel() == 0 || (t.storage().data() != nullptr && t.storage().nbytes() > 0);
 }
 
-// Keeps the TensorImpl (shape, dtype, the leaves' handles) and swaps only its storage.
+// Keeps the TensorImpl (shape, dtype, the leaves' handles) and swaps only its storage. Memory
+// from the caching CPU allocator (state created in memory) goes back to the system, not into
+// its cache: the point of swapping is that it leaves the process.
 void drop_storage(const at::Tensor& t) {
+  CachingCpuAllocator::release_to_system_on_free(t.storage().data_ptr());
   t.unsafeGetTensorImpl()->set_storage_keep_dtype(at::empty({0}, t.options()).storage());
 }
 void adopt_storage(const at::Tensor& t, const at::Tensor& data) {

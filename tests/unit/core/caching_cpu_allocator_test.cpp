@@ -75,6 +75,28 @@ TEST(CachingCpuAllocatorTest, RawAllocateRoundTrips) {
   EXPECT_EQ(allocator.stats().live_bytes, 0);
 }
 
+TEST(CachingCpuAllocatorTest, BlocksMarkedForTheSystemAreNotCached) {
+  CachingCpuAllocator allocator;
+  {
+    c10::DataPtr a = allocator.allocate(kMiB);
+    EXPECT_TRUE(CachingCpuAllocator::release_to_system_on_free(a));
+  }
+  CachingCpuAllocatorStats s = allocator.stats();
+  EXPECT_EQ(s.live_bytes, 0);
+  EXPECT_EQ(s.cached_bytes, 0);
+  EXPECT_EQ(s.released_bytes, static_cast<int64_t>(kMiB));
+  // A block taken from the cache again is cached as usual (the mark does not stick).
+  { c10::DataPtr b = allocator.allocate(kMiB); }
+  { c10::DataPtr c = allocator.allocate(kMiB); }
+  EXPECT_EQ(allocator.stats().cached_bytes, static_cast<int64_t>(kMiB));
+  EXPECT_EQ(allocator.stats().hits, 1);
+  // Not ours: small blocks and other allocators' memory.
+  c10::DataPtr small = allocator.allocate(100);
+  EXPECT_FALSE(CachingCpuAllocator::release_to_system_on_free(small));
+  c10::DataPtr other = c10::GetDefaultCPUAllocator()->allocate(kMiB);
+  EXPECT_FALSE(CachingCpuAllocator::release_to_system_on_free(other));
+}
+
 TEST(CachingCpuAllocatorTest, SmallRequestsPassThrough) {
   CachingCpuAllocator allocator;
   { c10::DataPtr small = allocator.allocate(CachingCpuAllocator::kMinCachedBytes - 1); }

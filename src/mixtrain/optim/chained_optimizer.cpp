@@ -10,7 +10,9 @@
 #include <stdexcept>
 #include <unordered_set>
 
+#include "mixtrain/core/cpu_capability.h"
 #include "mixtrain/core/dtype.h"
+#include "mixtrain/optim/kernels/widen_add_kernel.h"
 
 namespace mixtrain {
 namespace {
@@ -317,14 +319,26 @@ void ChainedOptimizer::accumulate_main_grad(const std::string& name, const at::T
   if (grad.sizes() != e.model_param.sizes()) {
     throw std::logic_error("optimizer: grad of " + name + " has the wrong shape for main_grad");
   }
-  if (e.main_grad.defined()) {
-    e.main_grad.add_(grad);
-    return;
+  const bool first = !e.main_grad.defined();
+  if (first) {
+    e.main_grad = at::empty(e.model_param.sizes(), e.model_param.options().dtype(at::kFloat));
   }
-  e.main_grad = at::empty(e.model_param.sizes(), e.model_param.options().dtype(at::kFloat));
-  // A 1-element float32 zero (not 0-dim: that would not promote) makes the sum float32, as the
-  // zeroed buffer did; a bfloat16 sum would also turn NaN's sign positive.
-  at::add_out(e.main_grad, grad, at::zeros({1}, grad.options().dtype(at::kFloat)));
+  const at::ScalarType type = grad.scalar_type();
+  if ((type == at::kBFloat16 || type == at::kHalf) && grad.is_contiguous() &&
+      e.main_grad.is_contiguous()) {
+    // One pass (kernels/widen_add_kernel.h); ATen's mixed-dtype add would first copy the grad
+    // into a float32 temporary. Same bits as the ATen path below.
+    using Kernel = void (*)(float*, const void*, c10::ScalarType, int64_t, bool);
+    static const Kernel widen_add =
+        select_kernel<Kernel>(DEFAULT::widen_add, AVX2::widen_add, AVX512::widen_add);
+    widen_add(e.main_grad.data_ptr<float>(), grad.data_ptr(), type, grad.numel(), first);
+  } else if (first) {
+    // 0 + grad in float32: bitwise the zeroed buffer plus grad (-0 becomes +0). A 1-element
+    // float32 zero (not 0-dim: that would not promote) makes the sum float32.
+    at::add_out(e.main_grad, grad, at::zeros({1}, grad.options().dtype(at::kFloat)));
+  } else {
+    e.main_grad.add_(grad);
+  }
 }
 
 at::Tensor ChainedOptimizer::main_grad_if_defined(const std::string& name) const {

@@ -13,6 +13,8 @@
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>
 
+#include "mixtrain/optim/kernels/load_float.h"
+
 #include <algorithm>
 #include <stdexcept>
 #include <vector>
@@ -36,21 +38,6 @@ constexpr int64_t kLanes = Vec::size();
 constexpr int64_t kBlock = 4096;
 static_assert(kBlock % (4 * kLanes) == 0, "a block is whole unrolled vector groups");
 static_assert(kSumOfSquaresChunk % kBlock == 0, "a chunk is whole blocks");
-
-// Loads kLanes consecutive values as float32.
-inline Vec load_float(const float* p) {
-  return Vec::loadu(p);
-}
-inline Vec load_float(const c10::BFloat16* p) {
-  Vec out;
-  at::vec::load_fp32_from_bf16(p, out);
-  return out;
-}
-inline Vec load_float(const c10::Half* p) {
-  Vec out;
-  at::vec::load_fp32_from_fp16(p, out);
-  return out;
-}
 
 inline double lanes_to_double(const Vec& v) {
   float values[kLanes];

@@ -8,6 +8,8 @@
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>
 
+#include "mixtrain/optim/kernels/load_float.h"
+
 #if defined(CPU_CAPABILITY_AVX512) && defined(__GNUC__) && !defined(__clang__)
 // GCC 12 false positive in ATen's inlined bf16 conversion (see sum_of_squares_kernel.cpp).
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
@@ -20,17 +22,6 @@ namespace {
 using Vec = at::vec::Vectorized<float>;
 constexpr int64_t kLanes = Vec::size();
 constexpr int64_t kGrain = 1 << 16;  // elements per parallel task
-
-inline Vec load_float(const c10::BFloat16* p) {
-  Vec out;
-  at::vec::load_fp32_from_bf16(p, out);
-  return out;
-}
-inline Vec load_float(const c10::Half* p) {
-  Vec out;
-  at::vec::load_fp32_from_fp16(p, out);
-  return out;
-}
 
 template <typename T>
 void widen_add_range(float* dst, const T* src, int64_t begin, int64_t end, bool overwrite) {

@@ -260,8 +260,8 @@ void Muon::step_fsdp(Collectives& comm, const std::vector<DistributedParam>& all
     for (size_t slot = 0; slot < bucket.size(); ++slot) {
       const DistributedParam& d = *params[bucket[slot]];
       const MuonOptions& options = group_options(d.group);
-      const at::Tensor u = momentum_direction(d.param, d.param.grad(), options);
-      pieces.push_back(u.reshape({-1}).to(wire));
+      const at::Tensor u = momentum_direction(d.param, d.param.grad(), options, wire);
+      pieces.push_back(u.reshape({-1}));
       send_counts[slot] = u.numel();
     }
     const at::Tensor send = concat_flat(pieces, wire);
@@ -305,9 +305,7 @@ void Muon::step_fsdp(Collectives& comm, const std::vector<DistributedParam>& all
       const auto& full = d.sharding->full_shape;
       const double scale = muon_update_scale(full[full.size() - 2], full[full.size() - 1],
                                              options.adjust_lr_fn(), options.matched_adamw_rms());
-      at::Tensor p = d.param;
-      muon_apply_update(p, o, options.lr(), options.weight_decay(), scale);
-      finish_param_step(p);
+      apply_update(d.param, o, options, scale);
     }
   }
 }
@@ -340,7 +338,7 @@ void Muon::step_ddp(Collectives& comm, const std::vector<DistributedParam>& all_
     for (size_t slot = 0; slot < bucket.size(); ++slot) {
       const DistributedParam& d = *params[bucket[slot]];
       const MuonOptions& options = group_options(d.group);
-      const at::Tensor u = momentum_direction(d.param, d.param.grad(), options);
+      const at::Tensor u = momentum_direction(d.param, d.param.grad(), options, options.ns_dtype());
       if (static_cast<int>(slot) != rank) continue;
       const auto schedule = newton_schulz_schedule(options.ns_variant(), options.ns_steps(),
                                                    options.ns_coefficients());
@@ -359,9 +357,7 @@ void Muon::step_ddp(Collectives& comm, const std::vector<DistributedParam>& all_
                                .to(options.ns_dtype());
       const double scale = muon_update_scale(d.param.size(-2), d.param.size(-1),
                                              options.adjust_lr_fn(), options.matched_adamw_rms());
-      at::Tensor p = d.param;
-      muon_apply_update(p, o, options.lr(), options.weight_decay(), scale);
-      finish_param_step(p);
+      apply_update(d.param, o, options, scale);
     }
   }
 }

@@ -10,7 +10,9 @@
 #include <stdexcept>
 #include <utility>
 
+#include "mixtrain/core/cpu_capability.h"
 #include "mixtrain/core/dtype.h"
+#include "mixtrain/optim/kernels/muon_kernel.h"
 
 namespace mixtrain {
 
@@ -92,6 +94,48 @@ void muon_apply_update(at::Tensor& param, const at::Tensor& orthogonalized, doub
   if (weight_decay != 0.0) param.mul_(1.0 - lr * weight_decay);
   param.add_(orthogonalized, -lr * scale);
 }
+
+namespace {
+
+// Tensors the fused kernels (kernels/muon_kernel.h) take: contiguous on the CPU, of the dtypes
+// they read and write.
+bool fusable(const at::Tensor& t, bool float32_only) {
+  const auto dtype = t.scalar_type();
+  return t.device().is_cpu() && t.layout() == at::kStrided && t.is_contiguous() &&
+         (dtype == at::kFloat || (!float32_only && is_low_precision(dtype)));
+}
+
+using MomentumKernel = void (*)(const MuonMomentumScalars&, float*, const void*, c10::ScalarType,
+                                void*, c10::ScalarType, int64_t);
+using ApplyKernel = void (*)(const MuonApplyScalars&, float*, const void*, c10::ScalarType, void*,
+                             c10::ScalarType, int64_t);
+
+MomentumKernel momentum_kernel() {
+  static const MomentumKernel kernel = select_kernel<MomentumKernel>(
+      DEFAULT::muon_momentum, AVX2::muon_momentum, AVX512::muon_momentum);
+  return kernel;
+}
+
+ApplyKernel apply_kernel() {
+  static const ApplyKernel kernel =
+      select_kernel<ApplyKernel>(DEFAULT::muon_apply, AVX2::muon_apply, AVX512::muon_apply);
+  return kernel;
+}
+
+// The rules of muon_momentum_update, as the kernel spells them.
+MuonMomentumScalars momentum_scalars(const MuonOptions& options) {
+  MuonMomentumScalars s;
+  const bool ema = options.momentum_style() != MomentumStyle::kSum;
+  s.buffer_rule = ema ? MuonBufferRule::kLerp : MuonBufferRule::kMulAdd;
+  s.direction_rule = !options.nesterov()                               ? MuonDirectionRule::kBuffer
+                     : options.momentum_style() == MomentumStyle::kEma ? MuonDirectionRule::kLerp
+                                                                       : MuonDirectionRule::kAdd;
+  s.mu = static_cast<float>(options.momentum());
+  s.buffer_weight = static_cast<float>(1.0 - options.momentum());
+  return s;
+}
+
+}  // namespace
 
 MuonOptions MuonOptions::from_config(const MuonConfig& config) {
   const auto ns_dtype = parse_float_dtype(config.ns_dtype);
@@ -230,8 +274,11 @@ at::Tensor Muon::step(LossClosure closure) {
   return loss;
 }
 
-at::Tensor Muon::momentum_direction(const at::Tensor& p, const at::Tensor& grad,
-                                    const MuonOptions& options) {
+void Muon::momentum_direction_into(const at::Tensor& p, const at::Tensor& grad,
+                                   const MuonOptions& options, const at::Tensor& out) {
+  TORCH_CHECK(grad.numel() == p.numel() && out.numel() == p.numel(),
+              "Muon: momentum_direction_into: grad ", grad.sizes(), " or out ", out.sizes(),
+              " does not match the parameter ", p.sizes());
   acquire_state(p);
   auto& slot = state_[state_key(p)];
   if (!slot) {
@@ -241,16 +288,50 @@ at::Tensor Muon::momentum_direction(const at::Tensor& p, const at::Tensor& grad,
   }
   auto& state = static_cast<MuonParamState&>(*slot);
   state.step(state.step() + 1);
-  at::Tensor u = muon_momentum_update(state.momentum_buffer(), grad, options.momentum(),
-                                      options.momentum_style(), options.nesterov());
-  if (state_swap() != nullptr && u.is_same(state.momentum_buffer())) u = u.clone();
+  at::Tensor& buffer = state.momentum_buffer();
+  if (fusable(buffer, /*float32_only=*/true) && fusable(grad, false) && fusable(out, false)) {
+    momentum_kernel()(momentum_scalars(options), buffer.data_ptr<float>(), grad.data_ptr(),
+                      grad.scalar_type(), out.data_ptr(), out.scalar_type(), out.numel());
+    // Written through raw pointers: bump the version counters as the in-place ops would.
+    buffer.unsafeGetTensorImpl()->bump_version();
+    out.unsafeGetTensorImpl()->bump_version();
+  } else {
+    const at::Tensor u = muon_momentum_update(buffer, grad, options.momentum(),
+                                              options.momentum_style(), options.nesterov());
+    out.view(u.sizes()).copy_(u);
+  }
   release_state(p);
+}
+
+at::Tensor Muon::momentum_direction(const at::Tensor& p, const at::Tensor& grad,
+                                    const MuonOptions& options, c10::ScalarType dtype) {
+  at::Tensor u = at::empty(p.sizes(), p.options().dtype(dtype));
+  momentum_direction_into(p, grad, options, u);
   return u;
 }
 
-void Muon::finish_param_step(const at::Tensor& p) {
-  at::Tensor target = copy_back_target(p);
-  if (target.defined()) target.copy_(p);
+void Muon::apply_update(const at::Tensor& p, const at::Tensor& o, const MuonOptions& options,
+                        double scale) {
+  const at::Tensor model = copy_back_target(p);
+  const bool fuse_model =
+      !model.defined() ||
+      (fusable(model, false) && model.scalar_type() != at::kFloat && model.numel() == p.numel());
+  if (fusable(p, /*float32_only=*/true) && fusable(o, false) && o.numel() == p.numel() &&
+      fuse_model) {
+    MuonApplyScalars s;
+    s.decay_param = options.weight_decay() != 0.0;  // as muon_apply_update skips the pass
+    s.decay = static_cast<float>(1.0 - options.lr() * options.weight_decay());
+    s.alpha = static_cast<float>(-options.lr() * scale);
+    apply_kernel()(s, p.data_ptr<float>(), o.data_ptr(), o.scalar_type(),
+                   model.defined() ? model.data_ptr() : nullptr,
+                   model.defined() ? model.scalar_type() : at::kFloat, p.numel());
+    p.unsafeGetTensorImpl()->bump_version();
+    if (model.defined()) model.unsafeGetTensorImpl()->bump_version();
+    return;
+  }
+  at::Tensor param = p;
+  muon_apply_update(param, o.view(p.sizes()), options.lr(), options.weight_decay(), scale);
+  if (model.defined()) model.copy_(p);  // copy_ rounds to nearest even, as to() does
 }
 
 void Muon::step_batch(const MuonOptions& options, const std::vector<NsCoefficients>& schedule,
@@ -285,40 +366,29 @@ void Muon::step_batch(const MuonOptions& options, const std::vector<NsCoefficien
 void Muon::step_slice(const MuonOptions& options, const std::vector<NsCoefficients>& schedule,
                       const ShapeBatch& batch, std::vector<at::Tensor> params) {
   const int64_t matrix_elements = batch.rows * batch.cols;
-  std::vector<at::Tensor> directions;  // u per parameter, in the parameter's dtype
   int64_t matrices = 0;
-  for (const auto& p : params) {
-    directions.push_back(momentum_direction(p, p.grad(), options));
-    matrices += p.numel() / matrix_elements;
-  }
+  for (const auto& p : params) matrices += p.numel() / matrix_elements;
 
-  // One [matrices, rows, cols] tensor for all of them; each copy_ also converts to ns_dtype.
-  at::Tensor stacked;
-  if (directions.size() == 1) {
-    stacked = directions[0].reshape({-1, batch.rows, batch.cols});
-  } else {
-    stacked = at::empty({matrices, batch.rows, batch.cols},
-                        directions[0].options().dtype(options.ns_dtype()));
-    int64_t offset = 0;
-    for (const auto& u : directions) {
-      const int64_t count = u.numel() / matrix_elements;
-      stacked.narrow(0, offset, count).copy_(u.reshape({count, batch.rows, batch.cols}));
-      offset += count;
-    }
+  // One [matrices, rows, cols] tensor in ns_dtype for all of them; each parameter's u is written
+  // straight into its matrices.
+  const at::Tensor stacked =
+      at::empty({matrices, batch.rows, batch.cols}, params[0].options().dtype(options.ns_dtype()));
+  int64_t offset = 0;
+  for (const auto& p : params) {
+    const int64_t count = p.numel() / matrix_elements;
+    momentum_direction_into(p, p.grad(), options, stacked.narrow(0, offset, count));
+    offset += count;
   }
-  directions.clear();  // drop the Nesterov temporaries before the GEMMs
   const at::Tensor orthogonalized =
       newton_schulz(stacked, schedule, options.ns_epsilon(), options.ns_dtype());
   const double scale = muon_update_scale(batch.rows, batch.cols, options.adjust_lr_fn(),
                                          options.matched_adamw_rms());
 
-  int64_t offset = 0;
+  offset = 0;
   for (auto& p : params) {
     const int64_t count = p.numel() / matrix_elements;
-    const at::Tensor o = orthogonalized.narrow(0, offset, count).view(p.sizes());
+    apply_update(p, orthogonalized.narrow(0, offset, count), options, scale);
     offset += count;
-    muon_apply_update(p, o, options.lr(), options.weight_decay(), scale);
-    finish_param_step(p);
   }
 }
 

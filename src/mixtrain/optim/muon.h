@@ -152,13 +152,20 @@ class Muon : public LeafOptimizer {
   // Momentum, one newton_schulz() call and the update for `params` (a slice of one batch).
   void step_slice(const MuonOptions& options, const std::vector<NsCoefficients>& schedule,
                   const ShapeBatch& batch, std::vector<at::Tensor> params);
-  // Counts p's step and updates its momentum (state created, zeros in p's dtype, on first use)
-  // with `grad`; returns u, the direction to orthogonalize (never the live buffer when the
-  // state is swapped: the buffer leaves memory right after).
+  // Counts p's step, updates its momentum (state created, zeros in p's dtype, on first use) with
+  // `grad` and writes u, the direction to orthogonalize, into `out` (p's numel, contiguous;
+  // rounded to out's dtype as to() rounds). A float32 buffer, grad and out of float32, bfloat16
+  // or float16 take the fused kernel (kernels/muon_kernel.h), anything else
+  // muon_momentum_update; the bits are the same.
+  void momentum_direction_into(const at::Tensor& p, const at::Tensor& grad,
+                               const MuonOptions& options, const at::Tensor& out);
+  // The same into a fresh tensor of p's shape and `dtype`.
   at::Tensor momentum_direction(const at::Tensor& p, const at::Tensor& grad,
-                                const MuonOptions& options);
-  // Writes p's copy-back target after an update.
-  void finish_param_step(const at::Tensor& p);
+                                const MuonOptions& options, c10::ScalarType dtype);
+  // muon_apply_update(p, o, lr, weight_decay, scale), then p's copy-back target (if any) rounded
+  // from p: one fused pass for a float32 p (kernels/muon_kernel.h), the same bits either way.
+  void apply_update(const at::Tensor& p, const at::Tensor& o, const MuonOptions& options,
+                    double scale);
 
   // A parameter that takes a communicating path; defined in distributed_muon.cpp.
   struct DistributedParam {

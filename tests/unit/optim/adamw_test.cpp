@@ -7,7 +7,6 @@
 #include <ATen/Parallel.h>
 #include <c10/core/GradMode.h>
 #include <gtest/gtest.h>
-#include <unistd.h>
 
 #include <cfloat>
 #include <cmath>
@@ -15,7 +14,6 @@
 #include <cstring>
 #include <iostream>
 #include <limits>
-#include <regex>
 #include <string>
 #include <tuple>
 #include <utility>
@@ -23,7 +21,7 @@
 
 #include "mixtrain/core/cpu_capability.h"
 #include "mixtrain/optim/kernels/adamw_kernel.h"
-#include "support/child_process.h"
+#include "support/per_capability.h"
 
 namespace mixtrain {
 namespace {
@@ -196,20 +194,8 @@ void expect_fused_equals_unfused(int64_t n, const AdamWOptions& o, at::ScalarTyp
   }
 }
 
-// True when ATen (ATEN_CPU_CAPABILITY) and we (MIXTRAIN_CPU_CAPABILITY) run the same
-// capability. Unset, each takes the best the CPU has.
-bool same_capability_as_aten() {
-  const char* aten = std::getenv("ATEN_CPU_CAPABILITY");
-  const std::string aten_name =
-      aten != nullptr && *aten != '\0' ? aten : cpu_capability_name(hardware_cpu_capability());
-  return aten_name == cpu_capability_name(cpu_capability());
-}
-
 TEST(AdamWFused, BitwiseEqualToUnfusedOpsAtCurrentCapability) {
-  if (!same_capability_as_aten()) {
-    GTEST_SKIP() << "ATEN_CPU_CAPABILITY and MIXTRAIN_CPU_CAPABILITY differ";
-  }
-  std::cout << "capability: " << cpu_capability_name(cpu_capability()) << "\n";
+  MIXTRAIN_ANNOUNCE_CAPABILITY_OR_SKIP();
   // At 1000003 elements some sqrt(exp_avg_sq) fall where the torch wheel's sqrt (MKL's) is
   // 1 ulp off the rounded square root: with a correctly rounded sqrt the kernel differs from
   // the op sequence in 23 params (bf16 case) and 752 (float16 case) at step 1.
@@ -221,43 +207,9 @@ TEST(AdamWFused, BitwiseEqualToUnfusedOpsAtCurrentCapability) {
   }
 }
 
-// The number of tests gtest says it ran ("[==========] N test(s) from M test suite(s) ran."),
-// -1 without that line.
-int tests_ran(const std::string& output) {
-  static const std::regex line(R"(\[==========\] (\d+) tests? from \d+ test suites? ran\.)");
-  std::smatch match;
-  return std::regex_search(output, match, line) ? std::stoi(match[1]) : -1;
-}
-
 TEST(AdamWFused, BitwiseEqualToUnfusedOpsAtEveryCpuCapability) {
-  // ATen reads its capability once per process, so each capability runs in a child process of
-  // this test binary with both libraries set to it. A filter that matches nothing, or a skip,
-  // also exits 0: the child must show it ran and passed exactly that one test, at that
-  // capability (its "capability: NAME" line).
-  char self[4096];
-  const ssize_t len = readlink("/proc/self/exe", self, sizeof(self) - 1);
-  ASSERT_GT(len, 0);
-  self[len] = '\0';
-  for (int c = 0; c <= static_cast<int>(hardware_cpu_capability()); ++c) {
-    const std::string name = cpu_capability_name(static_cast<CpuCapability>(c));
-    testing::ChildOptions options;
-    options.capture_output = true;
-    options.env = {{"ATEN_CPU_CAPABILITY", name}, {"MIXTRAIN_CPU_CAPABILITY", name}};
-    testing::ChildProcess child(
-        {self, "--gtest_color=no",
-         "--gtest_filter=AdamWFused.BitwiseEqualToUnfusedOpsAtCurrentCapability"},
-        options);
-    const std::string output = child.read_output();
-    const int exit_code = testing::exit_code_of(child.wait());
-    const int ran = tests_ran(output);
-    std::cout << "capability " << name << ": child ran " << ran << " test(s), exit " << exit_code
-              << "\n";
-    EXPECT_EQ(exit_code, 0) << "capability " << name << ":\n" << output;
-    EXPECT_EQ(ran, 1) << "capability " << name << ":\n" << output;
-    EXPECT_NE(output.find("[  PASSED  ] 1 test."), std::string::npos) << output;
-    EXPECT_EQ(output.find("SKIPPED"), std::string::npos) << output;
-    EXPECT_NE(output.find("capability: " + name + "\n"), std::string::npos) << output;
-  }
+  testing::expect_passes_at_every_capability(
+      "AdamWFused.BitwiseEqualToUnfusedOpsAtCurrentCapability");
 }
 
 TEST(AdamWFused, ResultDoesNotDependOnThreadCount) {

@@ -435,6 +435,63 @@ TEST(MuonCopyBackTest, ModelParamIsTheMainParamRoundedToBfloat16) {
   EXPECT_FALSE(at::equal(model.to(at::kFloat), main));  // main keeps the low mantissa bits
 }
 
+// A float32 main param takes the fused kernels (kernels/muon_kernel.h); the public op sequence
+// (muon_momentum_update, newton_schulz on u rounded to ns_dtype, muon_apply_update, the model
+// param rounded from the main param) must give the same bits, for each momentum form, both
+// Newton-Schulz dtypes, a 16-bit grad, and batched wide, tall and 3-D parameters.
+TEST(MuonFusedTest, StepIsBitwiseThePublicOpSequence) {
+  const double lr = 0.02, wd = 0.1, mu = 0.95;
+  for (const auto ns_dtype : {at::kFloat, at::kBFloat16}) {
+    for (const FullStepCase c :
+         {FullStepCase{MomentumStyle::kSum, true}, FullStepCase{MomentumStyle::kEma, true},
+          FullStepCase{MomentumStyle::kEmaAdd, true}, FullStepCase{MomentumStyle::kSum, false}}) {
+      const std::string what = std::string(c10::toString(ns_dtype)) + " " +
+                               momentum_style_name(c.style) + (c.nesterov ? " nesterov" : "");
+      const std::vector<std::vector<int64_t>> shapes = {{16, 24}, {16, 24}, {40, 8}, {3, 8, 20}};
+      std::vector<at::Tensor> params, models, ref_params, ref_bufs;
+      for (size_t i = 0; i < shapes.size(); ++i) {
+        params.push_back(random_normal(shapes[i], 300 + i));
+        models.push_back(params.back().to(at::kBFloat16));
+        ref_params.push_back(params.back().clone());
+        ref_bufs.push_back(at::zeros(shapes[i]));
+      }
+      const MuonOptions options = MuonOptions()
+                                      .lr(lr)
+                                      .weight_decay(wd)
+                                      .momentum(mu)
+                                      .nesterov(c.nesterov)
+                                      .momentum_style(c.style)
+                                      .ns_dtype(ns_dtype);
+      Muon muon(params, options);
+      for (size_t i = 0; i < params.size(); ++i) muon.set_copy_back(params[i], models[i]);
+      const auto schedule = newton_schulz_schedule("asym5", 5, {});
+      for (int step = 1; step <= 3; ++step) {
+        for (size_t i = 0; i < params.size(); ++i) {
+          // bfloat16 grads on odd steps: the kernel widens them as grad.to(float32) does.
+          at::Tensor g = random_normal(shapes[i], 400 + 10 * step + i);
+          if (step % 2 == 1) g = g.to(at::kBFloat16);
+          params[i].mutable_grad() = g;
+          const at::Tensor u = muon_momentum_update(ref_bufs[i], g, mu, c.style, c.nesterov);
+          const at::Tensor o = newton_schulz(u.to(ns_dtype), schedule, 1e-7, ns_dtype);
+          const int64_t rows = shapes[i][shapes[i].size() - 2];
+          const int64_t cols = shapes[i].back();
+          muon_apply_update(ref_params[i], o, lr, wd,
+                            muon_update_scale(rows, cols, AdjustLrFn::kMatchRmsAdamw, 0.2));
+        }
+        muon.step();
+        for (size_t i = 0; i < params.size(); ++i) {
+          EXPECT_TRUE(at::equal(params[i], ref_params[i]))
+              << what << " param " << i << " step " << step;
+          EXPECT_TRUE(at::equal(muon.export_state(params[i])[0].second, ref_bufs[i]))
+              << what << " buffer " << i << " step " << step;
+          EXPECT_TRUE(at::equal(models[i], ref_params[i].to(at::kBFloat16)))
+              << what << " model " << i << " step " << step;
+        }
+      }
+    }
+  }
+}
+
 // ---- construction, options, grads ----
 TEST(MuonTest, RejectsVectorParameters) {
   try {

@@ -16,7 +16,7 @@
 //   capability (MKL picks its own code path from the CPU). So we call that same function (see
 //   aten_sqrt); the result of an element does not depend on where in the array it is.
 // - to(kBFloat16) and to(kHalf) round to nearest even.
-// Everything else must NOT be fused: see rounded() below.
+// Everything else must NOT be fused: see rounded() (vec_float.h).
 #include "mixtrain/optim/kernels/adamw_kernel.h"
 
 #include <ATen/Config.h>
@@ -29,6 +29,8 @@
 #include <algorithm>
 #include <cmath>
 #include <type_traits>
+
+#include "mixtrain/optim/kernels/vec_float.h"
 
 #if defined(CPU_CAPABILITY_AVX512) && defined(__GNUC__) && !defined(__clang__)
 // GCC 12 false positive: its AVX-512 intrinsics start from _mm512_undefined_epi32(), a
@@ -68,24 +70,6 @@ static_assert(kSpan % kBlock == 0, "a span is whole blocks");
 // The mode ATen passes: VML_HA | VML_FTZDAZ_OFF | VML_ERRMODE_IGNORE (mkl_vml_defines.h).
 constexpr long long kAtenVmlMode = 0x2 | 0x140000 | 0x100;
 #endif
-
-// Returns v, rounded to float here. GCC contracts a product feeding an addition into a fused
-// multiply-add (-ffp-contract=fast is its C++ default) wherever the target has FMA; ATen
-// stores param.mul_(decay) before addcdiv_ reads it, so that product must stay rounded. The
-// empty asm makes the value opaque to the optimizer and costs no instruction.
-inline Vec rounded(Vec v) {
-#if defined(CPU_CAPABILITY_AVX512)
-  __m512 r = v;
-  __asm__("" : "+v"(r));
-  return Vec(r);
-#elif defined(CPU_CAPABILITY_AVX2)
-  __m256 r = v;
-  __asm__("" : "+x"(r));
-  return Vec(r);
-#else
-  return v;  // no FMA instructions in the baseline x86-64 build: nothing can be fused
-#endif
-}
 
 struct VecScalars {
   explicit VecScalars(const AdamWStepScalars& s)
@@ -148,15 +132,9 @@ inline NoModelParam* at_offset(NoModelParam* model, int64_t /*offset*/) {
 }
 
 inline void store_model(Vec /*p0*/, Vec /*p1*/, NoModelParam* /*out*/) {}
-
-inline void store_model(Vec p0, Vec p1, c10::BFloat16* out) {
-  // ATen's own float -> bfloat16 rounding (round to nearest even).
-  at::vec::convert_float_bfloat16(p0, p1).store(out);
-}
-
-inline void store_model(Vec p0, Vec p1, c10::Half* out) {
-  // ATen's own float -> float16 rounding (round to nearest even; F16C in the vector builds).
-  at::vec::convert_float_half(p0, p1).store(out);
+template <typename ModelT>
+inline void store_model(Vec p0, Vec p1, ModelT* out) {
+  store_float(p0, p1, out);
 }
 
 // Updates n elements at the given pointers, n a multiple of kBlock and at most kSpan: the moments

@@ -13,7 +13,7 @@
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>
 
-#include "mixtrain/optim/kernels/load_float.h"
+#include "mixtrain/optim/kernels/vec_float.h"
 
 #include <algorithm>
 #include <stdexcept>

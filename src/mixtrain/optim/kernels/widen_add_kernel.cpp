@@ -8,7 +8,7 @@
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>
 
-#include "mixtrain/optim/kernels/load_float.h"
+#include "mixtrain/optim/kernels/vec_float.h"
 
 #if defined(CPU_CAPABILITY_AVX512) && defined(__GNUC__) && !defined(__clang__)
 // GCC 12 false positive in ATen's inlined bf16 conversion (see sum_of_squares_kernel.cpp).

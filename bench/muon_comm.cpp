@@ -157,11 +157,12 @@ int worker_main(const std::string& config_path) {
                                  ? 2
                                  : 4;
   int64_t matrices = 0, elements = 0, gather_bytes = 0, local_tensors = 0, local_elements = 0;
-  for (const auto& [name, sharding] : trainer.sharded()->muon_sharding()) {
-    if (dynamic_cast<Muon*>(&chained.leaf_of(name)) == nullptr) continue;  // AdamW
+  for (const auto& placement : trainer.sharded()->placements()) {
+    if (dynamic_cast<Muon*>(&chained.leaf_of(placement.name)) == nullptr) continue;  // AdamW
+    const std::vector<int64_t>& shape = placement.global_shape;
     int64_t numel = 1;
-    for (int64_t d : sharding.full_shape) numel *= d;
-    if (muon_steps_locally(sharding, static_cast<int64_t>(sharding.full_shape.size()))) {
+    for (int64_t d : shape) numel *= d;
+    if (muon_steps_locally(muon_sharding_of(placement), static_cast<int64_t>(shape.size()))) {
       ++local_tensors;
       local_elements += numel;
       continue;
@@ -169,8 +170,8 @@ int worker_main(const std::string& config_path) {
     ++matrices;
     elements += numel;
     // Ring all-gather of the padded dim-0 chunks: this rank's chunk reaches n-1 peers.
-    const int64_t chunk_rows = (sharding.full_shape[0] + n - 1) / n;
-    gather_bytes += (n - 1) * chunk_rows * (numel / sharding.full_shape[0]) * wire_bytes;
+    const int64_t chunk_rows = (shape[0] + n - 1) / n;
+    gather_bytes += (n - 1) * chunk_rows * (numel / shape[0]) * wire_bytes;
   }
 
   nlohmann::ordered_json result;

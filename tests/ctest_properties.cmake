@@ -22,6 +22,7 @@ set(MIXTRAIN_TEST_TABLE
   "unit_distributed_gloo_collectives_test    4          120"     #          9.4
   "unit_distributed_launcher_test            3          150      slow"    # 13.1
   "unit_optim_adamw_test                     1          60"      #          5.3 (child per CPU capability)
+  "unit_optim_muon_kernel_test               1          60"      #          6.6 (child per CPU capability)
   "scenarios_checkpoint_resharding_test      4          150      slow"    # 14.3
   "scenarios_rfc_case_2_2_test               2          60"      #          4.6
   "scenarios_rfc_case_2_1_scale_test        8          600      slow"    # 85 (on a busy machine; 8 ranks)

@@ -8,8 +8,6 @@
 #include <utility>
 
 #include "mixtrain/distributed/device_mesh.h"
-#include "mixtrain/optim/chained_optimizer.h"
-#include "mixtrain/optim/grad_clip.h"
 
 namespace mixtrain {
 namespace {
@@ -133,31 +131,6 @@ at::Tensor ExpertParallel::token_combine(const at::Tensor& expert_output,
   }
   const at::Tensor received_order = expert_output.index_select(0, to_grouped);
   return all_to_all(received_order, dispatched.recv_counts, dispatched.send_counts);
-}
-
-double clip_expert_parallel_grad_norm(ChainedOptimizer& chained, double max_norm,
-                                      const DeviceMesh& mesh) {
-  std::vector<at::Tensor> grads;
-  double squares[2] = {0.0, 0.0};  // non-expert, expert
-  for (const auto& name : chained.names()) {
-    const at::Tensor& grad = chained.optimizer_param(name).grad();
-    if (!grad.defined()) continue;
-    grads.push_back(grad);
-    squares[is_expert_param(name) ? 1 : 0] += sum_of_squares(grad);
-  }
-  at::Tensor dense = at::full({1}, squares[0], at::kDouble);
-  at::Tensor expert = at::full({1}, squares[1], at::kDouble);
-  mesh.dp_shard_group->all_reduce_sum(dense);
-  mesh.ep_group->all_reduce_sum(expert);
-  const double norm = std::sqrt(dense.item<double>() + expert.item<double>());
-  if (max_norm > 0 && std::isfinite(norm)) {
-    const double coef = max_norm / (norm + 1e-6);
-    if (coef < 1.0) {
-      c10::NoGradGuard no_grad;
-      for (auto& g : grads) g.mul_(coef);
-    }
-  }
-  return norm;
 }
 
 }  // namespace mixtrain

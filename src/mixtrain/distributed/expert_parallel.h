@@ -41,7 +41,6 @@
 
 namespace mixtrain {
 
-class ChainedOptimizer;
 struct DeviceMesh;
 
 // Whether `name` is a routed-expert tensor split by expert parallelism (".mlp.experts.").
@@ -71,14 +70,5 @@ class ExpertParallel final : public ExpertDispatcher {
   std::shared_ptr<Collectives> ep_group_;
   std::function<void()> on_backward_;
 };
-
-// torch.nn.utils.clip_grad_norm_ over the global norm of an expert-parallel model's gradients
-// (the grads of `chained`'s optimizer params; returns the pre-clip norm; max_norm <= 0: norm
-// only; a non-finite norm leaves the grads untouched). Non-expert pieces are disjoint over
-// dp_shard (data_parallel.h), expert slices over the ep group (the other ep blocks of the row
-// and the replicas hold copies), so the squares are summed over those groups, each element
-// once. Collective over dp_shard and ep.
-double clip_expert_parallel_grad_norm(ChainedOptimizer& chained, double max_norm,
-                                      const DeviceMesh& mesh);
 
 }  // namespace mixtrain

@@ -227,24 +227,27 @@ at::Tensor FullyShardedModel::local_rows(const std::string& name, const at::Tens
   return full.narrow(0, l.offset, l.rows);
 }
 
-std::unordered_map<std::string, MuonSharding> FullyShardedModel::muon_sharding() const {
-  std::unordered_map<std::string, MuonSharding> result;
+std::vector<ParamPlacement> FullyShardedModel::placements() const {
+  std::vector<ParamPlacement> result;
   for (const Param& p : params_) {
-    MuonSharding sharding;
-    sharding.name = p.name;
+    ParamPlacement placement;
+    placement.name = p.name;
+    placement.global_shape = p.layout.global_shape;
+    placement.offset = p.layout.offset;
+    placement.rows = p.layout.rows;
     if (p.expert) {
-      // Whole experts held here and replicated over expert_dp with identical gradients:
-      // step_experts, no communication.
-      sharding.kind = MuonSharding::Kind::kLocal;
+      placement.kind = ParamPlacement::Kind::kExpertSlice;
+      placement.shard_group = ep_group_;
+      placement.replicate_group = expert_dp_group_;
     } else if (shard_group_->size() > 1) {
-      sharding.kind = MuonSharding::Kind::kFsdp;
-      sharding.full_shape = p.layout.global_shape;
-      sharding.group = shard_group_;
+      placement.kind = ParamPlacement::Kind::kDim0Shard;
+      placement.shard_group = shard_group_;
+      placement.replicate_group = replicate_group_;
     } else if (replicate_group_->size() > 1) {
-      sharding.kind = MuonSharding::Kind::kReplicated;
-      sharding.group = replicate_group_;
+      placement.kind = ParamPlacement::Kind::kReplicated;
+      placement.replicate_group = replicate_group_;
     }
-    result.emplace(p.name, std::move(sharding));
+    result.push_back(std::move(placement));
   }
   return result;
 }

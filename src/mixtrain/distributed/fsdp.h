@@ -33,7 +33,7 @@
 // param_dtype; their gradients are summed over expert_dp_group and divided by the number of
 // data-parallel ranks at the end of backward (an autograd final callback), then delivered like
 // every other gradient (main_grad or .grad). gather_full gathers them over the ep group, and
-// muon_sharding gives them kLocal. The model reaches the token exchange through
+// placements() marks them kExpertSlice. The model reaches the token exchange through
 // expert_dispatcher().
 //
 // Collectives run inside autograd nodes; the CPU autograd engine runs nodes in decreasing
@@ -54,11 +54,11 @@
 
 #include "mixtrain/config/trainer_config.h"
 #include "mixtrain/core/collectives.h"
+#include "mixtrain/core/main_grad_sink.h"
+#include "mixtrain/core/param_placement.h"
 #include "mixtrain/distributed/device_mesh.h"
 #include "mixtrain/distributed/expert_parallel.h"
 #include "mixtrain/model/causal_lm.h"
-#include "mixtrain/optim/distributed_muon.h"
-#include "mixtrain/optim/training_optimizer.h"
 
 namespace mixtrain {
 
@@ -88,9 +88,9 @@ class FullyShardedModel : public ParameterMaterializer {
                     std::shared_ptr<Collectives> ep_group = nullptr,
                     std::shared_ptr<Collectives> expert_dp_group = nullptr);
 
-  // fp32_main_params: the optimizer whose main_grad(name) receives the reduced gradients.
-  // Must be set (to the optimizer built on the sharded params) before the first backward.
-  void set_main_grads(TrainingOptimizer* optimizer) { main_grads_ = optimizer; }
+  // fp32_main_params: where the reduced gradients go (the optimizer built on the sharded params,
+  // accumulate_main_grad(name, grad)). Must be set before the first backward.
+  void set_main_grads(MainGradSink* sink) { main_grads_ = sink; }
 
   const FsdpOptions& options() const { return options_; }
   c10::ScalarType param_dtype() const { return param_dtype_; }
@@ -104,10 +104,11 @@ class FullyShardedModel : public ParameterMaterializer {
   at::Tensor gather_full(const std::string& name, const at::Tensor& local) const;
   // This rank's rows of a full tensor shaped like parameter `name` (a view).
   at::Tensor local_rows(const std::string& name, const at::Tensor& full) const;
-  // How distributed Muon must treat each parameter (for set_muon_sharding): kFsdp over the
-  // dp_shard group when sharded (HSDP replicas then compute identical updates from identical
-  // main grads), kReplicated over dp_replicate for DDP, kLocal on one rank.
-  std::unordered_map<std::string, MuonSharding> muon_sharding() const;
+  // How each parameter is held (core/param_placement.h), in model order: routed experts under
+  // expert parallelism kExpertSlice (over ep, copies over expert_dp); otherwise kDim0Shard over
+  // dp_shard (copies over dp_replicate) when dp_shard > 1, kReplicated over dp_replicate
+  // (DDP) when only that has several ranks, kWhole on one rank.
+  std::vector<ParamPlacement> placements() const;
 
   // ParameterMaterializer
   at::Tensor unshard(const std::string& name, const at::Tensor& param) override;
@@ -143,7 +144,7 @@ class FullyShardedModel : public ParameterMaterializer {
   // Storage of each parameter's full tensor gathered in the current forward, until its
   // module's post_forward hands it to the pre-backward node.
   std::vector<c10::Storage> full_storages_;
-  TrainingOptimizer* main_grads_ = nullptr;
+  MainGradSink* main_grads_ = nullptr;
   // Expert parallelism: the token exchange, the expert_dp group, the expert gradients of the
   // running backward (float32, by param index; reduced by sync_expert_grads) and whether the
   // end-of-backward reduction is queued.

@@ -12,6 +12,7 @@
 
 #include "mixtrain/core/cpu_capability.h"
 #include "mixtrain/core/dtype.h"
+#include "mixtrain/optim/grad_clip.h"
 #include "mixtrain/optim/kernels/widen_add_kernel.h"
 
 namespace mixtrain {
@@ -98,7 +99,8 @@ void ChainedOptimizer::add_leaf(std::unique_ptr<LeafOptimizer> leaf,
 
   const size_t index = leaves_.size();
   for (const auto& [name, param] : named_params) {
-    entries_[name] = Entry{param, param, index, at::Tensor()};
+    entries_[name] =
+        Entry{param, param, index, at::Tensor(), whole_placement(name, param.sizes().vec())};
     names_.push_back(name);
     optimizer_param_names_[param.unsafeGetTensorImpl()] = name;
     model_param_names_[param.unsafeGetTensorImpl()] = name;
@@ -354,6 +356,35 @@ void ChainedOptimizer::prepare_grads() {
                                            ? e.main_grad
                                            : e.main_grad.to(e.optimizer_param.scalar_type());
   }
+}
+
+void ChainedOptimizer::set_placements(const std::vector<ParamPlacement>& placements) {
+  for (const auto& placement : placements) {
+    if (!contains(placement.name)) {
+      throw std::invalid_argument("set_placements: no trainable parameter named '" +
+                                  placement.name + "'");
+    }
+  }
+  for (const auto& placement : placements) {
+    Entry& e = entries_.at(placement.name);
+    e.placement = placement;
+    leaves_[e.leaf]->set_placement(e.optimizer_param, placement);
+  }
+}
+
+const ParamPlacement& ChainedOptimizer::placement(const std::string& name) const {
+  return entry(name).placement;
+}
+
+double ChainedOptimizer::clip_grad_norm(double max_norm) {
+  std::vector<at::Tensor> grads;
+  std::vector<const ParamPlacement*> placements;
+  for (const auto& name : names_) {
+    const Entry& e = entries_.at(name);
+    grads.push_back(e.optimizer_param.grad());  // undefined ones still name their group
+    placements.push_back(&e.placement);
+  }
+  return mixtrain::clip_grad_norm(grads, placements, max_norm);
 }
 
 std::vector<at::Tensor> ChainedOptimizer::grads_for_clipping() {

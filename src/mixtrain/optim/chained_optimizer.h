@@ -132,6 +132,17 @@ class ChainedOptimizer : public TrainingOptimizer {
   //   "adamw group 0 weight_decay: checkpoint 0.01, config 0.1".
   std::vector<std::string> load_param_groups_state(const nlohmann::json& groups);
 
+  // How each parameter is held across ranks (by placement.name; core/param_placement.h): kept
+  // for clip_grad_norm and handed to the parameter's leaf (set_placement). Parameters never
+  // given one are kWhole. Throws std::invalid_argument for a name that is not a trainable
+  // parameter here, changing nothing.
+  void set_placements(const std::vector<ParamPlacement>& placements);
+  const ParamPlacement& placement(const std::string& name) const;
+  // torch.nn.utils.clip_grad_norm_ (norm type 2) over the whole parameters whose local pieces
+  // these grads are (grad_clip.h, placed form); returns the pre-clip norm. Collective over the
+  // placements' groups when any piece is sharded.
+  double clip_grad_norm(double max_norm);
+
   // main_grad of `name` if it was created since the last zero_grad, else undefined.
   at::Tensor main_grad_if_defined(const std::string& name) const;
   // Imports already checked optimizer.state.* entries into the leaves (copies).
@@ -143,6 +154,7 @@ class ChainedOptimizer : public TrainingOptimizer {
     at::Tensor optimizer_param;
     size_t leaf = 0;
     at::Tensor main_grad;
+    ParamPlacement placement;  // kWhole until set_placements
   };
   const Entry& entry(const std::string& name) const;
   // (leaf, optimizer param) of every parameter, in name order.

@@ -12,7 +12,6 @@
 #include <utility>
 
 #include "mixtrain/core/dtype.h"
-#include "mixtrain/optim/chained_optimizer.h"
 #include "mixtrain/optim/muon.h"
 
 namespace mixtrain {
@@ -104,21 +103,31 @@ c10::ScalarType parse_muon_communication_dtype(const std::string& name) {
   return *dtype;
 }
 
-void set_muon_sharding(ChainedOptimizer& chained,
-                       const std::unordered_map<std::string, MuonSharding>& sharding) {
-  for (const auto& [name, layout] : sharding) {
-    if (!chained.contains(name)) {
-      throw std::invalid_argument("set_muon_sharding: no trainable parameter named '" + name + "'");
-    }
-    auto* muon = dynamic_cast<Muon*>(&chained.leaf_of(name));
-    if (muon == nullptr) continue;  // AdamW: elementwise, a shard needs no layout
-    MuonSharding named = layout;
-    if (named.name.empty()) named.name = name;
-    muon->set_sharding(chained.optimizer_param(name), std::move(named));
+MuonSharding muon_sharding_of(const ParamPlacement& placement) {
+  MuonSharding sharding;
+  sharding.name = placement.name;
+  switch (placement.kind) {
+    case ParamPlacement::Kind::kDim0Shard:
+      sharding.kind = MuonSharding::Kind::kFsdp;
+      sharding.full_shape = placement.global_shape;
+      sharding.group = placement.shard_group;
+      break;
+    case ParamPlacement::Kind::kReplicated:
+      sharding.kind = MuonSharding::Kind::kReplicated;
+      sharding.group = placement.replicate_group;
+      break;
+    case ParamPlacement::Kind::kWhole:
+    case ParamPlacement::Kind::kExpertSlice:
+      break;
   }
+  return sharding;
 }
 
 // ---- Muon members for the distributed layouts ----
+
+void Muon::set_placement(const at::Tensor& param, const ParamPlacement& placement) {
+  set_sharding(param, muon_sharding_of(placement));
+}
 
 const MuonOptions& Muon::group_options(size_t group) const {
   return static_cast<const MuonOptions&>(param_groups_[group].options());

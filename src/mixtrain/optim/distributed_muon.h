@@ -38,10 +38,9 @@
 #include <vector>
 
 #include "mixtrain/core/collectives.h"
+#include "mixtrain/core/param_placement.h"
 
 namespace mixtrain {
-
-class ChainedOptimizer;
 
 struct MuonSharding {
   enum class Kind { kLocal, kFsdp, kReplicated };
@@ -79,12 +78,10 @@ std::vector<std::vector<size_t>> muon_owner_buckets(const std::vector<MuonOwnerI
 // "bfloat16" | "float32" (the spellings parse_float_dtype accepts); invalid_argument otherwise.
 c10::ScalarType parse_muon_communication_dtype(const std::string& name);
 
-// Wiring for the trainer: gives every Muon parameter of `chained` the sharding of its model
-// name (name defaults to the key). Names of AdamW parameters are accepted and ignored (AdamW is
-// elementwise: a shard needs nothing); an unknown name is std::invalid_argument. Call after
-// the mixed-precision wrapper swapped in the main params (the sharding is kept by position,
-// so a later replace_parameter keeps it too).
-void set_muon_sharding(ChainedOptimizer& chained,
-                       const std::unordered_map<std::string, MuonSharding>& sharding);
+// How Muon steps a parameter held as `placement` (core/param_placement.h): kDim0Shard -> kFsdp
+// over the shard group with the global shape (HSDP replicas compute identical updates from
+// identical main grads); kReplicated -> kReplicated over the replicate group (DDP); kWhole and
+// kExpertSlice (whole experts, identical gradients over expert_dp) -> kLocal.
+MuonSharding muon_sharding_of(const ParamPlacement& placement);
 
 }  // namespace mixtrain

@@ -84,4 +84,37 @@ double clip_grad_norm(const std::vector<at::Tensor>& grads, double max_norm, Col
   return clip_with_norm(grads, max_norm, global_grad_norm(grads, group));
 }
 
+double clip_grad_norm(const std::vector<at::Tensor>& grads,
+                      const std::vector<const ParamPlacement*>& placements, double max_norm) {
+  TORCH_CHECK(grads.size() == placements.size(), "clip_grad_norm: ", grads.size(), " grads but ",
+              placements.size(), " placements");
+  std::vector<Collectives*> groups;  // null: local pieces
+  std::vector<std::vector<at::Tensor>> members;
+  for (size_t i = 0; i < grads.size(); ++i) {
+    Collectives* group = placements[i]->pieces_group().get();
+    size_t g = 0;
+    while (g < groups.size() && groups[g] != group) ++g;
+    if (g == groups.size()) {
+      groups.push_back(group);
+      members.emplace_back();
+    }
+    if (grads[i].defined()) members[g].push_back(grads[i]);
+  }
+  double total = 0.0;
+  for (size_t g = 0; g < groups.size(); ++g) {
+    double sum = total_sum_of_squares(members[g]);
+    if (groups[g] != nullptr && groups[g]->size() > 1) {
+      at::Tensor reduced = at::full({1}, sum, at::TensorOptions().dtype(at::kDouble));
+      groups[g]->all_reduce_sum(reduced);
+      sum = reduced.item<double>();
+    }
+    total += sum;
+  }
+  std::vector<at::Tensor> defined;
+  for (const auto& grad : grads) {
+    if (grad.defined()) defined.push_back(grad);
+  }
+  return clip_with_norm(defined, max_norm, std::sqrt(total));
+}
+
 }  // namespace mixtrain

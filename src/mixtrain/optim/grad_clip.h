@@ -11,6 +11,8 @@
 
 #include <vector>
 
+#include "mixtrain/core/param_placement.h"
+
 namespace mixtrain {
 
 class Collectives;
@@ -35,5 +37,15 @@ double clip_grad_norm(const std::vector<at::Tensor>& grads, double max_norm);
 // coefficient. A one-rank group gives exactly the functions above. Collective over `group`.
 double global_grad_norm(const std::vector<at::Tensor>& grads, Collectives& group);
 double clip_grad_norm(const std::vector<at::Tensor>& grads, double max_norm, Collectives& group);
+
+// Placed form: grads[i] (undefined: no gradient) is this rank's piece of the parameter that
+// placements[i] describes. Squares are summed per pieces_group() (null: this rank's piece is
+// the whole parameter, counted here), one kernel call over that group's grads in list order,
+// each sum all-reduced over its group when it has more than one rank; groups are taken in order
+// of first appearance in `placements` (undefined grads included), so every rank issues the same
+// collectives. The norm is the square root of the groups' total; clipping as above. With one
+// group this is exactly clip_grad_norm(grads, max_norm, group).
+double clip_grad_norm(const std::vector<at::Tensor>& grads,
+                      const std::vector<const ParamPlacement*>& placements, double max_norm);
 
 }  // namespace mixtrain

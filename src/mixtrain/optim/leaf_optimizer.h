@@ -31,6 +31,8 @@
 #include <utility>
 #include <vector>
 
+#include "mixtrain/core/param_placement.h"
+
 namespace mixtrain {
 
 class StateSwap;
@@ -47,6 +49,14 @@ class LeafOptimizer : public torch::optim::Optimizer {
   void replace_parameter(const at::Tensor& old_param, const at::Tensor& new_param);
   void set_copy_back(const at::Tensor& param, const at::Tensor& model_param);
   virtual void reset_parameter_caches() {}
+  // How `param` is held across ranks (core/param_placement.h), set by the parallel layout
+  // before the first step. Elementwise leaves update any piece as they would the whole and
+  // ignore it (the default); a leaf whose update couples elements (Muon) keys its distributed
+  // path on it. Throws std::invalid_argument for a param in no group.
+  virtual void set_placement(const at::Tensor& param, const ParamPlacement& placement) {
+    (void)param;
+    (void)placement;
+  }
 
   // State of one parameter (empty before its first step). Tensors alias the live state.
   virtual NamedTensorList export_state(const at::Tensor& param) const = 0;

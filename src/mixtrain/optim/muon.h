@@ -134,6 +134,8 @@ class Muon : public LeafOptimizer {
   // shape is not chunk group->rank() of full_shape on dim 0. Kept by position in the group, so
   // replace_parameter() keeps it.
   void set_sharding(const at::Tensor& param, MuonSharding sharding);
+  // LeafOptimizer: the MuonSharding of a placement (muon_sharding_of) via set_sharding.
+  void set_placement(const at::Tensor& param, const ParamPlacement& placement) override;
   // kLocal for a parameter that was never given one.
   const MuonSharding& sharding(const at::Tensor& param) const;
 

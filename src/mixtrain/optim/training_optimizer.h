@@ -16,6 +16,8 @@
 #include <string>
 #include <vector>
 
+#include "mixtrain/core/main_grad_sink.h"
+#include "mixtrain/core/param_placement.h"
 #include "mixtrain/core/safetensors.h"
 #include "mixtrain/optim/routing.h"
 
@@ -35,10 +37,8 @@ inline bool state_dtype_loads_into(c10::ScalarType saved, c10::ScalarType live) 
   return saved == live || (c10::isFloatingType(saved) && c10::isFloatingType(live));
 }
 
-class TrainingOptimizer {
+class TrainingOptimizer : public MainGradSink {
  public:
-  virtual ~TrainingOptimizer() = default;
-
   // float32 gradient-accumulation buffer of a model param (RFC main_grad), created zeroed on
   // first use. FSDP adds reduce-scattered grads here; the single-process trainer calls
   // accumulate_model_grads() after each micro-batch. Throws std::invalid_argument for an
@@ -47,7 +47,7 @@ class TrainingOptimizer {
   // main_grad(name) += grad, in float32. The step's first call writes 0 + grad in one pass
   // (bitwise what the zeroed buffer plus grad gives: -0 becomes +0) instead of zero-filling the
   // buffer and adding into it.
-  virtual void accumulate_main_grad(const std::string& name, const at::Tensor& grad) = 0;
+  void accumulate_main_grad(const std::string& name, const at::Tensor& grad) override = 0;
   // fp32_main_params: for each param with a .grad: main_grad += grad (in float32), then
   // .grad = undefined. The plain chain leaves .grad where it is (no-op).
   virtual void accumulate_model_grads() = 0;

@@ -13,13 +13,11 @@
 #include "mixtrain/core/error.h"
 #include "mixtrain/core/logging.h"
 #include "mixtrain/core/safetensors.h"
-#include "mixtrain/distributed/data_parallel.h"
 #include "mixtrain/distributed/device_mesh.h"
 #include "mixtrain/distributed/fsdp.h"
 #include "mixtrain/distributed/rendezvous.h"
 #include "mixtrain/optim/build_optimizer.h"
-#include "mixtrain/optim/distributed_muon.h"
-#include "mixtrain/optim/grad_clip.h"
+#include "mixtrain/optim/chained_optimizer.h"
 #include "mixtrain/optim/lr_schedule.h"
 
 namespace mixtrain {
@@ -114,6 +112,22 @@ struct ReplayLayout {
   ShardLayout layout_of(const at::Tensor& full) const {
     return chunk_layout(full.sizes().vec(), mesh.world_size, mesh.rank);
   }
+  // Rows of dim 0 split over every rank; a 0-dim tensor is whole on each rank (replicated).
+  ParamPlacement placement_of(const std::string& name, const at::Tensor& full) const {
+    ParamPlacement p = whole_placement(name, full.sizes().vec());
+    if (full.dim() == 0) {
+      p.kind = ParamPlacement::Kind::kReplicated;
+      p.replicate_group = mesh.world;
+      return p;
+    }
+    const ShardLayout l = layout_of(full);
+    p.kind = ParamPlacement::Kind::kDim0Shard;
+    p.offset = l.offset;
+    p.rows = l.rows;
+    p.shard_group = mesh.dp_shard_group;
+    p.replicate_group = mesh.dp_replicate_group;
+    return p;
+  }
   at::Tensor local_rows(const at::Tensor& full) const {
     if (!sharded() || full.dim() == 0) return full;
     ShardLayout l = layout_of(full);
@@ -157,21 +171,18 @@ int64_t run_optim_replay(const ResolvedConfig& resolved, const ReplayPaths& path
   }
   std::map<std::string, std::vector<int64_t>> global_shape;
   NamedTensors params;
-  std::unordered_map<std::string, MuonSharding> sharding;
+  std::vector<ParamPlacement> placements;
   for (const auto& [name, full] : full_params) {
     global_shape[name] = full.sizes().vec();
     params.emplace_back(name, layout.local_rows(full.detach()).requires_grad_(true));
-    if (layout.sharded()) {
-      sharding[name] =
-          MuonSharding{MuonSharding::Kind::kFsdp, full.sizes().vec(), layout.mesh.world, name};
-    }
+    if (layout.sharded()) placements.push_back(layout.placement_of(name, full));
   }
   for (auto& step_grads : grads) {
     for (auto& [name, grad] : step_grads) grad = layout.local_rows(grad);
   }
 
   std::unique_ptr<TrainingOptimizer> optimizer = build_optimizer(params, config);
-  if (layout.sharded()) set_muon_sharding(optimizer->chained(), sharding);
+  optimizer->chained().set_placements(placements);
   const bool schedule = schedule_configured(resolved);
   LrSchedule lr_schedule(config.train.lr_scheduler, steps);
   for (int64_t k = 1; k <= steps; ++k) {
@@ -188,8 +199,7 @@ int64_t run_optim_replay(const ResolvedConfig& resolved, const ReplayPaths& path
       }
     }
     optimizer->prepare_grads();
-    clip_data_parallel_grad_norm(optimizer->grads_for_clipping(), config.train.max_grad_norm,
-                                 layout.mesh);
+    optimizer->chained().clip_grad_norm(config.train.max_grad_norm);
     if (!optimizer->step_with_ready_grads()) {
       log_warn("optim-replay: step " + std::to_string(k) + " skipped (non-finite gradients)");
     }

@@ -22,15 +22,12 @@
 #include "mixtrain/distributed/config_agreement.h"
 #include "mixtrain/distributed/data_parallel.h"
 #include "mixtrain/distributed/device_mesh.h"
-#include "mixtrain/distributed/expert_parallel.h"
 #include "mixtrain/distributed/fsdp.h"
 #include "mixtrain/distributed/rendezvous.h"
 #include "mixtrain/model/init_dtype.h"
 #include "mixtrain/model/registry.h"
 #include "mixtrain/optim/build_optimizer.h"
 #include "mixtrain/optim/chained_optimizer.h"
-#include "mixtrain/optim/distributed_muon.h"
-#include "mixtrain/optim/grad_clip.h"
 #include "mixtrain/optim/lr_schedule.h"
 #include "mixtrain/optim/param_groups.h"
 #include "mixtrain/optim/state_swap.h"
@@ -176,7 +173,7 @@ Trainer::Trainer(const ResolvedConfig& resolved, const DeviceMesh& mesh, const s
   optimizer_ = build_optimizer(named_parameters_of(*model_), config);
   if (sharded_) {
     if (config.optimizer.fp32_main_params) sharded_->set_main_grads(optimizer_.get());
-    set_muon_sharding(optimizer_->chained(), sharded_->muon_sharding());
+    optimizer_->chained().set_placements(sharded_->placements());
   }
   if (config.optimizer.swap_optimizer) {
     optimizer_->chained().enable_state_swap(
@@ -231,12 +228,10 @@ StepResult Trainer::compute_gradients() {
   const auto prepare_start = Clock::now();
   optimizer_->prepare_grads();
   times_.optimizer_s += seconds_since(prepare_start);
-  // Expert parallelism: expert slices are disjoint over ep, not over dp_shard.
+  // Over each parameter's placement: FSDP shards are disjoint over dp_shard, expert slices over
+  // ep, replicas counted once.
   const auto clip_start = Clock::now();
-  result.grad_norm = mesh_.ep > 1 ? clip_expert_parallel_grad_norm(
-                                        optimizer_->chained(), config.train.max_grad_norm, mesh_)
-                                  : clip_data_parallel_grad_norm(optimizer_->grads_for_clipping(),
-                                                                 config.train.max_grad_norm, mesh_);
+  result.grad_norm = optimizer_->chained().clip_grad_norm(config.train.max_grad_norm);
   times_.clip_s += seconds_since(clip_start);
   result.loss = average_over_data_parallel(loss.loss, mesh_);
   result.aux_loss = average_over_data_parallel(loss.aux_loss, mesh_);

@@ -248,8 +248,11 @@ void run_ep_case_2_1(const testing::WorkerEnv& worker, const std::string& target
   auto* mp = dynamic_cast<MixedPrecisionOptimizer*>(opt.get());
   ASSERT_NE(mp, nullptr);
   fsdp->set_main_grads(opt.get());
-  const auto sharding = fsdp->muon_sharding();
-  set_muon_sharding(mp->chained(), sharding);
+  std::map<std::string, MuonSharding> sharding;
+  for (const auto& placement : fsdp->placements()) {
+    sharding[placement.name] = muon_sharding_of(placement);
+  }
+  mp->chained().set_placements(fsdp->placements());
 
   // The built state: expert tensors hold this ep rank's E/ep whole experts (kLocal for Muon),
   // everything else its dp_shard chunk; bf16 model params, each with its own fp32 main param.
@@ -312,7 +315,7 @@ void run_ep_case_2_1(const testing::WorkerEnv& worker, const std::string& target
     }
     opt->prepare_grads();
     // The trainer's EP norm: expert slices counted once per ep block (matters for dp_shard > ep).
-    const double norm = clip_expert_parallel_grad_norm(mp->chained(), 0.5, mesh);
+    const double norm = mp->chained().clip_grad_norm(0.5);
     opt->step_with_ready_grads();
     opt->zero_grad();
 

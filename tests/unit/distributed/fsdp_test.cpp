@@ -307,7 +307,7 @@ void run_case_2_1(const testing::WorkerEnv& worker, const std::string& target, i
   auto* mp = dynamic_cast<MixedPrecisionOptimizer*>(opt.get());
   ASSERT_NE(mp, nullptr);
   fsdp->set_main_grads(opt.get());
-  set_muon_sharding(mp->chained(), fsdp->muon_sharding());
+  mp->chained().set_placements(fsdp->placements());
 
   // RFC checks on the built state: bf16 model params, each with its own fp32 main param.
   std::set<c10::TensorImpl*> mains;
@@ -363,7 +363,7 @@ void run_case_2_1(const testing::WorkerEnv& worker, const std::string& target, i
       EXPECT_LE(d, tol.main_grad) << "step " << step << " main_grad " << name;
     }
     opt->prepare_grads();
-    const double norm = clip_data_parallel_grad_norm(opt->grads_for_clipping(), 0.5, mesh);
+    const double norm = opt->chained().clip_grad_norm(0.5);
     opt->step_with_ready_grads();
     opt->zero_grad();
 

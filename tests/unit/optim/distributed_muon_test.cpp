@@ -642,7 +642,7 @@ TEST(DistributedMuonTest, RanksSteppingDifferentParamsFailOnEveryRank) {
 }
 
 // The path the trainer takes: build_optimizer with fp32 main params on each rank's shards,
-// set_muon_sharding by name, main_grad = the shard of the reduced gradient. Every model param
+// set_placements by name, main_grad = the shard of the reduced gradient. Every model param
 // (bfloat16) and main param must equal the one-process stack's.
 TEST(DistributedMuonTest, MixedPrecisionStackWithSetMuonShardingEqualsOneProcess) {
   const std::vector<NamedShape> shapes = {
@@ -686,13 +686,16 @@ TEST(DistributedMuonTest, MixedPrecisionStackWithSetMuonShardingEqualsOneProcess
   std::vector<std::vector<at::Tensor>> model(n), main(n);
   run_ranks(n, [&](int rank) {
     std::vector<std::pair<std::string, at::Tensor>> shard;
-    std::unordered_map<std::string, MuonSharding> layout;
+    std::vector<ParamPlacement> layout;
     for (size_t i = 0; i < shapes.size(); ++i) {
       shard.emplace_back(shapes[i].name, trainable(dim0_chunk(init(i), rank, n)));
-      layout[shapes[i].name] = {MuonSharding::Kind::kFsdp, shapes[i].shape, group[rank], {}};
+      ParamPlacement placement = whole_placement(shapes[i].name, shapes[i].shape);
+      placement.kind = ParamPlacement::Kind::kDim0Shard;
+      placement.shard_group = group[rank];
+      layout.push_back(placement);
     }
     auto built = build_optimizer(shard, config);
-    set_muon_sharding(dynamic_cast<MixedPrecisionOptimizer&>(*built).chained(), layout);
+    dynamic_cast<MixedPrecisionOptimizer&>(*built).chained().set_placements(layout);
     for (int step = 1; step <= steps; ++step) {
       for (size_t i = 0; i < shapes.size(); ++i) {
         built->main_grad(shapes[i].name).copy_(dim0_chunk(grad(i, step), rank, n));
@@ -722,8 +725,8 @@ TEST(DistributedMuonTest, SetMuonShardingRejectsUnknownNames) {
   config.optimizer.target = "Muon";
   auto built = build_optimizer(params, config);
   auto& chained = dynamic_cast<ChainedOptimizer&>(*built);
-  EXPECT_THROW(set_muon_sharding(chained, {{"nope", MuonSharding{}}}), std::invalid_argument);
-  set_muon_sharding(chained, {{"w", MuonSharding{}}});
+  EXPECT_THROW(chained.set_placements({whole_placement("nope", {4, 4})}), std::invalid_argument);
+  chained.set_placements({whole_placement("w", {4, 4})});
   EXPECT_EQ(dynamic_cast<Muon&>(chained.leaf_of("w")).sharding(params[0].second).name, "w");
 }
 

@@ -181,6 +181,7 @@ FullyShardedModel::FullyShardedModel(CausalLM& model, std::shared_ptr<Collective
     params_.push_back(std::move(entry));
   }
   full_storages_.resize(params_.size());
+  for (const Param& p : params_) placements_.push_back(placement_of(p));
 }
 
 int64_t FullyShardedModel::index_of(const std::string& name) const {
@@ -227,29 +228,29 @@ at::Tensor FullyShardedModel::local_rows(const std::string& name, const at::Tens
   return full.narrow(0, l.offset, l.rows);
 }
 
-std::vector<ParamPlacement> FullyShardedModel::placements() const {
-  std::vector<ParamPlacement> result;
-  for (const Param& p : params_) {
-    ParamPlacement placement;
-    placement.name = p.name;
-    placement.global_shape = p.layout.global_shape;
-    placement.offset = p.layout.offset;
-    placement.rows = p.layout.rows;
-    if (p.expert) {
-      placement.kind = ParamPlacement::Kind::kExpertSlice;
-      placement.shard_group = ep_group_;
-      placement.replicate_group = expert_dp_group_;
-    } else if (shard_group_->size() > 1) {
-      placement.kind = ParamPlacement::Kind::kDim0Shard;
-      placement.shard_group = shard_group_;
-      placement.replicate_group = replicate_group_;
-    } else if (replicate_group_->size() > 1) {
-      placement.kind = ParamPlacement::Kind::kReplicated;
-      placement.replicate_group = replicate_group_;
-    }
-    result.push_back(std::move(placement));
+ParamPlacement FullyShardedModel::placement_of(const Param& p) const {
+  ParamPlacement placement;
+  placement.name = p.name;
+  placement.global_shape = p.layout.global_shape;
+  placement.offset = p.layout.offset;
+  placement.rows = p.layout.rows;
+  if (p.expert) {
+    placement.kind = ParamPlacement::Kind::kExpertSlice;
+    placement.shard_group = ep_group_;
+    placement.replicate_group = expert_dp_group_;
+  } else if (shard_group_->size() > 1) {
+    placement.kind = ParamPlacement::Kind::kDim0Shard;
+    placement.shard_group = shard_group_;
+    placement.replicate_group = replicate_group_;
+  } else if (replicate_group_->size() > 1) {
+    placement.kind = ParamPlacement::Kind::kReplicated;
+    placement.replicate_group = replicate_group_;
   }
-  return result;
+  return placement;
+}
+
+const ParamPlacement& FullyShardedModel::placement(const std::string& name) const {
+  return placements_[index_of(name)];
 }
 
 void FullyShardedModel::all_gather_into(int64_t index, const at::Tensor& full) const {

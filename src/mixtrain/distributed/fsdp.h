@@ -108,7 +108,9 @@ class FullyShardedModel : public ParameterMaterializer {
   // expert parallelism kExpertSlice (over ep, copies over expert_dp); otherwise kDim0Shard over
   // dp_shard (copies over dp_replicate) when dp_shard > 1, kReplicated over dp_replicate
   // (DDP) when only that has several ranks, kWhole on one rank.
-  std::vector<ParamPlacement> placements() const;
+  const std::vector<ParamPlacement>& placements() const { return placements_; }
+  // Throws std::invalid_argument for an unknown name.
+  const ParamPlacement& placement(const std::string& name) const;
 
   // ParameterMaterializer
   at::Tensor unshard(const std::string& name, const at::Tensor& param) override;
@@ -140,6 +142,8 @@ class FullyShardedModel : public ParameterMaterializer {
   std::optional<c10::ScalarType> reduce_dtype_;  // unset: no rounding after the reduction
   std::vector<Param> params_;
   std::vector<std::string> names_;
+  std::vector<ParamPlacement> placements_;  // by param index
+  ParamPlacement placement_of(const Param& p) const;
   std::unordered_map<std::string, int64_t> index_;
   // Storage of each parameter's full tensor gathered in the current forward, until its
   // module's post_forward hands it to the pre-backward node.

@@ -54,9 +54,9 @@ std::string fqn_of(const std::string& key) {
 LocalChunk place(const CheckpointParts& parts, const std::string& key, const at::Tensor& local) {
   LocalChunk chunk{key, local, local.sizes().vec(), std::vector<int64_t>(local.dim(), 0)};
   if (local.dim() == 0 || parts.sharded == nullptr) return chunk;
-  const ShardLayout& layout = parts.sharded->layout(fqn_of(key));
-  chunk.global_shape = layout.global_shape;
-  chunk.offsets[0] = layout.offset;
+  const ParamPlacement& placement = parts.sharded->placement(fqn_of(key));
+  chunk.global_shape = placement.global_shape;
+  chunk.offsets[0] = placement.offset;
   return chunk;
 }
 

@@ -30,6 +30,7 @@
 // Exit code 0 when every run was measured, 1 otherwise (a worker's log tail is printed).
 #include <unistd.h>
 
+#include <c10/util/accumulate.h>
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -160,8 +161,7 @@ int worker_main(const std::string& config_path) {
   for (const auto& placement : trainer.sharded()->placements()) {
     if (dynamic_cast<Muon*>(&chained.leaf_of(placement.name)) == nullptr) continue;  // AdamW
     const std::vector<int64_t>& shape = placement.global_shape;
-    int64_t numel = 1;
-    for (int64_t d : shape) numel *= d;
+    const int64_t numel = c10::multiply_integers(shape);
     if (muon_steps_locally(muon_sharding_of(placement), static_cast<int64_t>(shape.size()))) {
       ++local_tensors;
       local_elements += numel;

@@ -6,6 +6,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <c10/util/accumulate.h>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -218,9 +219,8 @@ void CheckpointSaver::write(const SaveRequest& request) {
         CheckpointTensor& t = metadata.tensors[key];
         t.shape = shape;
         t.dtype = static_cast<c10::ScalarType>(dtype);
-        int64_t numel = 1;
-        for (int64_t d : shape) numel *= d;
-        total_bytes += numel * static_cast<int64_t>(c10::elementSize(t.dtype));
+        total_bytes +=
+            c10::multiply_integers(shape) * static_cast<int64_t>(c10::elementSize(t.dtype));
       }
       write_metadata(tmp, metadata);
       publish_step_dir(dir_, step);

@@ -11,6 +11,7 @@
 #include "mixtrain/core/dtype.h"
 #include "mixtrain/core/error.h"
 #include "mixtrain/core/printable.h"
+#include "mixtrain/core/text.h"
 
 namespace mixtrain {
 namespace {
@@ -25,14 +26,6 @@ std::optional<c10::ScalarType> dtype_from_name(const std::string& name) {
     if (dtype_name(dtype) == name) return dtype;
   }
   return std::nullopt;
-}
-
-std::string list(const std::vector<int64_t>& values) {
-  std::string out = "[";
-  for (size_t i = 0; i < values.size(); ++i) {
-    out += (i ? ", " : "") + std::to_string(values[i]);
-  }
-  return out + "]";
 }
 
 // "__<r>_0.safetensors" with r a decimal rank (no leading zeros); nullopt otherwise.
@@ -104,14 +97,15 @@ CheckpointTensor parse_tensor(const JsonFieldReader& p, const nlohmann::json& js
       const auto& v = std::string(name) == "offsets" ? chunk.offsets : chunk.sizes;
       if (v.size() != tensor.shape.size()) {
         p.fail(cf + "." + name, "has " + std::to_string(v.size()) + " entries but the shape " +
-                                    list(tensor.shape) + " has " +
+                                    format_list(tensor.shape) + " has " +
                                     std::to_string(tensor.shape.size()) + " dims");
       }
     }
     for (size_t d = 0; d < tensor.shape.size(); ++d) {
       if (chunk.offsets[d] > tensor.shape[d] - chunk.sizes[d]) {
-        p.fail(cf, "offsets " + list(chunk.offsets) + " + sizes " + list(chunk.sizes) +
-                       " fall outside the shape " + list(tensor.shape));
+        p.fail(cf, "offsets " + format_list(chunk.offsets) + " + sizes " +
+                       format_list(chunk.sizes) + " fall outside the shape " +
+                       format_list(tensor.shape));
       }
     }
     const std::string hex = p.string(p.member(c, "xxh3_64", cf + ".xxh3_64"), cf + ".xxh3_64");
@@ -135,15 +129,15 @@ CheckpointTensor parse_tensor(const JsonFieldReader& p, const nlohmann::json& js
                pair + " are both in " + cs[i].file + " (a file holds one chunk per key)");
       }
       if (numel(cs[i].sizes) > 0 && numel(cs[j].sizes) > 0 && overlap(cs[i], cs[j])) {
-        p.fail(field + ".chunks", pair + " overlap (offsets " + list(cs[i].offsets) + " and " +
-                                      list(cs[j].offsets) + ")");
+        p.fail(field + ".chunks", pair + " overlap (offsets " + format_list(cs[i].offsets) +
+                                      " and " + format_list(cs[j].offsets) + ")");
       }
     }
   }
   if (covered != total) {
     p.fail(field + ".chunks", "cover " + std::to_string(covered) + " of the " +
                                   std::to_string(total) + " elements of shape " +
-                                  list(tensor.shape));
+                                  format_list(tensor.shape));
   }
   return tensor;
 }

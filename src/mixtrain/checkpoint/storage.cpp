@@ -9,6 +9,7 @@
 #include <unistd.h>
 #include <xxhash.h>
 
+#include <c10/util/accumulate.h>
 #include <algorithm>
 #include <cerrno>
 #include <cstdio>
@@ -26,6 +27,7 @@
 #include "mixtrain/core/error.h"
 #include "mixtrain/core/printable.h"
 #include "mixtrain/core/safetensors.h"
+#include "mixtrain/core/text.h"
 
 // Checksums and files hold the bytes as they are in memory; the format says little-endian.
 static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "checkpoint files are little-endian");
@@ -36,12 +38,6 @@ namespace {
 
 std::string errno_text() {
   return std::strerror(errno);
-}
-
-std::string list(const std::vector<int64_t>& values) {
-  std::string out = "[";
-  for (size_t i = 0; i < values.size(); ++i) out += (i ? ", " : "") + std::to_string(values[i]);
-  return out + "]";
 }
 
 void fsync_path(const std::string& path, bool directory) {
@@ -253,8 +249,8 @@ std::vector<CheckpointChunk> write_rank_file(const std::string& step_tmp_dir, in
     }
     if (!inside) {
       throw std::invalid_argument("write_rank_file: chunk of " + c.key + " with sizes " +
-                                  list(sizes) + " at offsets " + list(c.offsets) +
-                                  " is not inside the shape " + list(c.global_shape));
+                                  format_list(sizes) + " at offsets " + format_list(c.offsets) +
+                                  " is not inside the shape " + format_list(c.global_shape));
     }
     // The checksum is of exactly the bytes write_safetensors writes (it keeps contiguous CPU
     // tensors as they are).
@@ -440,7 +436,7 @@ namespace {
 std::string chunk_where(const std::string& dir, const std::string& key,
                         const CheckpointChunk& chunk) {
   return printable((fs::path(dir) / chunk.file).string() + ": " + key) + " chunk at offsets " +
-         list(chunk.offsets);
+         format_list(chunk.offsets);
 }
 
 }  // namespace
@@ -536,8 +532,8 @@ CheckpointReader::CheckpointReader(const std::string& step_dir)
         problems.push_back(where + ": dtype " + dtype_name(entry->second->dtype) + " but " +
                            kCheckpointMetadataFile + " says " + dtype_name(tensor.dtype));
       } else if (entry->second->shape != chunk.sizes) {
-        problems.push_back(where + ": shape " + list(entry->second->shape) + " but " +
-                           kCheckpointMetadataFile + " says sizes " + list(chunk.sizes));
+        problems.push_back(where + ": shape " + format_list(entry->second->shape) + " but " +
+                           kCheckpointMetadataFile + " says sizes " + format_list(chunk.sizes));
       }
     }
   }
@@ -560,14 +556,14 @@ at::Tensor CheckpointReader::read(const std::string& key, const std::vector<int6
     inside = offsets[d] >= 0 && sizes[d] >= 0 && offsets[d] <= tensor.shape[d] - sizes[d];
   }
   if (!inside) {
-    throw DataError(dir_ + ": " + key + ": region at offsets " + list(offsets) + " with sizes " +
-                    list(sizes) + " is outside the shape " + list(tensor.shape));
+    throw DataError(dir_ + ": " + key + ": region at offsets " + format_list(offsets) +
+                    " with sizes " + format_list(sizes) + " is outside the shape " +
+                    format_list(tensor.shape));
   }
   // A region that is exactly one chunk (every read_full of a checkpoint saved by one rank, and
   // every read on as many ranks as saved it) is that chunk as read: no second buffer, no copy.
   // The chunks cover the shape exactly once, so no other chunk overlaps it.
-  int64_t numel = 1;
-  for (int64_t s : sizes) numel *= s;
+  const int64_t numel = c10::multiply_integers(sizes);
   if (numel > 0) {
     for (size_t i = 0; i < tensor.chunks.size(); ++i) {
       const CheckpointChunk& chunk = tensor.chunks[i];

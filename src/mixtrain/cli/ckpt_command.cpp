@@ -2,6 +2,7 @@
 
 #include <ATen/ATen.h>
 
+#include <c10/util/accumulate.h>
 #include <algorithm>
 #include <cstdio>
 #include <iomanip>
@@ -13,15 +14,10 @@
 #include "mixtrain/checkpoint/storage.h"
 #include "mixtrain/core/dtype.h"
 #include "mixtrain/core/printable.h"
+#include "mixtrain/core/text.h"
 
 namespace mixtrain {
 namespace {
-
-std::string list(const std::vector<int64_t>& values) {
-  std::string out = "[";
-  for (size_t i = 0; i < values.size(); ++i) out += (i ? ", " : "") + std::to_string(values[i]);
-  return out + "]";
-}
 
 std::string number(double value) {
   char buffer[32];
@@ -41,9 +37,7 @@ std::string count(int64_t n, const std::string& noun) {
 }
 
 int64_t numel(const std::vector<int64_t>& shape) {
-  int64_t n = 1;
-  for (int64_t d : shape) n *= d;
-  return n;
+  return c10::multiply_integers(shape);
 }
 
 std::string mesh_text(const CheckpointMesh& m) {
@@ -133,7 +127,7 @@ int ckpt_inspect_command(const std::string& path) {
         numel(tensor.shape) * static_cast<int64_t>(c10::elementSize(tensor.dtype));
     std::cout << "  " << std::left << std::setw(static_cast<int>(width)) << printable(key) << "  "
               << std::setw(8) << dtype_name(tensor.dtype) << "  " << std::setw(14)
-              << list(tensor.shape) << std::right << std::setw(12) << bytes << " bytes  "
+              << format_list(tensor.shape) << std::right << std::setw(12) << bytes << " bytes  "
               << tensor.chunks.size() << (tensor.chunks.size() == 1 ? " chunk" : " chunks") << "\n";
   }
   std::cout << "state: " << m.state.size() << " keys\n";
@@ -201,8 +195,8 @@ int ckpt_diff_command(const std::string& path_a, const std::string& path_b,
     }
     const CheckpointTensor& tb = it->second;
     if (ta.dtype != tb.dtype || ta.shape != tb.shape) {
-      std::cout << printable(key) << ": " << dtype_name(ta.dtype) << " " << list(ta.shape) << " vs "
-                << dtype_name(tb.dtype) << " " << list(tb.shape) << "\n";
+      std::cout << printable(key) << ": " << dtype_name(ta.dtype) << " " << format_list(ta.shape)
+                << " vs " << dtype_name(tb.dtype) << " " << format_list(tb.shape) << "\n";
       ++structural;
       continue;
     }

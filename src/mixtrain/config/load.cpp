@@ -11,16 +11,12 @@
 #include "mixtrain/config/yaml_front_end.h"
 #include "mixtrain/config/yaml_reader.h"
 #include "mixtrain/core/error.h"
+#include "mixtrain/core/text.h"
 
 namespace mixtrain {
 namespace {
 
 enum class Dialect { kYaml, kToml };
-
-bool ends_with(const std::string& text, const std::string& suffix) {
-  return text.size() >= suffix.size() &&
-         text.compare(text.size() - suffix.size(), suffix.size(), suffix) == 0;
-}
 
 Dialect dialect_of(const std::string& path) {
   if (ends_with(path, ".yaml") || ends_with(path, ".yml")) return Dialect::kYaml;

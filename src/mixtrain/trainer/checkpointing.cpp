@@ -18,6 +18,7 @@
 #include "mixtrain/core/error.h"
 #include "mixtrain/core/logging.h"
 #include "mixtrain/core/printable.h"
+#include "mixtrain/core/text.h"
 #include "mixtrain/data/dataset.h"
 #include "mixtrain/distributed/fsdp.h"
 #include "mixtrain/model/causal_lm.h"
@@ -33,10 +34,6 @@ namespace {
 using json = nlohmann::json;
 
 constexpr const char* kModelPrefix = "model.";
-
-bool starts_with(const std::string& text, const std::string& prefix) {
-  return text.compare(0, prefix.size(), prefix) == 0;
-}
 
 // The model parameter a checkpoint key belongs to.
 std::string fqn_of(const std::string& key) {
@@ -115,12 +112,6 @@ struct Casts {
   }
 };
 
-std::string format_shape(const std::vector<int64_t>& shape) {
-  std::string out = "[";
-  for (size_t i = 0; i < shape.size(); ++i) out += (i ? ", " : "") + std::to_string(shape[i]);
-  return out + "]";
-}
-
 // Which saved dtype a tensor accepts: model params any (model_init_dtype converts them, RFC
 // 6.2), optimizer state one it can be cast to (state_dtype_loads_into), main params exactly.
 enum class DtypeRule { kAny, kOptimizerState, kExact };
@@ -135,9 +126,8 @@ void read_piece(CheckpointReader& reader, const LocalChunk& target, DtypeRule ru
   }
   const CheckpointTensor& saved = it->second;
   if (saved.shape != target.global_shape) {
-    problems.push_back(target.key + ": shape " + format_shape(saved.shape) +
-                       " in the checkpoint, " + format_shape(target.global_shape) +
-                       " in this model");
+    problems.push_back(target.key + ": shape " + format_list(saved.shape) + " in the checkpoint, " +
+                       format_list(target.global_shape) + " in this model");
     return;
   }
   const c10::ScalarType live = target.data.scalar_type();

@@ -13,6 +13,7 @@
 #include "mixtrain/core/error.h"
 #include "mixtrain/core/logging.h"
 #include "mixtrain/core/safetensors.h"
+#include "mixtrain/core/text.h"
 #include "mixtrain/distributed/device_mesh.h"
 #include "mixtrain/distributed/fsdp.h"
 #include "mixtrain/distributed/rendezvous.h"
@@ -24,12 +25,6 @@ namespace mixtrain {
 namespace {
 
 using GradsByStep = std::vector<std::map<std::string, at::Tensor>>;  // [k-1][name]
-
-std::string shape_text(const at::Tensor& t) {
-  std::string out = "[";
-  for (int64_t i = 0; i < t.dim(); ++i) out += (i ? ", " : "") + std::to_string(t.size(i));
-  return out + "]";
-}
 
 NamedTensors read_params(const std::string& path) {
   NamedTensors params = read_safetensors(path).tensors;
@@ -71,8 +66,8 @@ GradsByStep read_grads(const std::string& path, const NamedTensors& params) {
                       dtype_name(grad.scalar_type()));
     }
     if (!grad.sizes().equals(param->second.sizes())) {
-      throw UserError(path + ": " + key + ": shape " + shape_text(grad) + " differs from the " +
-                      "parameter's " + shape_text(param->second));
+      throw UserError(path + ": " + key + ": shape " + format_list(grad.sizes()) +
+                      " differs from the " + "parameter's " + format_list(param->second.sizes()));
     }
     by_step[step][name] = grad;
   }

@@ -36,7 +36,7 @@ struct OptimizerReportRow {
 };
 
 struct OptimizerReportTable {
-  std::string optimizer;            // "adamw" | "muon"
+  std::string optimizer;            // an optimizer-table name: "adamw", "muon", "sgd"
   std::vector<std::string> groups;  // "group 0", "group 1 (no decay)"
   std::vector<OptimizerReportRow> rows;
   const OptimizerReportRow* row(const std::string& name) const;  // nullptr if none

@@ -139,7 +139,12 @@ void check_train_and_checkpoint(const Checker& check, const TrainerConfig& c) {
 }
 
 void check_optimizer(const Checker& check, const OptimizerConfig& o) {
-  check.one_of("optimizer._target_", o.target, {"AdamW", "Muon", "SGD"});
+  // SGD has no TOML keys (toml_front_end.cpp refuses it with the reason).
+  if (o.routing == "toml") {
+    check.one_of("optimizer._target_", o.target, {"AdamW", "Muon"});
+  } else {
+    check.one_of("optimizer._target_", o.target, {"AdamW", "Muon", "SGD"});
+  }
   check.non_negative("optimizer.adamw_config.adamw_lr", o.adamw.lr);
   check.non_negative("optimizer.adamw_config.adamw_weight_decay", o.adamw.weight_decay);
   check.positive("optimizer.adamw_config.adamw_eps", o.adamw.eps);

@@ -190,7 +190,7 @@ StateSize optimizer_state_size(const std::string& config_path) {
     int64_t numel = 1;
     for (int64_t d : route.shape) numel *= d;
     size.params += numel;
-    (route.optimizer == mixtrain::OptimizerKind::kMuon ? size.muon_params : size.adamw_params) +=
+    (route.optimizer == "muon" ? size.muon_params : size.adamw_params) +=
         numel;
   }
   return size;

@@ -40,6 +40,7 @@ set(MIXTRAIN_TEST_TABLE
   "tools_train_command_test                  2          150      slow"    # 13.8
   "python_adamw_oracle                       1          300      slow"    # 31 (alone)
   "python_muon_oracle                        1          210      slow"    # 11-21 (alone)
+  "python_sgd_oracle                         1          180      slow"    # 17.5 (loaded machine)
   "python_safetensors_oracle                 2          70       "        # 7 (alone; 2 ranks)
   "python_twin_oracle                        1          70       "        # 5-7 (loaded machine)
 )

@@ -155,7 +155,7 @@ std::optional<std::string> unknown_command(const CLI::App& app, int argc, char**
 }  // namespace
 
 int run_cli(int argc, char** argv) {
-  CLI::App app{"mixtrain: LLM training with FP32 main params, Muon + AdamW"};
+  CLI::App app{"mixtrain: LLM training with FP32 main params (AdamW, Muon + AdamW or SGD)"};
   app.require_subcommand(1);
 
   std::string config_path;

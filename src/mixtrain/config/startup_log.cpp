@@ -75,4 +75,9 @@ std::string format_effective_muon_block(const ResolvedConfig& resolved) {
   return effective_block(resolved, "Effective muon config:", "optimizer.muon_config.");
 }
 
+std::string format_effective_sgd_block(const ResolvedConfig& resolved) {
+  if (resolved.config.optimizer.target != "SGD") return "";
+  return effective_block(resolved, "Effective sgd config:", "optimizer.sgd_config.");
+}
+
 }  // namespace mixtrain

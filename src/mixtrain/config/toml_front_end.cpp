@@ -150,6 +150,13 @@ void derive(Provenance& provenance, const std::string& canonical, const std::str
 void translate_optimizer(const GivenKeys& given, TrainerConfig& config, Provenance& provenance) {
   OptimizerConfig& optimizer = config.optimizer;
   MuonConfig& muon = optimizer.muon;
+  // torchtitan-npu's flat [optimizer] table has no per-optimizer section for SGD's momentum,
+  // dampening and nesterov, so SGD is a YAML-only optimizer (docs/config.md).
+  if (optimizer.target == "SGD") {
+    throw_config_error(given.where("optimizer.name"),
+                       "\"SGD\" is not available in the TOML dialect (its options have no TOML "
+                       "keys); use a YAML config with optimizer._target_: SGD and sgd_config");
+  }
 
   const DocValue* beta1 = given.find("optimizer.beta1");
   const DocValue* beta2 = given.find("optimizer.beta2");

@@ -110,11 +110,21 @@ struct MuonConfig {
   std::vector<std::string> adamw_keywords;  // extra names routed to AdamW
 };
 
+// torch.optim.SGD's defaults (YAML only: the TOML dialect has no SGD).
+struct SgdConfig {
+  double lr = 1e-3;
+  double momentum = 0.0;
+  double dampening = 0.0;
+  double weight_decay = 0.0;
+  bool nesterov = false;
+};
+
 struct OptimizerConfig {
-  std::string target = "AdamW";  // AdamW | Muon (dotted seed paths are normalised)
+  std::string target = "AdamW";  // AdamW | Muon | SGD (dotted seed paths are normalised)
   bool fp32_main_params = false;
   AdamWConfig adamw;
   MuonConfig muon;
+  SgdConfig sgd;
   std::string routing = "yaml";  // yaml | toml: which dialect's Muon routing rule applies
   bool swap_optimizer = false;
   int64_t swap_merge_buckets = 1;

@@ -139,12 +139,27 @@ void check_train_and_checkpoint(const Checker& check, const TrainerConfig& c) {
 }
 
 void check_optimizer(const Checker& check, const OptimizerConfig& o) {
-  check.one_of("optimizer._target_", o.target, {"AdamW", "Muon"});
+  // SGD has no TOML keys (toml_front_end.cpp refuses it with the reason).
+  if (o.routing == "toml") {
+    check.one_of("optimizer._target_", o.target, {"AdamW", "Muon"});
+  } else {
+    check.one_of("optimizer._target_", o.target, {"AdamW", "Muon", "SGD"});
+  }
   check.non_negative("optimizer.adamw_config.adamw_lr", o.adamw.lr);
   check.non_negative("optimizer.adamw_config.adamw_weight_decay", o.adamw.weight_decay);
   check.positive("optimizer.adamw_config.adamw_eps", o.adamw.eps);
   for (double beta : o.adamw.betas) {
     check.unit_interval_open_right("optimizer.adamw_config.adamw_betas", beta);
+  }
+
+  // torch.optim.SGD's refusals.
+  const SgdConfig& sgd = o.sgd;
+  check.non_negative("optimizer.sgd_config.sgd_lr", sgd.lr);
+  check.non_negative("optimizer.sgd_config.sgd_momentum", sgd.momentum);
+  check.non_negative("optimizer.sgd_config.sgd_weight_decay", sgd.weight_decay);
+  if (sgd.nesterov && (sgd.momentum <= 0 || sgd.dampening != 0)) {
+    check.fail("optimizer.sgd_config.sgd_nesterov",
+               "requires sgd_momentum > 0 and sgd_dampening 0 (as torch.optim.SGD)");
   }
 
   const MuonConfig& m = o.muon;

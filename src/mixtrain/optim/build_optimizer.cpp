@@ -1,17 +1,15 @@
 #include "mixtrain/optim/build_optimizer.h"
 
-#include <torch/optim/adamw.h>
-
+#include <map>
 #include <stdexcept>
 #include <unordered_map>
 
 #include "mixtrain/config/validate.h"
 #include "mixtrain/core/error.h"
 #include "mixtrain/core/logging.h"
-#include "mixtrain/optim/adamw.h"
 #include "mixtrain/optim/chained_optimizer.h"
 #include "mixtrain/optim/mixed_precision_optimizer.h"
-#include "mixtrain/optim/muon.h"
+#include "mixtrain/optim/optimizer_table.h"
 #include "mixtrain/optim/routing.h"
 
 namespace mixtrain {
@@ -19,49 +17,18 @@ namespace {
 
 // Parameters of one leaf, split into groups by distinct (lr, weight_decay), first-seen order.
 struct LeafGroups {
-  std::vector<std::pair<double, double>> keys;  // (lr, weight_decay)
-  std::vector<std::vector<at::Tensor>> params;
+  std::vector<LeafParamGroup> groups;
   NamedTensors named;
 };
 
-void add_to_groups(LeafGroups& groups, const RouteEntry& route, const at::Tensor& param) {
-  const std::pair<double, double> key{route.lr, route.weight_decay};
+void add_to_groups(LeafGroups& leaf, const RouteEntry& route, const at::Tensor& param) {
   size_t index = 0;
-  while (index < groups.keys.size() && groups.keys[index] != key) ++index;
-  if (index == groups.keys.size()) {
-    groups.keys.push_back(key);
-    groups.params.emplace_back();
-  }
-  groups.params[index].push_back(param);
-  groups.named.emplace_back(route.name, param);
-}
-
-std::unique_ptr<LeafOptimizer> make_adamw(const LeafGroups& groups, const AdamWConfig& config) {
-  auto options = [&](double lr, double weight_decay) {
-    return torch::optim::AdamWOptions(lr)
-        .betas({config.betas[0], config.betas[1]})
-        .eps(config.eps)
-        .weight_decay(weight_decay)
-        .amsgrad(false);
-  };
-  std::vector<torch::optim::OptimizerParamGroup> param_groups;
-  for (size_t i = 0; i < groups.keys.size(); ++i) {
-    param_groups.emplace_back(groups.params[i],
-                              std::make_unique<torch::optim::AdamWOptions>(
-                                  options(groups.keys[i].first, groups.keys[i].second)));
-  }
-  return std::make_unique<AdamW>(std::move(param_groups), options(config.lr, config.weight_decay));
-}
-
-std::unique_ptr<LeafOptimizer> make_muon(const LeafGroups& groups, const MuonConfig& config) {
-  const MuonOptions defaults = MuonOptions::from_config(config);
-  std::vector<torch::optim::OptimizerParamGroup> param_groups;
-  for (size_t i = 0; i < groups.keys.size(); ++i) {
-    MuonOptions options = defaults;
-    options.lr(groups.keys[i].first).weight_decay(groups.keys[i].second);
-    param_groups.emplace_back(groups.params[i], std::make_unique<MuonOptions>(options));
-  }
-  return std::make_unique<Muon>(std::move(param_groups), defaults);
+  while (index < leaf.groups.size() && (leaf.groups[index].lr != route.lr ||
+                                        leaf.groups[index].weight_decay != route.weight_decay))
+    ++index;
+  if (index == leaf.groups.size()) leaf.groups.push_back({route.lr, route.weight_decay, {}});
+  leaf.groups[index].params.push_back(param);
+  leaf.named.emplace_back(route.name, param);
 }
 
 }  // namespace
@@ -81,22 +48,22 @@ std::unique_ptr<TrainingOptimizer> build_optimizer(
     if (!by_name.emplace(name, param).second)
       throw std::invalid_argument("build_optimizer: two parameters are named '" + name + "'");
   }
-  LeafGroups adamw_groups, muon_groups;
+  std::map<std::string, LeafGroups> leaves;  // by table entry name
   for (const auto& route : routes) {
     if (route.dtype == at::kHalf && !optimizer.fp32_main_params)
       throw ConfigError("optimizer.fp32_main_params: parameter '" + route.name +
                         "' is float16, which needs fp32 main params and loss scaling; set "
                         "optimizer.fp32_main_params: true (or use bfloat16/float32)");
-    add_to_groups(route.optimizer == OptimizerKind::kMuon ? muon_groups : adamw_groups, route,
-                  by_name.at(route.name));
+    add_to_groups(leaves[route.optimizer], route, by_name.at(route.name));
   }
 
   auto chained = std::make_unique<ChainedOptimizer>();
   try {
-    if (!adamw_groups.named.empty())
-      chained->add_leaf(make_adamw(adamw_groups, optimizer.adamw), adamw_groups.named);
-    if (!muon_groups.named.empty())
-      chained->add_leaf(make_muon(muon_groups, optimizer.muon), muon_groups.named);
+    for (const OptimizerTableEntry& entry : optimizer_table()) {
+      auto leaf = leaves.find(entry.name);
+      if (leaf != leaves.end())
+        chained->add_leaf(entry.make(leaf->second.groups, optimizer), leaf->second.named);
+    }
   } catch (const std::invalid_argument& error) {
     // An option the leaf refuses is a config problem; name the section it came from.
     throw ConfigError(std::string("optimizer: ") + error.what());

@@ -6,6 +6,7 @@
 
 #include "mixtrain/core/dtype.h"
 #include "mixtrain/core/error.h"
+#include "mixtrain/optim/optimizer_table.h"
 #include "mixtrain/optim/param_groups.h"
 
 namespace mixtrain {
@@ -15,31 +16,6 @@ std::string lower(std::string text) {
   std::transform(text.begin(), text.end(), text.begin(),
                  [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
   return text;
-}
-
-bool contains_any(const std::string& name, const std::vector<std::string>& keywords) {
-  for (const auto& keyword : keywords) {
-    if (!keyword.empty() && name.find(lower(keyword)) != std::string::npos) return true;
-  }
-  return false;
-}
-
-// hyper-parallel's rule: matrices go to Muon except embeddings and output heads, which are
-// lookups/classifiers rather than hidden linear maps.
-bool yaml_routes_to_muon(const std::string& name, int64_t ndim, const MuonConfig& muon) {
-  if (ndim < 2) return false;
-  static const std::vector<std::string> kAdamWNames = {"embed", "lm_head", "out_head",
-                                                       "out_proj.bias"};
-  return !contains_any(name, kAdamWNames) && !contains_any(name, muon.adamw_keywords);
-}
-
-// torchtitan-npu's rule: 2-D weights except embedding/output; 3-D grouped expert weights.
-bool toml_routes_to_muon(const std::string& name, int64_t ndim, const MuonConfig& muon) {
-  if (contains_any(name, muon.adamw_keywords)) return false;
-  if (ndim == 3) return true;
-  if (ndim != 2) return false;
-  static const std::vector<std::string> kAdamWNames = {"embed", "lm_head", "output"};
-  return !contains_any(name, kAdamWNames);
 }
 
 std::string format_shape(const std::vector<int64_t>& shape) {
@@ -58,54 +34,36 @@ std::string format_number(double value) {
 
 }  // namespace
 
-std::string optimizer_kind_name(OptimizerKind kind) {
-  return kind == OptimizerKind::kMuon ? "muon" : "adamw";
-}
-
 std::vector<RouteEntry> route_parameters(
     const std::vector<std::pair<std::string, at::Tensor>>& named_params,
     const OptimizerConfig& config) {
-  if (config.target != "AdamW" && config.target != "Muon")
-    throw ConfigError("optimizer._target_: unknown optimizer '" + config.target +
-                      "' (expected AdamW or Muon)");
+  const OptimizerTableEntry& target = optimizer_for_target(config.target);
   if (config.routing != "yaml" && config.routing != "toml")
     throw ConfigError("optimizer.routing: unknown routing dialect '" + config.routing +
                       "' (expected yaml or toml)");
-  const bool muon_target = config.target == "Muon";
   const bool yaml = config.routing == "yaml";
 
   std::vector<RouteEntry> routes;
-  bool any_muon = false;
+  bool any_to_target = false;
   for (const auto& [name, param] : named_params) {
     if (!param.requires_grad()) continue;
-    RouteEntry entry;
-    entry.name = name;
-    entry.shape = param.sizes().vec();
-    entry.dtype = param.scalar_type();
-    const std::string lowered = lower(name);
-    const int64_t ndim = param.dim();
-    const bool muon = muon_target && (yaml ? yaml_routes_to_muon(lowered, ndim, config.muon)
-                                           : toml_routes_to_muon(lowered, ndim, config.muon));
-    if (muon) {
-      any_muon = true;
-      entry.optimizer = OptimizerKind::kMuon;
-      entry.lr = config.muon.lr;
-      entry.weight_decay = config.muon.weight_decay;
-    } else {
-      entry.optimizer = OptimizerKind::kAdamW;
-      entry.lr = config.adamw.lr;
-      entry.weight_decay = yaml && is_no_decay_parameter(name) ? 0.0 : config.adamw.weight_decay;
-    }
-    routes.push_back(std::move(entry));
+    const OptimizerTableEntry& entry =
+        target.rule == nullptr
+            ? target
+            : optimizer_named(target.rule->route(lower(name), param.dim(), config));
+    any_to_target = any_to_target || &entry == &target;
+    RouteEntry route;
+    route.name = name;
+    route.shape = param.sizes().vec();
+    route.dtype = param.scalar_type();
+    route.optimizer = entry.name;
+    route.lr = entry.lr(config);
+    route.weight_decay = entry.yaml_no_decay && yaml && is_no_decay_parameter(name)
+                             ? 0.0
+                             : entry.weight_decay(config);
+    routes.push_back(std::move(route));
   }
-  if (muon_target && !any_muon) {
-    throw ConfigError(
-        "optimizer._target_: Muon, but no trainable parameter is routed to Muon (" +
-        std::string(yaml ? "yaml rule: ndim >= 2 and the name contains none of embed, lm_head, "
-                           "out_head, out_proj.bias or a muon_adamw_keywords entry"
-                         : "toml rule: 2-D not named embed/lm_head/output, or 3-D") +
-        "); use AdamW or check the model's parameter names");
-  }
+  if (target.rule != nullptr && !any_to_target) throw ConfigError(target.rule->none_routed(config));
   return routes;
 }
 
@@ -114,9 +72,8 @@ std::string format_routing_table(const std::vector<RouteEntry>& routes) {
                                            "optimizer", "lr",    "weight_decay"};
   std::vector<std::vector<std::string>> rows = {header};
   for (const auto& route : routes) {
-    rows.push_back({route.name, format_shape(route.shape), dtype_name(route.dtype),
-                    optimizer_kind_name(route.optimizer), format_number(route.lr),
-                    format_number(route.weight_decay)});
+    rows.push_back({route.name, format_shape(route.shape), dtype_name(route.dtype), route.optimizer,
+                    format_number(route.lr), format_number(route.weight_decay)});
   }
   std::vector<size_t> widths(header.size(), 0);
   for (const auto& row : rows) {

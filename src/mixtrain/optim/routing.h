@@ -1,19 +1,15 @@
-// Which leaf optimizer (AdamW or Muon) updates each trainable parameter, with its lr and
-// weight decay (docs/architecture.md §5; Muon document "参数路由"; RFC 7.1: the wrapper acts after
-// routing).
+// Which leaf optimizer updates each trainable parameter, with its lr and weight decay
+// (docs/architecture.md §5; RFC 7.1: the wrapper acts after routing), as the optimizer table
+// (optimizer_table.h) says:
 //
-// optimizer._target_ AdamW: every trainable parameter goes to AdamW.
-// optimizer._target_ Muon, by optimizer.routing:
-//   yaml (hyper-parallel): Muon iff ndim >= 2 and the lower-cased name contains none of
-//        embed, lm_head, out_head, out_proj.bias, nor a muon.adamw_keywords entry;
-//   toml (torchtitan-npu): 2-D -> Muon unless the name contains embed, lm_head or output;
-//        3-D -> Muon; anything else -> AdamW. muon.adamw_keywords (empty unless the user
-//        set them) also send a name to AdamW here, so a user keyword is never ignored.
-// Weight decay: yaml: AdamW params whose name is_no_decay_parameter get 0, others
-// adamw.weight_decay; Muon params muon.weight_decay. toml: the front end put the shared
-// weight_decay into both fields and torchtitan applies it to every parameter.
-// Parameters with requires_grad false are not routed. A Muon target that routes nothing to
-// Muon is a ConfigError naming optimizer._target_.
+// optimizer._target_ selects a table entry; its routing rule, if it has one, picks the entry
+// of each parameter (Muon: muon_routing.h), otherwise every trainable parameter goes to it.
+// lr and weight decay are that entry's, except that under the YAML dialect an entry with
+// yaml_no_decay gives is_no_decay_parameter names weight decay 0. (toml: the front end put the
+// shared weight_decay into both AdamW's and Muon's fields and torchtitan applies it to every
+// parameter.)
+// Parameters with requires_grad false are not routed. A target with a rule that routes nothing
+// to the target itself is a ConfigError naming optimizer._target_.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -27,16 +23,11 @@
 
 namespace mixtrain {
 
-enum class OptimizerKind { kAdamW, kMuon };
-
-// "adamw" / "muon".
-std::string optimizer_kind_name(OptimizerKind kind);
-
 struct RouteEntry {
   std::string name;
   std::vector<int64_t> shape;
   c10::ScalarType dtype;
-  OptimizerKind optimizer;
+  std::string optimizer;  // the table entry's name: "adamw", "muon", "sgd"
   double lr;
   double weight_decay;
 };

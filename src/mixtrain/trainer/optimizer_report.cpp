@@ -13,6 +13,7 @@
 #include "mixtrain/core/text_table.h"
 #include "mixtrain/optim/chained_optimizer.h"
 #include "mixtrain/optim/mixed_precision_optimizer.h"
+#include "mixtrain/optim/optimizer_table.h"
 #include "mixtrain/optim/param_groups.h"
 #include "mixtrain/optim/training_optimizer.h"
 
@@ -40,7 +41,7 @@ std::string display_json(const nlohmann::json& value) {
 // "optimizer.adamw_config.adamw_eps" for ("adamw", "eps"): the leaf group fields carry the
 // config's names without the prefix.
 std::string canonical_key(const std::string& optimizer, const std::string& field) {
-  return "optimizer." + optimizer + "_config." + optimizer + "_" + field;
+  return optimizer_named(optimizer).config_section + "." + optimizer + "_" + field;
 }
 
 // The key a user of the config's dialect sets this value with. TOML derives some values:
@@ -91,7 +92,8 @@ OptimizerReportTable make_table(const std::string& optimizer,
   OptimizerReportRow elements{"elements", "", "", {}};
   nlohmann::json hyper = nlohmann::json::object();  // every hyper-parameter field of the groups
   // The YAML rule gives no-decay names (param_groups.h) weight decay 0, in a group of their own.
-  const bool no_decay_rule = optimizer == "adamw" && resolved.config.optimizer.routing == "yaml";
+  const bool no_decay_rule =
+      optimizer_named(optimizer).yaml_no_decay && resolved.config.optimizer.routing == "yaml";
   for (const nlohmann::json* group : groups) {
     int64_t numel = 0;
     bool all_no_decay = !group->at("params").empty();

@@ -2,7 +2,7 @@
 // the config: the trainer logs it (rank 0) after building the optimizer and again after a
 // checkpoint restore, so a hyper-parameter the checkpoint brought back shows up.
 //
-// One table per leaf optimizer (adamw, then muon), one value column per param group, from
+// One table per leaf optimizer (in optimizer-table order), one value column per param group, from
 // ChainedOptimizer::param_groups_state() (what checkpoints save and restore) and the groups'
 // tensors:
 //   params, elements   how many parameters routing put in the group, and their elements as
@@ -13,8 +13,9 @@
 //                      momentum, nesterov, ns_* settings, ...
 // Each hyper-parameter row also has its key in the config's dialect ("from <what>" for a
 // value the TOML dialect derives, "-" for one no key sets) and the constructor default of that
-// dialect (dialect_defaults.h). Under the YAML routing rule, an adamw group all of whose
-// parameter names are no-decay names (param_groups.h) is labelled "(no decay)". Then one line
+// dialect (dialect_defaults.h). Under the YAML routing rule, a group of a leaf that follows the
+// no-decay rule (adamw, sgd) all of whose parameter names are no-decay names (param_groups.h)
+// is labelled "(no decay)". Then one line
 // on the fp32 main params.
 #pragma once
 
@@ -36,7 +37,7 @@ struct OptimizerReportRow {
 };
 
 struct OptimizerReportTable {
-  std::string optimizer;            // "adamw" | "muon"
+  std::string optimizer;            // an optimizer-table name: "adamw", "muon", "sgd"
   std::vector<std::string> groups;  // "group 0", "group 1 (no decay)"
   std::vector<OptimizerReportRow> rows;
   const OptimizerReportRow* row(const std::string& name) const;  // nullptr if none

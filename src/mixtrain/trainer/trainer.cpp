@@ -29,6 +29,7 @@
 #include "mixtrain/optim/build_optimizer.h"
 #include "mixtrain/optim/chained_optimizer.h"
 #include "mixtrain/optim/lr_schedule.h"
+#include "mixtrain/optim/optimizer_table.h"
 #include "mixtrain/optim/param_groups.h"
 #include "mixtrain/optim/state_swap.h"
 #include "mixtrain/optim/training_optimizer.h"
@@ -186,8 +187,10 @@ Trainer::Trainer(const ResolvedConfig& resolved, const DeviceMesh& mesh, const s
                std::to_string(config.optimizer.swap_merge_buckets) + " per transfer");
   }
   if (is_rank0) {
-    log_info(format_effective_adamw_block(resolved_));
-    log_info(format_effective_muon_block(resolved_));
+    for (const OptimizerTableEntry& entry : optimizer_table()) {
+      const std::string block = entry.startup_block(resolved_);
+      if (!block.empty()) log_info(block);
+    }
     log_info(optimizer_report_text(*optimizer_, resolved_, "after construction"));
   }
 
@@ -220,7 +223,8 @@ StepResult Trainer::compute_gradients() {
   result.step = completed_steps_ + 1;
   const double lr_factor = schedule_->factor(result.step);
   optimizer_->set_lr_factor(lr_factor);
-  result.lr = config.optimizer.adamw.lr * lr_factor;
+  result.lr =
+      optimizer_for_target(config.optimizer.target).reported_lr(config.optimizer) * lr_factor;
 
   times_ = StepTimes{};
   StepLoss loss =

@@ -38,7 +38,7 @@ struct StepResult {
   double loss = 0.0;       // mean over micro-batches and data-parallel ranks
   double aux_loss = 0.0;   // likewise
   double grad_norm = 0.0;  // global L2 norm before clipping
-  double lr = 0.0;         // AdamW base lr x schedule factor
+  double lr = 0.0;         // the target's reported base lr (optimizer table) x schedule factor
 };
 
 class Trainer {

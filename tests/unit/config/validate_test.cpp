@@ -175,10 +175,33 @@ TEST(ValidateTest, AdamWRanges) {
             "optimizer.adamw_config.adamw_weight_decay: must be >= 0, got -0.01");
   EXPECT_EQ(toml_error("[optimizer]\nweight_decay = -0.1\n"),
             "optimizer.weight_decay: must be >= 0, got -0.1");
-  EXPECT_EQ(yaml_error("optimizer:\n  _target_: SGD\n"),
-            "optimizer._target_: must be one of AdamW, Muon, got 'SGD'");
+  EXPECT_EQ(yaml_error("optimizer:\n  _target_: Lion\n"),
+            "optimizer._target_: must be one of AdamW, Muon, SGD, got 'Lion'");
   EXPECT_EQ(toml_error("[optimizer]\nname = \"muon\"\n"),
             "optimizer.name: must be one of AdamW, Muon, got 'muon'");
+}
+
+TEST(ValidateTest, SgdRangesAsTorchOptimSgd) {
+  const std::string s = "optimizer:\n  _target_: SGD\n  sgd_config:\n";
+  expect_valid("c.yaml", s + "    sgd_momentum: 0.9\n    sgd_nesterov: true\n");
+  EXPECT_EQ(yaml_error(s + "    sgd_lr: -1\n"),
+            "optimizer.sgd_config.sgd_lr: must be >= 0, got -1");
+  EXPECT_EQ(yaml_error(s + "    sgd_momentum: -0.5\n"),
+            "optimizer.sgd_config.sgd_momentum: must be >= 0, got -0.5");
+  EXPECT_EQ(yaml_error(s + "    sgd_weight_decay: -1\n"),
+            "optimizer.sgd_config.sgd_weight_decay: must be >= 0, got -1");
+  const std::string nesterov =
+      "optimizer.sgd_config.sgd_nesterov: requires sgd_momentum > 0 "
+      "and sgd_dampening 0 (as torch.optim.SGD)";
+  EXPECT_NE(yaml_error(s + "    sgd_nesterov: true\n").find(nesterov), std::string::npos);
+  EXPECT_NE(yaml_error(s + "    sgd_nesterov: true\n    sgd_momentum: 0.9\n"
+                           "    sgd_dampening: 0.1\n")
+                .find(nesterov),
+            std::string::npos);
+  // TOML has no keys for SGD's options: refused, naming the key and the way out.
+  const std::string toml = toml_error("[optimizer]\nname = \"SGD\"\n");
+  EXPECT_NE(toml.find("optimizer.name"), std::string::npos) << toml;
+  EXPECT_NE(toml.find("not available in the TOML dialect"), std::string::npos) << toml;
 }
 
 TEST(ValidateTest, MuonRanges) {

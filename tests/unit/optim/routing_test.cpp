@@ -16,13 +16,13 @@ using NamedParams = std::vector<std::pair<std::string, at::Tensor>>;
 struct Expected {
   std::string name;
   std::vector<int64_t> shape;
-  OptimizerKind yaml;  // _target_ Muon, yaml rule
+  std::string yaml;    // _target_ Muon, yaml rule
   bool yaml_no_decay;  // AdamW param exempt from weight decay (bias/norm/ln_)
-  OptimizerKind toml;  // _target_ Muon, toml rule
+  std::string toml;    // _target_ Muon, toml rule
 };
 
-constexpr auto kA = OptimizerKind::kAdamW;
-constexpr auto kM = OptimizerKind::kMuon;
+const std::string kA = "adamw";
+const std::string kM = "muon";
 
 // The tiny Qwen2-MoE (src/mixtrain/model/qwen2_moe.cpp): V=512, H=64, 4 heads x 16, 2 KV
 // heads, E=4 experts with I=32, shared expert 128, two layers.

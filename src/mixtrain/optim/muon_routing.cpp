@@ -1,0 +1,62 @@
+#include "mixtrain/optim/muon_routing.h"
+
+#include <algorithm>
+#include <cctype>
+#include <string>
+#include <vector>
+
+namespace mixtrain {
+namespace {
+
+std::string lower(std::string text) {
+  std::transform(text.begin(), text.end(), text.begin(),
+                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  return text;
+}
+
+bool contains_any(const std::string& name, const std::vector<std::string>& keywords) {
+  for (const auto& keyword : keywords) {
+    if (!keyword.empty() && name.find(lower(keyword)) != std::string::npos) return true;
+  }
+  return false;
+}
+
+// hyper-parallel's rule: matrices go to Muon except embeddings and output heads, which are
+// lookups/classifiers rather than hidden linear maps.
+bool yaml_routes_to_muon(const std::string& name, int64_t ndim, const MuonConfig& muon) {
+  if (ndim < 2) return false;
+  static const std::vector<std::string> kAdamWNames = {"embed", "lm_head", "out_head",
+                                                       "out_proj.bias"};
+  return !contains_any(name, kAdamWNames) && !contains_any(name, muon.adamw_keywords);
+}
+
+// torchtitan-npu's rule: 2-D weights except embedding/output; 3-D grouped expert weights.
+bool toml_routes_to_muon(const std::string& name, int64_t ndim, const MuonConfig& muon) {
+  if (contains_any(name, muon.adamw_keywords)) return false;
+  if (ndim == 3) return true;
+  if (ndim != 2) return false;
+  static const std::vector<std::string> kAdamWNames = {"embed", "lm_head", "output"};
+  return !contains_any(name, kAdamWNames);
+}
+
+std::string route_muon(const std::string& lowered_name, int64_t ndim,
+                       const OptimizerConfig& config) {
+  const bool muon = config.routing == "yaml" ? yaml_routes_to_muon(lowered_name, ndim, config.muon)
+                                             : toml_routes_to_muon(lowered_name, ndim, config.muon);
+  return muon ? "muon" : "adamw";
+}
+
+std::string none_routed_to_muon(const OptimizerConfig& config) {
+  return "optimizer._target_: Muon, but no trainable parameter is routed to Muon (" +
+         std::string(config.routing == "yaml"
+                         ? "yaml rule: ndim >= 2 and the name contains none of embed, lm_head, "
+                           "out_head, out_proj.bias or a muon_adamw_keywords entry"
+                         : "toml rule: 2-D not named embed/lm_head/output, or 3-D") +
+         "); use AdamW or check the model's parameter names";
+}
+
+}  // namespace
+
+const RoutingRule kMuonRoutingRule = {route_muon, none_routed_to_muon};
+
+}  // namespace mixtrain

@@ -1,0 +1,163 @@
+#include "mixtrain/optim/sgd.h"
+
+#include <ATen/ATen.h>
+#include <c10/core/GradMode.h>
+
+#include <memory>
+#include <stdexcept>
+#include <utility>
+
+namespace mixtrain {
+namespace {
+
+// The first option torch.optim.SGD refuses, or "" when all are valid (torch/optim/sgd.py).
+std::string options_problem(const SgdOptions& options) {
+  if (!(options.lr() >= 0)) return "invalid learning rate " + std::to_string(options.lr());
+  if (!(options.momentum() >= 0)) return "invalid momentum " + std::to_string(options.momentum());
+  if (!(options.weight_decay() >= 0)) {
+    return "invalid weight_decay " + std::to_string(options.weight_decay());
+  }
+  if (options.nesterov() && (options.momentum() <= 0 || options.dampening() != 0)) {
+    return "nesterov momentum requires a momentum and zero dampening";
+  }
+  return "";
+}
+
+void check_options(const SgdOptions& options, const std::string& where) {
+  const std::string problem = options_problem(options);
+  if (!problem.empty()) throw std::invalid_argument("sgd: " + where + ": " + problem);
+}
+
+// torch/optim/sgd.py _single_tensor_sgd, for one parameter; `first` is its first step.
+void sgd_update(const SgdOptions& options, const at::Tensor& param, at::Tensor grad,
+                SgdParamState& state, bool first) {
+  if (options.weight_decay() != 0) grad = grad.add(param, options.weight_decay());
+  if (options.momentum() != 0) {
+    if (first) {
+      state.momentum_buffer(grad.clone().detach());
+    } else {
+      state.momentum_buffer().mul_(options.momentum()).add_(grad, 1 - options.dampening());
+    }
+    grad = options.nesterov() ? grad.add(state.momentum_buffer(), options.momentum())
+                              : state.momentum_buffer();
+  }
+  param.add_(grad, -options.lr());
+}
+
+}  // namespace
+
+Sgd::Sgd(std::vector<torch::optim::OptimizerParamGroup> groups, SgdOptions defaults)
+    : LeafOptimizer(std::move(groups), std::make_unique<SgdOptions>(defaults)) {
+  check_options(defaults, "defaults");
+  for (size_t i = 0; i < param_groups_.size(); ++i) {
+    check_options(static_cast<const SgdOptions&>(param_groups_[i].options()),
+                  "param group " + std::to_string(i));
+  }
+}
+
+at::Tensor Sgd::step(LossClosure closure) {
+  c10::NoGradGuard no_grad;
+  at::Tensor loss;
+  if (closure != nullptr) {
+    at::AutoGradMode enable_grad(true);
+    loss = closure();
+  }
+  for (auto& group : param_groups_) {
+    const auto& options = static_cast<const SgdOptions&>(group.options());
+    for (auto& param : group.params()) {
+      if (!param.grad().defined()) continue;
+      TORCH_CHECK(!param.grad().is_sparse(), "sgd: sparse gradients are not supported");
+      acquire_state(param);
+      auto& slot = state_[state_key(param)];
+      if (!slot) slot = std::make_unique<SgdParamState>();
+      auto& state = static_cast<SgdParamState&>(*slot);
+      // torch starts a buffer whenever it has none (a fresh param, or momentum just turned on).
+      const bool first = !state.momentum_buffer().defined();
+      state.step(state.step() + 1);
+      sgd_update(options, param, param.grad().to(param.scalar_type()), state, first);
+      const at::Tensor model = copy_back_target(param);
+      if (model.defined()) model.copy_(param);  // copy_ rounds to nearest even, as to() does
+      release_state(param);
+    }
+  }
+  return loss;
+}
+
+NamedTensorList Sgd::export_state(const at::Tensor& param) const {
+  auto it = state_.find(state_key(param));
+  if (it == state_.end()) return {};
+  const auto& state = static_cast<const SgdParamState&>(*it->second);
+  NamedTensorList out;
+  if (state.momentum_buffer().defined())
+    out.emplace_back("momentum_buffer", state.momentum_buffer());
+  out.emplace_back("step", at::scalar_tensor(state.step(), at::kLong));
+  return out;
+}
+
+void Sgd::import_state(const at::Tensor& param, const NamedTensorList& state) {
+  void* const key = state_key(param);
+  if (state.empty()) {
+    state_.erase(key);
+    return;
+  }
+  at::Tensor buffer, step;
+  for (const auto& [name, value] : state) {
+    at::Tensor* slot = name == "momentum_buffer" ? &buffer : name == "step" ? &step : nullptr;
+    if (slot == nullptr)
+      throw std::invalid_argument("sgd: import_state: unknown key '" + name + "'");
+    if (slot->defined())
+      throw std::invalid_argument("sgd: import_state: duplicate key '" + name + "'");
+    if (!value.defined())
+      throw std::invalid_argument("sgd: import_state: '" + name + "' is undefined");
+    *slot = value;
+  }
+  if (!step.defined()) throw std::invalid_argument("sgd: import_state: missing key 'step'");
+  if (step.numel() != 1 || at::isFloatingType(step.scalar_type()) || step.item<int64_t>() < 0) {
+    throw std::invalid_argument("sgd: import_state: 'step' must be one non-negative integer");
+  }
+  if (buffer.defined() && buffer.sizes() != param.sizes()) {
+    throw std::invalid_argument("sgd: import_state: 'momentum_buffer' has shape " +
+                                c10::str(buffer.sizes()) + ", the parameter " +
+                                c10::str(param.sizes()));
+  }
+  auto fresh = std::make_unique<SgdParamState>();
+  fresh->step(step.item<int64_t>());
+  if (buffer.defined()) {
+    // A private copy in the param's dtype, laid out like the param.
+    at::Tensor copy = at::empty_like(param, at::MemoryFormat::Preserve);
+    copy.copy_(buffer);
+    fresh->momentum_buffer(copy);
+  }
+  state_[key] = std::move(fresh);
+}
+
+void Sgd::set_lr(double lr) {
+  for (auto& group : param_groups_) group.options().set_lr(lr);
+}
+
+nlohmann::json Sgd::group_hyperparameters(size_t group) const {
+  const auto& options = static_cast<const SgdOptions&>(param_groups_.at(group).options());
+  return {{"momentum", options.momentum()},
+          {"dampening", options.dampening()},
+          {"weight_decay", options.weight_decay()},
+          {"nesterov", options.nesterov()}};
+}
+
+void Sgd::set_group_hyperparameters(size_t group, const nlohmann::json& values) {
+  auto& options = static_cast<SgdOptions&>(param_groups_.at(group).options());
+  HyperparameterReader reader(values);
+  SgdOptions candidate = options;
+  candidate.momentum(reader.number("momentum"))
+      .dampening(reader.number("dampening"))
+      .weight_decay(reader.number("weight_decay"))
+      .nesterov(reader.boolean("nesterov"));
+  reader.finish();
+  const std::string problem = options_problem(candidate);
+  if (!problem.empty()) throw std::invalid_argument(problem);
+  options.momentum(candidate.momentum())
+      .dampening(candidate.dampening())
+      .weight_decay(candidate.weight_decay())
+      .nesterov(candidate.nesterov());
+}
+
+}  // namespace mixtrain

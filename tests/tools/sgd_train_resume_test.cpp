@@ -1,0 +1,67 @@
+// SGD through the command line (optimizer._target_: SGD on the tiny Qwen2-MoE, bfloat16 with
+// fp32 main params): every trainable parameter goes to SGD, the start-up log shows the sgd
+// section, and `train.steps=4` in one run equals `train.steps=2`, a checkpoint, and a second
+// run restoring it: metrics of steps 3-4 identical except timing, and every tensor of the two
+// step-4 checkpoints bitwise equal.
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "tools/cli_test_util.h"
+
+namespace mixtrain::testing {
+namespace {
+
+std::string sgd_command(const std::string& run_dir) {
+  return "train --config " + source_path("configs/qwen2_moe_tiny.yaml") +
+         " --set optimizer._target_=SGD --set optimizer.sgd_config.sgd_lr=0.05" +
+         " --set optimizer.sgd_config.sgd_momentum=0.9" +
+         " --set optimizer.sgd_config.sgd_nesterov=true" +
+         " --set optimizer.sgd_config.sgd_weight_decay=0.01" +
+         " --set train.lr_scheduler.warmup_steps=0 --set train.lr_scheduler.decay=constant" +
+         " --set data.seq_len=32 --set checkpoint.interval=2 --run-dir " + run_dir;
+}
+
+TEST(SgdTrainResume, SecondRunContinuesBitwise) {
+  TempDir continuous, split;
+  const CommandResult one = run_mixtrain(sgd_command(continuous.path()) + " --set train.steps=4");
+  ASSERT_EQ(one.exit_code, 0) << one.output;
+  EXPECT_NE(one.output.find("Effective sgd config:"), std::string::npos) << one.output;
+  EXPECT_NE(one.output.find("Optimizer routing (SGD"), std::string::npos) << one.output;
+  // The routing table (up to the next log line): every row names sgd, none another leaf.
+  const size_t table = one.output.find("Optimizer routing (SGD");
+  ASSERT_NE(table, std::string::npos) << one.output;
+  const std::string rows = one.output.substr(table, one.output.find("\n20", table) - table);
+  EXPECT_NE(rows.find(" sgd "), std::string::npos) << rows;
+  EXPECT_EQ(rows.find(" adamw "), std::string::npos) << rows;
+  EXPECT_EQ(rows.find(" muon "), std::string::npos) << rows;
+
+  const CommandResult first = run_mixtrain(sgd_command(split.path()) + " --set train.steps=2");
+  ASSERT_EQ(first.exit_code, 0) << first.output;
+  const CommandResult second =
+      run_mixtrain(sgd_command(split.path()) + " --set train.steps=4" +
+                   " --set checkpoint.restore_from=" + split.file("checkpoints"));
+  ASSERT_EQ(second.exit_code, 0) << second.output;
+  EXPECT_NE(second.output.find("restored step 2"), std::string::npos) << second.output;
+
+  const auto expected = read_metrics(continuous.file("metrics.jsonl"));
+  const auto resumed = read_metrics(split.file("metrics.jsonl"));
+  ASSERT_EQ(expected.size(), 4u);
+  ASSERT_EQ(resumed.size(), 4u);
+  for (size_t i = 0; i < 4; ++i) {
+    EXPECT_EQ(without_timing(resumed[i]), without_timing(expected[i])) << "step " << i + 1;
+  }
+  // Every tensor (model, main params, momentum buffers, steps) bitwise equal: ckpt diff reports
+  // only the two state fields that name the restore, the config (restore_from) and its hash.
+  const CommandResult diff =
+      run_mixtrain("ckpt diff " + continuous.file("checkpoints/step-00000004") + " " +
+                   split.file("checkpoints/step-00000004"));
+  EXPECT_NE(diff.output.find("\ndifferent: 2 step/state fields with differences\n"),
+            std::string::npos)
+      << diff.output;
+  EXPECT_NE(diff.output.find("\nstate.config: "), std::string::npos) << diff.output;
+  EXPECT_NE(diff.output.find("\nstate.config_hash: "), std::string::npos) << diff.output;
+}
+
+}  // namespace
+}  // namespace mixtrain::testing

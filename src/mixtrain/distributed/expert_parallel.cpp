@@ -54,8 +54,8 @@ struct AllToAll : public torch::autograd::Function<AllToAll> {
 
 }  // namespace
 
-bool is_expert_param(const std::string& name) {
-  return name.find(".mlp.experts.") != std::string::npos;
+bool is_expert_param(const CausalLM& model, const std::string& name) {
+  return model.is_expert(name);
 }
 
 ExpertParallel::ExpertParallel(std::shared_ptr<Collectives> ep_group,
@@ -135,15 +135,15 @@ at::Tensor ExpertParallel::token_combine(const at::Tensor& expert_output,
   return all_to_all(received_order, dispatched.recv_counts, dispatched.send_counts);
 }
 
-double clip_expert_parallel_grad_norm(ChainedOptimizer& chained, double max_norm,
-                                      const DeviceMesh& mesh) {
+double clip_expert_parallel_grad_norm(ChainedOptimizer& chained, const CausalLM& model,
+                                      double max_norm, const DeviceMesh& mesh) {
   std::vector<at::Tensor> grads;
   double squares[2] = {0.0, 0.0};  // non-expert, expert
   for (const auto& name : chained.names()) {
     const at::Tensor& grad = chained.optimizer_param(name).grad();
     if (!grad.defined()) continue;
     grads.push_back(grad);
-    squares[is_expert_param(name) ? 1 : 0] += sum_of_squares(grad);
+    squares[is_expert_param(model, name) ? 1 : 0] += sum_of_squares(grad);
   }
   at::Tensor dense = at::full({1}, squares[0], at::kDouble);
   at::Tensor expert = at::full({1}, squares[1], at::kDouble);

@@ -233,10 +233,11 @@ StepResult Trainer::compute_gradients() {
   times_.optimizer_s += seconds_since(prepare_start);
   // Expert parallelism: expert slices are disjoint over ep, not over dp_shard.
   const auto clip_start = Clock::now();
-  result.grad_norm = mesh_.ep > 1 ? clip_expert_parallel_grad_norm(
-                                        optimizer_->chained(), config.train.max_grad_norm, mesh_)
-                                  : clip_data_parallel_grad_norm(optimizer_->grads_for_clipping(),
-                                                                 config.train.max_grad_norm, mesh_);
+  result.grad_norm = mesh_.ep > 1
+                         ? clip_expert_parallel_grad_norm(optimizer_->chained(), *model_,
+                                                          config.train.max_grad_norm, mesh_)
+                         : clip_data_parallel_grad_norm(optimizer_->grads_for_clipping(),
+                                                        config.train.max_grad_norm, mesh_);
   times_.clip_s += seconds_since(clip_start);
   result.loss = average_over_data_parallel(loss.loss, mesh_);
   result.aux_loss = average_over_data_parallel(loss.aux_loss, mesh_);

@@ -43,4 +43,16 @@ const ModelSection* find_model_section(const std::string& name) {
   return nullptr;
 }
 
+bool model_reads_key(const std::string& model_name, const std::string& key) {
+  bool someones = false;
+  for (const auto& section : model_sections()) {
+    for (const std::string& own : section.own_keys) {
+      if (own != key) continue;
+      if (section.name == model_name) return true;
+      someones = true;
+    }
+  }
+  return !someones;
+}
+
 }  // namespace mixtrain

@@ -42,4 +42,8 @@ const std::vector<ModelSection>& model_sections();
 // The section of `name`, or nullptr.
 const ModelSection* find_model_section(const std::string& name);
 
+// Whether model `model_name` reads canonical key `key`: every key outside the model sections,
+// and its own section's keys (false for another model's keys).
+bool model_reads_key(const std::string& model_name, const std::string& key);
+
 }  // namespace mixtrain

@@ -135,6 +135,7 @@ std::vector<LeafSpec> build_leaves() {
       MIXTRAIN_LEAF("model.num_heads", model.num_heads),
       MIXTRAIN_LEAF("model.num_kv_heads", model.num_kv_heads),
       MIXTRAIN_LEAF("model.head_dim", model.head_dim),
+      MIXTRAIN_LEAF("model.intermediate_size", model.intermediate_size),
       MIXTRAIN_LEAF("model.moe_intermediate_size", model.moe_intermediate_size),
       MIXTRAIN_LEAF("model.num_experts", model.num_experts),
       MIXTRAIN_LEAF("model.num_experts_per_tok", model.num_experts_per_tok),

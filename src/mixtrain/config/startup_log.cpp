@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "mixtrain/config/dialect_defaults.h"
+#include "mixtrain/config/model_sections.h"
 #include "mixtrain/config/schema.h"
 #include "mixtrain/config/show.h"
 #include "mixtrain/core/text_table.h"
@@ -57,7 +58,7 @@ std::string format_model_config_block(const ModelConfig& model) {
   out << "Model config:\n";
   const std::string prefix = "model.";
   for (const LeafSpec& spec : canonical_leaves()) {
-    if (spec.key.rfind(prefix, 0) != 0) continue;
+    if (spec.key.rfind(prefix, 0) != 0 || !model_reads_key(model.name, spec.key)) continue;
     out << "  " << spec.key.substr(prefix.size()) << ": " << spec.format(holder) << "\n";
   }
   return out.str();

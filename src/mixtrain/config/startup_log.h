@@ -2,7 +2,7 @@
 // logs them once, on rank 0):
 //   Trainer config:          every resolved leaf with its source (incl. model_init_dtype and
 //                            optimizer.fp32_main_params, whether defaulted or set)
-//   Model config:            the model's hyper-parameters
+//   Model config:            the model's hyper-parameters (the keys it reads: model_sections.h)
 //   Effective adamw config:  per hyper-parameter: constructor default, configured value, final
 //   Effective muon config:   the same for Muon, or "not used" when the target is AdamW
 //   Effective sgd config:    the same for SGD, only when the target is SGD

@@ -13,14 +13,17 @@
 
 namespace mixtrain {
 
+// One struct for every model (config/model_sections.h says which keys each model reads; a key
+// set for a model that does not read it is refused).
 struct ModelConfig {
-  std::string name = "qwen2_moe";
+  std::string name = "qwen2_moe";  // qwen2_moe | qwen2 (model/registry.h)
   int64_t vocab_size = 512;
   int64_t hidden_size = 64;
   int64_t num_layers = 2;
   int64_t num_heads = 4;
   int64_t num_kv_heads = 2;
   int64_t head_dim = 16;
+  int64_t intermediate_size = 128;  // qwen2: the dense SwiGLU MLP's width
   int64_t moe_intermediate_size = 64;
   int64_t num_experts = 4;
   int64_t num_experts_per_tok = 2;

@@ -1,14 +1,17 @@
 #include "mixtrain/config/validate.h"
 
+#include <algorithm>
 #include <initializer_list>
+#include <vector>
 
 #include "mixtrain/config/document.h"
+#include "mixtrain/config/model_sections.h"
 #include "mixtrain/config/schema.h"
 
 namespace mixtrain {
 namespace {
 
-class Checker {
+class Checker final : public ModelKeyChecker {
  public:
   Checker(const TrainerConfig& config, const Provenance& provenance)
       : config_(config), provenance_(provenance) {}
@@ -17,25 +20,33 @@ class Checker {
     throw_config_error({provenance_.origin_of(key), provenance_.user_key(key)}, rule);
   }
   // "got <value>" as the config shows it, so the user sees what was actually resolved.
-  [[noreturn]] void fail_value(const std::string& key, const std::string& rule) const {
+  [[noreturn]] void fail_value(const std::string& key, const std::string& rule) const override {
     fail(key, rule + ", got " + find_canonical_leaf(key)->format(config_));
   }
 
-  void positive(const std::string& key, double value) const {
+  void positive(const std::string& key, double value) const override {
     if (!(value > 0)) fail_value(key, "must be > 0");
   }
-  void non_negative(const std::string& key, double value) const {
+  void non_negative(const std::string& key, double value) const override {
     if (!(value >= 0)) fail_value(key, "must be >= 0");
+  }
+  // Whether the user gave `key` (file, --set, or derived from a key they gave).
+  bool was_set(const std::string& key) const {
+    return provenance_.source(key) != ValueSource::kDefault;
   }
   void unit_interval_open_right(const std::string& key, double value) const {
     if (!(value >= 0 && value < 1)) fail_value(key, "must be in [0, 1)");
   }
   void one_of(const std::string& key, const std::string& value,
               std::initializer_list<const char*> allowed) const {
+    one_of(key, value, std::vector<std::string>(allowed.begin(), allowed.end()));
+  }
+  void one_of(const std::string& key, const std::string& value,
+              const std::vector<std::string>& allowed) const {
     std::string list;
-    for (const char* name : allowed) {
+    for (const std::string& name : allowed) {
       if (value == name) return;
-      list += (list.empty() ? "" : ", ") + std::string(name);
+      list += (list.empty() ? "" : ", ") + name;
     }
     fail(key, "must be one of " + list + ", got '" + value + "'");
   }
@@ -57,33 +68,38 @@ std::string main_params_reduce_problem(bool fp32_main_params, const MixPrecision
          "); set it explicitly, it is never changed automatically";
 }
 
+// The keys every model reads, then the model's own section (model_sections.h).
 void check_model(const Checker& check, const ModelConfig& m) {
-  check.one_of("model.name", m.name, {"qwen2_moe"});
+  std::vector<std::string> names;
+  for (const auto& section : model_sections()) names.push_back(section.name);
+  check.one_of("model.name", m.name, names);
+  const ModelSection& own = *find_model_section(m.name);
   check.positive("model.vocab_size", m.vocab_size);
   check.positive("model.hidden_size", m.hidden_size);
   check.positive("model.num_layers", m.num_layers);
   check.positive("model.num_heads", m.num_heads);
   check.positive("model.num_kv_heads", m.num_kv_heads);
   check.positive("model.head_dim", m.head_dim);
-  check.positive("model.moe_intermediate_size", m.moe_intermediate_size);
-  check.positive("model.num_experts", m.num_experts);
-  check.positive("model.num_experts_per_tok", m.num_experts_per_tok);
-  check.positive("model.shared_expert_intermediate_size", m.shared_expert_intermediate_size);
   check.positive("model.max_seq_len", m.max_seq_len);
   check.positive("model.rope_theta", m.rope_theta);
   check.positive("model.rms_norm_eps", m.rms_norm_eps);
-  check.non_negative("model.router_aux_loss_coef", m.router_aux_loss_coef);
   if (m.num_heads % m.num_kv_heads != 0) {
     check.fail_value("model.num_kv_heads", "must divide model.num_heads (" +
                                                std::to_string(m.num_heads) +
                                                ") for grouped-query attention");
   }
-  if (m.num_experts_per_tok > m.num_experts) {
-    check.fail_value("model.num_experts_per_tok",
-                     "must be <= model.num_experts (" + std::to_string(m.num_experts) + ")");
-  }
   // Rotary embeddings rotate pairs of dimensions.
   if (m.head_dim % 2 != 0) check.fail_value("model.head_dim", "must be even (rotary embeddings)");
+  own.check(m, check);
+  // Another model's key, set by the user, would be silently unused: refuse it.
+  for (const auto& section : model_sections()) {
+    for (const std::string& key : section.own_keys) {
+      const auto& mine = own.own_keys;
+      if (std::find(mine.begin(), mine.end(), key) != mine.end() || !check.was_set(key)) continue;
+      check.fail(key, "is not a key of model " + m.name + " (it belongs to " + section.name +
+                          "); remove it or set model.name: " + section.name);
+    }
+  }
 }
 
 void check_data_and_parallel(const Checker& check, const TrainerConfig& c) {
@@ -110,9 +126,14 @@ void check_data_and_parallel(const Checker& check, const TrainerConfig& c) {
                      "parallel.dp_shard = " +
                          std::to_string(per_step) + " (global = micro x accumulation x dp)");
   }
-  if (c.model.num_experts % c.parallel.ep != 0) {
+  const int64_t experts = find_model_section(c.model.name)->routed_experts(c.model);
+  if (experts == 0 && c.parallel.ep != 1) {
     check.fail_value("parallel.ep",
-                     "must divide model.num_experts (" + std::to_string(c.model.num_experts) + ")");
+                     "must be 1 for model " + c.model.name + " (it has no routed experts)");
+  }
+  if (experts > 0 && experts % c.parallel.ep != 0) {
+    check.fail_value("parallel.ep",
+                     "must divide model.num_experts (" + std::to_string(experts) + ")");
   }
   // Expert-parallel groups are blocks of ep ranks inside one dp_shard row (DeviceMesh).
   if (c.parallel.dp_shard % c.parallel.ep != 0) {

@@ -52,8 +52,8 @@ struct AllToAll : public torch::autograd::Function<AllToAll> {
 
 }  // namespace
 
-bool is_expert_param(const std::string& name) {
-  return name.find(".mlp.experts.") != std::string::npos;
+bool is_expert_param(const CausalLM& model, const std::string& name) {
+  return model.is_expert(name);
 }
 
 ExpertParallel::ExpertParallel(std::shared_ptr<Collectives> ep_group,

@@ -4,7 +4,8 @@
 // Layout (parallel.ep > 1; model.num_experts divisible by ep, checked by config validation):
 // the ep ranks of one block (DeviceMesh::ep_group, consecutive ranks of a dp_shard row) each
 // hold E / ep whole experts, ep rank j experts [j * E/ep, (j+1) * E/ep): the dim-0 slice of
-// every 3-D expert tensor (model.layers.N.mlp.experts.*). They are not FSDP-sharded further
+// every expert tensor (the parameters the model gives ParamRole::kExpert, causal_lm.h; for
+// qwen2_moe model.layers.N.mlp.experts.*). They are not FSDP-sharded further
 // (a dim-0 slice of whole experts is already the unit Muon and the expert GEMMs want) and are
 // replicated over expert_dp_group (the ranks holding the same experts). Every other parameter
 // stays on the FSDP / DDP path (fsdp.h); the router is replicated, so every rank routes its own
@@ -43,8 +44,9 @@ namespace mixtrain {
 
 struct DeviceMesh;
 
-// Whether `name` is a routed-expert tensor split by expert parallelism (".mlp.experts.").
-bool is_expert_param(const std::string& name);
+// Whether parameter `name` of `model` is a routed-expert tensor split by expert parallelism:
+// the model's own answer (CausalLM::param_role == kExpert, experts on dim 0).
+bool is_expert_param(const CausalLM& model, const std::string& name);
 
 class ExpertParallel final : public ExpertDispatcher {
  public:

@@ -159,7 +159,7 @@ FullyShardedModel::FullyShardedModel(CausalLM& model, std::shared_ptr<Collective
       throw std::invalid_argument("shard_model: parameter " + item.key() +
                                   " has no dim 0 to shard");
     }
-    const bool expert = expert_parallel_ && is_expert_param(item.key());
+    const bool expert = expert_parallel_ && is_expert_param(model, item.key());
     if (expert && p.size(0) % ep_group_->size() != 0) {
       throw ConfigError("parallel.ep: " + std::to_string(ep_group_->size()) +
                         " does not divide model.num_experts (" + std::to_string(p.size(0)) + ", " +

@@ -27,14 +27,14 @@
 // in an autograd node on the module's output, i.e. right before that module's backward. This
 // covers every parameter of the model (linear layers, embedding, norms, the 3-D experts).
 //
-// Expert parallelism (expert_parallel.h; mesh.ep > 1): the routed-expert tensors
-// (model.layers.N.mlp.experts.*) hold this rank's ep slice of whole experts (layout(): offset
-// ep_rank * E/ep, rows E/ep) instead of a dp_shard chunk; unshard only casts them to
-// param_dtype; their gradients are summed over expert_dp_group and divided by the number of
-// data-parallel ranks at the end of backward (an autograd final callback), then delivered like
-// every other gradient (main_grad or .grad). gather_full gathers them over the ep group, and
-// placements() marks them kExpertSlice. The model reaches the token exchange through
-// expert_dispatcher().
+// Expert parallelism (expert_parallel.h; mesh.ep > 1): the routed-expert tensors (the model's
+// ParamRole::kExpert, e.g. model.layers.N.mlp.experts.*) hold this rank's ep slice of whole
+// experts (layout(): offset ep_rank * E/ep, rows E/ep) instead of a dp_shard chunk; unshard
+// only casts them to param_dtype; their gradients are summed over expert_dp_group and divided
+// by the number of data-parallel ranks at the end of backward (an autograd final callback),
+// then delivered like every other gradient (main_grad or .grad). gather_full gathers them over
+// the ep group, and placements() marks them kExpertSlice. The model reaches the token exchange
+// through expert_dispatcher().
 //
 // Collectives run inside autograd nodes; the CPU autograd engine runs nodes in decreasing
 // creation order, and the model creates them in the same order on every rank, so all ranks

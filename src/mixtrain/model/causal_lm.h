@@ -7,6 +7,10 @@
 // the coefficient is applied by the caller, not here, so metrics can report both terms.
 // Models without a router return aux_loss = 0.
 //
+// Parameter roles: the model says what each of its parameters is (param_role), so the layers
+// above never guess from name fragments. Expert parallelism splits exactly the kExpert
+// tensors, whose expert dim is dim 0 (one routed expert per index: [E, out, in]).
+//
 // Parameter materialization (docs/architecture.md §7): forward never computes with a parameter
 // directly; it asks the installed ParameterMaterializer for the tensor to compute with. Without one
 // (the default) that is the parameter itself, so a plain model is unchanged, bit for bit. The
@@ -18,6 +22,7 @@
 #include <torch/nn/module.h>
 #include <torch/types.h>
 
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -92,10 +97,28 @@ class ParameterMaterializer {
   virtual ExpertDispatcher* expert_dispatcher() { return nullptr; }
 };
 
+enum class ParamRole {
+  kEmbedding,   // token embedding table
+  kAttention,   // q/k/v/o projections (weights and biases)
+  kMlp,         // dense feed-forward (a dense model's MLP, a MoE model's shared expert)
+  kRouter,      // MoE router (gate) and the shared-expert gate
+  kExpert,      // routed experts, expert dim 0
+  kNorm,        // normalisation scales
+  kOutputHead,  // the output projection to the vocabulary (lm_head)
+};
+
+const char* param_role_name(ParamRole role);  // "embedding", "attention", ...
+
 class CausalLM : public torch::nn::Module {
  public:
   virtual CausalLMOutput forward(const torch::Tensor& input_ids) = 0;
   virtual const ModelConfig& config() const = 0;
+
+  // The role of parameter `name` (a key of named_parameters()). Throws std::invalid_argument
+  // for a name the model has no role for (build_model checks that every parameter has one).
+  ParamRole param_role(const std::string& name) const;
+  // Whether `name` is a routed-expert tensor (role kExpert; expert dim 0).
+  bool is_expert(const std::string& name) const { return param_role(name) == ParamRole::kExpert; }
 
   // Installs (or, with nullptr, removes) the materializer every later forward uses. The model
   // holds it (shared), so the autograd graphs it builds stay valid while the model lives.
@@ -107,6 +130,10 @@ class CausalLM : public torch::nn::Module {
   }
 
  protected:
+  // Gives every parameter of `module` (registered under `prefix`, e.g. "model.layers.0.mlp.")
+  // the role `role`; a model calls it from its constructor for each of its modules.
+  void assign_param_role(const std::string& prefix, torch::nn::Module& module, ParamRole role);
+
   // Shared with the model's submodules, which read it at every forward (so installing a
   // materializer after construction reaches all of them).
   using MaterializerSlot = std::shared_ptr<std::shared_ptr<ParameterMaterializer>>;
@@ -114,6 +141,7 @@ class CausalLM : public torch::nn::Module {
 
  private:
   MaterializerSlot materializer_ = std::make_shared<std::shared_ptr<ParameterMaterializer>>();
+  std::map<std::string, ParamRole> roles_;
 };
 
 }  // namespace mixtrain

@@ -1,6 +1,5 @@
 #include "mixtrain/model/qwen2_moe.h"
 
-#include <ATen/CPUGeneratorImpl.h>
 #include <torch/torch.h>
 
 #include <memory>
@@ -9,169 +8,10 @@
 #include <vector>
 
 #include "mixtrain/core/error.h"
-#include "mixtrain/model/attention.h"
+#include "mixtrain/model/layers.h"
 
 namespace mixtrain::qwen2_moe {
 namespace {
-
-bool ends_with(const std::string& s, const std::string& suffix) {
-  return s.size() >= suffix.size() &&
-         s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
-}
-
-// How a module reaches its parameters: through the model's materializer (causal_lm.h), under
-// their fully qualified names. No materializer: the parameter itself.
-struct ParamAccess {
-  std::shared_ptr<std::shared_ptr<ParameterMaterializer>> slot;
-  std::string prefix;  // e.g. "model.layers.0.self_attn.q_proj."
-
-  ParamAccess child(const std::string& name) const { return {slot, prefix + name + "."}; }
-  torch::Tensor unshard(const std::string& local_name, const torch::Tensor& param) const {
-    const auto& m = *slot;
-    return m ? m->unshard(prefix + local_name, param) : param;
-  }
-  torch::Tensor post_forward(const std::vector<std::string>& local_names,
-                             const torch::Tensor& output) const {
-    const auto& m = *slot;
-    if (!m) return output;
-    std::vector<std::string> names;
-    names.reserve(local_names.size());
-    for (const auto& n : local_names) names.push_back(prefix + n);
-    return m->post_forward(names, output);
-  }
-  ExpertDispatcher* expert_dispatcher() const {
-    const auto& m = *slot;
-    return m ? m->expert_dispatcher() : nullptr;
-  }
-};
-
-// Parameters are registered directly (not through torch::nn::Linear/Embedding) because those
-// initialise themselves from the global RNG in their constructors; ours are filled once, from
-// the seed, by init_weights().
-class Linear : public torch::nn::Module {
- public:
-  Linear(int64_t in_features, int64_t out_features, bool bias, ParamAccess access)
-      : access_(std::move(access)) {
-    weight = register_parameter("weight", torch::empty({out_features, in_features}));
-    if (bias) this->bias = register_parameter("bias", torch::empty({out_features}));
-  }
-  torch::Tensor forward(const torch::Tensor& x) {
-    if (!bias.defined()) {
-      return access_.post_forward({"weight"}, at::linear(x, access_.unshard("weight", weight)));
-    }
-    return access_.post_forward({"weight", "bias"}, at::linear(x, access_.unshard("weight", weight),
-                                                               access_.unshard("bias", bias)));
-  }
-
-  torch::Tensor weight;
-  torch::Tensor bias;  // undefined when the layer has none
-
- private:
-  ParamAccess access_;
-};
-
-class Embedding : public torch::nn::Module {
- public:
-  Embedding(int64_t num_embeddings, int64_t embedding_dim, ParamAccess access)
-      : access_(std::move(access)) {
-    weight = register_parameter("weight", torch::empty({num_embeddings, embedding_dim}));
-  }
-  torch::Tensor forward(const torch::Tensor& input_ids) {
-    return access_.post_forward({"weight"},
-                                at::embedding(access_.unshard("weight", weight), input_ids));
-  }
-
-  torch::Tensor weight;
-
- private:
-  ParamAccess access_;
-};
-
-// HF Qwen2MoeRMSNorm: normalise in float32 (bf16 has too few mantissa bits for the mean of
-// squares), cast back, then scale in the compute dtype.
-class RMSNorm : public torch::nn::Module {
- public:
-  RMSNorm(int64_t hidden_size, double eps, ParamAccess access)
-      : eps_(eps), access_(std::move(access)) {
-    weight = register_parameter("weight", torch::empty({hidden_size}));
-  }
-  torch::Tensor forward(const torch::Tensor& x) {
-    const auto input_dtype = x.scalar_type();
-    auto h = x.to(torch::kFloat32);
-    const auto variance = h.pow(2).mean(-1, /*keepdim=*/true);
-    h = h * torch::rsqrt(variance + eps_);
-    return access_.post_forward({"weight"}, access_.unshard("weight", weight) * h.to(input_dtype));
-  }
-
-  torch::Tensor weight;
-
- private:
-  double eps_;
-  ParamAccess access_;
-};
-
-class Qwen2MoeAttention : public torch::nn::Module {
- public:
-  Qwen2MoeAttention(const ModelConfig& c, const ParamAccess& access)
-      : num_heads_(c.num_heads), num_key_value_heads_(c.num_kv_heads), head_dim_(c.head_dim) {
-    q_proj =
-        register_module("q_proj", std::make_shared<Linear>(c.hidden_size, c.num_heads * c.head_dim,
-                                                           true, access.child("q_proj")));
-    k_proj = register_module(
-        "k_proj", std::make_shared<Linear>(c.hidden_size, c.num_kv_heads * c.head_dim, true,
-                                           access.child("k_proj")));
-    v_proj = register_module(
-        "v_proj", std::make_shared<Linear>(c.hidden_size, c.num_kv_heads * c.head_dim, true,
-                                           access.child("v_proj")));
-    o_proj =
-        register_module("o_proj", std::make_shared<Linear>(c.num_heads * c.head_dim, c.hidden_size,
-                                                           false, access.child("o_proj")));
-  }
-
-  // x [B, S, H]; cos/sin [S, D] float32.
-  torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& cos,
-                        const torch::Tensor& sin) {
-    const int64_t bsz = x.size(0), q_len = x.size(1);
-    auto query = q_proj->forward(x).view({bsz, q_len, num_heads_, head_dim_}).transpose(1, 2);
-    auto key =
-        k_proj->forward(x).view({bsz, q_len, num_key_value_heads_, head_dim_}).transpose(1, 2);
-    auto value =
-        v_proj->forward(x).view({bsz, q_len, num_key_value_heads_, head_dim_}).transpose(1, 2);
-    query = apply_rotary_pos_emb(query, cos, sin);
-    key = apply_rotary_pos_emb(key, cos, sin);
-    // LibTorch's flash kernel in float32, HF's eager one in bf16/fp16, where flash's backward
-    // makes forward + backward up to 3.1x slower on this CPU (bench/README.md, attention_bench).
-    auto attn_output =
-        causal_attention(query, key, value, attention_kernel_for(query.scalar_type()));
-    attn_output = attn_output.transpose(1, 2).reshape({bsz, q_len, num_heads_ * head_dim_});
-    return o_proj->forward(attn_output);
-  }
-
-  std::shared_ptr<Linear> q_proj, k_proj, v_proj, o_proj;
-
- private:
-  int64_t num_heads_, num_key_value_heads_, head_dim_;
-};
-
-// SwiGLU MLP: down(silu(gate x) * up x). Used for the shared expert.
-class Qwen2MoeMLP : public torch::nn::Module {
- public:
-  Qwen2MoeMLP(int64_t hidden_size, int64_t intermediate_size, const ParamAccess& access) {
-    gate_proj = register_module(
-        "gate_proj",
-        std::make_shared<Linear>(hidden_size, intermediate_size, false, access.child("gate_proj")));
-    up_proj = register_module("up_proj", std::make_shared<Linear>(hidden_size, intermediate_size,
-                                                                  false, access.child("up_proj")));
-    down_proj = register_module(
-        "down_proj",
-        std::make_shared<Linear>(intermediate_size, hidden_size, false, access.child("down_proj")));
-  }
-  torch::Tensor forward(const torch::Tensor& x) {
-    return down_proj->forward(torch::silu(gate_proj->forward(x)) * up_proj->forward(x));
-  }
-
-  std::shared_ptr<Linear> gate_proj, up_proj, down_proj;
-};
 
 // All routed experts as three 3-D parameters [E, out, in]; expert e is the SwiGLU MLP made of
 // slice e of each.
@@ -322,8 +162,8 @@ class Qwen2MoeSparseMoeBlock : public torch::nn::Module {
                                              access.child("experts")));
     shared_expert = register_module(
         "shared_expert",
-        std::make_shared<Qwen2MoeMLP>(c.hidden_size, c.shared_expert_intermediate_size,
-                                      access.child("shared_expert")));
+        std::make_shared<SwiGLUMLP>(c.hidden_size, c.shared_expert_intermediate_size,
+                                    access.child("shared_expert")));
     shared_expert_gate = register_module(
         "shared_expert_gate",
         std::make_shared<Linear>(c.hidden_size, 1, false, access.child("shared_expert_gate")));
@@ -345,7 +185,7 @@ class Qwen2MoeSparseMoeBlock : public torch::nn::Module {
 
   std::shared_ptr<Linear> gate;
   std::shared_ptr<Qwen2MoeExperts> experts;
-  std::shared_ptr<Qwen2MoeMLP> shared_expert;
+  std::shared_ptr<SwiGLUMLP> shared_expert;
   std::shared_ptr<Linear> shared_expert_gate;
 
  private:
@@ -357,7 +197,7 @@ class Qwen2MoeDecoderLayer : public torch::nn::Module {
   Qwen2MoeDecoderLayer(const ModelConfig& c, const ParamAccess& access) {
     // Registration order = HF's, so named_parameters() lists in state_dict order.
     self_attn = register_module("self_attn",
-                                std::make_shared<Qwen2MoeAttention>(c, access.child("self_attn")));
+                                std::make_shared<Qwen2Attention>(c, access.child("self_attn")));
     mlp = register_module("mlp", std::make_shared<Qwen2MoeSparseMoeBlock>(c, access.child("mlp")));
     input_layernorm = register_module(
         "input_layernorm",
@@ -375,7 +215,7 @@ class Qwen2MoeDecoderLayer : public torch::nn::Module {
     return {h + mlp_out, router_logits};
   }
 
-  std::shared_ptr<Qwen2MoeAttention> self_attn;
+  std::shared_ptr<Qwen2Attention> self_attn;
   std::shared_ptr<Qwen2MoeSparseMoeBlock> mlp;
   std::shared_ptr<RMSNorm> input_layernorm, post_attention_layernorm;
 };
@@ -426,7 +266,8 @@ class Qwen2MoeForCausalLM : public CausalLM {
     model = register_module("model", std::make_shared<Qwen2MoeModel>(c, root.child("model")));
     lm_head = register_module("lm_head", std::make_shared<Linear>(c.hidden_size, c.vocab_size,
                                                                   false, root.child("lm_head")));
-    init_weights(seed);
+    assign_roles();
+    init_hf_weights(*this, seed);
   }
 
   CausalLMOutput forward(const torch::Tensor& input_ids) override {
@@ -453,51 +294,39 @@ class Qwen2MoeForCausalLM : public CausalLM {
   std::shared_ptr<Linear> lm_head;
 
  private:
-  // HF _init_weights with initializer_range 0.02, drawn in named_parameters() order from a local
-  // generator: reproducible from the seed alone, and the global RNG stays untouched.
-  void init_weights(uint64_t seed) {
-    auto generator = at::make_generator<at::CPUGeneratorImpl>(seed);
-    torch::NoGradGuard no_grad;
-    for (auto& item : named_parameters(/*recurse=*/true)) {
-      auto& p = item.value();
-      if (ends_with(item.key(), ".bias")) {
-        p.zero_();
-      } else if (ends_with(item.key(), "norm.weight")) {
-        p.fill_(1.0);
-      } else {
-        p.normal_(0.0, 0.02, generator);
-      }
+  // Each module's parameters get the role of the module (causal_lm.h), from the module tree.
+  void assign_roles() {
+    assign_param_role("model.embed_tokens.", *model->embed_tokens, ParamRole::kEmbedding);
+    for (size_t i = 0; i < model->layers.size(); ++i) {
+      const auto& layer = *model->layers[i];
+      const std::string p = "model.layers." + std::to_string(i) + ".";
+      assign_param_role(p + "self_attn.", *layer.self_attn, ParamRole::kAttention);
+      assign_param_role(p + "mlp.gate.", *layer.mlp->gate, ParamRole::kRouter);
+      assign_param_role(p + "mlp.experts.", *layer.mlp->experts, ParamRole::kExpert);
+      assign_param_role(p + "mlp.shared_expert.", *layer.mlp->shared_expert, ParamRole::kMlp);
+      assign_param_role(p + "mlp.shared_expert_gate.", *layer.mlp->shared_expert_gate,
+                        ParamRole::kRouter);
+      assign_param_role(p + "input_layernorm.", *layer.input_layernorm, ParamRole::kNorm);
+      assign_param_role(p + "post_attention_layernorm.", *layer.post_attention_layernorm,
+                        ParamRole::kNorm);
     }
+    assign_param_role("model.norm.", *model->norm, ParamRole::kNorm);
+    assign_param_role("lm_head.", *lm_head, ParamRole::kOutputHead);
   }
 
   ModelConfig config_;
 };
 
-void require(bool ok, const std::string& key, const std::string& what) {
-  if (!ok) throw ConfigError("model." + key + ": " + what);
-}
-
 void validate(const ModelConfig& c) {
-  require(c.vocab_size > 0, "vocab_size", "must be > 0");
-  require(c.hidden_size > 0, "hidden_size", "must be > 0");
-  require(c.num_layers > 0, "num_layers", "must be > 0");
-  require(c.num_heads > 0, "num_heads", "must be > 0");
-  require(c.num_kv_heads > 0 && c.num_heads % c.num_kv_heads == 0, "num_kv_heads",
-          "must be > 0 and divide model.num_heads (" + std::to_string(c.num_heads) + "), got " +
-              std::to_string(c.num_kv_heads));
-  require(
-      c.head_dim > 0 && c.head_dim % 2 == 0, "head_dim",
-      "must be even and > 0 (rotary embeddings rotate pairs), got " + std::to_string(c.head_dim));
-  require(c.moe_intermediate_size > 0, "moe_intermediate_size", "must be > 0");
-  require(c.num_experts > 0, "num_experts", "must be > 0");
-  require(c.num_experts_per_tok > 0 && c.num_experts_per_tok <= c.num_experts,
-          "num_experts_per_tok",
-          "must be in [1, model.num_experts = " + std::to_string(c.num_experts) + "], got " +
-              std::to_string(c.num_experts_per_tok));
-  require(c.shared_expert_intermediate_size > 0, "shared_expert_intermediate_size", "must be > 0");
-  require(c.max_seq_len > 0, "max_seq_len", "must be > 0");
-  require(c.rope_theta > 0, "rope_theta", "must be > 0");
-  require(c.rms_norm_eps > 0, "rms_norm_eps", "must be > 0");
+  validate_qwen2_common(c);
+  require_model_key(c.moe_intermediate_size > 0, "moe_intermediate_size", "must be > 0");
+  require_model_key(c.num_experts > 0, "num_experts", "must be > 0");
+  require_model_key(c.num_experts_per_tok > 0 && c.num_experts_per_tok <= c.num_experts,
+                    "num_experts_per_tok",
+                    "must be in [1, model.num_experts = " + std::to_string(c.num_experts) +
+                        "], got " + std::to_string(c.num_experts_per_tok));
+  require_model_key(c.shared_expert_intermediate_size > 0, "shared_expert_intermediate_size",
+                    "must be > 0");
 }
 
 }  // namespace
@@ -522,26 +351,6 @@ torch::Tensor load_balancing_loss(const std::vector<torch::Tensor>& router_logit
   const auto tokens_per_expert = expert_mask.mean(0);
   const auto router_prob_per_expert = routing_weights.mean(0);
   return (tokens_per_expert * router_prob_per_expert).sum() * double(num_experts);
-}
-
-std::pair<torch::Tensor, torch::Tensor> rotary_cos_sin(int64_t seq_len, int64_t head_dim,
-                                                       double rope_theta) {
-  // float32 throughout, as HF (which disables autocast for this): bf16 angles would be wrong by
-  // whole radians at long positions.
-  const auto exponents = torch::arange(0, head_dim, 2, torch::kInt64).to(torch::kFloat32) /
-                         static_cast<float>(head_dim);
-  const auto inv_freq = 1.0 / torch::pow(rope_theta, exponents);
-  const auto positions = torch::arange(seq_len, torch::kInt64).to(torch::kFloat32);
-  const auto freqs = torch::outer(positions, inv_freq);
-  const auto emb = torch::cat({freqs, freqs}, -1);
-  return {emb.cos(), emb.sin()};
-}
-
-torch::Tensor apply_rotary_pos_emb(const torch::Tensor& x, const torch::Tensor& cos,
-                                   const torch::Tensor& sin) {
-  const int64_t half = x.size(-1) / 2;
-  const auto rotated = torch::cat({-x.narrow(-1, half, half), x.narrow(-1, 0, half)}, -1);
-  return x * cos.to(x.scalar_type()) + rotated * sin.to(x.scalar_type());
 }
 
 }  // namespace mixtrain::qwen2_moe

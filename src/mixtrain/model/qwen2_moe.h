@@ -27,6 +27,10 @@
 // each module (linear, embedding, norm, the routed experts as one unit) reports its output to
 // post_forward, so FSDP can gather, reshard and gather again per module; without a materializer
 // the model computes exactly as it always did.
+// Parameter roles (causal_lm.h): embed_tokens kEmbedding, self_attn kAttention, mlp.gate and
+// mlp.shared_expert_gate kRouter, mlp.experts kExpert, mlp.shared_expert kMlp, norms kNorm,
+// lm_head kOutputHead. The shared building blocks (attention, RMSNorm, rotary, SwiGLU) are in
+// layers.h.
 // Compute dtype = parameter dtype: float32, bfloat16 and float16 (LibTorch 2.x has CPU float16
 // GEMM) all run on CPU.
 #pragma once
@@ -40,6 +44,7 @@
 
 #include "mixtrain/config/trainer_config.h"
 #include "mixtrain/model/causal_lm.h"
+#include "mixtrain/model/layers.h"
 
 namespace mixtrain::qwen2_moe {
 
@@ -60,14 +65,8 @@ std::shared_ptr<CausalLM> make_qwen2_moe(const ModelConfig& config, uint64_t see
 torch::Tensor load_balancing_loss(const std::vector<torch::Tensor>& router_logits,
                                   int64_t num_experts, int64_t top_k);
 
-// Rotary tables for positions 0..seq_len-1, float32 [seq_len, head_dim], HF layout:
-// inv_freq_i = theta^(-2i/head_dim), angle = pos * inv_freq, both halves repeat the angles.
-std::pair<torch::Tensor, torch::Tensor> rotary_cos_sin(int64_t seq_len, int64_t head_dim,
-                                                       double rope_theta);
-
-// x * cos + rotate_half(x) * sin for x [batch, heads, seq, head_dim]; cos/sin [seq, head_dim]
-// are cast to x's dtype (as HF).
-torch::Tensor apply_rotary_pos_emb(const torch::Tensor& x, const torch::Tensor& cos,
-                                   const torch::Tensor& sin);
+// The rotary helpers live in layers.h (shared with qwen2); these names stay for callers.
+using mixtrain::apply_rotary_pos_emb;
+using mixtrain::rotary_cos_sin;
 
 }  // namespace mixtrain::qwen2_moe

@@ -1,13 +1,17 @@
-// Model registry: builds the model that ModelConfig::name selects.
+// Model registry: the one list of models (docs/extending.md, "Adding a model"). Each entry is
+// a name (ModelConfig::name) and its factory; what each parameter is (experts, attention,
+// embeddings, output head) the built model answers itself (CausalLM::param_role).
 //
-// Known names: "qwen2_moe". The model is built in float32 on the CPU and initialised
-// deterministically from `seed` (same config and seed: bit-identical parameters on every
-// machine and run; the global RNG is neither read nor advanced). model_init_dtype is applied
-// afterwards by the caller (init_dtype.h). An unknown name, or a structurally impossible
-// config, throws ConfigError naming the model.* key.
+// The model is built in float32 on the CPU and initialised deterministically from `seed` (same
+// config and seed: bit-identical parameters on every machine and run; the global RNG is neither
+// read nor advanced). model_init_dtype is applied afterwards by the caller (init_dtype.h). An
+// unknown name, or a structurally impossible config, throws ConfigError naming the model.* key.
+// The config-file rules of each model's keys are in config/model_sections.h; registry_test
+// checks that both lists name the same models.
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -17,9 +21,18 @@
 
 namespace mixtrain {
 
+struct ModelEntry {
+  std::string name;
+  std::function<std::shared_ptr<CausalLM>(const ModelConfig&, uint64_t seed)> make;
+};
+
+const std::vector<ModelEntry>& model_registry();
+
+// Builds the model config.name names; throws std::logic_error if the model left a parameter
+// without a role (a bug in the model, not in the config).
 std::shared_ptr<CausalLM> build_model(const ModelConfig& config, uint64_t seed);
 
-// The names build_model accepts, for help texts and error messages.
+// The names build_model accepts, in table order, for help texts and error messages.
 std::vector<std::string> registered_model_names();
 
 }  // namespace mixtrain

@@ -50,6 +50,20 @@ TEST(StartupLogTest, ModelConfigBlock) {
   EXPECT_NE(block.find("  rms_norm_eps: 1e-06\n"), std::string::npos);
 }
 
+// Only the keys the model reads (config/model_sections.h).
+TEST(StartupLogTest, ModelConfigBlockListsTheModelsOwnKeys) {
+  ModelConfig model;
+  const std::string moe = format_model_config_block(model);
+  EXPECT_NE(moe.find("  num_experts: 4\n"), std::string::npos);
+  EXPECT_EQ(moe.find("  intermediate_size:"), std::string::npos);
+  model.name = "qwen2";
+  const std::string dense = format_model_config_block(model);
+  EXPECT_NE(dense.find("  intermediate_size: 128\n"), std::string::npos);
+  EXPECT_NE(dense.find("  head_dim: 16\n"), std::string::npos);
+  EXPECT_EQ(dense.find("  num_experts:"), std::string::npos);
+  EXPECT_EQ(dense.find("  router_aux_loss_coef:"), std::string::npos);
+}
+
 TEST(StartupLogTest, EffectiveAdamwDefaultConfiguredFinal) {
   TempDir dir;
   const ResolvedConfig r = load_config(dir.write("rfc.yaml", testing::kRfcSection1Yaml), {});

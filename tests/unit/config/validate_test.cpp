@@ -86,7 +86,7 @@ TEST(ValidateTest, ModelShape) {
             "model.head_dim: must be even (rotary embeddings), got 15");
   EXPECT_EQ(yaml_error("model:\n  rms_norm_eps: 0\n"), "model.rms_norm_eps: must be > 0, got 0");
   EXPECT_EQ(yaml_error("model:\n  name: llama\n"),
-            "model.name: must be one of qwen2_moe, got 'llama'");
+            "model.name: must be one of qwen2_moe, qwen2, got 'llama'");
 }
 
 TEST(ValidateTest, DataAndBatch) {
@@ -131,6 +131,31 @@ TEST(ValidateTest, Parallel) {
   expect_valid(
       "c.yaml",
       "parallel:\n  ep: 2\n  dp_shard: 2\n  dp_replicate: 2\ndata:\n  global_batch_size: 32\n");
+}
+
+// Each model reads its own section (config/model_sections.h): another model's keys are
+// refused when given, ignored at their defaults.
+TEST(ValidateTest, DenseQwen2Section) {
+  expect_valid("c.yaml", "model:\n  name: qwen2\n  intermediate_size: 96\n");
+  expect_valid("c.toml", "[model]\nname = \"qwen2\"\nintermediate_size = 96\n");
+  EXPECT_EQ(yaml_error("model:\n  name: qwen2\n  intermediate_size: 0\n"),
+            "model.intermediate_size: must be > 0, got 0");
+  EXPECT_EQ(yaml_error("model:\n  name: qwen2\n  num_experts: 8\n"),
+            "model.num_experts: is not a key of model qwen2 (it belongs to qwen2_moe); remove it "
+            "or set model.name: qwen2_moe");
+  EXPECT_EQ(toml_error("[model]\nname = \"qwen2\"\nrouter_aux_loss_coef = 0.01\n"),
+            "model.router_aux_loss_coef: is not a key of model qwen2 (it belongs to qwen2_moe); "
+            "remove it or set model.name: qwen2_moe");
+  EXPECT_EQ(yaml_error("model:\n  intermediate_size: 96\n"),
+            "model.intermediate_size: is not a key of model qwen2_moe (it belongs to qwen2); "
+            "remove it or set model.name: qwen2");
+  EXPECT_EQ(error_in("c.yaml", "model:\n  name: qwen2\n", {"model.num_experts_per_tok=1"}),
+            "--set: model.num_experts_per_tok: is not a key of model qwen2 (it belongs to "
+            "qwen2_moe); remove it or set model.name: qwen2_moe");
+  // No routed experts: nothing for expert parallelism to split.
+  EXPECT_EQ(yaml_error("model:\n  name: qwen2\nparallel:\n  ep: 2\n  dp_shard: 2\n"
+                       "data:\n  global_batch_size: 16\n"),
+            "parallel.ep: must be 1 for model qwen2 (it has no routed experts), got 2");
 }
 
 TEST(ValidateTest, DistributedTimeout) {

@@ -40,10 +40,13 @@ namespace mixtrain {
 namespace {
 
 TEST(ExpertParallelSingleProcess, ExpertParamNames) {
-  EXPECT_TRUE(is_expert_param("model.layers.0.mlp.experts.gate_proj"));
-  EXPECT_TRUE(is_expert_param("model.layers.11.mlp.experts.down_proj"));
-  EXPECT_FALSE(is_expert_param("model.layers.0.mlp.shared_expert.gate_proj.weight"));
-  EXPECT_FALSE(is_expert_param("model.layers.0.mlp.gate.weight"));
+  auto c = test_support::tiny_config();
+  c.num_layers = 12;
+  const auto model = qwen2_moe::make_qwen2_moe(c, 1);
+  EXPECT_TRUE(is_expert_param(*model, "model.layers.0.mlp.experts.gate_proj"));
+  EXPECT_TRUE(is_expert_param(*model, "model.layers.11.mlp.experts.down_proj"));
+  EXPECT_FALSE(is_expert_param(*model, "model.layers.0.mlp.shared_expert.gate_proj.weight"));
+  EXPECT_FALSE(is_expert_param(*model, "model.layers.0.mlp.gate.weight"));
 }
 
 // ---- token_dispatch / token_combine ---------------------------------------------------------
@@ -262,7 +265,7 @@ void run_ep_case_2_1(const testing::WorkerEnv& worker, const std::string& target
   int expert_params = 0;
   for (auto& [name, p] : named_params(*model)) {
     EXPECT_EQ(p.scalar_type(), torch::kBFloat16) << name;
-    if (is_expert_param(name)) {
+    if (is_expert_param(*model, name)) {
       ++expert_params;
       EXPECT_TRUE(fsdp->is_expert_parallel(name)) << name;
       EXPECT_EQ(p.size(0), local_experts) << name;

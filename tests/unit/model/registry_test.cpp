@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <string>
 
+#include "mixtrain/config/model_sections.h"
 #include "mixtrain/core/error.h"
 
 namespace mixtrain {
@@ -75,6 +76,36 @@ TEST(ModelRegistry, ImpossibleShapesAreConfigErrorsNamingTheKey) {
   c = small_config();
   c.num_layers = 0;
   EXPECT_NE(config_error(c).find("model.num_layers"), std::string::npos);
+}
+
+TEST(ModelRegistry, BuildsDenseQwen2ByName) {
+  auto c = small_config();
+  c.name = "qwen2";
+  auto model = build_model(c, 1);
+  EXPECT_EQ(model->config().name, "qwen2");
+  const auto params = model->named_parameters();
+  EXPECT_NE(params.find("model.layers.0.mlp.gate_proj.weight"), nullptr);
+  EXPECT_EQ(params.find("model.layers.0.mlp.experts.gate_proj"), nullptr);
+}
+
+// config/ cannot see the registry (it sits below model/), so its per-model sections are a
+// second list: both must name the same models in the same order.
+TEST(ModelRegistry, ConfigSectionsNameTheSameModels) {
+  std::vector<std::string> sections;
+  for (const auto& section : model_sections()) sections.push_back(section.name);
+  EXPECT_EQ(sections, registered_model_names());
+}
+
+// Every parameter of every registered model has a role, and exactly the MoE model has experts.
+TEST(ModelRegistry, EveryParameterHasARole) {
+  for (const auto& name : registered_model_names()) {
+    auto c = small_config();
+    c.name = name;
+    const auto model = build_model(c, 1);
+    int experts = 0;
+    for (const auto& item : model->named_parameters()) experts += model->is_expert(item.key());
+    EXPECT_EQ(experts, name == "qwen2_moe" ? 3 * c.num_layers : 0) << name;
+  }
 }
 
 }  // namespace

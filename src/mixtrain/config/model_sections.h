@@ -1,0 +1,49 @@
+// The config side of the model seam: for each model name (model/registry.h builds them), the
+// model.* keys of its own section, their checks, and how many routed experts it has.
+//
+// Keys every model reads (name, vocab_size, hidden_size, num_layers, num_heads, num_kv_heads,
+// head_dim, max_seq_len, rope_theta, rms_norm_eps) are checked by validate.cpp for all. A
+// model-specific key (one listed by any section) that the chosen model does not read is refused
+// when the user set it (file or --set): "model.num_experts: is not a key of model qwen2 (...)".
+// Left at its default it is ignored. config/ sits below model/, so this table cannot ask the
+// registry; tests/unit/model/registry_test.cpp checks that both name the same models.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "mixtrain/config/trainer_config.h"
+
+namespace mixtrain {
+
+// What a section's check may do: the validator's error reporting (ConfigError naming the key
+// as the user wrote it, with ", got <value>" appended).
+class ModelKeyChecker {
+ public:
+  virtual ~ModelKeyChecker() = default;
+  virtual void positive(const std::string& key, double value) const = 0;
+  virtual void non_negative(const std::string& key, double value) const = 0;
+  [[noreturn]] virtual void fail_value(const std::string& key, const std::string& rule) const = 0;
+};
+
+struct ModelSection {
+  std::string name;                   // model.name
+  std::vector<std::string> own_keys;  // canonical model-specific keys this model reads
+  std::function<void(const ModelConfig&, const ModelKeyChecker&)> check;
+  // Routed experts (parallel.ep must divide it); 0 for a dense model (parallel.ep must be 1).
+  std::function<int64_t(const ModelConfig&)> routed_experts;
+};
+
+// In model/registry.cpp's order.
+const std::vector<ModelSection>& model_sections();
+
+// The section of `name`, or nullptr.
+const ModelSection* find_model_section(const std::string& name);
+
+// Whether model `model_name` reads canonical key `key`: every key outside the model sections,
+// and its own section's keys (false for another model's keys).
+bool model_reads_key(const std::string& model_name, const std::string& key);
+
+}  // namespace mixtrain

@@ -1,0 +1,179 @@
+#include "mixtrain/model/layers.h"
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <torch/torch.h>
+
+#include "mixtrain/core/error.h"
+#include "mixtrain/model/attention.h"
+
+namespace mixtrain {
+namespace {
+
+bool ends_with(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() &&
+         s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+}  // namespace
+
+torch::Tensor ParamAccess::unshard(const std::string& local_name,
+                                   const torch::Tensor& param) const {
+  const auto& m = *slot;
+  return m ? m->unshard(prefix + local_name, param) : param;
+}
+
+torch::Tensor ParamAccess::post_forward(const std::vector<std::string>& local_names,
+                                        const torch::Tensor& output) const {
+  const auto& m = *slot;
+  if (!m) return output;
+  std::vector<std::string> names;
+  names.reserve(local_names.size());
+  for (const auto& n : local_names) names.push_back(prefix + n);
+  return m->post_forward(names, output);
+}
+
+ExpertDispatcher* ParamAccess::expert_dispatcher() const {
+  const auto& m = *slot;
+  return m ? m->expert_dispatcher() : nullptr;
+}
+
+Linear::Linear(int64_t in_features, int64_t out_features, bool bias, ParamAccess access)
+    : access_(std::move(access)) {
+  weight = register_parameter("weight", torch::empty({out_features, in_features}));
+  if (bias) this->bias = register_parameter("bias", torch::empty({out_features}));
+}
+
+torch::Tensor Linear::forward(const torch::Tensor& x) {
+  if (!bias.defined()) {
+    return access_.post_forward({"weight"}, at::linear(x, access_.unshard("weight", weight)));
+  }
+  return access_.post_forward({"weight", "bias"}, at::linear(x, access_.unshard("weight", weight),
+                                                             access_.unshard("bias", bias)));
+}
+
+Embedding::Embedding(int64_t num_embeddings, int64_t embedding_dim, ParamAccess access)
+    : access_(std::move(access)) {
+  weight = register_parameter("weight", torch::empty({num_embeddings, embedding_dim}));
+}
+
+torch::Tensor Embedding::forward(const torch::Tensor& input_ids) {
+  return access_.post_forward({"weight"},
+                              at::embedding(access_.unshard("weight", weight), input_ids));
+}
+
+RMSNorm::RMSNorm(int64_t hidden_size, double eps, ParamAccess access)
+    : eps_(eps), access_(std::move(access)) {
+  weight = register_parameter("weight", torch::empty({hidden_size}));
+}
+
+torch::Tensor RMSNorm::forward(const torch::Tensor& x) {
+  const auto input_dtype = x.scalar_type();
+  auto h = x.to(torch::kFloat32);
+  const auto variance = h.pow(2).mean(-1, /*keepdim=*/true);
+  h = h * torch::rsqrt(variance + eps_);
+  return access_.post_forward({"weight"}, access_.unshard("weight", weight) * h.to(input_dtype));
+}
+
+Qwen2Attention::Qwen2Attention(const ModelConfig& c, const ParamAccess& access)
+    : num_heads_(c.num_heads), num_key_value_heads_(c.num_kv_heads), head_dim_(c.head_dim) {
+  q_proj =
+      register_module("q_proj", std::make_shared<Linear>(c.hidden_size, c.num_heads * c.head_dim,
+                                                         true, access.child("q_proj")));
+  k_proj =
+      register_module("k_proj", std::make_shared<Linear>(c.hidden_size, c.num_kv_heads * c.head_dim,
+                                                         true, access.child("k_proj")));
+  v_proj =
+      register_module("v_proj", std::make_shared<Linear>(c.hidden_size, c.num_kv_heads * c.head_dim,
+                                                         true, access.child("v_proj")));
+  o_proj =
+      register_module("o_proj", std::make_shared<Linear>(c.num_heads * c.head_dim, c.hidden_size,
+                                                         false, access.child("o_proj")));
+}
+
+torch::Tensor Qwen2Attention::forward(const torch::Tensor& x, const torch::Tensor& cos,
+                                      const torch::Tensor& sin) {
+  const int64_t bsz = x.size(0), q_len = x.size(1);
+  auto query = q_proj->forward(x).view({bsz, q_len, num_heads_, head_dim_}).transpose(1, 2);
+  auto key = k_proj->forward(x).view({bsz, q_len, num_key_value_heads_, head_dim_}).transpose(1, 2);
+  auto value =
+      v_proj->forward(x).view({bsz, q_len, num_key_value_heads_, head_dim_}).transpose(1, 2);
+  query = apply_rotary_pos_emb(query, cos, sin);
+  key = apply_rotary_pos_emb(key, cos, sin);
+  // LibTorch's flash kernel in float32, HF's eager one in bf16/fp16, where flash's backward
+  // makes forward + backward up to 3.1x slower on this CPU (bench/README.md, attention_bench).
+  auto attn_output = causal_attention(query, key, value, attention_kernel_for(query.scalar_type()));
+  attn_output = attn_output.transpose(1, 2).reshape({bsz, q_len, num_heads_ * head_dim_});
+  return o_proj->forward(attn_output);
+}
+
+SwiGLUMLP::SwiGLUMLP(int64_t hidden_size, int64_t intermediate_size, const ParamAccess& access) {
+  gate_proj = register_module(
+      "gate_proj",
+      std::make_shared<Linear>(hidden_size, intermediate_size, false, access.child("gate_proj")));
+  up_proj = register_module("up_proj", std::make_shared<Linear>(hidden_size, intermediate_size,
+                                                                false, access.child("up_proj")));
+  down_proj = register_module(
+      "down_proj",
+      std::make_shared<Linear>(intermediate_size, hidden_size, false, access.child("down_proj")));
+}
+
+torch::Tensor SwiGLUMLP::forward(const torch::Tensor& x) {
+  return down_proj->forward(torch::silu(gate_proj->forward(x)) * up_proj->forward(x));
+}
+
+std::pair<torch::Tensor, torch::Tensor> rotary_cos_sin(int64_t seq_len, int64_t head_dim,
+                                                       double rope_theta) {
+  // float32 throughout, as HF (which disables autocast for this): bf16 angles would be wrong by
+  // whole radians at long positions.
+  const auto exponents = torch::arange(0, head_dim, 2, torch::kInt64).to(torch::kFloat32) /
+                         static_cast<float>(head_dim);
+  const auto inv_freq = 1.0 / torch::pow(rope_theta, exponents);
+  const auto positions = torch::arange(seq_len, torch::kInt64).to(torch::kFloat32);
+  const auto freqs = torch::outer(positions, inv_freq);
+  const auto emb = torch::cat({freqs, freqs}, -1);
+  return {emb.cos(), emb.sin()};
+}
+
+torch::Tensor apply_rotary_pos_emb(const torch::Tensor& x, const torch::Tensor& cos,
+                                   const torch::Tensor& sin) {
+  const int64_t half = x.size(-1) / 2;
+  const auto rotated = torch::cat({-x.narrow(-1, half, half), x.narrow(-1, 0, half)}, -1);
+  return x * cos.to(x.scalar_type()) + rotated * sin.to(x.scalar_type());
+}
+
+void init_hf_weights(torch::nn::Module& model, uint64_t seed) {
+  auto generator = at::make_generator<at::CPUGeneratorImpl>(seed);
+  torch::NoGradGuard no_grad;
+  for (auto& item : model.named_parameters(/*recurse=*/true)) {
+    auto& p = item.value();
+    if (ends_with(item.key(), ".bias")) {
+      p.zero_();
+    } else if (ends_with(item.key(), "norm.weight")) {
+      p.fill_(1.0);
+    } else {
+      p.normal_(0.0, 0.02, generator);
+    }
+  }
+}
+
+void require_model_key(bool ok, const std::string& key, const std::string& what) {
+  if (!ok) throw ConfigError("model." + key + ": " + what);
+}
+
+void validate_qwen2_common(const ModelConfig& c) {
+  require_model_key(c.vocab_size > 0, "vocab_size", "must be > 0");
+  require_model_key(c.hidden_size > 0, "hidden_size", "must be > 0");
+  require_model_key(c.num_layers > 0, "num_layers", "must be > 0");
+  require_model_key(c.num_heads > 0, "num_heads", "must be > 0");
+  require_model_key(c.num_kv_heads > 0 && c.num_heads % c.num_kv_heads == 0, "num_kv_heads",
+                    "must be > 0 and divide model.num_heads (" + std::to_string(c.num_heads) +
+                        "), got " + std::to_string(c.num_kv_heads));
+  require_model_key(
+      c.head_dim > 0 && c.head_dim % 2 == 0, "head_dim",
+      "must be even and > 0 (rotary embeddings rotate pairs), got " + std::to_string(c.head_dim));
+  require_model_key(c.max_seq_len > 0, "max_seq_len", "must be > 0");
+  require_model_key(c.rope_theta > 0, "rope_theta", "must be > 0");
+  require_model_key(c.rms_norm_eps > 0, "rms_norm_eps", "must be > 0");
+}
+
+}  // namespace mixtrain

@@ -1,0 +1,123 @@
+// The building blocks the Qwen2-family models share (qwen2.cpp, qwen2_moe.cpp), with Hugging
+// Face's parameter names and numerics:
+//   ParamAccess   how a module reads its parameters: through the CausalLM materializer
+//                 (causal_lm.h) under their fully qualified names, or the parameter itself;
+//   Linear, Embedding, RMSNorm (float32 normalisation, cast back, then scale), Qwen2Attention
+//   (q/k/v with bias, o without, rotary, causal GQA: attention.h), SwiGLUMLP
+//   (down(silu(gate x) * up x));
+//   rotary_cos_sin / apply_rotary_pos_emb (HF layout, float32 tables);
+//   init_hf_weights (HF _init_weights with initializer_range 0.02, from a seed).
+// Parameters are registered directly (not through torch::nn::Linear/Embedding), because those
+// initialise themselves from the global RNG in their constructors; ours are filled once, from
+// the seed, by init_hf_weights. Each module reports its output to post_forward once its
+// forward has made its last use of its parameters (the materializer contract).
+#pragma once
+
+#include <torch/nn/module.h>
+#include <torch/types.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "mixtrain/config/trainer_config.h"
+#include "mixtrain/model/causal_lm.h"
+
+namespace mixtrain {
+
+struct ParamAccess {
+  std::shared_ptr<std::shared_ptr<ParameterMaterializer>> slot;
+  std::string prefix;  // e.g. "model.layers.0.self_attn.q_proj."
+
+  ParamAccess child(const std::string& name) const { return {slot, prefix + name + "."}; }
+  torch::Tensor unshard(const std::string& local_name, const torch::Tensor& param) const;
+  torch::Tensor post_forward(const std::vector<std::string>& local_names,
+                             const torch::Tensor& output) const;
+  ExpertDispatcher* expert_dispatcher() const;
+};
+
+class Linear : public torch::nn::Module {
+ public:
+  Linear(int64_t in_features, int64_t out_features, bool bias, ParamAccess access);
+  torch::Tensor forward(const torch::Tensor& x);
+
+  torch::Tensor weight;
+  torch::Tensor bias;  // undefined when the layer has none
+
+ private:
+  ParamAccess access_;
+};
+
+class Embedding : public torch::nn::Module {
+ public:
+  Embedding(int64_t num_embeddings, int64_t embedding_dim, ParamAccess access);
+  torch::Tensor forward(const torch::Tensor& input_ids);
+
+  torch::Tensor weight;
+
+ private:
+  ParamAccess access_;
+};
+
+// HF Qwen2RMSNorm: normalise in float32 (bf16 has too few mantissa bits for the mean of
+// squares), cast back, then scale in the compute dtype.
+class RMSNorm : public torch::nn::Module {
+ public:
+  RMSNorm(int64_t hidden_size, double eps, ParamAccess access);
+  torch::Tensor forward(const torch::Tensor& x);
+
+  torch::Tensor weight;
+
+ private:
+  double eps_;
+  ParamAccess access_;
+};
+
+// HF Qwen2Attention (eval, no cache): q/k/v projections with bias, o_proj without, rotary on q
+// and k, causal grouped-query attention with the kernel attention_kernel_for(compute dtype).
+class Qwen2Attention : public torch::nn::Module {
+ public:
+  Qwen2Attention(const ModelConfig& c, const ParamAccess& access);
+  // x [B, S, H]; cos/sin [S, D] float32.
+  torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin);
+
+  std::shared_ptr<Linear> q_proj, k_proj, v_proj, o_proj;
+
+ private:
+  int64_t num_heads_, num_key_value_heads_, head_dim_;
+};
+
+// SwiGLU MLP without biases: down(silu(gate x) * up x) (HF Qwen2MLP; Qwen2-MoE's shared expert).
+class SwiGLUMLP : public torch::nn::Module {
+ public:
+  SwiGLUMLP(int64_t hidden_size, int64_t intermediate_size, const ParamAccess& access);
+  torch::Tensor forward(const torch::Tensor& x);
+
+  std::shared_ptr<Linear> gate_proj, up_proj, down_proj;
+};
+
+// Rotary tables for positions 0..seq_len-1, float32 [seq_len, head_dim], HF layout:
+// inv_freq_i = theta^(-2i/head_dim), angle = pos * inv_freq, both halves repeat the angles.
+std::pair<torch::Tensor, torch::Tensor> rotary_cos_sin(int64_t seq_len, int64_t head_dim,
+                                                       double rope_theta);
+
+// x * cos + rotate_half(x) * sin for x [batch, heads, seq, head_dim]; cos/sin [seq, head_dim]
+// are cast to x's dtype (as HF).
+torch::Tensor apply_rotary_pos_emb(const torch::Tensor& x, const torch::Tensor& cos,
+                                   const torch::Tensor& sin);
+
+// HF _init_weights with initializer_range 0.02, drawn in named_parameters() order from a local
+// CPU generator seeded with `seed` (reproducible from the seed alone; the global RNG stays
+// untouched): zero for names ending in ".bias", ones for names ending in "norm.weight",
+// normal(0, 0.02) for everything else.
+void init_hf_weights(torch::nn::Module& model, uint64_t seed);
+
+// Throws ConfigError "model.<key>: <what>" unless ok (the models' own shape checks).
+void require_model_key(bool ok, const std::string& key, const std::string& what);
+
+// The checks every Qwen2-family model needs (sizes > 0, GQA divisibility, even head_dim, ...).
+void validate_qwen2_common(const ModelConfig& c);
+
+}  // namespace mixtrain

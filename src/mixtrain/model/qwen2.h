@@ -1,0 +1,32 @@
+// Dense Qwen2 (Hugging Face Qwen2ForCausalLM), built natively on LibTorch from the shared
+// Qwen2-family blocks (layers.h). Parameter names and shapes are HF's (I = intermediate_size,
+// H = hidden_size, D = head_dim):
+//   model.embed_tokens.weight                                 [vocab, H]
+//   model.layers.N.self_attn.{q,k,v}_proj.{weight,bias}, o_proj.weight   (as qwen2_moe.h)
+//   model.layers.N.mlp.{gate,up}_proj.weight                  [I, H]
+//   model.layers.N.mlp.down_proj.weight                       [H, I]
+//   model.layers.N.{input,post_attention}_layernorm.weight    [H]
+//   model.norm.weight [H], lm_head.weight [vocab, H]
+// Embeddings are untied (HF tie_word_embeddings = false, as Qwen2-7B and larger); the tied
+// variants (Qwen2-0.5B/1.5B) are not offered. No sliding window (HF use_sliding_window = false,
+// the default), no dropout. Numerics as qwen2_moe.h: RMSNorm in float32 and cast back, rotary
+// tables in float32, attention softmax in float32; the MLP is SwiGLU. No router: aux_loss = 0.
+// Parameter roles (causal_lm.h): embed_tokens kEmbedding, self_attn kAttention, mlp kMlp, norms
+// kNorm, lm_head kOutputHead; no kExpert, so expert parallelism does not apply.
+// Model keys it reads: vocab_size, hidden_size, num_layers, num_heads, num_kv_heads, head_dim,
+// intermediate_size, max_seq_len, rope_theta, rms_norm_eps (docs/config.md).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+
+#include "mixtrain/config/trainer_config.h"
+#include "mixtrain/model/causal_lm.h"
+
+namespace mixtrain::qwen2 {
+
+// Builds a float32 model initialised from `seed` (init_hf_weights, layers.h). Throws
+// ConfigError naming the model.* key when the shapes cannot work.
+std::shared_ptr<CausalLM> make_qwen2(const ModelConfig& config, uint64_t seed);
+
+}  // namespace mixtrain::qwen2

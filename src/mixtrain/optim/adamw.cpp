@@ -122,7 +122,7 @@ at::Tensor AdamW::step(LossClosure closure) {
       if (!param.grad().defined()) continue;
       const at::Tensor& grad = param.grad();
       TORCH_CHECK(!grad.is_sparse(), "adamw: sparse gradients are not supported");
-      acquire_state(param);
+      const StateLease lease(*this, param);
       auto& slot = state_[state_key(param)];
       if (!slot) {
         auto fresh = std::make_unique<AdamWParamState>();
@@ -153,13 +153,11 @@ at::Tensor AdamW::step(LossClosure closure) {
         } else if (model.defined()) {
           model.copy_(param);
         }
-        release_state(param);
         continue;
       }
       unfused_step(options, state.step(), param, grad.to(param.scalar_type()), state.exp_avg(),
                    state.exp_avg_sq());
       if (model.defined()) model.copy_(param);  // copy_ rounds to nearest even, as to() does
-      release_state(param);
     }
   }
   return loss;

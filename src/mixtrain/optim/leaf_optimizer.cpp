@@ -3,6 +3,7 @@
 #include "mixtrain/optim/state_swap.h"
 
 #include <cstdint>
+#include <exception>
 #include <stdexcept>
 
 namespace mixtrain {
@@ -115,6 +116,15 @@ void LeafOptimizer::acquire_state(const at::Tensor& param) {
 
 void LeafOptimizer::release_state(const at::Tensor& param) {
   if (swap_ != nullptr) swap_->release(*this, param);
+}
+
+LeafOptimizer::StateLease::StateLease(LeafOptimizer& leaf, const at::Tensor& param)
+    : leaf_(leaf), param_(param), exceptions_(std::uncaught_exceptions()) {
+  leaf_.acquire_state(param_);
+}
+
+LeafOptimizer::StateLease::~StateLease() noexcept(false) {
+  if (std::uncaught_exceptions() == exceptions_) leaf_.release_state(param_);
 }
 
 }  // namespace mixtrain

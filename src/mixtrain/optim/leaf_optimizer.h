@@ -83,6 +83,21 @@ class LeafOptimizer : public torch::optim::Optimizer {
  protected:
   void acquire_state(const at::Tensor& param);
   void release_state(const at::Tensor& param);
+  // acquire_state(param) for the lease's scope: release_state runs when it ends normally
+  // (return, continue, end of block). While an exception unwinds it does nothing, as the
+  // unpaired calls did: the step has failed and release may itself throw.
+  class StateLease {
+   public:
+    StateLease(LeafOptimizer& leaf, const at::Tensor& param);
+    ~StateLease() noexcept(false);
+    StateLease(const StateLease&) = delete;
+    StateLease& operator=(const StateLease&) = delete;
+
+   private:
+    LeafOptimizer& leaf_;
+    const at::Tensor& param_;
+    int exceptions_;  // std::uncaught_exceptions() at construction
+  };
   static void* state_key(const at::Tensor& param);
   // Undefined tensor when `param` has no copy-back target.
   at::Tensor copy_back_target(const at::Tensor& param) const;

@@ -279,7 +279,7 @@ void Muon::momentum_direction_into(const at::Tensor& p, const at::Tensor& grad,
   TORCH_CHECK(grad.numel() == p.numel() && out.numel() == p.numel(),
               "Muon: momentum_direction_into: grad ", grad.sizes(), " or out ", out.sizes(),
               " does not match the parameter ", p.sizes());
-  acquire_state(p);
+  const StateLease lease(*this, p);
   auto& slot = state_[state_key(p)];
   if (!slot) {
     auto fresh = std::make_unique<MuonParamState>();
@@ -300,7 +300,6 @@ void Muon::momentum_direction_into(const at::Tensor& p, const at::Tensor& grad,
                                               options.momentum_style(), options.nesterov());
     out.view(u.sizes()).copy_(u);
   }
-  release_state(p);
 }
 
 at::Tensor Muon::momentum_direction(const at::Tensor& p, const at::Tensor& grad,

@@ -67,7 +67,7 @@ at::Tensor Sgd::step(LossClosure closure) {
     for (auto& param : group.params()) {
       if (!param.grad().defined()) continue;
       TORCH_CHECK(!param.grad().is_sparse(), "sgd: sparse gradients are not supported");
-      acquire_state(param);
+      const StateLease lease(*this, param);
       auto& slot = state_[state_key(param)];
       if (!slot) slot = std::make_unique<SgdParamState>();
       auto& state = static_cast<SgdParamState&>(*slot);
@@ -77,7 +77,6 @@ at::Tensor Sgd::step(LossClosure closure) {
       sgd_update(options, param, param.grad().to(param.scalar_type()), state, first);
       const at::Tensor model = copy_back_target(param);
       if (model.defined()) model.copy_(param);  // copy_ rounds to nearest even, as to() does
-      release_state(param);
     }
   }
   return loss;

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "mixtrain/checkpoint/storage.h"
+#include "mixtrain/config/model_sections.h"
 #include "mixtrain/core/dtype.h"
 #include "mixtrain/core/error.h"
 #include "mixtrain/core/logging.h"
@@ -242,7 +243,9 @@ int64_t restore_checkpoint(const CheckpointParts& parts, const std::string& rest
     if (saved == value.get<std::string>()) continue;
     const std::string line =
         key + ": " + saved + " in the checkpoint, " + value.get<std::string>() + " now";
-    if (is_model_key(key)) {
+    // A model.* key the model does not read (another model's section, or a key added since the
+    // checkpoint was written) says nothing about the architecture.
+    if (is_model_key(key) && model_reads_key(parts.resolved.config.model.name, key)) {
       problems.push_back("the checkpoint is of another model: " + line);
     } else {
       config_changes.push_back(line);

@@ -1,4 +1,5 @@
 #include "mixtrain/config/schema.h"
+#include "mixtrain/core/text.h"
 
 #include <cmath>
 #include <cstdio>
@@ -40,9 +41,7 @@ std::string format_triples(const std::vector<std::array<double, 3>>& triples) {
 }
 
 std::string format_string_list(const std::vector<std::string>& strings) {
-  std::string text = "[";
-  for (size_t i = 0; i < strings.size(); ++i) text += (i > 0 ? ", " : "") + strings[i];
-  return text + "]";
+  return format_list(strings);
 }
 
 namespace {

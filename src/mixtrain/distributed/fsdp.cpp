@@ -1,5 +1,6 @@
 #include "mixtrain/distributed/fsdp.h"
 
+#include <c10/util/accumulate.h>
 #include <torch/csrc/autograd/custom_function.h>
 #include <torch/csrc/autograd/engine.h>
 #include <torch/torch.h>
@@ -40,8 +41,7 @@ bool storage_is_freed(const c10::Storage& storage) {
 // A tensor over `storage` (re-allocated to hold `shape` when freed), detached from autograd and
 // with its own version counter, so writing it does not trip the saved-tensor version checks.
 at::Tensor tensor_over(const c10::Storage& storage, at::IntArrayRef shape, c10::ScalarType dtype) {
-  int64_t numel = 1;
-  for (int64_t d : shape) numel *= d;
+  const int64_t numel = c10::multiply_integers(shape);
   const size_t nbytes = static_cast<size_t>(numel) * c10::elementSize(dtype);
   c10::StorageImpl* impl = storage.unsafeGetStorageImpl();
   if (impl->nbytes() != nbytes) {

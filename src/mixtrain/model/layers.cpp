@@ -4,17 +4,11 @@
 #include <torch/torch.h>
 
 #include "mixtrain/core/error.h"
+#include "mixtrain/core/text.h"
 #include "mixtrain/model/attention.h"
 
 namespace mixtrain {
-namespace {
-
-bool ends_with(const std::string& s, const std::string& suffix) {
-  return s.size() >= suffix.size() &&
-         s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
-}
-
-}  // namespace
+namespace {}  // namespace
 
 torch::Tensor ParamAccess::unshard(const std::string& local_name,
                                    const torch::Tensor& param) const {

@@ -12,6 +12,7 @@
 
 #include "mixtrain/core/cpu_capability.h"
 #include "mixtrain/core/dtype.h"
+#include "mixtrain/core/text.h"
 #include "mixtrain/optim/grad_clip.h"
 #include "mixtrain/optim/kernels/widen_add_kernel.h"
 
@@ -24,10 +25,6 @@ std::string format_sizes(at::IntArrayRef sizes) {
   for (size_t i = 0; i < sizes.size(); ++i) out << (i ? ", " : "") << sizes[i];
   out << ']';
   return out.str();
-}
-
-bool starts_with(const std::string& text, const std::string& prefix) {
-  return text.compare(0, prefix.size(), prefix) == 0;
 }
 
 // The fields param_groups_state adds around a leaf's group_hyperparameters.

@@ -5,6 +5,7 @@
 
 #include <ATen/ATen.h>
 #include <c10/core/GradMode.h>
+#include <c10/util/accumulate.h>
 
 #include <algorithm>
 #include <numeric>
@@ -18,9 +19,7 @@ namespace mixtrain {
 namespace {
 
 int64_t product(const std::vector<int64_t>& dims, size_t from) {
-  int64_t n = 1;
-  for (size_t d = from; d < dims.size(); ++d) n *= dims[d];
-  return n;
+  return c10::multiply_integers(dims.begin() + static_cast<std::ptrdiff_t>(from), dims.end());
 }
 
 std::string describe(const MuonSharding& sharding) {

@@ -6,6 +6,7 @@
 
 #include "mixtrain/core/dtype.h"
 #include "mixtrain/core/error.h"
+#include "mixtrain/core/text.h"
 #include "mixtrain/optim/optimizer_table.h"
 #include "mixtrain/optim/param_groups.h"
 
@@ -16,14 +17,6 @@ std::string lower(std::string text) {
   std::transform(text.begin(), text.end(), text.begin(),
                  [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
   return text;
-}
-
-std::string format_shape(const std::vector<int64_t>& shape) {
-  std::ostringstream out;
-  out << '[';
-  for (size_t i = 0; i < shape.size(); ++i) out << (i ? ", " : "") << shape[i];
-  out << ']';
-  return out.str();
 }
 
 std::string format_number(double value) {
@@ -72,7 +65,7 @@ std::string format_routing_table(const std::vector<RouteEntry>& routes) {
                                            "optimizer", "lr",    "weight_decay"};
   std::vector<std::vector<std::string>> rows = {header};
   for (const auto& route : routes) {
-    rows.push_back({route.name, format_shape(route.shape), dtype_name(route.dtype), route.optimizer,
+    rows.push_back({route.name, format_list(route.shape), dtype_name(route.dtype), route.optimizer,
                     format_number(route.lr), format_number(route.weight_decay)});
   }
   std::vector<size_t> widths(header.size(), 0);

@@ -26,6 +26,7 @@
 // Exit code: 0 when both runs trained and were measured (whether or not the targets were met);
 // 1 when a run failed (the trainer's exit code and the end of its log are printed) or the
 // losses differ.
+#include <c10/util/accumulate.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/time.h>
@@ -187,11 +188,9 @@ StateSize optimizer_state_size(const std::string& config_path) {
   StateSize size;
   for (const mixtrain::RouteEntry& route :
        mixtrain::route_parameters(named, resolved.config.optimizer)) {
-    int64_t numel = 1;
-    for (int64_t d : route.shape) numel *= d;
+    const int64_t numel = c10::multiply_integers(route.shape);
     size.params += numel;
-    (route.optimizer == "muon" ? size.muon_params : size.adamw_params) +=
-        numel;
+    (route.optimizer == "muon" ? size.muon_params : size.adamw_params) += numel;
   }
   return size;
 }

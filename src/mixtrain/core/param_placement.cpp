@@ -7,20 +7,6 @@ const std::shared_ptr<Collectives>& ParamPlacement::pieces_group() const {
   return kind == Kind::kDim0Shard || kind == Kind::kExpertSlice ? shard_group : none;
 }
 
-const char* placement_kind_name(ParamPlacement::Kind kind) {
-  switch (kind) {
-    case ParamPlacement::Kind::kWhole:
-      return "whole";
-    case ParamPlacement::Kind::kDim0Shard:
-      return "dim0_shard";
-    case ParamPlacement::Kind::kExpertSlice:
-      return "expert_slice";
-    case ParamPlacement::Kind::kReplicated:
-      return "replicated";
-  }
-  return "unknown";
-}
-
 ParamPlacement whole_placement(const std::string& name, const std::vector<int64_t>& shape) {
   ParamPlacement p;
   p.name = name;

@@ -37,9 +37,6 @@ struct ParamPlacement {
   const std::shared_ptr<Collectives>& pieces_group() const;
 };
 
-// "whole" | "dim0_shard" | "expert_slice" | "replicated".
-const char* placement_kind_name(ParamPlacement::Kind kind);
-
 // A kWhole placement of a parameter of `shape` (what a single-rank run has for every parameter).
 ParamPlacement whole_placement(const std::string& name, const std::vector<int64_t>& shape);
 

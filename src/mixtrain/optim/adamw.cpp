@@ -110,12 +110,8 @@ AdamW::AdamW(std::vector<torch::optim::OptimizerParamGroup> groups, AdamWOptions
 }
 
 at::Tensor AdamW::step(LossClosure closure) {
+  const at::Tensor loss = evaluate_closure(closure);
   c10::NoGradGuard no_grad;
-  at::Tensor loss;
-  if (closure != nullptr) {
-    at::AutoGradMode enable_grad(true);
-    loss = closure();
-  }
   for (auto& group : param_groups_) {
     const auto& options = static_cast<const AdamWOptions&>(group.options());
     for (auto& param : group.params()) {

@@ -369,10 +369,6 @@ void ChainedOptimizer::set_placements(const std::vector<ParamPlacement>& placeme
   }
 }
 
-const ParamPlacement& ChainedOptimizer::placement(const std::string& name) const {
-  return entry(name).placement;
-}
-
 double ChainedOptimizer::clip_grad_norm(double max_norm) {
   std::vector<at::Tensor> grads;
   std::vector<const ParamPlacement*> placements;

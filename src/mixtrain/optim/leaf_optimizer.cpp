@@ -2,6 +2,8 @@
 
 #include "mixtrain/optim/state_swap.h"
 
+#include <c10/core/GradMode.h>
+
 #include <cstdint>
 #include <exception>
 #include <stdexcept>
@@ -108,6 +110,12 @@ void HyperparameterReader::finish() const {
   for (auto it = values_.begin(); it != values_.end(); ++it) {
     if (!read_.count(it.key())) throw std::invalid_argument("unexpected field '" + it.key() + "'");
   }
+}
+
+at::Tensor LeafOptimizer::evaluate_closure(const LossClosure& closure) {
+  if (!closure) return {};
+  at::AutoGradMode enable_grad(true);
+  return closure();
 }
 
 void LeafOptimizer::acquire_state(const at::Tensor& param) {

@@ -81,6 +81,9 @@ class LeafOptimizer : public torch::optim::Optimizer {
   StateSwap* state_swap() const { return swap_; }
 
  protected:
+  // torch.optim's step(closure): the closure's loss, computed with grad mode on (undefined
+  // without a closure).
+  static at::Tensor evaluate_closure(const LossClosure& closure);
   void acquire_state(const at::Tensor& param);
   void release_state(const at::Tensor& param);
   // acquire_state(param) for the lease's scope: release_state runs when it ends normally

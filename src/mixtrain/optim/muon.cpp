@@ -256,11 +256,7 @@ std::vector<Muon::BatchInfo> Muon::batches(size_t group) const {
 }
 
 at::Tensor Muon::step(LossClosure closure) {
-  at::Tensor loss;
-  if (closure) {
-    at::AutoGradMode enable_grad(true);
-    loss = closure();
-  }
+  const at::Tensor loss = evaluate_closure(closure);
   c10::NoGradGuard no_grad;
   // add_param_group() or replace_parameter() without reset_parameter_caches().
   if (!batches_match_groups()) rebuild_batches();

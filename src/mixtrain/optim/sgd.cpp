@@ -56,12 +56,8 @@ Sgd::Sgd(std::vector<torch::optim::OptimizerParamGroup> groups, SgdOptions defau
 }
 
 at::Tensor Sgd::step(LossClosure closure) {
+  const at::Tensor loss = evaluate_closure(closure);
   c10::NoGradGuard no_grad;
-  at::Tensor loss;
-  if (closure != nullptr) {
-    at::AutoGradMode enable_grad(true);
-    loss = closure();
-  }
   for (auto& group : param_groups_) {
     const auto& options = static_cast<const SgdOptions&>(group.options());
     for (auto& param : group.params()) {

@@ -1,7 +1,11 @@
 // The command line itself (cli/cli.cpp): a word that names no command is an error with the
 // nearest command, exit 2, at every level and also with --help; real commands still parse.
+// Errors a build step raises about a config key reach the user with the key as they wrote it.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <fstream>
+#include <sstream>
 #include <string>
 
 #include "tools/cli_test_util.h"
@@ -70,6 +74,73 @@ TEST(Cli, RealCommandsAndHelpStillWork) {
   const CommandResult none = run_mixtrain("");
   EXPECT_EQ(none.exit_code, 2) << none.output;
   EXPECT_TRUE(contains(none.output, "A subcommand is required")) << none.output;
+}
+
+// The tiny TOML config with `from` replaced by `to`, written to <dir>/<name>.
+std::string edited_toml(const TempDir& dir, const std::string& name, const std::string& from,
+                        const std::string& to) {
+  std::ifstream in(source_path("configs/qwen2_moe_tiny.toml"));
+  std::stringstream text;
+  text << in.rdbuf();
+  std::string toml = text.str();
+  const size_t at = toml.find(from);
+  EXPECT_NE(at, std::string::npos) << from;
+  if (at != std::string::npos) toml.replace(at, from.size(), to);
+  const std::string path = dir.file(name);
+  std::ofstream(path) << toml;
+  return path;
+}
+
+// A data pattern matching no file is known only when the dataset is built; the error carries
+// data.path and the CLI prints it as the TOML key, with the file (or --set) it came from. The
+// readers keep no line numbers, so no line is printed.
+TEST(Cli, BuildStepErrorsNameTheKeyAsTheUserWroteIt) {
+  TempDir dir;
+  const std::string pattern = dir.file("none_*.bin");
+  const std::string config =
+      edited_toml(dir, "tokens.toml", "dataset = \"synthetic\"",
+                  "dataset = \"tokens\"\ndataset_path = \"" + pattern + "\"");
+  const CommandResult file =
+      run_mixtrain("train --config " + config + " --run-dir " + dir.file("run"));
+  EXPECT_EQ(file.exit_code, 1) << file.output;  // a DataError
+  EXPECT_TRUE(contains(file.output, "mixtrain: error: " + config +
+                                        ": training.dataset_path: token files '" + pattern +
+                                        "': the pattern matches no file"))
+      << file.output;
+  const size_t error_line = file.output.find("mixtrain: error: ");
+  EXPECT_FALSE(contains(file.output.substr(std::min(error_line, file.output.size())), "data.path"))
+      << file.output;
+
+  const CommandResult set =
+      run_mixtrain("train --config " + source_path("configs/qwen2_moe_tiny.toml") +
+                   " --set training.dataset=tokens --set training.dataset_path=" + pattern +
+                   " --run-dir " + dir.file("run2"));
+  EXPECT_EQ(set.exit_code, 1) << set.output;
+  EXPECT_TRUE(contains(
+      set.output, "mixtrain: error: --set: training.dataset_path: token files '" + pattern + "'"))
+      << set.output;
+
+  // The YAML dialect's key is the canonical one.
+  const CommandResult yaml = run_mixtrain(
+      "train --config " + source_path("configs/qwen2_moe_tiny.yaml") +
+      " --set data.kind=tokens --set data.path=" + pattern + " --run-dir " + dir.file("run3"));
+  EXPECT_EQ(yaml.exit_code, 1) << yaml.output;
+  EXPECT_TRUE(contains(yaml.output, "mixtrain: error: --set: data.path: token files '" + pattern +
+                                        "': the pattern matches no file"))
+      << yaml.output;
+}
+
+// --nproc against the config's degrees, checked by the CLI before launching: the degrees are
+// named in the config's dialect.
+TEST(Cli, NprocMismatchNamesTheDegreesAsWritten) {
+  const CommandResult r =
+      run_mixtrain("train --config " + source_path("configs/qwen2_moe_tiny.toml") +
+                   " --nproc 4 --set parallelism.data_parallel_shard_degree=2");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_TRUE(contains(r.output,
+                       ": parallel: --nproc 4 but parallelism.data_parallel_replicate_degree x "
+                       "parallelism.data_parallel_shard_degree = 2"))
+      << r.output;
 }
 
 }  // namespace

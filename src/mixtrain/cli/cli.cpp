@@ -50,6 +50,19 @@ bool should_launch(int nproc) {
   return nproc > 1 && std::getenv("MIXTRAIN_LAUNCHED") == nullptr;
 }
 
+// Runs `body` on a loaded config. A UserError carrying a canonical key (thrown by a build step,
+// core/error.h) is rethrown with the key as the user wrote it and where: "<file or --set>:
+// <key>: <problem>" (config/provenance.h format_user_error); the exit code stays.
+template <typename Body>
+int in_user_dialect(const ResolvedConfig& resolved, Body&& body) {
+  try {
+    return body();
+  } catch (const UserError& error) {
+    if (error.key().empty()) throw;
+    throw UserError(format_user_error(error, resolved.provenance), error.exit_code());
+  }
+}
+
 std::string default_run_dir(const std::string& config_path) {
   return (std::filesystem::path("runs") / std::filesystem::path(config_path).stem()).string();
 }
@@ -84,9 +97,11 @@ int train_command(const std::string& config_path, const std::vector<std::string>
     }
     const int64_t world = resolved.config.parallel.dp_replicate * resolved.config.parallel.dp_shard;
     if (world != nproc) {
-      throw ConfigError(
-          resolved.config.source_file + ": parallel: --nproc " + std::to_string(nproc) +
-          " but parallel.dp_replicate x parallel.dp_shard = " + std::to_string(world));
+      const Provenance& spelled = resolved.provenance;
+      throw ConfigError(resolved.config.source_file + ": parallel: --nproc " +
+                        std::to_string(nproc) + " but " +
+                        spelled.user_key("parallel.dp_replicate") + " x " +
+                        spelled.user_key("parallel.dp_shard") + " = " + std::to_string(world));
     }
     return launch_local_workers(nproc, argv_for_workers, resolved.config.distributed.timeout_s);
   }
@@ -94,7 +109,11 @@ int train_command(const std::string& config_path, const std::vector<std::string>
   TrainOptions options;
   options.run_dir = run_dir.empty() ? default_run_dir(config_path) : run_dir;
   options.is_terminal = isatty(fileno(stderr)) != 0;
-  TrainSummary summary = run_training(resolved, options);
+  TrainSummary summary;
+  in_user_dialect(resolved, [&] {
+    summary = run_training(resolved, options);
+    return 0;
+  });
   if (!summary.metrics_path.empty()) {  // rank 0
     log_info("metrics: " + summary.metrics_path);
     log_info("loss curve: " + summary.plot_path);
@@ -120,8 +139,10 @@ int optim_replay_command(const std::string& config_path, const std::vector<std::
     return launch_local_workers(nproc, worker_argv(argc, argv),
                                 resolved.config.distributed.timeout_s);
   }
-  run_optim_replay(resolved, paths);
-  return 0;
+  return in_user_dialect(resolved, [&] {
+    run_optim_replay(resolved, paths);
+    return 0;
+  });
 }
 
 // The first words that name no command where one is expected: "unknown command 'trian' (did

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <functional>
+#include <utility>
 
 #include "mixtrain/config/document.h"
 #include "mixtrain/config/schema.h"
@@ -73,6 +74,7 @@ ResolvedConfig load_config(const std::string& path, const std::vector<std::strin
     }
     resolved.leaves.push_back(std::move(leaf));
   }
+  resolved.provenance = std::move(provenance);
   return resolved;
 }
 

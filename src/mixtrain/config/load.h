@@ -27,6 +27,9 @@ struct ResolvedLeaf {
 struct ResolvedConfig {
   TrainerConfig config;
   std::vector<ResolvedLeaf> leaves;  // every leaf of the tree, in canonical order
+  // Where each key came from and how the user spelled it: renders the keyed UserErrors of the
+  // build steps in the user's dialect (format_user_error). Empty for a config built in code.
+  Provenance provenance;
 
   // The leaf named `key`, or null.
   const ResolvedLeaf* leaf(const std::string& key) const {

@@ -30,4 +30,10 @@ std::string Provenance::user_key(const std::string& key) const {
   return it == spelled_as.end() ? key : it->second;
 }
 
+std::string format_user_error(const UserError& error, const Provenance& provenance) {
+  if (error.key().empty()) return error.what();
+  return provenance.origin_of(error.key()) + ": " + provenance.user_key(error.key()) + ": " +
+         error.problem();
+}
+
 }  // namespace mixtrain

@@ -116,6 +116,10 @@ void check_data_and_parallel(const Checker& check, const TrainerConfig& c) {
     check.fail_value("data.seq_len",
                      "must be <= model.max_seq_len (" + std::to_string(c.model.max_seq_len) + ")");
   }
+  // SyntheticDataset draws each token's successors from the other vocab_size - 1 tokens.
+  if (c.data.kind == "synthetic" && c.model.vocab_size < 2) {
+    check.fail_value("model.vocab_size", "must be >= 2 for synthetic data");
+  }
   check.positive("data.micro_batch_size", c.data.micro_batch_size);
   check.positive("data.global_batch_size", c.data.global_batch_size);
   const int64_t dp_size = c.parallel.dp_shard * c.parallel.dp_replicate;
@@ -259,13 +263,6 @@ void validate_config(const TrainerConfig& config) {
   provenance.file =
       config.source_file.empty() ? "TrainerConfig (built in code)" : config.source_file;
   validate_config(config, provenance);
-}
-
-void require_fp32_reduce_for_main_params(bool fp32_main_params,
-                                         const MixPrecisionConfig& mix_precision,
-                                         const std::string& origin) {
-  const std::string problem = main_params_reduce_problem(fp32_main_params, mix_precision);
-  if (!problem.empty()) throw_config_error({origin, "optimizer.fp32_main_params"}, problem);
 }
 
 std::vector<std::string> config_warnings(const TrainerConfig& config) {

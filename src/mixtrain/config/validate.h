@@ -6,7 +6,9 @@
 // reduce dtype is never filled in on the user's behalf.
 //
 // load_config validates every file; the Trainer and optim-replay validate again the config they
-// are given, so a TrainerConfig built or changed in code is held to the same rules.
+// are given, so a TrainerConfig built or changed in code is held to the same rules. Everything
+// decidable from the config alone is checked here, not in the layers that build from it; what
+// only a build step can know is thrown there with the canonical key (core/error.h ConfigKey).
 #pragma once
 
 #include <string>
@@ -22,13 +24,6 @@ void validate_config(const TrainerConfig& config, const Provenance& provenance);
 // The same checks for a config without provenance (built in code): errors name the canonical
 // key and start with config.source_file, or "TrainerConfig (built in code)" when it is empty.
 void validate_config(const TrainerConfig& config);
-
-// RFC case 2.5 alone, for the builders that take a config piecemeal (build_optimizer,
-// shard_model): fp32_main_params needs reduce_dtype float32, set by the user. Throws ConfigError
-// "<origin>: optimizer.fp32_main_params: true requires ...".
-void require_fp32_reduce_for_main_params(bool fp32_main_params,
-                                         const MixPrecisionConfig& mix_precision,
-                                         const std::string& origin);
 
 // Settings that are valid but do less than their name says, one line each naming the keys as
 // the config's dialect spells them. Empty for most configs; the trainer logs them at start.

@@ -17,10 +17,20 @@ std::unique_ptr<TokenDataset> make_dataset(const DataConfig& config, int64_t voc
     return std::make_unique<SyntheticDataset>(vocab_size, seed, dp_rank, dp_size);
   }
   if (config.kind == "tokens") {
-    if (config.path.empty()) throw ConfigError("data.path is required when data.kind is tokens");
-    return std::make_unique<TokenFileDataset>(config.path, vocab_size, dp_rank, dp_size);
+    if (config.path.empty()) {
+      throw ConfigError(ConfigKey{"data.path"},
+                        "is required for token data (a file or a glob of shards)");
+    }
+    try {
+      return std::make_unique<TokenFileDataset>(config.path, vocab_size, dp_rank, dp_size);
+    } catch (const DataError& error) {
+      // No file, or a bad one: the user fixes the key that named them.
+      if (!error.key().empty()) throw;
+      throw DataError(ConfigKey{"data.path"}, error.what());
+    }
   }
-  throw ConfigError("data.kind: '" + config.kind + "' is not one of synthetic, tokens");
+  throw ConfigError(ConfigKey{"data.kind"},
+                    "'" + config.kind + "' is not one of synthetic, tokens");
 }
 
 Batch batch_from_windows(const std::vector<int64_t>& windows, int64_t batch_size, int64_t seq_len) {

@@ -34,9 +34,11 @@ class TokenDataset {
   virtual std::string describe() const = 0;  // one line for the log
 };
 
-// data.kind "synthetic" or "tokens" (ConfigError otherwise, or for tokens without data.path;
-// DataError for a bad token file). dp_rank/dp_size: each data-parallel rank reads a disjoint
-// part of the stream (std::invalid_argument unless 0 <= dp_rank < dp_size).
+// data.kind "synthetic" or "tokens". Errors carry the key they are about (core/error.h
+// ConfigKey): ConfigError on data.kind for another kind and on data.path for tokens without a
+// path; DataError on data.path for a pattern matching no file or a bad token file. dp_rank/dp_size:
+// each data-parallel rank reads a disjoint part of the stream (std::invalid_argument unless 0 <=
+// dp_rank < dp_size).
 std::unique_ptr<TokenDataset> make_dataset(const DataConfig& config, int64_t vocab_size,
                                            uint64_t seed, int64_t dp_rank, int64_t dp_size);
 

@@ -39,8 +39,8 @@ SyntheticDataset::SyntheticDataset(int64_t vocab_size, uint64_t seed, int64_t dp
                                    int64_t dp_size)
     : vocab_size_(vocab_size), seed_(seed), dp_rank_(dp_rank), dp_size_(dp_size) {
   if (vocab_size < 2) {
-    throw ConfigError("model.vocab_size must be >= 2 for synthetic data, got " +
-                      std::to_string(vocab_size));
+    throw std::invalid_argument("SyntheticDataset: vocab_size must be >= 2, got " +
+                                std::to_string(vocab_size));
   }
   if (dp_size < 1 || dp_rank < 0 || dp_rank >= dp_size) {
     throw std::invalid_argument("SyntheticDataset: bad dp_rank " + std::to_string(dp_rank) +

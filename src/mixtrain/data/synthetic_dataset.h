@@ -26,7 +26,7 @@ class SyntheticDataset : public TokenDataset {
   static constexpr std::array<double, kSuccessors> kSuccessorProbabilities = {0.5, 0.25, 0.15,
                                                                               0.10};
 
-  // vocab_size >= 2 (ConfigError naming model.vocab_size otherwise).
+  // vocab_size >= 2 (std::invalid_argument otherwise; validate_config refuses it first).
   SyntheticDataset(int64_t vocab_size, uint64_t seed, int64_t dp_rank, int64_t dp_size);
 
   Batch next_batch(int64_t batch_size, int64_t seq_len) override;

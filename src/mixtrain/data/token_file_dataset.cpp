@@ -42,9 +42,9 @@ std::vector<std::string> expand(const std::string& pattern) {
   }
   globfree(&matches);
   if (rc != 0 && rc != GLOB_NOMATCH) {
-    throw DataError("data.path '" + pattern + "': cannot expand the pattern");
+    throw DataError("token files '" + pattern + "': cannot expand the pattern");
   }
-  if (files.empty()) throw DataError("data.path '" + pattern + "' matches no file");
+  if (files.empty()) throw DataError("token files '" + pattern + "': the pattern matches no file");
   // Byte order, not the locale's collation: the same order on every machine.
   std::sort(files.begin(), files.end());
   return files;
@@ -104,7 +104,8 @@ std::unique_ptr<TokenFileDataset::Shard> TokenFileDataset::open_shard(const std:
   for (int64_t i = 0; i < count; ++i) {
     if (shard->tokens[i] >= vocab_size) {
       throw DataError(path + ": token " + std::to_string(shard->tokens[i]) + " at index " +
-                      std::to_string(i) + " is >= model.vocab_size " + std::to_string(vocab_size));
+                      std::to_string(i) + " is >= the vocabulary size " +
+                      std::to_string(vocab_size));
     }
   }
   return shard;
@@ -133,8 +134,8 @@ void TokenFileDataset::append_window(int64_t index, int64_t seq_len, std::vector
     layout_seq_len_ = seq_len;
   }
   if (windows_per_epoch_ == 0) {
-    throw DataError("data.path '" + path_ + "': no file holds " + std::to_string(seq_len + 1) +
-                    " tokens (data.seq_len + 1)");
+    throw DataError("token files '" + path_ + "': no file holds " + std::to_string(seq_len + 1) +
+                    " tokens (one window of seq_len + 1)");
   }
   const int64_t in_epoch = index % windows_per_epoch_;
   // The last shard whose first window is <= in_epoch (empty shards share their successor's).
@@ -160,7 +161,7 @@ Batch TokenFileDataset::next_batch(int64_t batch_size, int64_t seq_len) {
 
 void TokenFileDataset::seek(int64_t position) {
   if (position < 0 || position % dp_size_ != 0) {
-    throw DataError("data.path '" + path_ + "': cannot resume at position " +
+    throw DataError("token files '" + path_ + "': cannot resume at position " +
                     std::to_string(position) + " with " + std::to_string(dp_size_) +
                     " data-parallel ranks (it must be a non-negative multiple of the rank count)");
   }

@@ -9,6 +9,7 @@
 #include <map>
 #include <mutex>
 #include <sstream>
+#include <stdexcept>
 
 #include "mixtrain/core/error.h"
 #include "mixtrain/core/logging.h"
@@ -116,18 +117,22 @@ MeshLayout mesh_layout(int rank, int world_size, const ParallelConfig& parallel)
   const int64_t replicate = parallel.dp_replicate;
   const int64_t shard = parallel.dp_shard;
   const int64_t ep = parallel.ep;
-  if (replicate < 1)
-    throw ConfigError("parallel.dp_replicate: must be >= 1, got " + std::to_string(replicate));
-  if (shard < 1) throw ConfigError("parallel.dp_shard: must be >= 1, got " + std::to_string(shard));
-  if (ep < 1) throw ConfigError("parallel.ep: must be >= 1, got " + std::to_string(ep));
+  // validate_config and join_mesh refuse these first in the user's keys; here they are the
+  // layout's invariants.
+  if (replicate < 1 || shard < 1 || ep < 1) {
+    throw std::invalid_argument("mesh_layout: degrees must be >= 1, got replicate " +
+                                std::to_string(replicate) + ", shard " + std::to_string(shard) +
+                                ", ep " + std::to_string(ep));
+  }
   if (replicate * shard != world_size) {
-    throw ConfigError("parallel.dp_replicate x parallel.dp_shard = " + std::to_string(replicate) +
-                      " x " + std::to_string(shard) + " = " + std::to_string(replicate * shard) +
-                      " must equal the world size " + std::to_string(world_size));
+    throw std::invalid_argument("mesh_layout: replicate x shard = " + std::to_string(replicate) +
+                                " x " + std::to_string(shard) + " = " +
+                                std::to_string(replicate * shard) + " must equal the world size " +
+                                std::to_string(world_size));
   }
   if (shard % ep != 0) {
-    throw ConfigError("parallel.ep: must divide parallel.dp_shard (" + std::to_string(shard) +
-                      "), got " + std::to_string(ep));
+    throw std::invalid_argument("mesh_layout: ep " + std::to_string(ep) +
+                                " must divide the shard degree " + std::to_string(shard));
   }
   if (rank < 0 || rank >= world_size) {
     throw std::invalid_argument("mesh_layout: rank " + std::to_string(rank) + " out of range");
@@ -164,7 +169,8 @@ DeviceMesh make_single_process_mesh() {
 DeviceMesh make_device_mesh(const RankInfo& info, const ParallelConfig& parallel,
                             double timeout_s) {
   if (!(timeout_s > 0)) {
-    throw ConfigError("distributed.timeout_s: must be > 0, got " + std::to_string(timeout_s));
+    throw std::invalid_argument("make_device_mesh: timeout_s must be > 0, got " +
+                                std::to_string(timeout_s));
   }
   const MeshLayout layout = mesh_layout(info.rank, info.world_size, parallel);
   DeviceMesh mesh;

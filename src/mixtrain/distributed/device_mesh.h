@@ -38,8 +38,9 @@ struct DeviceMesh {
 // One process: every group is a LocalCollectives.
 DeviceMesh make_single_process_mesh();
 
-// Joins the job described by `rank` (see detect_rank_info). Checks first (ConfigError, before
-// any connection): every degree >= 1, world size == dp_replicate * dp_shard, ep divides
+// Joins the job described by `rank` (see detect_rank_info). Checks first (std::invalid_argument,
+// before any connection; the config's keys are validate_config's and join_mesh's to name):
+// timeout_s > 0, every degree >= 1, world size == dp_replicate * dp_shard, ep divides
 // dp_shard. Then rendezvous on a TCPStore hosted by rank 0 at MASTER_ADDR:MASTER_PORT; ranks
 // start at different times, so joining waits up to max(timeout_s, 30 s); afterwards store reads
 // and every Gloo collective time out after timeout_s. Gloo binds to the interfaces in
@@ -49,7 +50,7 @@ DeviceMesh make_single_process_mesh();
 DeviceMesh make_device_mesh(const RankInfo& rank, const ParallelConfig& parallel, double timeout_s);
 
 // The world ranks of each group kind for `rank`, in group-rank order (pure; the mesh and the
-// tests use it). Throws ConfigError on the same conditions as make_device_mesh.
+// tests use it). Throws std::invalid_argument on the same conditions as make_device_mesh.
 struct MeshLayout {
   std::vector<int> world, dp_shard, dp_replicate, ep, expert_dp;
 };

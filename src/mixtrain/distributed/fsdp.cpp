@@ -8,9 +8,7 @@
 #include <stdexcept>
 #include <utility>
 
-#include "mixtrain/config/validate.h"
 #include "mixtrain/core/dtype.h"
-#include "mixtrain/core/error.h"
 
 namespace mixtrain {
 namespace {
@@ -18,11 +16,9 @@ namespace {
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
-c10::ScalarType dtype_or_throw(const std::string& key, const std::string& name) {
+c10::ScalarType dtype_or_throw(const std::string& role, const std::string& name) {
   const auto dtype = parse_float_dtype(name);
-  if (!dtype) {
-    throw ConfigError("fsdp_config.mix_precision." + key + ": unknown dtype '" + name + "'");
-  }
+  if (!dtype) throw std::invalid_argument("shard_model: unknown " + role + " '" + name + "'");
   return *dtype;
 }
 
@@ -148,7 +144,11 @@ FullyShardedModel::FullyShardedModel(CausalLM& model, std::shared_ptr<Collective
   }
   const auto& mp = options_.mix_precision;
   // RFC case 2.5: main_grads need reduce_dtype float32 as the user set it; never filled in.
-  require_fp32_reduce_for_main_params(options_.fp32_main_params, mp, "shard_model");
+  if (options_.fp32_main_params && mp.reduce_dtype.value_or("") != "float32") {
+    throw std::invalid_argument(
+        "shard_model: fp32 main grads need reduce dtype float32, got " +
+        (mp.reduce_dtype ? "'" + *mp.reduce_dtype + "'" : std::string("none")));
+  }
   param_dtype_ = dtype_or_throw("param_dtype", mp.param_dtype);
   if (mp.reduce_dtype) reduce_dtype_ = dtype_or_throw("reduce_dtype", *mp.reduce_dtype);
   output_dtype_ = dtype_or_throw("output_dtype", mp.output_dtype);
@@ -161,9 +161,9 @@ FullyShardedModel::FullyShardedModel(CausalLM& model, std::shared_ptr<Collective
     }
     const bool expert = expert_parallel_ && is_expert_param(model, item.key());
     if (expert && p.size(0) % ep_group_->size() != 0) {
-      throw ConfigError("parallel.ep: " + std::to_string(ep_group_->size()) +
-                        " does not divide model.num_experts (" + std::to_string(p.size(0)) + ", " +
-                        item.key() + ")");
+      throw std::invalid_argument("shard_model: the ep group of " +
+                                  std::to_string(ep_group_->size()) + " does not divide the " +
+                                  std::to_string(p.size(0)) + " experts of " + item.key());
     }
     Param entry{item.key(),
                 expert ? chunk_layout(p.sizes().vec(), ep_group_->size(), ep_group_->rank())

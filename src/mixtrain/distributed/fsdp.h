@@ -15,7 +15,8 @@
 // float32, is reduce-scattered over dp_shard, all-reduced over dp_replicate (HSDP, DDP) and
 // divided by the number of data-parallel ranks (each rank's loss is a mean over its own
 // batch), then rounded to reduce_dtype (unset: kept as reduced, in float32; fp32_main_params
-// requires it set to float32, RFC case 2.5, else shard_model throws ConfigError). With
+// requires it set to float32, RFC case 2.5: validate_config refuses it in the user's keys, and
+// shard_model, given such options in code, throws std::invalid_argument). With
 // fp32_main_params: added to main_grad(name) of the attached optimizer (accumulating over
 // micro-batches) and no gradient is returned, so .grad stays empty (RFC 8.1); otherwise
 // returned in the parameter's dtype and accumulated in .grad.
@@ -165,8 +166,9 @@ class FullyShardedModel : public ParameterMaterializer {
 // dp_shard == 1; the routed experts over mesh.ep_group when mesh.ep > 1) and installs the result as
 // the model's parameter materializer. Call after apply_model_init_dtype and before building the
 // optimizer; then, with fp32_main_params, pass the optimizer to set_main_grads(). Throws
-// std::invalid_argument for a parameter of dimension 0, and ConfigError for an unknown dtype name
-// in options.mix_precision.
+// std::invalid_argument for a parameter of dimension 0, an unknown dtype name in
+// options.mix_precision, fp32_main_params without reduce dtype float32, or an expert count the
+// ep group does not divide (validate_config refuses each config that would do this first).
 std::shared_ptr<FullyShardedModel> shard_model(CausalLM& model, const DeviceMesh& mesh,
                                                const FsdpOptions& options);
 

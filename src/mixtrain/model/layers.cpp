@@ -3,7 +3,8 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <torch/torch.h>
 
-#include "mixtrain/core/error.h"
+#include <stdexcept>
+
 #include "mixtrain/core/text.h"
 #include "mixtrain/model/attention.h"
 
@@ -151,7 +152,7 @@ void init_hf_weights(torch::nn::Module& model, uint64_t seed) {
 }
 
 void require_model_key(bool ok, const std::string& key, const std::string& what) {
-  if (!ok) throw ConfigError("model." + key + ": " + what);
+  if (!ok) throw std::invalid_argument("model config: " + key + " " + what);
 }
 
 void validate_qwen2_common(const ModelConfig& c) {
@@ -160,8 +161,8 @@ void validate_qwen2_common(const ModelConfig& c) {
   require_model_key(c.num_layers > 0, "num_layers", "must be > 0");
   require_model_key(c.num_heads > 0, "num_heads", "must be > 0");
   require_model_key(c.num_kv_heads > 0 && c.num_heads % c.num_kv_heads == 0, "num_kv_heads",
-                    "must be > 0 and divide model.num_heads (" + std::to_string(c.num_heads) +
-                        "), got " + std::to_string(c.num_kv_heads));
+                    "must be > 0 and divide num_heads (" + std::to_string(c.num_heads) + "), got " +
+                        std::to_string(c.num_kv_heads));
   require_model_key(
       c.head_dim > 0 && c.head_dim % 2 == 0, "head_dim",
       "must be even and > 0 (rotary embeddings rotate pairs), got " + std::to_string(c.head_dim));

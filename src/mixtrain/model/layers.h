@@ -114,7 +114,8 @@ torch::Tensor apply_rotary_pos_emb(const torch::Tensor& x, const torch::Tensor& 
 // normal(0, 0.02) for everything else.
 void init_hf_weights(torch::nn::Module& model, uint64_t seed);
 
-// Throws ConfigError "model.<key>: <what>" unless ok (the models' own shape checks).
+// Throws std::invalid_argument "model config: <field> <what>" unless ok: the models' own shape
+// invariants. validate_config refuses each first, naming the key as the user wrote it.
 void require_model_key(bool ok, const std::string& key, const std::string& what);
 
 // The checks every Qwen2-family model needs (sizes > 0, GQA divisibility, even head_dim, ...).

@@ -86,7 +86,7 @@ class Qwen2ForCausalLM : public CausalLM {
                 "qwen2: input_ids must be int64 [batch, seq], got ", input_ids.scalar_type(), " ",
                 input_ids.sizes());
     TORCH_CHECK(input_ids.size(1) <= config_.max_seq_len, "qwen2: sequence length ",
-                input_ids.size(1), " exceeds model.max_seq_len ", config_.max_seq_len);
+                input_ids.size(1), " exceeds max_seq_len ", config_.max_seq_len);
     const auto& materializer = parameter_materializer();
     const auto hidden =
         model->forward(materializer ? materializer->cast_forward_input(input_ids) : input_ids);

@@ -26,7 +26,7 @@
 namespace mixtrain::qwen2 {
 
 // Builds a float32 model initialised from `seed` (init_hf_weights, layers.h). Throws
-// ConfigError naming the model.* key when the shapes cannot work.
+// std::invalid_argument naming the field when the shapes cannot work.
 std::shared_ptr<CausalLM> make_qwen2(const ModelConfig& config, uint64_t seed);
 
 }  // namespace mixtrain::qwen2

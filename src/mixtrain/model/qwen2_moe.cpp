@@ -7,7 +7,6 @@
 #include <utility>
 #include <vector>
 
-#include "mixtrain/core/error.h"
 #include "mixtrain/model/layers.h"
 
 namespace mixtrain::qwen2_moe {
@@ -275,7 +274,7 @@ class Qwen2MoeForCausalLM : public CausalLM {
                 "qwen2_moe: input_ids must be int64 [batch, seq], got ", input_ids.scalar_type(),
                 " ", input_ids.sizes());
     TORCH_CHECK(input_ids.size(1) <= config_.max_seq_len, "qwen2_moe: sequence length ",
-                input_ids.size(1), " exceeds model.max_seq_len ", config_.max_seq_len);
+                input_ids.size(1), " exceeds max_seq_len ", config_.max_seq_len);
     const auto& materializer = parameter_materializer();
     auto [hidden, router_logits] =
         model->forward(materializer ? materializer->cast_forward_input(input_ids) : input_ids);
@@ -323,8 +322,8 @@ void validate(const ModelConfig& c) {
   require_model_key(c.num_experts > 0, "num_experts", "must be > 0");
   require_model_key(c.num_experts_per_tok > 0 && c.num_experts_per_tok <= c.num_experts,
                     "num_experts_per_tok",
-                    "must be in [1, model.num_experts = " + std::to_string(c.num_experts) +
-                        "], got " + std::to_string(c.num_experts_per_tok));
+                    "must be in [1, num_experts = " + std::to_string(c.num_experts) + "], got " +
+                        std::to_string(c.num_experts_per_tok));
   require_model_key(c.shared_expert_intermediate_size > 0, "shared_expert_intermediate_size",
                     "must be > 0");
 }

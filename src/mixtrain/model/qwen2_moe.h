@@ -50,7 +50,7 @@ namespace mixtrain::qwen2_moe {
 
 // Builds a float32 model initialised from `seed` with a local CPU generator, HF style:
 // normal(0, 0.02) for linear, embedding and expert weights, zero biases, ones for norms.
-// Throws ConfigError naming the model.* key when the shapes cannot work (e.g. num_heads not a
+// Throws std::invalid_argument naming the field when the shapes cannot work (e.g. num_heads not a
 // multiple of num_kv_heads, num_experts_per_tok > num_experts, odd head_dim).
 std::shared_ptr<CausalLM> make_qwen2_moe(const ModelConfig& config, uint64_t seed);
 

@@ -31,7 +31,8 @@ std::shared_ptr<CausalLM> build_model(const ModelConfig& config, uint64_t seed) 
   }
   std::string known;
   for (const auto& entry : model_registry()) known += (known.empty() ? "" : ", ") + entry.name;
-  throw ConfigError("model.name: unknown model '" + config.name + "' (known: " + known + ")");
+  throw ConfigError(ConfigKey{"model.name"},
+                    "unknown model '" + config.name + "' (known: " + known + ")");
 }
 
 std::vector<std::string> registered_model_names() {

@@ -5,7 +5,8 @@
 // The model is built in float32 on the CPU and initialised deterministically from `seed` (same
 // config and seed: bit-identical parameters on every machine and run; the global RNG is neither
 // read nor advanced). model_init_dtype is applied afterwards by the caller (init_dtype.h). An
-// unknown name, or a structurally impossible config, throws ConfigError naming the model.* key.
+// unknown name throws ConfigError{ConfigKey{"model.name"}} listing the registered names
+// (core/error.h); a structurally impossible config, std::invalid_argument (layers.h).
 // The config-file rules of each model's keys are in config/model_sections.h; registry_test
 // checks that both lists name the same models.
 #pragma once

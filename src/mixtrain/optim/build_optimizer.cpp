@@ -4,7 +4,6 @@
 #include <stdexcept>
 #include <unordered_map>
 
-#include "mixtrain/config/validate.h"
 #include "mixtrain/core/error.h"
 #include "mixtrain/core/logging.h"
 #include "mixtrain/optim/chained_optimizer.h"
@@ -37,8 +36,6 @@ std::unique_ptr<TrainingOptimizer> build_optimizer(
     const std::vector<std::pair<std::string, at::Tensor>>& named_params,
     const TrainerConfig& config) {
   const OptimizerConfig& optimizer = config.optimizer;
-  require_fp32_reduce_for_main_params(optimizer.fp32_main_params, config.mix_precision,
-                                      "build_optimizer");
   std::vector<RouteEntry> routes = route_parameters(named_params, optimizer);
   if (routes.empty())
     throw std::invalid_argument("build_optimizer: the model has no trainable parameters");
@@ -51,9 +48,10 @@ std::unique_ptr<TrainingOptimizer> build_optimizer(
   std::map<std::string, LeafGroups> leaves;  // by table entry name
   for (const auto& route : routes) {
     if (route.dtype == at::kHalf && !optimizer.fp32_main_params)
-      throw ConfigError("optimizer.fp32_main_params: parameter '" + route.name +
-                        "' is float16, which needs fp32 main params and loss scaling; set "
-                        "optimizer.fp32_main_params: true (or use bfloat16/float32)");
+      throw ConfigError(ConfigKey{"optimizer.fp32_main_params"},
+                        "parameter '" + route.name +
+                            "' is float16, which needs fp32 main params and loss scaling; set it "
+                            "to true (or use bfloat16/float32)");
     add_to_groups(leaves[route.optimizer], route, by_name.at(route.name));
   }
 

@@ -4,8 +4,9 @@
 //   order -> ChainedOptimizer -> MixedPrecisionOptimizer
 //   iff optimizer.fp32_main_params.
 // Logs the routing table with log_info. float16 params without fp32_main_params are a
-// ConfigError: float16 needs fp32 main params and loss scaling (docs/architecture.md §6); so
-// is fp32_main_params without fsdp_config.mix_precision.reduce_dtype: float32 (RFC case 2.5).
+// ConfigError on optimizer.fp32_main_params (core/error.h ConfigKey): float16 needs fp32 main
+// params and loss scaling (docs/architecture.md §6). The config's own rules (RFC case 2.5
+// among them) are validate_config's; callers validate first.
 #pragma once
 
 #include <ATen/core/Tensor.h>

@@ -5,8 +5,6 @@
 #include <stdexcept>
 #include <string>
 
-#include "mixtrain/core/error.h"
-
 namespace mixtrain {
 namespace {
 constexpr double kPi = 3.14159265358979323846;
@@ -17,13 +15,14 @@ LrSchedule::LrSchedule(const LrSchedulerConfig& config, int64_t total_steps)
       total_steps_(total_steps),
       min_lr_ratio_(config.min_lr_ratio),
       decay_(Decay::kConstant) {
+  // validate_config refuses these in the user's keys; here they are the class's invariants.
   if (config.warmup_steps < 0) {
-    throw ConfigError("train.lr_scheduler.warmup_steps must be >= 0, got " +
-                      std::to_string(config.warmup_steps));
+    throw std::invalid_argument("LrSchedule: warmup_steps must be >= 0, got " +
+                                std::to_string(config.warmup_steps));
   }
   if (!(config.min_lr_ratio >= 0.0 && config.min_lr_ratio <= 1.0)) {
-    throw ConfigError("train.lr_scheduler.min_lr_ratio must be in [0, 1], got " +
-                      std::to_string(config.min_lr_ratio));
+    throw std::invalid_argument("LrSchedule: min_lr_ratio must be in [0, 1], got " +
+                                std::to_string(config.min_lr_ratio));
   }
   if (config.decay == "constant") {
     decay_ = Decay::kConstant;
@@ -32,11 +31,12 @@ LrSchedule::LrSchedule(const LrSchedulerConfig& config, int64_t total_steps)
   } else if (config.decay == "cosine") {
     decay_ = Decay::kCosine;
   } else {
-    throw ConfigError("train.lr_scheduler.decay: '" + config.decay +
-                      "' is not one of constant, linear, cosine");
+    throw std::invalid_argument("LrSchedule: decay '" + config.decay +
+                                "' is not one of constant, linear, cosine");
   }
   if (total_steps < 1) {
-    throw ConfigError("train.steps must be >= 1, got " + std::to_string(total_steps));
+    throw std::invalid_argument("LrSchedule: total_steps must be >= 1, got " +
+                                std::to_string(total_steps));
   }
 }
 

@@ -16,8 +16,8 @@ namespace mixtrain {
 
 class LrSchedule {
  public:
-  // Throws ConfigError for warmup_steps < 0, min_lr_ratio outside [0, 1], an unknown decay or
-  // total_steps < 1 (naming the train.lr_scheduler key).
+  // Throws std::invalid_argument for warmup_steps < 0, min_lr_ratio outside [0, 1], an unknown
+  // decay or total_steps < 1 (validate_config refuses each first, naming the user's key).
   LrSchedule(const LrSchedulerConfig& config, int64_t total_steps);
 
   // Throws std::invalid_argument for step < 1.

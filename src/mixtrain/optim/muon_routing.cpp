@@ -47,7 +47,7 @@ std::string route_muon(const std::string& lowered_name, int64_t ndim,
 }
 
 std::string none_routed_to_muon(const OptimizerConfig& config) {
-  return "optimizer._target_: Muon, but no trainable parameter is routed to Muon (" +
+  return "Muon, but no trainable parameter is routed to Muon (" +
          std::string(config.routing == "yaml"
                          ? "yaml rule: ndim >= 2 and the name contains none of embed, lm_head, "
                            "out_head, out_proj.bias or a muon_adamw_keywords entry"

@@ -104,8 +104,8 @@ const OptimizerTableEntry& optimizer_for_target(const std::string& target) {
     if (entry.target == target) return entry;
     targets += (targets.empty() ? "" : ", ") + entry.target;
   }
-  throw ConfigError("optimizer._target_: unknown optimizer '" + target + "' (expected " + targets +
-                    ")");
+  throw ConfigError(ConfigKey{"optimizer._target_"},
+                    "unknown optimizer '" + target + "' (expected " + targets + ")");
 }
 
 const OptimizerTableEntry& optimizer_named(const std::string& name) {

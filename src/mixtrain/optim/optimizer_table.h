@@ -31,8 +31,8 @@ struct LeafParamGroup {
 };
 
 // For a target that splits the parameters: the entry name for a parameter (lower-cased name,
-// ndim) under the config's routing dialect, and the ConfigError text when it routes none to
-// the target itself.
+// ndim) under the config's routing dialect, and the problem (without a key name) when it routes
+// none to the target itself; route_parameters throws it on optimizer._target_.
 struct RoutingRule {
   std::string (*route)(const std::string& lowered_name, int64_t ndim,
                        const OptimizerConfig& config);
@@ -62,7 +62,8 @@ struct OptimizerTableEntry {
 // Every entry, in build order (leaves are chained in this order).
 const std::vector<OptimizerTableEntry>& optimizer_table();
 
-// The entry selected by optimizer._target_; ConfigError naming the key and the valid targets.
+// The entry selected by optimizer._target_; else ConfigError on ConfigKey optimizer._target_
+// listing the table's targets (the table is the one list; config/ cannot see it).
 const OptimizerTableEntry& optimizer_for_target(const std::string& target);
 // The entry of a leaf name ("adamw"); std::invalid_argument for an unknown one.
 const OptimizerTableEntry& optimizer_named(const std::string& name);

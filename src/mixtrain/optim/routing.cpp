@@ -32,8 +32,8 @@ std::vector<RouteEntry> route_parameters(
     const OptimizerConfig& config) {
   const OptimizerTableEntry& target = optimizer_for_target(config.target);
   if (config.routing != "yaml" && config.routing != "toml")
-    throw ConfigError("optimizer.routing: unknown routing dialect '" + config.routing +
-                      "' (expected yaml or toml)");
+    throw ConfigError(ConfigKey{"optimizer.routing"},
+                      "unknown routing dialect '" + config.routing + "' (expected yaml or toml)");
   const bool yaml = config.routing == "yaml";
 
   std::vector<RouteEntry> routes;
@@ -56,7 +56,8 @@ std::vector<RouteEntry> route_parameters(
                              : entry.weight_decay(config);
     routes.push_back(std::move(route));
   }
-  if (target.rule != nullptr && !any_to_target) throw ConfigError(target.rule->none_routed(config));
+  if (target.rule != nullptr && !any_to_target)
+    throw ConfigError(ConfigKey{"optimizer._target_"}, target.rule->none_routed(config));
   return routes;
 }
 

@@ -32,8 +32,9 @@ struct RouteEntry {
   double weight_decay;
 };
 
-// One entry per trainable parameter, in model order. Throws ConfigError for an unknown
-// target or routing dialect, and for a Muon target with no Muon parameter.
+// One entry per trainable parameter, in model order. Throws ConfigError carrying the key
+// (core/error.h ConfigKey) for an unknown target or routing dialect (optimizer._target_,
+// optimizer.routing), and for a Muon target with no Muon parameter (optimizer._target_).
 std::vector<RouteEntry> route_parameters(
     const std::vector<std::pair<std::string, at::Tensor>>& named_params,
     const OptimizerConfig& config);

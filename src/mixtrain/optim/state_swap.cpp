@@ -63,7 +63,7 @@ SwapFile::SwapFile(std::string path) : path_(std::move(path)) {
   fd_ = ::open(path_.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
   if (fd_ < 0) {
     throw UserError("swap optimizer: cannot create the swap file " + path_ + ": " + errno_text() +
-                    " (optimizer.swap_dir must be a writable directory)");
+                    " (the swap directory must be writable)");
   }
 }
 

@@ -252,9 +252,13 @@ int64_t restore_checkpoint(const CheckpointParts& parts, const std::string& rest
     }
   }
   if (restore_optimizer && !saved_state.optimizer_saved) {
+    // The remedy in the dialect of the config being run (TOML's key is the negation).
+    const std::string model_only = parts.resolved.config.dialect == "toml"
+                                       ? "checkpoint.initial_load_model_only = true"
+                                       : "checkpoint.restore_optimizer: false";
     problems.push_back(
-        "it has no optimizer state (saved with checkpoint.save_optimizer: false); set "
-        "checkpoint.restore_optimizer: false to restore the model only");
+        "it has no optimizer state (saved with checkpoint.save_optimizer: false); set " +
+        model_only + " to restore the model only");
   }
   agree_or_throw(parts.mesh, dir, problems);
 

@@ -57,33 +57,48 @@ double gradient_reduce_seconds(const CollectiveStats& span) {
   return span[CollectiveOp::kReduceScatter].seconds + span[CollectiveOp::kAllReduce].seconds;
 }
 
-// What this build cannot train is refused up front with the key that asks for it, never
-// approximated.
+// What this build cannot train (a valid config, as `config show` shows it) is refused up front
+// on the key that asks for it, never approximated.
 void refuse_unsupported(const TrainerConfig& config, c10::ScalarType model_dtype) {
-  auto refuse = [&](const std::string& key, const std::string& why) {
-    throw ConfigError(config.source_file + ": " + key + ": " + why);
-  };
-  if (model_dtype == c10::kHalf && !config.optimizer.fp32_main_params)
-    refuse("optimizer.fp32_main_params",
-           "float16 models need fp32 main params and loss scaling; set it to true");
+  if (model_dtype == c10::kHalf && !config.optimizer.fp32_main_params) {
+    throw ConfigError(ConfigKey{"optimizer.fp32_main_params"},
+                      "float16 models need fp32 main params and loss scaling; set it to true");
+  }
+}
+
+// The rules of validate_config, in the user's keys when the config came from a file (a config
+// built in code has no provenance: canonical keys).
+void validate(const ResolvedConfig& resolved) {
+  if (resolved.provenance.file.empty()) {
+    validate_config(resolved.config);
+  } else {
+    validate_config(resolved.config, resolved.provenance);
+  }
 }
 
 // optimizer.swap_optimizer: this rank's state file under optimizer.swap_dir (default
-// <run_dir>/swap).
+// <run_dir>/swap). A directory or file that cannot be made is an error on optimizer.swap_dir.
 std::unique_ptr<StateSwap> make_state_swap(const OptimizerConfig& config,
                                            const std::string& run_dir, int rank) {
+  const ConfigKey key{"optimizer.swap_dir"};
   const std::filesystem::path dir = config.swap_dir.empty()
                                         ? std::filesystem::path(run_dir) / "swap"
                                         : std::filesystem::path(config.swap_dir);
   std::error_code error;
   std::filesystem::create_directories(dir, error);
   if (error) {
-    throw UserError("swap optimizer: cannot create optimizer.swap_dir " + dir.string() + ": " +
-                    error.message());
+    throw UserError(key, "swap optimizer: cannot create the directory " + dir.string() + ": " +
+                             error.message());
   }
   const std::string path =
       (dir / ("optimizer_state.rank" + std::to_string(rank) + ".swap")).string();
-  return std::make_unique<StateSwap>(path, config.swap_bucket_mb << 20, config.swap_merge_buckets);
+  try {
+    return std::make_unique<StateSwap>(path, config.swap_bucket_mb << 20,
+                                       config.swap_merge_buckets);
+  } catch (const UserError& failure) {
+    if (!failure.key().empty()) throw;
+    throw UserError(key, failure.what(), failure.exit_code());
+  }
 }
 
 c10::ScalarType model_dtype_of(const TrainerConfig& config) {
@@ -135,8 +150,15 @@ StepLoss accumulate_gradients(CausalLM& model, TokenDataset& data, const Trainer
 
 DeviceMesh join_mesh(const TrainerConfig& config) {
   RankInfo rank = detect_rank_info();
-  if (rank.world_size == 1 && config.parallel.dp_shard * config.parallel.dp_replicate == 1) {
-    return make_single_process_mesh();
+  const int64_t degrees = config.parallel.dp_shard * config.parallel.dp_replicate;
+  if (rank.world_size == 1 && degrees == 1) return make_single_process_mesh();
+  // The one degree rule only the launched job can check (validate_config has the others).
+  if (degrees != rank.world_size) {
+    throw ConfigError(ConfigKey{"parallel.dp_shard"},
+                      std::to_string(config.parallel.dp_shard) + " x the replicate degree " +
+                          std::to_string(config.parallel.dp_replicate) + " = " +
+                          std::to_string(degrees) + " ranks, but the launcher started " +
+                          std::to_string(rank.world_size));
   }
   set_log_rank(rank.rank);
   return make_device_mesh(rank, config.parallel, config.distributed.timeout_s);
@@ -145,7 +167,7 @@ DeviceMesh join_mesh(const TrainerConfig& config) {
 Trainer::Trainer(const ResolvedConfig& resolved, const DeviceMesh& mesh, const std::string& run_dir)
     : resolved_(resolved), mesh_(mesh), run_dir_(run_dir) {
   const TrainerConfig& config = resolved_.config;
-  validate_config(config);  // also a config built in code (RFC case 2.5 on every entry point)
+  validate(resolved_);  // also a config built in code (RFC case 2.5 on every entry point)
   const c10::ScalarType model_dtype = model_dtype_of(config);
   refuse_unsupported(config, model_dtype);
   const bool is_rank0 = mesh_.rank == 0;
@@ -282,7 +304,7 @@ static bool any_rank_interrupted(const DeviceMesh& mesh) {
 
 TrainSummary run_training(const ResolvedConfig& resolved, const TrainOptions& options) {
   const TrainerConfig& config = resolved.config;
-  validate_config(config);  // before any process group exists
+  validate(resolved);  // before any process group exists
   refuse_unsupported(config, model_dtype_of(config));
   // Before the run's first tensor: buffers allocated earlier return to their own allocator.
   if (config.train.cpu_allocator == "caching") install_caching_cpu_allocator();

@@ -328,21 +328,6 @@ TEST(ValidateTest, ConfigBuiltInCodeIsValidatedToo) {
             "run.yaml: data.seq_len: must be > 0, got 0");
 }
 
-TEST(ValidateTest, RequireFp32ReduceForMainParams) {
-  MixPrecisionConfig mp;
-  EXPECT_NO_THROW(require_fp32_reduce_for_main_params(false, mp, "x"));
-  EXPECT_EQ(config_error_of([&] { require_fp32_reduce_for_main_params(true, mp, "x"); }),
-            "x: optimizer.fp32_main_params: true requires fsdp_config.mix_precision.reduce_dtype: "
-            "float32 (it is not set); set it explicitly, it is never changed automatically");
-  mp.reduce_dtype = "float16";
-  EXPECT_NE(config_error_of([&] {
-              require_fp32_reduce_for_main_params(true, mp, "x");
-            }).find("(it is float16)"),
-            std::string::npos);
-  mp.reduce_dtype = "float32";
-  EXPECT_NO_THROW(require_fp32_reduce_for_main_params(true, mp, "x"));
-}
-
 // hybrid runs the legacy coefficients for its first 8 steps: with muon_ns_steps <= 8 it is plain
 // legacy, which is legal but worth one warning naming both keys in the config's dialect.
 TEST(ValidateTest, HybridWithEightStepsOrFewerWarns) {
@@ -381,6 +366,31 @@ TEST(ValidateTest, HybridWithEightStepsOrFewerWarns) {
   TrainerConfig adamw = load_config(dir.write("h.yaml", yaml), {}).config;
   adamw.optimizer.target = "AdamW";
   EXPECT_TRUE(config_warnings(adamw).empty());
+}
+
+// Checks that lived in the layers below config/ (LrSchedule, SyntheticDataset, DeviceMesh,
+// the models, the trainer) until issue 14.3: here they name the key as the user wrote it.
+TEST(ValidateTest, ChecksMovedFromTheBuildersSpeakTheUsersDialect) {
+  // LrSchedule's warmup (the TOML key has the same name: [lr_scheduler] warmup_steps).
+  EXPECT_EQ(toml_error("[lr_scheduler]\nwarmup_steps = -3\n"),
+            "lr_scheduler.warmup_steps: must be >= 0, got -3");
+  // SyntheticDataset draws successors from the other tokens: it needs two.
+  EXPECT_EQ(toml_error("[model]\nvocab_size = 1\n"),
+            "model.vocab_size: must be >= 2 for synthetic data, got 1");
+  EXPECT_EQ(yaml_error("model:\n  vocab_size: 1\n"),
+            "model.vocab_size: must be >= 2 for synthetic data, got 1");
+  expect_valid("c.yaml", "model:\n  vocab_size: 1\ndata:\n  kind: tokens\n  path: a.bin\n");
+  // DeviceMesh's degree and timeout rules, and the models' shape rules, in TOML keys.
+  EXPECT_EQ(toml_error("[parallelism]\ndata_parallel_replicate_degree = 0\n"),
+            "parallelism.data_parallel_replicate_degree: must be > 0, got 0");
+  EXPECT_EQ(toml_error("[parallelism]\nexpert_parallel_degree = 0\n"),
+            "parallelism.expert_parallel_degree: must be > 0, got 0");
+  EXPECT_EQ(toml_error("[model]\nnum_experts_per_tok = 5\n"),
+            "model.num_experts_per_tok: must be <= model.num_experts (4), got 5");
+  EXPECT_EQ(toml_error("[model]\nname = \"llama\"\n"),
+            "model.name: must be one of qwen2_moe, qwen2, got 'llama'");
+  EXPECT_EQ(toml_error("[training]\ndataset = \"web\"\n"),
+            "training.dataset: must be one of synthetic, tokens, got 'web'");
 }
 
 TEST(ValidateTest, OverriddenValuesAreReportedAsSet) {

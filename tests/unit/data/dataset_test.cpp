@@ -57,12 +57,31 @@ TEST(DatasetTest, BadKindOrMissingPathIsAConfigError) {
     FAIL() << "expected ConfigError";
   } catch (const ConfigError& e) {
     EXPECT_NE(std::string(e.what()).find("data.kind"), std::string::npos);
+    EXPECT_EQ(e.key(), "data.kind");  // for the CLI to spell as the user did
+    EXPECT_EQ(e.problem(), "'text' is not one of synthetic, tokens");
   }
   try {
     make_dataset(config("tokens"), 512, 1, 0, 1);
     FAIL() << "expected ConfigError";
   } catch (const ConfigError& e) {
     EXPECT_NE(std::string(e.what()).find("data.path"), std::string::npos);
+    EXPECT_EQ(e.key(), "data.path");
+  }
+}
+
+// A pattern matching no file is known only when the files are looked for: a DataError (exit
+// code 1) about data.path, the key apart from the problem.
+TEST(DatasetTest, TokenFilesThatCannotBeOpenedAreErrorsOnDataPath) {
+  DataConfig tokens = config("tokens");
+  tokens.path = (fs::temp_directory_path() / "mixtrain_no_such_shard_*.bin").string();
+  try {
+    make_dataset(tokens, 512, 1, 0, 1);
+    FAIL() << "expected DataError";
+  } catch (const DataError& e) {
+    EXPECT_EQ(e.exit_code(), 1);
+    EXPECT_EQ(e.key(), "data.path");
+    EXPECT_EQ(e.problem(), "token files '" + tokens.path + "': the pattern matches no file");
+    EXPECT_EQ(std::string(e.what()), "data.path: " + e.problem());
   }
 }
 

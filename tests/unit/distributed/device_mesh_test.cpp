@@ -1,14 +1,14 @@
 // Mesh group membership against the row-major formula r = replicate_index * dp_shard +
 // shard_index, both as a pure layout and on real Gloo groups (each group all-gathers its
-// members' world ranks); the configuration errors raised before any connection.
+// members' world ranks); the layout errors raised before any connection.
 #include "mixtrain/distributed/device_mesh.h"
 
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
 #include <set>
+#include <stdexcept>
 
-#include "mixtrain/core/error.h"
 #include "support/multiprocess.h"
 
 namespace mixtrain {
@@ -72,31 +72,32 @@ TEST(DeviceMeshTest, LayoutMatchesTheRowMajorFormula) {
   EXPECT_EQ(row.expert_dp, (std::vector<int>{0, 2}));
 }
 
-std::string config_error(int world, const ParallelConfig& p) {
+std::string layout_error(int world, const ParallelConfig& p) {
   try {
     RankInfo info;
     info.world_size = world;
     make_device_mesh(info, p, 60);
-  } catch (const ConfigError& error) {
+  } catch (const std::invalid_argument& error) {
     return error.what();
   }
   return "(no error)";
 }
 
-TEST(DeviceMeshTest, ConfigErrorsComeBeforeAnyConnection) {
+// The mesh's invariants, without config key names (validate_config names the keys, join_mesh the
+// world-size rule: trainer_test.cpp).
+TEST(DeviceMeshTest, LayoutErrorsComeBeforeAnyConnection) {
   // Rank 0 of a world of 4 would host the store: it fails at once instead.
-  EXPECT_EQ(config_error(4, degrees(1, 2, 1)),
-            "parallel.dp_replicate x parallel.dp_shard = 1 x 2 = 2 must equal the world size 4");
-  EXPECT_EQ(config_error(2, degrees(2, 2, 1)),
-            "parallel.dp_replicate x parallel.dp_shard = 2 x 2 = 4 must equal the world size 2");
-  EXPECT_EQ(config_error(4, degrees(2, 2, 4)),
-            "parallel.ep: must divide parallel.dp_shard (2), got 4");
-  EXPECT_EQ(config_error(3, degrees(1, 3, 2)),
-            "parallel.ep: must divide parallel.dp_shard (3), got 2");
-  EXPECT_EQ(config_error(1, degrees(0, 1, 1)), "parallel.dp_replicate: must be >= 1, got 0");
+  EXPECT_EQ(layout_error(4, degrees(1, 2, 1)),
+            "mesh_layout: replicate x shard = 1 x 2 = 2 must equal the world size 4");
+  EXPECT_EQ(layout_error(2, degrees(2, 2, 1)),
+            "mesh_layout: replicate x shard = 2 x 2 = 4 must equal the world size 2");
+  EXPECT_EQ(layout_error(4, degrees(2, 2, 4)), "mesh_layout: ep 4 must divide the shard degree 2");
+  EXPECT_EQ(layout_error(3, degrees(1, 3, 2)), "mesh_layout: ep 2 must divide the shard degree 3");
+  EXPECT_EQ(layout_error(1, degrees(0, 1, 1)),
+            "mesh_layout: degrees must be >= 1, got replicate 0, shard 1, ep 1");
   RankInfo info;
   info.world_size = 2;
-  EXPECT_THROW(make_device_mesh(info, degrees(1, 2, 1), 0), ConfigError);
+  EXPECT_THROW(make_device_mesh(info, degrees(1, 2, 1), 0), std::invalid_argument);
 }
 
 TEST(DeviceMeshTest, SingleProcessMeshIsLocal) {

@@ -46,6 +46,9 @@ TEST(OptimizerTable, UnknownTargetNamesTheKey) {
     const std::string text = error.what();
     EXPECT_NE(text.find("optimizer._target_"), std::string::npos) << text;
     EXPECT_NE(text.find("SGD"), std::string::npos) << text;
+    // The key apart from the problem, for the CLI to spell in the user's dialect.
+    EXPECT_EQ(error.key(), "optimizer._target_");
+    EXPECT_EQ(error.problem(), "unknown optimizer 'Lion' (expected AdamW, Muon, SGD)");
   }
   EXPECT_THROW(optimizer_named("lion"), std::invalid_argument);
 }

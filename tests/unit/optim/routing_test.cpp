@@ -207,6 +207,9 @@ TEST(Routing, MuonTargetThatRoutesNothingToMuonIsAConfigError) {
     } catch (const ConfigError& error) {
       EXPECT_NE(std::string(error.what()).find("optimizer._target_"), std::string::npos)
           << error.what();
+      EXPECT_EQ(error.key(), "optimizer._target_");
+      EXPECT_EQ(error.problem().rfind("Muon, but no trainable parameter is routed to Muon", 0), 0u)
+          << error.problem();
     }
   }
 }

@@ -4,6 +4,7 @@
 #include "mixtrain/trainer/trainer.h"
 
 #include <gtest/gtest.h>
+#include <stdlib.h>
 #include <unistd.h>
 
 #include <cmath>
@@ -90,6 +91,67 @@ TEST_F(TrainerTest, ConfigBuiltInCodeWithoutReduceDtypeIsRefused) {
   }
   EXPECT_FALSE(std::filesystem::exists(dir_ / "run"));
   EXPECT_FALSE(resolved.config.mix_precision.reduce_dtype.has_value());
+}
+
+// Refusals only a build step can make carry the canonical key apart from the problem
+// (core/error.h ConfigKey); the CLI spells the key as the user wrote it (cli_test.cpp).
+TEST_F(TrainerTest, BuildStepRefusalsCarryTheCanonicalKey) {
+  // float16 without fp32 main params: a valid config this build cannot train.
+  ResolvedConfig half;
+  half.config = built_in_code();
+  half.config.model_init_dtype = "float16";
+  half.config.optimizer.fp32_main_params = false;
+  TrainOptions options;
+  options.run_dir = (dir_ / "run").string();
+  try {
+    run_training(half, options);
+    ADD_FAILURE() << "a float16 model without fp32 main params was accepted";
+  } catch (const ConfigError& error) {
+    EXPECT_EQ(error.key(), "optimizer.fp32_main_params");
+    EXPECT_EQ(error.problem(),
+              "float16 models need fp32 main params and loss scaling; set it to true");
+  }
+  EXPECT_FALSE(std::filesystem::exists(dir_ / "run"));
+
+  // A swap directory that cannot be made (its parent is a file): exit code 1, on swap_dir.
+  ResolvedConfig swap;
+  swap.config = built_in_code();
+  swap.config.mix_precision.reduce_dtype = "float32";
+  swap.config.optimizer.swap_optimizer = true;
+  std::ofstream(dir_ / "a_file") << "x";
+  swap.config.optimizer.swap_dir = (dir_ / "a_file" / "swap").string();
+  try {
+    Trainer trainer(swap, mesh_, dir_.string());
+    ADD_FAILURE() << "a swap_dir under a file was accepted";
+  } catch (const UserError& error) {
+    EXPECT_EQ(error.exit_code(), 1);
+    EXPECT_EQ(error.key(), "optimizer.swap_dir");
+    EXPECT_EQ(error.problem().rfind("swap optimizer: cannot create the directory " +
+                                        swap.config.optimizer.swap_dir + ": ",
+                                    0),
+              0u)
+        << error.problem();
+  }
+}
+
+// The launched world must be dp_replicate x dp_shard ranks: known only from the launcher's
+// variables, so join_mesh refuses it, on parallel.dp_shard, before any connection.
+TEST_F(TrainerTest, WorldSizeOtherThanTheDegreesIsRefusedOnDpShard) {
+  setenv("RANK", "0", 1);
+  setenv("WORLD_SIZE", "4", 1);
+  TrainerConfig config = built_in_code();
+  config.parallel.dp_shard = 2;
+  std::string key, problem;
+  try {
+    join_mesh(config);
+  } catch (const ConfigError& error) {
+    key = error.key();
+    problem = error.problem();
+  }
+  unsetenv("RANK");
+  unsetenv("WORLD_SIZE");
+  EXPECT_EQ(key, "parallel.dp_shard");
+  EXPECT_EQ(problem, "2 x the replicate degree 1 = 2 ranks, but the launcher started 4");
 }
 
 // Two steps each, one trainer after the other (each seeds the global generator when built).

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "mixtrain/config/document.h"
+#include "mixtrain/config/load.h"
 #include "mixtrain/config/model_sections.h"
 #include "mixtrain/config/schema.h"
 
@@ -263,6 +264,14 @@ void validate_config(const TrainerConfig& config) {
   provenance.file =
       config.source_file.empty() ? "TrainerConfig (built in code)" : config.source_file;
   validate_config(config, provenance);
+}
+
+void validate_config(const ResolvedConfig& resolved) {
+  if (resolved.provenance.file.empty()) {
+    validate_config(resolved.config);
+  } else {
+    validate_config(resolved.config, resolved.provenance);
+  }
 }
 
 std::vector<std::string> config_warnings(const TrainerConfig& config) {

@@ -25,6 +25,11 @@ void validate_config(const TrainerConfig& config, const Provenance& provenance);
 // key and start with config.source_file, or "TrainerConfig (built in code)" when it is empty.
 void validate_config(const TrainerConfig& config);
 
+// A loaded config (possibly changed in code since): its provenance spells the keys as the user
+// wrote them; one built in code (empty provenance) gets the canonical keys as above.
+struct ResolvedConfig;
+void validate_config(const ResolvedConfig& resolved);
+
 // Settings that are valid but do less than their name says, one line each naming the keys as
 // the config's dialect spells them. Empty for most configs; the trainer logs them at start.
 std::vector<std::string> config_warnings(const TrainerConfig& config);

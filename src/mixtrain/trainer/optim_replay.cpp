@@ -153,7 +153,7 @@ ReplayLayout join_replay_mesh(const TrainerConfig& config) {
 
 int64_t run_optim_replay(const ResolvedConfig& resolved, const ReplayPaths& paths) {
   const TrainerConfig& config = resolved.config;
-  validate_config(config);  // also a config built in code, before any process group exists
+  validate_config(resolved);  // also a config built in code, before any process group exists
   ReplayLayout layout = join_replay_mesh(config);
   NamedTensors full_params = read_params(paths.params);
   GradsByStep grads = read_grads(paths.grads, full_params);

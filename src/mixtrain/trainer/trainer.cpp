@@ -66,16 +66,6 @@ void refuse_unsupported(const TrainerConfig& config, c10::ScalarType model_dtype
   }
 }
 
-// The rules of validate_config, in the user's keys when the config came from a file (a config
-// built in code has no provenance: canonical keys).
-void validate(const ResolvedConfig& resolved) {
-  if (resolved.provenance.file.empty()) {
-    validate_config(resolved.config);
-  } else {
-    validate_config(resolved.config, resolved.provenance);
-  }
-}
-
 // optimizer.swap_optimizer: this rank's state file under optimizer.swap_dir (default
 // <run_dir>/swap). A directory or file that cannot be made is an error on optimizer.swap_dir.
 std::unique_ptr<StateSwap> make_state_swap(const OptimizerConfig& config,
@@ -167,7 +157,7 @@ DeviceMesh join_mesh(const TrainerConfig& config) {
 Trainer::Trainer(const ResolvedConfig& resolved, const DeviceMesh& mesh, const std::string& run_dir)
     : resolved_(resolved), mesh_(mesh), run_dir_(run_dir) {
   const TrainerConfig& config = resolved_.config;
-  validate(resolved_);  // also a config built in code (RFC case 2.5 on every entry point)
+  validate_config(resolved_);  // also a config built in code (RFC case 2.5 on every entry point)
   const c10::ScalarType model_dtype = model_dtype_of(config);
   refuse_unsupported(config, model_dtype);
   const bool is_rank0 = mesh_.rank == 0;
@@ -304,7 +294,7 @@ static bool any_rank_interrupted(const DeviceMesh& mesh) {
 
 TrainSummary run_training(const ResolvedConfig& resolved, const TrainOptions& options) {
   const TrainerConfig& config = resolved.config;
-  validate(resolved);  // before any process group exists
+  validate_config(resolved);  // before any process group exists
   refuse_unsupported(config, model_dtype_of(config));
   // Before the run's first tensor: buffers allocated earlier return to their own allocator.
   if (config.train.cpu_allocator == "caching") install_caching_cpu_allocator();

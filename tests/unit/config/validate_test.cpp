@@ -328,6 +328,22 @@ TEST(ValidateTest, ConfigBuiltInCodeIsValidatedToo) {
             "run.yaml: data.seq_len: must be > 0, got 0");
 }
 
+// The Trainer and optim-replay validate the ResolvedConfig they are given: a loaded one, even
+// changed in code since, keeps the user's spelling; one built in code names canonical keys.
+TEST(ValidateTest, ResolvedConfigKeepsTheUsersSpelling) {
+  TempDir dir;
+  const std::string path = dir.write("c.toml", "[training]\nsteps = 5\n");
+  ResolvedConfig loaded = load_config(path, {});
+  EXPECT_NO_THROW(validate_config(loaded));
+  loaded.config.train.lr_scheduler.warmup_steps = -1;
+  EXPECT_EQ(config_error_of([&] { validate_config(loaded); }),
+            path + ": lr_scheduler.warmup_steps: must be >= 0, got -1");
+  ResolvedConfig built;
+  built.config.train.lr_scheduler.warmup_steps = -1;
+  EXPECT_EQ(config_error_of([&] { validate_config(built); }),
+            "TrainerConfig (built in code): train.lr_scheduler.warmup_steps: must be >= 0, got -1");
+}
+
 // hybrid runs the legacy coefficients for its first 8 steps: with muon_ns_steps <= 8 it is plain
 // legacy, which is legal but worth one warning naming both keys in the config's dialect.
 TEST(ValidateTest, HybridWithEightStepsOrFewerWarns) {

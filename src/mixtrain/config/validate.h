@@ -1,7 +1,7 @@
 // Range and cross-key checks on a translated TrainerConfig, run before anything is built.
 //
 // The first violation throws ConfigError "<file or --set>: <key>: <rule>, got <value>", with the
-// key spelled as the user wrote it (TOML keys for TOML files). The RFC's case 2.5 is here:
+// key spelled as the user wrote it (TOML keys for TOML files). fp32-main-params §2.5 is here:
 // fp32_main_params: true requires fsdp_config.mix_precision.reduce_dtype: float32, and the
 // reduce dtype is never filled in on the user's behalf.
 //
@@ -23,7 +23,7 @@ void validate_config(const TrainerConfig& config, const Provenance& provenance);
 // key and start with config.source_file, or "TrainerConfig (built in code)" when it is empty.
 void validate_config(const TrainerConfig& config);
 
-// RFC case 2.5 alone, for the builders that take a config piecemeal (build_optimizer,
+// fp32-main-params §2.5 alone, for the builders that take a config piecemeal (build_optimizer,
 // shard_model): fp32_main_params needs reduce_dtype float32, set by the user. Throws ConfigError
 // "<origin>: optimizer.fp32_main_params: true requires ...".
 void require_fp32_reduce_for_main_params(bool fp32_main_params,

@@ -1,11 +1,12 @@
-// Builds the optimizer stack from the config, in the RFC 7.2 order:
+// Builds the optimizer stack from the config, in the fp32-main-params §7.2 order:
 //   route_parameters -> one leaf per optimizer-table entry that got parameters, in table order,
 //   made by the entry's make() with one param group per distinct (lr, weight_decay), in model
 //   order -> ChainedOptimizer -> MixedPrecisionOptimizer
 //   iff optimizer.fp32_main_params.
 // Logs the routing table with log_info. float16 params without fp32_main_params are a
 // ConfigError: float16 needs fp32 main params and loss scaling (docs/architecture.md §6); so
-// is fp32_main_params without fsdp_config.mix_precision.reduce_dtype: float32 (RFC case 2.5).
+// is fp32_main_params without fsdp_config.mix_precision.reduce_dtype: float32 (fp32-main-params
+// §2.5).
 #pragma once
 
 #include <ATen/core/Tensor.h>

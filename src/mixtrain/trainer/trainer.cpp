@@ -145,7 +145,8 @@ DeviceMesh join_mesh(const TrainerConfig& config) {
 Trainer::Trainer(const ResolvedConfig& resolved, const DeviceMesh& mesh, const std::string& run_dir)
     : resolved_(resolved), mesh_(mesh), run_dir_(run_dir) {
   const TrainerConfig& config = resolved_.config;
-  validate_config(config);  // also a config built in code (RFC case 2.5 on every entry point)
+  validate_config(
+      config);  // also a config built in code (fp32-main-params §2.5 on every entry point)
   const c10::ScalarType model_dtype = model_dtype_of(config);
   refuse_unsupported(config, model_dtype);
   const bool is_rank0 = mesh_.rank == 0;
@@ -156,7 +157,8 @@ Trainer::Trainer(const ResolvedConfig& resolved, const DeviceMesh& mesh, const s
   // checkpointed RNG state meaningful) only when seeded: train.seed + rank, one stream per rank.
   at::manual_seed(config.train.seed + static_cast<uint64_t>(mesh_.rank));
 
-  // RFC 6.1 build order: model, then model_init_dtype, then sharding, then the optimizer.
+  // fp32-main-params §6.1 build order: model, then model_init_dtype, then sharding, then the
+  // optimizer.
   model_ = build_model(config.model, config.train.seed);
   apply_model_init_dtype(*model_, model_dtype);
   if (is_rank0) log_info(format_model_config_block(config.model));

@@ -1,10 +1,10 @@
-// The training loop (docs/architecture.md §3, fp32-main-params RFC 6.1-6.2).
+// The training loop (docs/architecture.md §3, fp32-main-params §6.1-6.2).
 //
-// Trainer builds, in the RFC's order: model, model_init_dtype, sharding (FSDP/HSDP/DDP/EP when
-// the mesh has several ranks, or when the compute dtype differs from the stored one), the
-// optimizer stack, the data stream, and then, with checkpoint.restore_from, restores the
-// checkpoint (model, then model_init_dtype, then optimizer; trainer/checkpointing.h). One
-// step() = micro-batches with gradient accumulation (cross-entropy + router aux loss),
+// Trainer builds, in the order of fp32-main-params §6.1: model, model_init_dtype, sharding
+// (FSDP/HSDP/DDP/EP when the mesh has several ranks, or when the compute dtype differs from the
+// stored one), the optimizer stack, the data stream, and then, with checkpoint.restore_from,
+// restores the checkpoint (model, then model_init_dtype, then optimizer; trainer/checkpointing.h).
+// One step() = micro-batches with gradient accumulation (cross-entropy + router aux loss),
 // prepare_grads, global grad-norm clipping, the scheduled LR, the optimizer step, zero_grad.
 // Tests drive the two halves separately (compute_gradients, apply_update) to look at the
 // gradients in between.

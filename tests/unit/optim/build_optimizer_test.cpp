@@ -60,7 +60,7 @@ TrainerConfig yaml_muon(bool fp32_main_params) {
   config.optimizer.target = "Muon";
   config.optimizer.routing = "yaml";
   config.optimizer.fp32_main_params = fp32_main_params;
-  config.mix_precision.reduce_dtype = "float32";  // RFC case 2.5
+  config.mix_precision.reduce_dtype = "float32";  // fp32-main-params §2.5
   config.optimizer.adamw.lr = 1e-3;
   config.optimizer.adamw.weight_decay = 0.01;
   config.optimizer.adamw.betas = {0.9, 0.95};
@@ -114,7 +114,7 @@ TEST(BuildOptimizer, MuonWithMainParamsBuildsTheRfcStack) {
   EXPECT_EQ(muon.param_groups()[0].params().size(), 12u);
 }
 
-// RFC case 2.1 with the real leaves: both groups update main params, and after every step
+// fp32-main-params §2.1 with the real leaves: both groups update main params, and after every step
 // each bfloat16 model param equals its main param rounded.
 TEST(BuildOptimizer, RfcCase21WithRealAdamWAndMuon) {
   const NamedParams params = tiny_qwen2_moe(at::kBFloat16);
@@ -216,8 +216,8 @@ TEST(BuildOptimizer, LogsTheRoutingTable) {
   EXPECT_NE(log.find("[4, 16, 8]"), std::string::npos) << log;
 }
 
-// RFC case 2.5 for a config built in code: fp32 main params without reduce_dtype float32 are
-// refused.
+// fp32-main-params §2.5 for a config built in code: fp32 main params without reduce_dtype float32
+// are refused.
 TEST(BuildOptimizer, MainParamsWithoutFloat32ReduceAreRefused) {
   for (const std::optional<std::string>& reduce :
        {std::optional<std::string>(), std::optional<std::string>("bfloat16")}) {

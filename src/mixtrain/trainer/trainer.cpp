@@ -143,8 +143,8 @@ DeviceMesh join_mesh(const TrainerConfig& config) {
 Trainer::Trainer(const ResolvedConfig& resolved, const DeviceMesh& mesh, const std::string& run_dir)
     : resolved_(resolved), mesh_(mesh), run_dir_(run_dir) {
   const TrainerConfig& config = resolved_.config;
-  validate_config(
-      config);  // also a config built in code (fp32-main-params §2.5 on every entry point)
+  // Also a config built in code: fp32-main-params §2.5 on every entry point.
+  validate_config(config);
   const c10::ScalarType model_dtype = model_dtype_of(config);
   refuse_unsupported(config, model_dtype);
   const bool is_rank0 = mesh_.rank == 0;

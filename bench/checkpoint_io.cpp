@@ -80,7 +80,9 @@
 #include "mixtrain/checkpoint/storage.h"
 #include "mixtrain/config/load.h"
 #include "mixtrain/core/collectives.h"
+#include "mixtrain/core/large_buffer.h"
 #include "mixtrain/core/logging.h"
+#include "mixtrain/core/posix_file.h"
 #include "mixtrain/core/safetensors.h"
 #include "mixtrain/distributed/device_mesh.h"
 #include "mixtrain/model/causal_lm.h"
@@ -203,11 +205,10 @@ std::string device_of(const std::string& path) {
 
 // Writes back (already done by the fsync of whoever wrote it) and drops the file's pages.
 void drop_pages(const std::string& path) {
-  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) fail(path + ": cannot open: " + std::strerror(errno));
-  if (fdatasync(fd) != 0) fail(path + ": fdatasync: " + std::strerror(errno));
-  const int rc = posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
-  close(fd);
+  const mixtrain::FileDescriptor fd = mixtrain::FileDescriptor::open(path, O_RDONLY);
+  if (!fd.valid()) fail(path + ": cannot open: " + std::strerror(errno));
+  if (fdatasync(fd.get()) != 0) fail(path + ": fdatasync: " + std::strerror(errno));
+  const int rc = posix_fadvise(fd.get(), 0, 0, POSIX_FADV_DONTNEED);
   if (rc != 0) fail(path + ": posix_fadvise(DONTNEED): " + std::strerror(rc));
 }
 
@@ -218,16 +219,12 @@ struct Residency {
 // How many of the file's pages are in the page cache (mincore on a mapping; reads nothing).
 Residency resident_pages(const std::string& path) {
   Residency r;
-  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return r;
+  const mixtrain::FileDescriptor fd = mixtrain::FileDescriptor::open(path, O_RDONLY);
+  if (!fd.valid()) return r;
   struct stat st {};
-  if (fstat(fd, &st) != 0 || st.st_size == 0) {
-    close(fd);
-    return r;
-  }
+  if (fstat(fd.get(), &st) != 0 || st.st_size == 0) return r;
   const size_t size = static_cast<size_t>(st.st_size);
-  void* map = mmap(nullptr, size, PROT_READ, MAP_SHARED, fd, 0);
-  close(fd);
+  void* map = mmap(nullptr, size, PROT_READ, MAP_SHARED, fd.get(), 0);
   if (map == MAP_FAILED) return r;
   const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
   std::vector<unsigned char> vec((size + page - 1) / page);
@@ -328,33 +325,28 @@ struct IoResult {
 // Writes `bytes` from `buffer` to a new file with kIoBlock pwrites and fsyncs it; MB/s.
 double raw_write(const std::string& path, const char* buffer, size_t bytes) {
   const auto start = Clock::now();
-  const int fd = open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) fail(path + ": cannot create: " + std::strerror(errno));
-  for (size_t done = 0; done < bytes;) {
-    const ssize_t n =
-        pwrite(fd, buffer + done, std::min(kIoBlock, bytes - done), static_cast<off_t>(done));
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) fail(path + ": write failed: " + std::strerror(errno));
-    done += static_cast<size_t>(n);
+  const mixtrain::FileDescriptor fd =
+      mixtrain::FileDescriptor::open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  if (!fd.valid()) fail(path + ": cannot create: " + std::strerror(errno));
+  for (size_t done = 0; done < bytes; done += kIoBlock) {
+    const size_t block = std::min(kIoBlock, bytes - done);
+    const mixtrain::IoResult r = mixtrain::pwrite_all(fd.get(), buffer + done, block, done);
+    if (r.done < block) fail(path + ": write failed: " + std::strerror(r.error));
   }
-  if (fsync(fd) != 0) fail(path + ": fsync failed: " + std::strerror(errno));
-  close(fd);
+  if (fsync(fd.get()) != 0) fail(path + ": fsync failed: " + std::strerror(errno));
   return mb_per_s(static_cast<double>(bytes), seconds_since(start));
 }
 
 // Reads the file into `buffer` with kIoBlock preads; MB/s.
 double raw_read(const std::string& path, char* buffer, size_t bytes) {
   const auto start = Clock::now();
-  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) fail(path + ": cannot open: " + std::strerror(errno));
-  for (size_t done = 0; done < bytes;) {
-    const ssize_t n =
-        pread(fd, buffer + done, std::min(kIoBlock, bytes - done), static_cast<off_t>(done));
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) fail(path + ": read failed: " + std::strerror(errno));
-    done += static_cast<size_t>(n);
+  const mixtrain::FileDescriptor fd = mixtrain::FileDescriptor::open(path, O_RDONLY);
+  if (!fd.valid()) fail(path + ": cannot open: " + std::strerror(errno));
+  for (size_t done = 0; done < bytes; done += kIoBlock) {
+    const size_t block = std::min(kIoBlock, bytes - done);
+    const mixtrain::IoResult r = mixtrain::pread_all(fd.get(), buffer + done, block, done);
+    if (r.done < block) fail(path + ": read failed: " + std::strerror(r.error));
   }
-  close(fd);
   return mb_per_s(static_cast<double>(bytes), seconds_since(start));
 }
 
@@ -363,19 +355,12 @@ double raw_read(const std::string& path, char* buffer, size_t bytes) {
 // with madvise(MADV_HUGEPAGE) (one fault per 2 MiB where transparent huge pages are on). Every
 // load fills fresh tensors, so this bounds it; MB/s.
 double first_touch_mb_s(size_t bytes, bool huge) {
-  constexpr size_t kHuge = size_t{2} << 20;
-  const size_t size = (bytes + kHuge - 1) & ~(kHuge - 1);
   const auto start = Clock::now();
-  void* raw =
-      mmap(nullptr, size + kHuge, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  if (raw == MAP_FAILED) fail(std::string("mmap: ") + std::strerror(errno));
-  char* data =
-      reinterpret_cast<char*>((reinterpret_cast<uintptr_t>(raw) + kHuge - 1) & ~(kHuge - 1));
-  if (huge) madvise(data, size, MADV_HUGEPAGE);
-  std::memset(data, 1, size);
-  const double rate = mb_per_s(static_cast<double>(size), seconds_since(start));
-  munmap(raw, size + kHuge);
-  return rate;
+  const c10::DataPtr memory = mixtrain::map_anonymous(
+      bytes, huge ? mixtrain::HugePages::kAligned : mixtrain::HugePages::kNo);
+  if (!memory) fail(std::string("mmap: ") + std::strerror(errno));
+  std::memset(memory.get(), 1, bytes);
+  return mb_per_s(static_cast<double>(bytes), seconds_since(start));
 }
 
 IoResult measure_io(const std::string& dir, size_t bytes, int reps) {

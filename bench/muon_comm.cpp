@@ -45,6 +45,7 @@
 #include "mixtrain/config/load.h"
 #include "mixtrain/core/collectives.h"
 #include "mixtrain/core/logging.h"
+#include "mixtrain/core/posix_file.h"
 #include "mixtrain/distributed/device_mesh.h"
 #include "mixtrain/distributed/fsdp.h"
 #include "mixtrain/distributed/launcher.h"
@@ -190,8 +191,9 @@ int worker_main(const std::string& config_path) {
   result["local_tensors"] = local_tensors;
   result["local_elements"] = local_elements;
   const std::string path = out + "/rank" + std::to_string(rank.rank) + ".json";
-  std::ofstream(path + ".tmp") << result.dump() << "\n";
-  fs::rename(path + ".tmp", path);
+  mixtrain::AtomicFile file(path, path + ".tmp");  // the launcher never reads half a file
+  file.write(result.dump() + "\n");
+  file.publish(/*sync_directory=*/false);
   return 0;
 }
 

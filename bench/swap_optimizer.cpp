@@ -1,10 +1,10 @@
 // Swap optimizer (docs/architecture.md §9): how much resident memory keeping the optimizer state in
 // a file saves, and what it costs in step time.
 //
-// A plain program (no Google Benchmark): it writes a ~85M-parameter Qwen2-MoE config (the RFC's
-// optimizer setup: bfloat16 model, fp32 main params, Muon + AdamW), trains it for a few steps
-// with the `mixtrain` binary twice, optimizer.swap_optimizer false then true, everything else
-// equal, and prints:
+// A plain program (no Google Benchmark): it writes a ~85M-parameter Qwen2-MoE config (the
+// fp32-main-params §1 optimizer setup: bfloat16 model, fp32 main params, Muon + AdamW), trains it
+// for a few steps with the `mixtrain` binary twice, optimizer.swap_optimizer false then true,
+// everything else equal, and prints:
 //   - peak resident memory of each child process: ru_maxrss from wait4() over the whole run, and
 //     the peak over steps 2..N alone (the kernel's high-water mark is reset through
 //     /proc/<pid>/clear_refs once step 1, which creates the state, has been logged);
@@ -57,7 +57,7 @@ namespace {
 
 using namespace mixtrain::bench;  // bench_support.h
 
-// The benchmark model: 6 layers of the RFC's tiny Qwen2-MoE scaled up to hidden 512, 8 experts
+// The benchmark model: 6 layers of the tiny Qwen2-MoE scaled up to hidden 512, 8 experts
 // and a 32000-token vocabulary (~85M parameters), one 128-token sample per step so that a step
 // takes seconds on two cores. The optimizer and precision sections are
 // configs/qwen2_moe_tiny.yaml's.

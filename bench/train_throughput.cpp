@@ -12,8 +12,8 @@
 // The medians are taken per column, so the phases of a row need not add up to its step time.
 // Rank 0's clock: on 2 ranks a phase that ends in a collective includes the wait for rank 1.
 //
-// Configs: configs/qwen2_moe_tiny.yaml (the RFC's config: bfloat16 model, fp32 main params,
-// Muon + AdamW, 0.24M parameters) and a ~41M-parameter one written to the work directory
+// Configs: configs/qwen2_moe_tiny.yaml (the fp32-main-params §1 config: bfloat16 model, fp32 main
+// params, Muon + AdamW, 0.24M parameters) and a ~41M-parameter one written to the work directory
 // (kMedium41MConfig of bench_support.h: the same optimizer and precision sections; vocab 16000,
 // hidden 384, 6 layers, 8 experts of 384, shared expert 768, 128-token sequences). Both keep their
 // global batch on 1 and 2 ranks (gradient accumulation on 1 rank), so tokens per step are equal

@@ -3,9 +3,9 @@
 // and resumed on 2. bfloat16 model, fp32 main params, Muon + AdamW.
 //
 // The reference is the saving run itself, continued without a restart: the restored state is
-// bit-identical to it (RFC case 2.2, rfc_case_2_2_test.cpp),
+// bit-identical to it (fp32-main-params §2.2, rfc_case_2_2_test.cpp),
 // so the first resumed step differs from the reference only by the layout, exactly like the
-// first step of RFC case 2.1 (tests/unit/distributed/fsdp_test.cpp, same model and batch):
+// first step of fp32-main-params §2.1 (tests/unit/distributed/fsdp_test.cpp, same model and batch):
 //   loss 1e-12 relative (a float64 mean of the same per-sequence losses, regrouped);
 //   grad norm and grads 1e-6 (float32 sums over ranks in another order: a few ulps);
 //   main and model params 2e-2 of a tensor's scale: one rank runs Muon locally, several ranks

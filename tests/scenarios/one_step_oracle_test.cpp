@@ -118,7 +118,7 @@ at::Tensor adamw_first_step(const at::Tensor& p, const at::Tensor& g, const Adam
   return p * (1 - c.lr * weight_decay) - (c.lr / (1 - b1)) * m / denom;
 }
 
-// The asym5 Newton-Schulz schedule (DESIGN §5; the Muon reference's five per-step triples).
+// The asym5 Newton-Schulz schedule (docs/architecture.md §5: five per-step triples).
 const std::vector<std::array<double, 3>> kAsym5 = {{4.0848, -6.8946, 2.9270},
                                                    {3.9505, -6.3029, 2.6377},
                                                    {3.7418, -5.5913, 2.3037},
@@ -309,15 +309,15 @@ void run_one_step_against_the_oracle(const std::vector<std::string>& overrides,
 // element bounds it with room.
 TEST(OneStepOracle, MuonWithFloat32NewtonSchulzAndAdamW) {
   run_one_step_against_the_oracle({"optimizer.muon_config.muon_ns_dtype=float32",
-                                   // Exercise Muon's decoupled weight decay too (0 in the RFC's
+                                   // Exercise Muon's decoupled weight decay too (0 in the §1
                                    // config would leave that term untested).
                                    "optimizer.muon_config.muon_weight_decay=0.1"},
                                   {/*per_element=*/true, 1e-4});
 }
 
-// The RFC's configuration as is, Newton-Schulz in bfloat16 (the oracle rounds to bfloat16 at
-// the same points). A 2^-8 rounding difference in a direction where the momentum has a tiny
-// singular value is multiplied by about a (~4) per step, so it reaches the order of the update
+// The fp32-main-params §1 configuration as is, Newton-Schulz in bfloat16 (the oracle rounds to
+// bfloat16 at the same points). A 2^-8 rounding difference in a direction where the momentum has a
+// tiny singular value is multiplied by about a (~4) per step, so it reaches the order of the update
 // there: the router gate's gradient is nearly rank-deficient (the softmax's gradient sums to
 // about 0 over the experts). Hence a coarse check, on the whole tensor: the difference's
 // Frobenius norm at most half the update's. A wrong sign, scale, transpose or schedule is off

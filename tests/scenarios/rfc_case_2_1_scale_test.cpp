@@ -1,8 +1,8 @@
-// fp32-main-params RFC case 2.1 at the seed's scale: 8 ranks (HSDP dp_replicate 2 x dp_shard 4,
-// routed experts split over ep 2), 20 steps of Muon + AdamW with Newton-Schulz and distributed
-// Muon's wire in float32, every step compared with the unsharded one-process Trainer on the same
-// global batch: the loss, the global grad norm, every main_grad (after clipping), every main
-// param and every written-back bfloat16 model param.
+// fp32-main-params fp32-main-params §2.1 at the seed's scale: 8 ranks (HSDP dp_replicate 2 x
+// dp_shard 4, routed experts split over ep 2), 20 steps of Muon + AdamW with Newton-Schulz and
+// distributed Muon's wire in float32, every step compared with the unsharded one-process Trainer on
+// the same global batch: the loss, the global grad norm, every main_grad (after clipping), every
+// main param and every written-back bfloat16 model param.
 //
 // Both sides are Trainers built from configs/qwen2_moe_tiny.yaml (support/trainer_probe.h). The
 // reference reads the global batch of 8 windows as 8 micro-batches (accumulation, loss / 8);
@@ -10,11 +10,11 @@
 //
 // Two comparisons per step:
 // - Per-step (the tight one): before step s the reference restores the sharded run's checkpoint
-//   of step s - 1, so both compute step s from the same state (a restore is bit-exact, RFC case
-//   2.2); only the parallel layout differs. The same state also means the same MoE routing, so
-//   this holds for the yaml's top-2 routing too (second test). Checked to fail: averaging the
-//   expert grads over dp_shard instead of all 8 data-parallel ranks fails main_grad (100% off)
-//   and the model params (141 ulps) at step 1.
+//   of step s - 1, so both compute step s from the same state (a restore is bit-exact,
+//   fp32-main-params §2.2); only the parallel layout differs. The same state also means the same
+//   MoE routing, so this holds for the yaml's top-2 routing too (second test). Checked to fail:
+//   averaging the expert grads over dp_shard instead of all 8 data-parallel ranks fails main_grad
+//   (100% off) and the model params (141 ulps) at step 1.
 // - Free-running: the reference trains on its own for 20 steps. The layouts sum the 8 float32
 //   gradient contributions in different orders (reduce-scatter over 4, all-reduce over 2, versus
 //   one accumulation in micro-batch order), so main params drift by float32 ulps; when one
@@ -142,7 +142,8 @@ struct Differences {
   }
 };
 
-// The RFC's write-back: every model param is its main param rounded to bfloat16, exactly.
+// The write-back of fp32-main-params §2.1: every model param is its main param rounded to bfloat16,
+// exactly.
 void expect_model_is_rounded_main(const NamedTensors& recorded, const std::string& side) {
   const auto by_key = as_map(recorded);
   for (const auto& [key, model] : by_key) {

@@ -1,6 +1,6 @@
-// fp32-main-params RFC case 2.2 (bfloat16 model, fp32_main_params, Muon + AdamW, 2 FSDP ranks):
-// train 1 step, save, a new Trainer restores, and its next step is the continuous run's next
-// step bit for bit (the same computation on the same state); the checkpoint holds an fp32 main
+// fp32-main-params fp32-main-params §2.2 (bfloat16 model, fp32_main_params, Muon + AdamW, 2 FSDP
+// ranks): train 1 step, save, a new Trainer restores, and its next step is the continuous run's
+// next step bit for bit (the same computation on the same state); the checkpoint holds an fp32 main
 // param for every bfloat16 param, bit-equal to the live one, including values bfloat16 cannot
 // represent; Muon momentum, AdamW moments, step counters and group hyper-parameters come back.
 #include <gtest/gtest.h>

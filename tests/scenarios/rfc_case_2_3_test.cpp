@@ -1,5 +1,5 @@
-// fp32-main-params RFC case 2.3: a float32 model with fp32_main_params and Muon + AdamW. Every
-// param is its own main param (no copy), the checkpoint's fp32_from_fp16_params mapping is
+// fp32-main-params fp32-main-params §2.3: a float32 model with fp32_main_params and Muon + AdamW.
+// Every param is its own main param (no copy), the checkpoint's fp32_from_fp16_params mapping is
 // empty and no tensor is saved twice, and a restored Trainer continues exactly like the
 // continuous one (bitwise: the same computation on the same state).
 #include <gtest/gtest.h>

@@ -1,5 +1,5 @@
-// fp32-main-params RFC case 2.4 and section 9.3 (bfloat16 model, Muon + AdamW or AdamW only,
-// 1 and 2 FSDP ranks), with real checkpoints of both kinds:
+// fp32-main-params fp32-main-params §2.4 and section 9.3 (bfloat16 model, Muon + AdamW or AdamW
+// only, 1 and 2 FSDP ranks), with real checkpoints of both kinds:
 // 1. branch 2: a plain checkpoint, saved by a run with fp32_main_params: false (its optimizer
 //    state is bfloat16, it has no main params), resumed with fp32_main_params: true: the
 //    model and the original state load (the state widened to the float32 the new optimizer

@@ -1,5 +1,5 @@
 // Test-only checkpoint rewriting: copies a step directory into a one-rank checkpoint, dropping
-// or changing tensors, to build the damaged or foreign checkpoints the RFC's case 2.4 and the
+// or changing tensors, to build the damaged or foreign checkpoints fp32-main-params §2.4 and the
 // fault tests need. Uses the storage layer's public API only.
 #pragma once
 

@@ -1,6 +1,6 @@
-// Drives a Trainer one step at a time for the checkpoint scenarios and records what the RFC's
-// cases compare: the step's loss and global grad norm, the float32 gradient every optimizer
-// param is updated with (after clipping), the main params and the model params after the
+// Drives a Trainer one step at a time for the checkpoint scenarios and records what the cases of
+// fp32-main-params §2 compare: the step's loss and global grad norm, the float32 gradient every
+// optimizer param is updated with (after clipping), the main params and the model params after the
 // update, all gathered to whole tensors (FSDP shards joined over dp_shard).
 #pragma once
 

@@ -23,8 +23,8 @@
 namespace mixtrain::testing {
 namespace {
 
-// The RFC's configuration (bfloat16, fp32 main params, Muon + AdamW) with a constant LR, so
-// that steps 1-2 do not depend on train.steps.
+// The fp32-main-params §1 configuration (bfloat16, fp32 main params, Muon + AdamW) with a constant
+// LR, so that steps 1-2 do not depend on train.steps.
 std::string base_command(const std::string& run_dir) {
   return "train --config " + source_path("configs/qwen2_moe_tiny.yaml") +
          " --set train.lr_scheduler.warmup_steps=0 --set train.lr_scheduler.decay=constant" +

@@ -11,7 +11,8 @@
 //   0700 directory stay reachable, and the 0555 directory refuses writes);
 // - an asynchronous save whose writer fails: the error reaches the training loop at the next
 //   save (step 6 joins the failed save of step 4), which stops with exit 1: no step 7.
-// Runs of the binary use the tiny RFC config (bfloat16, Muon + AdamW), ~1 s of training each.
+// Runs of the binary use the tiny fp32-main-params config (§1) (bfloat16, Muon + AdamW), ~1 s of
+// training each.
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 #include <sched.h>

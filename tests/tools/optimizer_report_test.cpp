@@ -13,7 +13,7 @@
 namespace mixtrain::testing {
 namespace {
 
-// The RFC's configuration (bfloat16, fp32 main params, Muon + AdamW), one short step.
+// The fp32-main-params §1 configuration (bfloat16, fp32 main params, Muon + AdamW), one short step.
 std::string base_command(const std::string& run_dir) {
   return "train --config " + source_path("configs/qwen2_moe_tiny.yaml") +
          " --set data.seq_len=32 --set train.steps=1 --run-dir " + run_dir;

@@ -1,8 +1,8 @@
 // The swap optimizer through the command line: with optimizer.swap_optimizer on and off, 20
-// steps of the RFC's configuration (bfloat16, fp32 main params, Muon + AdamW) give identical
-// metrics (every field but the timings) on 1 rank and on 2 ranks (FSDP: distributed Muon),
-// and identical checkpoints (`ckpt diff --atol 0`: every tensor equal; the state differs only
-// in the config leaf that switched swapping on). Small buckets make every step stream the
+// steps of the fp32-main-params §1 configuration (bfloat16, fp32 main params, Muon + AdamW) give
+// identical metrics (every field but the timings) on 1 rank and on 2 ranks (FSDP: distributed
+// Muon), and identical checkpoints (`ckpt diff --atol 0`: every tensor equal; the state differs
+// only in the config leaf that switched swapping on). Small buckets make every step stream the
 // state through many groups. On 1 rank, resuming with swap on from a checkpoint saved without
 // it continues like resuming without.
 #include <gtest/gtest.h>

@@ -29,7 +29,7 @@ TEST(TrainCommand, ThirtyStepsOfTheAdamWConfigCutTheLossByTenPercent) {
   const double last = rows.back()["loss"].get<double>();
   EXPECT_LE(last, 0.9 * first) << "first " << first << " last " << last;
   EXPECT_TRUE(std::filesystem::exists(run.file("loss.svg")));
-  // The four start-up blocks of the RFC's section 10.
+  // The four start-up blocks of fp32-main-params §10.
   for (const char* block :
        {"Trainer config", "Model config", "Effective adamw config", "Effective muon config"}) {
     EXPECT_NE(r.output.find(block), std::string::npos) << block;
@@ -64,7 +64,7 @@ TEST(TrainCommand, UnknownFlagExitsTwo) {
   EXPECT_FALSE(std::filesystem::exists(run.file("out"))) << "nothing may run";
 }
 
-// The RFC's section-1 config: bfloat16 model, FP32 main params, Muon + AdamW, single process.
+// The fp32-main-params §1 config: bfloat16 model, FP32 main params, Muon + AdamW, single process.
 TEST(TrainCommand, RfcConfigTrainsAndKeepsTheLowPrecisionModel) {
   TempDir run;
   CommandResult r = run_mixtrain("train --config " + source_path("configs/qwen2_moe_tiny.yaml") +

@@ -16,6 +16,7 @@
 
 #include "mixtrain/checkpoint/storage.h"
 #include "mixtrain/core/error.h"
+#include "mixtrain/core/large_buffer.h"
 #include "mixtrain/core/logging.h"
 
 namespace mixtrain {

@@ -1,11 +1,8 @@
 #include "mixtrain/checkpoint/storage.h"
 
 #include <ATen/ATen.h>
-#include <ATen/EmptyTensor.h>
 #include <ATen/Parallel.h>
-#include <c10/core/CPUAllocator.h>
 #include <fcntl.h>
-#include <sys/mman.h>
 #include <unistd.h>
 #include <xxhash.h>
 
@@ -25,6 +22,8 @@
 
 #include "mixtrain/core/dtype.h"
 #include "mixtrain/core/error.h"
+#include "mixtrain/core/large_buffer.h"
+#include "mixtrain/core/posix_file.h"
 #include "mixtrain/core/printable.h"
 #include "mixtrain/core/safetensors.h"
 #include "mixtrain/core/text.h"
@@ -36,102 +35,12 @@ namespace mixtrain {
 namespace fs = std::filesystem;
 namespace {
 
-std::string errno_text() {
-  return std::strerror(errno);
-}
-
-void fsync_path(const std::string& path, bool directory) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | (directory ? O_DIRECTORY : 0));
-  if (fd < 0) throw UserError(path + ": cannot open for fsync: " + errno_text());
-  const int rc = ::fsync(fd);
-  const std::string reason = errno_text();
-  ::close(fd);
-  if (rc != 0) throw UserError(path + ": fsync failed: " + reason);
-}
-
 // Writes `text` to <path>.tmp-<pid>, fsyncs, renames over path, fsyncs the directory.
 void write_file_atomically(const std::string& path, const std::string& text) {
-  const std::string tmp = path + ".tmp-" + std::to_string(::getpid());
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) throw UserError(tmp + ": cannot create: " + errno_text());
-  size_t done = 0;
-  bool ok = true;
-  while (ok && done < text.size()) {
-    const ssize_t n = ::write(fd, text.data() + done, text.size() - done);
-    if (n >= 0) done += static_cast<size_t>(n);
-    ok = n >= 0 || errno == EINTR;
-  }
-  ok = ok && ::fsync(fd) == 0;
-  std::string reason = errno_text();
-  ::close(fd);
-  if (ok && std::rename(tmp.c_str(), path.c_str()) != 0) {
-    ok = false;
-    reason = errno_text();
-  }
-  if (!ok) {
-    ::unlink(tmp.c_str());
-    throw UserError(path + ": cannot write: " + reason);
-  }
-  const fs::path parent = fs::path(path).parent_path();
-  fsync_path(parent.empty() ? "." : parent.string(), true);
+  AtomicFile file(path, AtomicFile::pid_tmp_path(path));
+  file.write(text);
+  file.publish(/*sync_directory=*/true);
 }
-
-// Buffers that are written once, right after they are allocated: loaded chunks, and the
-// snapshot an async save copies the tensors into (distributed_checkpoint.cpp). Measured with
-// bench/checkpoint_io.cpp on a 2-core VM:
-//  - loading into fresh 4 KiB pages ran at the first-touch rate of fresh memory there,
-//    200-350 MB/s, a tenth of the disk's read rate;
-//  - an async snapshot taken from the malloc heap took the memory that the training step's
-//    temporaries are recycled from, so every step while the save was in flight faulted its
-//    temporaries in anew (~240,000 page faults, the step 2-3x slower).
-// Buffers of 4 MiB and more are therefore mapped on their own (never the heap's memory),
-// 2 MiB aligned and rounded up to 2 MiB, with madvise(MADV_HUGEPAGE) (as PyTorch 2.x's
-// THP_MEM_ALLOC_ENABLE does for its CPU allocator): one fault per 2 MiB where transparent huge
-// pages are on (`always` or `madvise`), plain pages otherwise; unmapped when the tensor dies.
-// Smaller ones come from the default CPU allocator.
-class LargeBufferAllocator final : public c10::Allocator {
- public:
-  c10::DataPtr allocate(size_t bytes) override {
-    if (bytes < kMinBytes) return c10::GetDefaultCPUAllocator()->allocate(bytes);
-    const size_t size = (bytes + kHugePage - 1) & ~(kHugePage - 1);
-    // Over-map by one huge page and trim, so that the mapping starts on a 2 MiB boundary.
-    void* raw = ::mmap(nullptr, size + kHugePage, PROT_READ | PROT_WRITE,
-                       MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (raw == MAP_FAILED) throw std::bad_alloc();
-    const auto begin = reinterpret_cast<uintptr_t>(raw);
-    const uintptr_t aligned = (begin + kHugePage - 1) & ~(kHugePage - 1);
-    if (aligned > begin) ::munmap(raw, aligned - begin);
-    if (const uintptr_t tail = begin + kHugePage - aligned; tail > 0) {
-      ::munmap(reinterpret_cast<void*>(aligned + size), tail);
-    }
-    void* data = reinterpret_cast<void*>(aligned);
-    ::madvise(data, size, MADV_HUGEPAGE);  // best effort: EINVAL without THP support
-    return {data, new Mapping{data, size}, &unmap, c10::Device(c10::DeviceType::CPU)};
-  }
-  c10::DeleterFnPtr raw_deleter() const override { return nullptr; }
-  void copy_data(void* dest, const void* src, size_t count) const override {
-    default_copy_data(dest, src, count);
-  }
-
-  // Never destroyed: a tensor's storage points at its allocator, and tensors may outlive main.
-  static c10::Allocator* get() {
-    static LargeBufferAllocator* allocator = new LargeBufferAllocator();
-    return allocator;
-  }
-
- private:
-  static constexpr size_t kHugePage = size_t{2} << 20;
-  static constexpr size_t kMinBytes = size_t{4} << 20;
-  struct Mapping {
-    void* data;
-    size_t size;
-  };
-  static void unmap(void* context) {
-    auto* mapping = static_cast<Mapping*>(context);
-    ::munmap(mapping->data, mapping->size);
-    delete mapping;
-  }
-};
 
 // std::filesystem calls that report failure as UserError naming the path.
 void remove_all(const std::string& path) {
@@ -227,12 +136,6 @@ nlohmann::json read_metadata_json(const std::string& dir, bool& checksummed) {
 }
 
 }  // namespace
-
-at::Tensor empty_large_buffer(at::IntArrayRef sizes, c10::ScalarType dtype) {
-  return at::Tensor(at::detail::empty_generic(sizes, LargeBufferAllocator::get(),
-                                              c10::DispatchKeySet(c10::DispatchKey::CPU), dtype,
-                                              c10::nullopt));
-}
 
 // --- writing ----------------------------------------------------------------------------------
 
@@ -413,7 +316,7 @@ std::string resolve_step_dir(const std::string& path) {
 
 struct CheckpointReader::Impl {
   struct File {
-    int fd = -1;
+    FileDescriptor fd;
     SafetensorsHeader header;
     std::map<std::string, const SafetensorsEntry*> entries;  // into header.entries
   };
@@ -423,12 +326,6 @@ struct CheckpointReader::Impl {
   // The chunk's bytes as a tensor of its sizes; checks its checksum unless already verified.
   at::Tensor load(const std::string& dir, const std::string& key, const CheckpointChunk& chunk,
                   size_t index);
-
-  ~Impl() {
-    for (auto& [name, file] : files) {
-      if (file.fd >= 0) ::close(file.fd);
-    }
-  }
 };
 
 namespace {
@@ -460,14 +357,7 @@ at::Tensor CheckpointReader::Impl::load(const std::string& dir, const std::strin
   const uint64_t size = entry.end - entry.begin;
   const uint64_t file_offset = file.header.data_start + entry.begin;
   auto read_block = [&](uint64_t begin, uint64_t end) {
-    for (uint64_t done = begin; done < end;) {  // pread may return less than asked
-      const ssize_t n =
-          ::pread(file.fd, out + done, end - done, static_cast<off_t>(file_offset + done));
-      if (n < 0 && errno == EINTR) continue;
-      if (n < 0) throw DataError(path + ": read failed: " + errno_text());
-      if (n == 0) throw DataError(path + ": unexpected end of file (truncated?)");
-      done += static_cast<uint64_t>(n);
-    }
+    pread_all_or_throw(file.fd.get(), out + begin, end - begin, file_offset + begin, path);
   };
   const uint64_t window = kBlock * static_cast<uint64_t>(std::max(1, at::get_num_threads()));
   for (uint64_t begin = 0; begin < size; begin += window) {
@@ -512,11 +402,11 @@ CheckpointReader::CheckpointReader(const std::string& step_dir)
       if (it == impl_->files.end()) {
         Impl::File file;
         try {
-          file.fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-          if (file.fd < 0) {
+          file.fd = FileDescriptor::open(path, O_RDONLY);
+          if (!file.fd.valid()) {
             throw DataError(path + ": cannot open (listed in " + meta_path + "): " + errno_text());
           }
-          file.header = read_safetensors_header(file.fd, path);
+          file.header = read_safetensors_header(file.fd.get(), path);
         } catch (const DataError& e) {
           problems.push_back(e.what());
         }

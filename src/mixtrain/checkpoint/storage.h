@@ -68,13 +68,6 @@ void prune_checkpoints(const std::string& checkpoint_dir, int64_t keep_last);
 // naming a missing or incomplete step).
 std::string resolve_step_dir(const std::string& path);
 
-// An uninitialized CPU tensor for bytes written once right after it is allocated (loaded
-// chunks, an async save's snapshot). From 4 MiB up its memory is a mapping of its own, 2 MiB
-// aligned with MADV_HUGEPAGE (one page fault per 2 MiB where transparent huge pages are on),
-// never the malloc heap that the training step's temporaries are recycled from; unmapped when
-// the tensor dies. Smaller ones come from the default CPU allocator.
-at::Tensor empty_large_buffer(at::IntArrayRef sizes, c10::ScalarType dtype);
-
 // Read access to one step directory. The constructor checks .metadata.json against
 // .metadata.json.xxh3_64 (required from format version 2), reads and validates it
 // (metadata_from_json) and checks every rank file it names: it exists, its safetensors header

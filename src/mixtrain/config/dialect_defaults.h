@@ -1,5 +1,5 @@
 // The "constructor default" of each dialect: the configuration an empty file of that dialect
-// resolves to (RFC section 10). YAML (hyper-parallel): TrainerConfig{}, i.e.
+// resolves to (fp32-main-params §10). YAML (hyper-parallel): TrainerConfig{}, i.e.
 // torch.optim.AdamW's defaults and the hyper-parallel Muon defaults. TOML (torchtitan-npu):
 // torchtitan's defaults and derivations (lr 8e-4, betas (0.9, 0.95), weight decay 0.1 shared
 // with Muon, momentum ema_add, matched_adamw_rms 0.18, the Muon lr and ns epsilon taken from

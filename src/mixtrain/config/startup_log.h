@@ -1,4 +1,4 @@
-// The four start-up log blocks of the RFC's section 10, as multi-line strings (the trainer
+// The four start-up log blocks of fp32-main-params §10, as multi-line strings (the trainer
 // logs them once, on rank 0):
 //   Trainer config:          every resolved leaf with its source (incl. model_init_dtype and
 //                            optimizer.fp32_main_params, whether defaulted or set)

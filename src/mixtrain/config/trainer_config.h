@@ -137,7 +137,7 @@ struct OptimizerConfig {
 
 struct MixPrecisionConfig {
   std::string param_dtype = "float32";
-  std::optional<std::string> reduce_dtype;  // absent unless configured (RFC case 2.5)
+  std::optional<std::string> reduce_dtype;  // absent unless configured (fp32-main-params §2.5)
   std::string output_dtype = "float32";
   bool cast_forward_inputs = true;
 };

@@ -60,7 +60,7 @@ class Checker final : public ModelKeyChecker {
   const Provenance& provenance_;
 };
 
-// RFC case 2.5: main_grad is fp32, so the gradient reduction must be too; never rewritten.
+// fp32-main-params §2.5: main_grad is fp32, so the gradient reduction must be too; never rewritten.
 // The rule that fp32_main_params breaks, or "" when it holds.
 std::string main_params_reduce_problem(bool fp32_main_params, const MixPrecisionConfig& mp) {
   if (!fp32_main_params || mp.reduce_dtype.value_or("") == "float32") return "";

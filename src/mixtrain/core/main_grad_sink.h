@@ -1,6 +1,6 @@
 // Where a parallel layout delivers reduced float32 gradients when the optimizer keeps fp32 main
-// grads (RFC 8.1): distributed/ hands each parameter's reduced gradient to this interface and
-// knows nothing else of the optimizer (optim/training_optimizer.h implements it).
+// grads (fp32-main-params §8.1): distributed/ hands each parameter's reduced gradient to this
+// interface and knows nothing else of the optimizer (optim/training_optimizer.h implements it).
 #pragma once
 
 #include <ATen/core/Tensor.h>

@@ -12,8 +12,8 @@ void escape(std::string& out, unsigned char byte) {
   out += buffer;
 }
 
-// Length of the well-formed UTF-8 sequence starting at text[i] (RFC 3629 / Unicode table 3-7),
-// 0 if there is none.
+// Length of the well-formed UTF-8 sequence starting at text[i] (fp32-main-params §3629 / Unicode
+// table 3-7), 0 if there is none.
 size_t sequence_length(std::string_view text, size_t i) {
   const auto at = [&](size_t k) { return static_cast<unsigned char>(text[i + k]); };
   const unsigned char lead = at(0);

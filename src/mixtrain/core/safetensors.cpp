@@ -14,6 +14,7 @@
 #include <stdexcept>
 
 #include "mixtrain/core/error.h"
+#include "mixtrain/core/posix_file.h"
 #include "mixtrain/core/printable.h"
 
 namespace mixtrain {
@@ -38,19 +39,6 @@ std::optional<c10::ScalarType> dtype_from_name(const std::string& name) {
 
 [[noreturn]] void fail(const std::string& path, const std::string& what) {
   throw DataError(printable(path + ": not a valid safetensors file: " + what));
-}
-
-void write_all(int fd, const void* data, size_t size, const std::string& path) {
-  const char* p = static_cast<const char*>(data);
-  while (size > 0) {
-    ssize_t n = ::write(fd, p, size);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      throw UserError(path + ": write failed: " + std::strerror(errno));
-    }
-    p += n;
-    size -= static_cast<size_t>(n);
-  }
 }
 
 }  // namespace
@@ -88,46 +76,18 @@ void write_safetensors(const std::string& path, const NamedTensors& tensors,
   unsigned char size_bytes[8];
   for (int i = 0; i < 8; ++i) size_bytes[i] = static_cast<unsigned char>(header_size >> (8 * i));
 
-  const std::string tmp = path + ".tmp-" + std::to_string(::getpid());
-  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) throw UserError(tmp + ": cannot create: " + std::strerror(errno));
-  try {
-    write_all(fd, size_bytes, sizeof(size_bytes), tmp);
-    write_all(fd, text.data(), text.size(), tmp);
-    for (const auto& t : contiguous) {
-      write_all(fd, t.data_ptr(), static_cast<size_t>(t.numel()) * t.element_size(), tmp);
-    }
-    if (::fsync(fd) != 0) throw UserError(tmp + ": fsync failed: " + std::strerror(errno));
-  } catch (...) {
-    ::close(fd);
-    ::unlink(tmp.c_str());
-    throw;
+  AtomicFile file(path, AtomicFile::pid_tmp_path(path));
+  file.write(size_bytes, sizeof(size_bytes));
+  file.write(text);
+  for (const auto& t : contiguous) {
+    file.write(t.data_ptr(), static_cast<size_t>(t.numel()) * t.element_size());
   }
-  ::close(fd);
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    const std::string reason = std::strerror(errno);
-    ::unlink(tmp.c_str());
-    throw UserError(path + ": cannot rename into place: " + reason);
-  }
+  // The directory is not synced here: a checkpoint syncs its step directory once, when it
+  // publishes it (checkpoint/storage.h).
+  file.publish(/*sync_directory=*/false);
 }
 
 namespace {
-
-// pread exactly `size` bytes at `offset`; a short read means the file shrank or is truncated.
-void read_exact(int fd, void* out, uint64_t size, uint64_t offset, const std::string& path) {
-  char* p = static_cast<char*>(out);
-  while (size > 0) {
-    ssize_t n = ::pread(fd, p, size, static_cast<off_t>(offset));
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      throw DataError(path + ": read failed: " + std::strerror(errno));
-    }
-    if (n == 0) throw DataError(path + ": unexpected end of file (truncated?)");
-    p += n;
-    size -= static_cast<uint64_t>(n);
-    offset += static_cast<uint64_t>(n);
-  }
-}
 
 // The byte size of a tensor of `shape` and `dtype`, or nullopt when it overflows 64 bits.
 std::optional<uint64_t> byte_size(const std::vector<int64_t>& shape, c10::ScalarType dtype) {
@@ -147,7 +107,7 @@ SafetensorsHeader read_safetensors_header(int fd, const std::string& path) {
   result.file_size = static_cast<uint64_t>(st.st_size);
   if (result.file_size < 8) fail(path, "shorter than the 8-byte header length");
   unsigned char size_bytes[8];
-  read_exact(fd, size_bytes, 8, 0, path);
+  pread_all_or_throw(fd, size_bytes, 8, 0, path);
   uint64_t header_size = 0;
   for (int i = 0; i < 8; ++i) header_size |= static_cast<uint64_t>(size_bytes[i]) << (8 * i);
   if (header_size > result.file_size - 8) {
@@ -157,7 +117,7 @@ SafetensorsHeader read_safetensors_header(int fd, const std::string& path) {
   }
   result.data_start = 8 + header_size;
   std::string text(header_size, '\0');
-  read_exact(fd, text.data(), header_size, 8, path);
+  pread_all_or_throw(fd, text.data(), header_size, 8, path);
   nlohmann::json header;
   try {
     header = nlohmann::json::parse(text);
@@ -222,26 +182,21 @@ SafetensorsHeader read_safetensors_header(int fd, const std::string& path) {
 at::Tensor read_safetensors_tensor(int fd, const SafetensorsHeader& header,
                                    const SafetensorsEntry& entry, const std::string& path) {
   at::Tensor t = at::empty(entry.shape, at::TensorOptions().dtype(entry.dtype));
-  read_exact(fd, t.data_ptr(), entry.end - entry.begin, header.data_start + entry.begin, path);
+  pread_all_or_throw(fd, t.data_ptr(), entry.end - entry.begin, header.data_start + entry.begin,
+                     path);
   return t;
 }
 
 SafetensorsContent read_safetensors(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) throw DataError(path + ": cannot open: " + std::strerror(errno));
-  try {
-    SafetensorsHeader header = read_safetensors_header(fd, path);
-    SafetensorsContent content;
-    content.metadata = std::move(header.metadata);
-    for (const auto& e : header.entries) {
-      content.tensors.emplace_back(e.name, read_safetensors_tensor(fd, header, e, path));
-    }
-    ::close(fd);
-    return content;
-  } catch (...) {
-    ::close(fd);
-    throw;
+  const FileDescriptor fd = FileDescriptor::open(path, O_RDONLY);
+  if (!fd.valid()) throw DataError(path + ": cannot open: " + errno_text());
+  SafetensorsHeader header = read_safetensors_header(fd.get(), path);
+  SafetensorsContent content;
+  content.metadata = std::move(header.metadata);
+  for (const auto& e : header.entries) {
+    content.tensors.emplace_back(e.name, read_safetensors_tensor(fd.get(), header, e, path));
   }
+  return content;
 }
 
 }  // namespace mixtrain

@@ -4,14 +4,13 @@
 #include <glob.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
-#include <unistd.h>
 
 #include <algorithm>
-#include <cerrno>
 #include <cstring>
 #include <stdexcept>
 
 #include "mixtrain/core/error.h"
+#include "mixtrain/core/posix_file.h"
 
 namespace mixtrain {
 
@@ -54,27 +53,21 @@ std::vector<std::string> expand(const std::string& pattern) {
 
 std::unique_ptr<TokenFileDataset::Shard> TokenFileDataset::open_shard(const std::string& path,
                                                                       int64_t vocab_size) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) throw DataError(path + ": cannot open: " + std::strerror(errno));
+  const FileDescriptor fd = FileDescriptor::open(path, O_RDONLY);
+  if (!fd.valid()) throw DataError(path + ": cannot open: " + errno_text());
   struct stat st {};
-  if (fstat(fd, &st) != 0) {
-    const int err = errno;
-    ::close(fd);
-    throw DataError(path + ": cannot stat: " + std::strerror(err));
-  }
+  if (fstat(fd.get(), &st) != 0) throw DataError(path + ": cannot stat: " + errno_text());
   const int64_t size = st.st_size;
   if (size < TokenFileDataset::kHeaderBytes) {
-    ::close(fd);
     throw DataError(path + ": truncated header: " + std::to_string(size) +
                     " bytes, an llm.c token shard starts with 1024");
   }
   auto shard = std::make_unique<TokenFileDataset::Shard>();
   shard->path = path;
   shard->map_bytes = static_cast<size_t>(size);
-  shard->map = mmap(nullptr, shard->map_bytes, PROT_READ, MAP_PRIVATE, fd, 0);
-  const int map_errno = errno;
-  ::close(fd);  // the mapping keeps the file alive
-  if (shard->map == MAP_FAILED) throw DataError(path + ": cannot map: " + std::strerror(map_errno));
+  // The mapping keeps the file alive once fd closes.
+  shard->map = mmap(nullptr, shard->map_bytes, PROT_READ, MAP_PRIVATE, fd.get(), 0);
+  if (shard->map == MAP_FAILED) throw DataError(path + ": cannot map: " + errno_text());
 
   int32_t header[3];
   std::memcpy(header, shard->map, sizeof(header));

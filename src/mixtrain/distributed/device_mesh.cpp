@@ -13,6 +13,7 @@
 
 #include "mixtrain/core/error.h"
 #include "mixtrain/core/logging.h"
+#include "mixtrain/core/text.h"
 #include "mixtrain/distributed/gloo_collectives.h"
 
 namespace mixtrain {
@@ -106,9 +107,9 @@ std::vector<std::shared_ptr<::gloo::transport::Device>> gloo_devices(const RankI
 }
 
 std::string join_ranks(const std::vector<int>& ranks) {
-  std::string text;
-  for (int r : ranks) text += (text.empty() ? "" : ",") + std::to_string(r);
-  return text;
+  std::vector<std::string> parts;
+  for (int r : ranks) parts.push_back(std::to_string(r));
+  return mixtrain::join(parts, ",");  // not the rendezvous join above
 }
 
 }  // namespace

@@ -143,7 +143,8 @@ FullyShardedModel::FullyShardedModel(CausalLM& model, std::shared_ptr<Collective
         std::make_shared<ExpertParallel>(ep_group_, [this] { queue_expert_grad_sync(); });
   }
   const auto& mp = options_.mix_precision;
-  // RFC case 2.5: main_grads need reduce_dtype float32 as the user set it; never filled in.
+  // fp32-main-params §2.5: main_grads need reduce_dtype float32 as the user set it; never
+  // filled in.
   if (options_.fp32_main_params && mp.reduce_dtype.value_or("") != "float32") {
     throw std::invalid_argument(
         "shard_model: fp32 main grads need reduce dtype float32, got " +
@@ -282,7 +283,7 @@ at::Tensor FullyShardedModel::reduce_scatter_main_grads(int64_t index,
   }
   const int64_t shards = shard_group_->size(), replicas = replicate_group_->size();
   // float32 on the wire and in the sums, whatever the compute dtype: Gloo cannot reduce
-  // bfloat16, and the fp32 main_grad wants the unrounded sum (RFC 8.1).
+  // bfloat16, and the fp32 main_grad wants the unrounded sum (fp32-main-params §8.1).
   at::Tensor grad;
   if (shards > 1) {
     grad = shard_group_->reduce_scatter_sum(
@@ -298,7 +299,7 @@ at::Tensor FullyShardedModel::reduce_scatter_main_grads(int64_t index,
   if (reduce_dtype_ && *reduce_dtype_ != at::kFloat) grad = grad.to(*reduce_dtype_);
   if (options_.fp32_main_params) {
     deliver_grad(p, grad);
-    return at::Tensor();  // .grad stays empty (RFC 8.1)
+    return at::Tensor();  // .grad stays empty (fp32-main-params §8.1)
   }
   return grad.to(p.param.scalar_type());
 }

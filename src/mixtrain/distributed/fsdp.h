@@ -1,12 +1,12 @@
-// FSDP / HSDP / DDP for a CausalLM (docs/architecture.md §3, §7; fp32-main-params RFC 5.3 and 8.1),
+// FSDP / HSDP / DDP for a CausalLM (docs/architecture.md §3, §7; fp32-main-params §5.3 and 8.1),
 // built on the model's ParameterMaterializer hooks (model/causal_lm.h) and a custom autograd
 // Function.
 //
-// shard_model() (before any optimizer exists, after model_init_dtype, RFC 6.1) replaces every
-// parameter's data by this rank's dim-0 chunk over mesh.dp_shard_group (torch.chunk semantics:
-// chunk = ceil(d0 / n), rank r holds rows [r*chunk, min(d0, (r+1)*chunk)), trailing ranks may
-// hold fewer or zero rows; padding exists only on the wire), in the parameter's dtype; the
-// parameter objects keep their identity. With dp_shard == 1 nothing is sharded (DDP).
+// shard_model() (before any optimizer exists, after model_init_dtype, fp32-main-params §6.1)
+// replaces every parameter's data by this rank's dim-0 chunk over mesh.dp_shard_group (torch.chunk
+// semantics: chunk = ceil(d0 / n), rank r holds rows [r*chunk, min(d0, (r+1)*chunk)), trailing
+// ranks may hold fewer or zero rows; padding exists only on the wire), in the parameter's dtype;
+// the parameter objects keep their identity. With dp_shard == 1 nothing is sharded (DDP).
 //
 // Forward: unshard(name) all-gathers the shard in param_dtype (bfloat16 travels as bits) into a
 // freshly allocated full parameter (DDP: casts to param_dtype); the logits are cast to
@@ -15,12 +15,12 @@
 // float32, is reduce-scattered over dp_shard, all-reduced over dp_replicate (HSDP, DDP) and
 // divided by the number of data-parallel ranks (each rank's loss is a mean over its own
 // batch), then rounded to reduce_dtype (unset: kept as reduced, in float32; fp32_main_params
-// requires it set to float32, RFC case 2.5: validate_config refuses it in the user's keys, and
-// shard_model, given such options in code, throws std::invalid_argument). With
+// requires it set to float32, fp32-main-params §2.5: validate_config refuses it in the user's keys,
+// and shard_model, given such options in code, throws std::invalid_argument). With
 // fp32_main_params: added to main_grad(name) of the attached optimizer (accumulating over
-// micro-batches) and no gradient is returned, so .grad stays empty (RFC 8.1); otherwise
-// returned in the parameter's dtype and accumulated in .grad.
-// Reductions run in float32 whatever reduce_dtype says (Gloo cannot reduce bfloat16).
+// micro-batches) and no gradient is returned, so .grad stays empty (fp32-main-params §8.1);
+// otherwise returned in the parameter's dtype and accumulated in .grad. Reductions run in float32
+// whatever reduce_dtype says (Gloo cannot reduce bfloat16).
 //
 // Memory: the full parameter's storage is freed in the reduce-scatter (after backward at the
 // latest). reshard_after_forward (torch FSDP2's default) frees it as soon as the module that
@@ -64,8 +64,8 @@
 namespace mixtrain {
 
 struct FsdpOptions {
-  MixPrecisionConfig mix_precision;   // param_dtype, reduce_dtype, output_dtype
-  bool fp32_main_params = false;      // optimizer.fp32_main_params (RFC 5.3: one switch)
+  MixPrecisionConfig mix_precision;  // param_dtype, reduce_dtype, output_dtype
+  bool fp32_main_params = false;  // optimizer.fp32_main_params (fp32-main-params §5.3: one switch)
   bool reshard_after_forward = true;  // fsdp_config.reshard_after_forward
 };
 

@@ -77,7 +77,8 @@ void apply_model_init_dtype(torch::nn::Module& model, std::optional<c10::ScalarT
     }
   }
 
-  // Verification (RFC 6.3): the conversion must be invisible to everything but the dtype.
+  // Verification (fp32-main-params §6.3): the conversion must be invisible to everything but the
+  // dtype.
   const auto after_params = model.named_parameters(/*recurse=*/true);
   if (after_params.size() != params.size()) fail("the number of parameters changed");
   for (size_t i = 0; i < params.size(); ++i) {

@@ -1,4 +1,4 @@
-// model_init_dtype (fp32-main-params RFC section 6.3): converts a built model's precision in place.
+// model_init_dtype (fp32-main-params §6.3): converts a built model's precision in place.
 //
 // Every floating parameter and floating buffer becomes `dtype`; integer and bool buffers are left
 // untouched; parameter and buffer objects keep their identity (same TensorImpl, so optimizers and

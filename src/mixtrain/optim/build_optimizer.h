@@ -1,12 +1,12 @@
-// Builds the optimizer stack from the config, in the RFC 7.2 order:
+// Builds the optimizer stack from the config, in the fp32-main-params §7.2 order:
 //   route_parameters -> one leaf per optimizer-table entry that got parameters, in table order,
 //   made by the entry's make() with one param group per distinct (lr, weight_decay), in model
 //   order -> ChainedOptimizer -> MixedPrecisionOptimizer
 //   iff optimizer.fp32_main_params.
 // Logs the routing table with log_info. float16 params without fp32_main_params are a
 // ConfigError on optimizer.fp32_main_params (core/error.h ConfigKey): float16 needs fp32 main
-// params and loss scaling (docs/architecture.md §6). The config's own rules (RFC case 2.5
-// among them) are validate_config's; callers validate first.
+// params and loss scaling (docs/architecture.md §6). The config's own rules (fp32-main-params
+// §2.5 among them) are validate_config's; callers validate first.
 #pragma once
 
 #include <ATen/core/Tensor.h>

@@ -157,7 +157,8 @@ void ChainedOptimizer::replace_parameters(const NamedTensors& replacements) {
     optimizer_param_names_[new_param.unsafeGetTensorImpl()] = name;
     touched.insert(e.leaf);
   }
-  // Muon caches per-parameter batches; they must not keep the replaced tensors (RFC 7.3).
+  // Muon caches per-parameter batches; they must not keep the replaced tensors (fp32-main-params
+  // §7.3).
   for (size_t leaf : touched) leaves_[leaf]->reset_parameter_caches();
 }
 
@@ -348,7 +349,7 @@ void ChainedOptimizer::prepare_grads() {
   for (const auto& name : names_) {
     const Entry& e = entries_.at(name);
     if (!e.main_grad.defined()) continue;
-    // float32 params read main_grad itself (RFC 8.2: model_param.grad = main_grad).
+    // float32 params read main_grad itself (fp32-main-params §8.2: model_param.grad = main_grad).
     e.optimizer_param.mutable_grad() = e.main_grad.scalar_type() == e.optimizer_param.scalar_type()
                                            ? e.main_grad
                                            : e.main_grad.to(e.optimizer_param.scalar_type());

@@ -1,6 +1,6 @@
-// ChainedOptimizer (RFC 7.1, 7.3; Megatron's ChainedOptimizer): the leaf optimizers (AdamW,
-// and Muon when configured) behind one TrainingOptimizer interface, for
-// fp32_main_params: false. The leaves read the optimizer params' .grad.
+// ChainedOptimizer (fp32-main-params §7.1, §7.3; Megatron's ChainedOptimizer): the leaf optimizers
+// (AdamW, and Muon when configured) behind one TrainingOptimizer interface, for fp32_main_params:
+// false. The leaves read the optimizer params' .grad.
 //
 // It keeps the two-way maps optimizer param <-> model param and name <-> model param, so the
 // LR schedule, logs and checkpoints keep using the model's fully qualified names after the
@@ -11,16 +11,16 @@
 // prepare_grads sets the optimizer param's grad to it (the same tensor for a float32 param,
 // a cast otherwise). accumulate_model_grads is a no-op: .grad accumulates by itself.
 //
-// load_state_dict (RFC 9.2): first creates the lazy state of every parameter that has none
-// with one zero-lr step on zero grads (parameters untouched), then checks every key, shape
-// and dtype against it; on any problem it drops that created state again and throws
+// load_state_dict (fp32-main-params §9.2): first creates the lazy state of every parameter that has
+// none with one zero-lr step on zero grads (parameters untouched), then checks every key, shape and
+// dtype against it; on any problem it drops that created state again and throws
 // std::invalid_argument listing all problems. Every optimizer.state key of every trainable
 // parameter must be present; any other key is an error. A floating-point state saved in
 // another floating dtype (a bfloat16 run's moments loaded into float32 state, or back) is
 // cast to the live state's dtype, as torch.optim.Optimizer.load_state_dict casts to the
 // param's dtype; integer state (step counters) must match exactly.
 //
-// Param-group hyper-parameters (RFC: restored from a checkpoint, as torch.optim's
+// Param-group hyper-parameters (fp32-main-params §2.2: restored from a checkpoint, as torch.optim's
 // load_state_dict restores param_groups): param_groups_state() / load_param_groups_state(),
 // one JSON object per (leaf, group), in leaf order then group order:
 //   {"optimizer": "adamw" | "muon", "group": g, "params": [model fqns, group order],
@@ -93,9 +93,9 @@ class ChainedOptimizer : public TrainingOptimizer {
   void replace_parameter(const std::string& name, const at::Tensor& new_param);
   void replace_parameters(const NamedTensors& replacements);
 
-  // RFC 9.2: gives every parameter without state its (zero) state by one leaf step with lr 0
-  // and zero grads; parameter values, grads, lrs and existing state are as before. Copy-back
-  // targets of the stepped params are written (with the unchanged value rounded), so the
+  // fp32-main-params §9.2: gives every parameter without state its (zero) state by one leaf step
+  // with lr 0 and zero grads; parameter values, grads, lrs and existing state are as before.
+  // Copy-back targets of the stepped params are written (with the unchanged value rounded), so the
   // mixed-precision wrapper redirects them first.
   StateInitialization initialize_state();
   void undo_initialize_state(const StateInitialization& created);

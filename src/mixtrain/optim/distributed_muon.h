@@ -1,4 +1,4 @@
-// Distributed Muon (docs/architecture.md §7; the Muon document's "分布式通信机制"): how one Muon
+// Distributed Muon (docs/architecture.md §7): how one Muon
 // step runs when a parameter is held sharded or replicated across ranks, with the single-process
 // result. Muon (muon.h) takes a MuonSharding per parameter (unset = kLocal) and runs three paths:
 //

@@ -1,6 +1,7 @@
 // Base of the leaf optimizers (AdamW, Muon): LibTorch's torch::optim::Optimizer conventions
 // (param_groups(), state(), step(), zero_grad()), so a LibTorch user can drop one into an
-// ordinary training loop, plus the three hooks the mixed-precision wrapper needs (RFC 7.2-7.3):
+// ordinary training loop, plus the three hooks the mixed-precision wrapper needs (fp32-main-params
+// §7.2-7.3):
 //
 // - replace_parameter(old, new): put `new` where `old` was in its param group and move its
 //   state with it (the wrapper swaps each low-precision model param for its fp32 main param);

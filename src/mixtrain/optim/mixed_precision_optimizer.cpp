@@ -104,7 +104,7 @@ void MixedPrecisionOptimizer::accumulate_model_grads() {
   for (const auto& name : chained_->names()) {
     const at::Tensor& model = chained_->model_param(name);
     if (!model.grad().defined()) continue;
-    // fp32 accumulation of the (exactly widened) low-precision grad, RFC 8.1.
+    // fp32 accumulation of the (exactly widened) low-precision grad, fp32-main-params §8.1.
     chained_->accumulate_main_grad(name, model.grad());
     model.mutable_grad().reset();
   }
@@ -193,7 +193,7 @@ void MixedPrecisionOptimizer::load_state_dict(const NamedTensors& state) {
                          ", expected float32");
   }
   if (!mains.empty() && mains.size() < low_precision_names_.size()) {
-    // RFC 9.3 branch 3: a partial set is damaged data, never silently completed.
+    // fp32-main-params §9.3 branch 3: a partial set is damaged data, never silently completed.
     std::string missing;
     for (const auto& name : low_precision_names_) {
       if (!mains.count(name)) missing += (missing.empty() ? "" : ", ") + name;
@@ -203,8 +203,8 @@ void MixedPrecisionOptimizer::load_state_dict(const NamedTensors& state) {
                        "* main params; missing: " + missing);
   }
 
-  // RFC 9.2: create the leaves' lazy state to check against. The probe step must not write
-  // the model params (they may already hold a loaded checkpoint that differs from the main
+  // fp32-main-params §9.2: create the leaves' lazy state to check against. The probe step must not
+  // write the model params (they may already hold a loaded checkpoint that differs from the main
   // params), so copy-back of the stepped params goes to scratch tensors meanwhile.
   std::vector<std::pair<at::Tensor, at::Tensor>> redirected;  // (main, model)
   for (const auto& name : low_precision_names_) {

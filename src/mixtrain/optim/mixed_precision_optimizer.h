@@ -1,8 +1,8 @@
-// MixedPrecisionOptimizer: Megatron's Float16OptimizerWithFloat16Params, natively (RFC 7-9,
-// docs/architecture.md §3, §6). Wraps a ChainedOptimizer whose leaves hold the model params.
+// MixedPrecisionOptimizer: Megatron's Float16OptimizerWithFloat16Params, natively (fp32-main-params
+// §7-9, docs/architecture.md §3, §6). Wraps a ChainedOptimizer whose leaves hold the model params.
 //
-// Construction (RFC 7.2): for each bfloat16/float16 trainable param, an fp32 main param
-// (detach().to(float32), requires_grad as the model param) replaces it in its leaf group,
+// Construction (fp32-main-params §7.2): for each bfloat16/float16 trainable param, an fp32 main
+// param (detach().to(float32), requires_grad as the model param) replaces it in its leaf group,
 // taking its state, and the leaf gets set_copy_back(main, model): after each update it
 // writes main rounded to nearest even into the model param, fused into its pass. float32
 // params are their own main param (the same TensorImpl, no copy). Any other dtype:
@@ -10,12 +10,12 @@
 // lists, one entry per leaf param group in leaf order: float16_groups (low-precision model
 // params), fp32_from_float16_groups (their main params, index-aligned), fp32_from_fp32_groups.
 //
-// Step (RFC 8.2): prepare_grads sets main.grad = float32(main_grad if defined else grad) and
-// clears the model grad; float32 params get grad = main_grad when it is defined. With any
+// Step (fp32-main-params §8.2): prepare_grads sets main.grad = float32(main_grad if defined else
+// grad) and clears the model grad; float32 params get grad = main_grad when it is defined. With any
 // float16 param a DynamicLossScaler unscales the main grads and skips steps with inf/nan.
 // zero_grad clears grad, main.grad and main_grad (all undefined).
 //
-// Checkpoint (RFC 9.1, 9.3): state_dict adds
+// Checkpoint (fp32-main-params §9.1, §9.3): state_dict adds
 // optimizer._mixed_precision_optimizer.fp32_from_fp16_params.<fqn> for low-precision params
 // (none for float32 models). load_state_dict checks everything first; then
 //   all main params present -> exact restore (copied as float32, never through bf16);
@@ -62,8 +62,8 @@ class MixedPrecisionOptimizer : public TrainingOptimizer {
   DynamicLossScaler* loss_scaler() override { return scaler_.get(); }
   const DynamicLossScaler* loss_scaler() const { return scaler_.get(); }
 
-  // RFC 8.3: main <- model for every low-precision param. Only for restore paths that have
-  // no main params (model-only restore, plain optimizer checkpoints): it loses the mantissa
+  // fp32-main-params §8.3: main <- model for every low-precision param. Only for restore paths that
+  // have no main params (model-only restore, plain optimizer checkpoints): it loses the mantissa
   // bits the low-precision model cannot hold.
   void reload_model_params() override;
 

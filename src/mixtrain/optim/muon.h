@@ -11,9 +11,9 @@
 // newton_schulz_matrices_per_call() matrices each); that changes nothing but GEMM rounding
 // (newton_schulz treats the leading dim as independent matrices).
 //
-// The same-shape batches are cached per parameter object (RFC 7.3); reset_parameter_caches()
-// rebuilds them after replace_parameter(). step() also rebuilds them when it finds the group
-// lists changed, so a stale cache can never update a replaced tensor.
+// The same-shape batches are cached per parameter object (fp32-main-params §7.3);
+// reset_parameter_caches() rebuilds them after replace_parameter(). step() also rebuilds them when
+// it finds the group lists changed, so a stale cache can never update a replaced tensor.
 //
 // Distributed layouts (distributed_muon.h): set_sharding() marks a parameter FSDP-sharded or
 // replicated over a Collectives group; step() then runs the local batches first (step_experts)

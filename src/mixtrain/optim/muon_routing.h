@@ -1,4 +1,4 @@
-// Muon's routing rule (docs/architecture.md §5; Muon document "参数路由"): with
+// Muon's routing rule (docs/architecture.md §5): with
 // optimizer._target_ Muon, which parameters Muon updates, the rest going to AdamW.
 //   yaml (hyper-parallel): Muon iff ndim >= 2 and the lower-cased name contains none of
 //        embed, lm_head, out_head, out_proj.bias, nor a muon.adamw_keywords entry;

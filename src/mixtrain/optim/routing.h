@@ -1,6 +1,6 @@
 // Which leaf optimizer updates each trainable parameter, with its lr and weight decay
-// (docs/architecture.md §5; RFC 7.1: the wrapper acts after routing), as the optimizer table
-// (optimizer_table.h) says:
+// (docs/architecture.md §5; fp32-main-params §7.1: the wrapper acts after routing), as the
+// optimizer table (optimizer_table.h) says:
 //
 // optimizer._target_ selects a table entry; its routing rule, if it has one, picks the entry
 // of each parameter (Muon: muon_routing.h), otherwise every trainable parameter goes to it.

@@ -2,26 +2,24 @@
 
 #include <ATen/ATen.h>
 #include <fcntl.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <system_error>
 #include <unordered_set>
 #include <utility>
 
 #include "mixtrain/core/caching_cpu_allocator.h"
 #include "mixtrain/core/error.h"
+#include "mixtrain/core/large_buffer.h"
+#include "mixtrain/core/posix_file.h"
 #include "mixtrain/optim/leaf_optimizer.h"
 
 namespace mixtrain {
 namespace {
-
-std::string errno_text() {
-  return std::strerror(errno);
-}
 
 int64_t nbytes(const at::Tensor& t) {
   return t.numel() * static_cast<int64_t>(t.element_size());
@@ -45,14 +43,13 @@ void adopt_storage(const at::Tensor& t, const at::Tensor& data) {
 // Memory for state read back from the file, mapped directly from the kernel: freeing it when
 // the state goes back out returns it at once (the heap would keep freed blocks of these sizes).
 at::Tensor mapped_empty(const at::Tensor& like) {
-  const size_t bytes = static_cast<size_t>(std::max<int64_t>(nbytes(like), 1));
-  void* memory = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  if (memory == MAP_FAILED) {
-    throw UserError("swap optimizer: cannot map " + std::to_string(bytes) +
-                    " bytes for optimizer state: " + errno_text());
+  try {
+    return empty_mapped(like.sizes(), like.options(), HugePages::kNo);
+  } catch (const std::system_error& e) {
+    throw UserError("swap optimizer: cannot map " +
+                    std::to_string(std::max<int64_t>(nbytes(like), 1)) +
+                    " bytes for optimizer state: " + errno_text(e.code().value()));
   }
-  return at::from_blob(
-      memory, like.sizes(), [bytes](void* p) { ::munmap(p, bytes); }, like.options());
 }
 
 }  // namespace
@@ -60,60 +57,49 @@ at::Tensor mapped_empty(const at::Tensor& like) {
 // ---- SwapFile ----------------------------------------------------------------------------------
 
 SwapFile::SwapFile(std::string path) : path_(std::move(path)) {
-  fd_ = ::open(path_.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-  if (fd_ < 0) {
+  fd_ = FileDescriptor::open(path_, O_RDWR | O_CREAT | O_TRUNC, 0600);
+  if (!fd_.valid()) {
     throw UserError("swap optimizer: cannot create the swap file " + path_ + ": " + errno_text() +
                     " (the swap directory must be writable)");
   }
 }
 
 SwapFile::~SwapFile() {
-  if (fd_ >= 0) ::close(fd_);
+  fd_.reset();
   ::unlink(path_.c_str());
 }
 
 void SwapFile::write(int64_t offset, const void* data, int64_t bytes) {
-  const char* p = static_cast<const char*>(data);
-  int64_t done = 0;
-  while (done < bytes) {
-    const ssize_t n = ::pwrite(fd_, p + done, static_cast<size_t>(bytes - done), offset + done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      throw UserError("swap optimizer: cannot write " + std::to_string(bytes) +
-                      " bytes of optimizer state at offset " + std::to_string(offset) + " of " +
-                      path_ + ": " + (n < 0 ? errno_text() : "no progress"));
-    }
-    done += n;
+  const IoResult r = pwrite_all(fd_.get(), data, static_cast<size_t>(bytes), offset);
+  if (r.done < static_cast<size_t>(bytes)) {
+    throw UserError("swap optimizer: cannot write " + std::to_string(bytes) +
+                    " bytes of optimizer state at offset " + std::to_string(offset) + " of " +
+                    path_ + ": " + (r.error != 0 ? errno_text(r.error) : "no progress"));
   }
   // Start the write-back now and let the kernel drop the pages once clean: the state must not
   // simply move from the process into the page cache.
-  ::sync_file_range(fd_, offset, bytes, SYNC_FILE_RANGE_WRITE);
-  ::posix_fadvise(fd_, offset, bytes, POSIX_FADV_DONTNEED);
+  ::sync_file_range(fd_.get(), offset, bytes, SYNC_FILE_RANGE_WRITE);
+  ::posix_fadvise(fd_.get(), offset, bytes, POSIX_FADV_DONTNEED);
 }
 
 void SwapFile::read(int64_t offset, void* data, int64_t bytes) const {
-  char* p = static_cast<char*>(data);
-  int64_t done = 0;
-  while (done < bytes) {
-    const ssize_t n = ::pread(fd_, p + done, static_cast<size_t>(bytes - done), offset + done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) {
-      throw UserError("swap optimizer: cannot read optimizer state at offset " +
-                      std::to_string(offset) + " of " + path_ + ": " + errno_text());
-    }
-    if (n == 0) {
-      throw UserError("swap optimizer: " + path_ + " ends at byte " +
-                      std::to_string(offset + done) + " but optimizer state was written up to " +
-                      std::to_string(offset + bytes) + ": the swap file was truncated");
-    }
-    done += n;
+  const IoResult r = pread_all(fd_.get(), data, static_cast<size_t>(bytes), offset);
+  if (r.error != 0) {
+    throw UserError("swap optimizer: cannot read optimizer state at offset " +
+                    std::to_string(offset) + " of " + path_ + ": " + errno_text(r.error));
   }
-  ::posix_fadvise(fd_, offset, bytes, POSIX_FADV_DONTNEED);
+  if (r.done < static_cast<size_t>(bytes)) {
+    throw UserError("swap optimizer: " + path_ + " ends at byte " +
+                    std::to_string(offset + static_cast<int64_t>(r.done)) +
+                    " but optimizer state was written up to " + std::to_string(offset + bytes) +
+                    ": the swap file was truncated");
+  }
+  ::posix_fadvise(fd_.get(), offset, bytes, POSIX_FADV_DONTNEED);
 }
 
 void SwapFile::check_intact(int64_t expected_bytes) const {
   struct stat st {};
-  if (::fstat(fd_, &st) != 0) {
+  if (::fstat(fd_.get(), &st) != 0) {
     throw UserError("swap optimizer: cannot stat " + path_ + ": " + errno_text());
   }
   if (st.st_nlink == 0) {

@@ -38,6 +38,8 @@
 #include <unordered_map>
 #include <vector>
 
+#include "mixtrain/core/posix_file.h"
+
 namespace mixtrain {
 
 class LeafOptimizer;
@@ -58,7 +60,7 @@ class SwapFile {
 
  private:
   std::string path_;
-  int fd_ = -1;
+  FileDescriptor fd_;
 };
 
 class StateSwap {

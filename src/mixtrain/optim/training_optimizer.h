@@ -1,11 +1,11 @@
 // The optimizer interface the trainer drives: ChainedOptimizer (fp32_main_params: false) or
 // MixedPrecisionOptimizer (true), built by build_optimizer().
 //
-// One step, in Megatron's order (RFC 8.2, docs/architecture.md §3):
+// One step, in Megatron's order (fp32-main-params §8.2, docs/architecture.md §3):
 //   accumulate_model_grads() after each micro-batch (or FSDP adds into main_grad(name)),
 //   prepare_grads(), clip over grads_for_clipping(), step_with_ready_grads(), zero_grad().
-// Every parameter is addressed by its model fully qualified name (RFC 7.3); checkpoint keys
-// follow docs/architecture.md §8:
+// Every parameter is addressed by its model fully qualified name (fp32-main-params §7.3);
+// checkpoint keys follow docs/architecture.md §8:
 //   optimizer.state.<fqn>.<exp_avg|exp_avg_sq|momentum_buffer|step>
 //   optimizer._mixed_precision_optimizer.fp32_from_fp16_params.<fqn>  (low-precision only)
 #pragma once
@@ -31,17 +31,17 @@ inline constexpr const char* kMainParamPrefix =
     "optimizer._mixed_precision_optimizer.fp32_from_fp16_params.";
 
 // Whether optimizer state saved as `saved` loads into live state of dtype `live`: the same
-// dtype, or both floating point (cast to `live` on load, as torch.optim does; RFC 9.3 branch 2
-// loads a bfloat16 run's moments into float32 state).
+// dtype, or both floating point (cast to `live` on load, as torch.optim does; fp32-main-params §9.3
+// branch 2 loads a bfloat16 run's moments into float32 state).
 inline bool state_dtype_loads_into(c10::ScalarType saved, c10::ScalarType live) {
   return saved == live || (c10::isFloatingType(saved) && c10::isFloatingType(live));
 }
 
 class TrainingOptimizer : public MainGradSink {
  public:
-  // float32 gradient-accumulation buffer of a model param (RFC main_grad), created zeroed on
-  // first use. FSDP adds reduce-scattered grads here; the single-process trainer calls
-  // accumulate_model_grads() after each micro-batch. Throws std::invalid_argument for an
+  // float32 gradient-accumulation buffer of a model param (main_grad, fp32-main-params §8.1),
+  // created zeroed on first use. FSDP adds reduce-scattered grads here; the single-process trainer
+  // calls accumulate_model_grads() after each micro-batch. Throws std::invalid_argument for an
   // unknown name. The reference stays valid until zero_grad().
   virtual at::Tensor& main_grad(const std::string& name) = 0;
   // main_grad(name) += grad, in float32. The step's first call writes 0 + grad in one pass
@@ -53,7 +53,7 @@ class TrainingOptimizer : public MainGradSink {
   virtual void accumulate_model_grads() = 0;
   // 1.0 except with float16 dynamic loss scaling; the trainer multiplies the loss by it.
   virtual double loss_scale() const = 0;
-  // RFC 8.2 prepare_grads (+ unscale and inf/nan check for float16).
+  // fp32-main-params §8.2 prepare_grads (+ unscale and inf/nan check for float16).
   virtual void prepare_grads() = 0;
   // The float32 grads the leaves will read (defined ones only), for clipping in place.
   virtual std::vector<at::Tensor> grads_for_clipping() = 0;
@@ -63,7 +63,7 @@ class TrainingOptimizer : public MainGradSink {
     prepare_grads();
     return step_with_ready_grads();
   }
-  // Sets every grad, optimizer-param grad and main_grad to undefined (RFC: "= None"), so the
+  // Sets every grad, optimizer-param grad and main_grad to undefined (Python: "= None"), so the
   // next step sees only what is accumulated after it.
   virtual void zero_grad() = 0;
   // Every group's lr = the lr it was built with * factor.
@@ -75,7 +75,7 @@ class TrainingOptimizer : public MainGradSink {
   virtual int64_t skipped_steps() const { return 0; }
   // The float16 dynamic loss scaler (null without float16 params), for checkpoints.
   virtual DynamicLossScaler* loss_scaler() { return nullptr; }
-  // RFC 8.3, for the restore paths without main params: main <- model for every
+  // fp32-main-params §8.3, for the restore paths without main params: main <- model for every
   // low-precision param (no-op where every param is its own main param).
   virtual void reload_model_params() {}
 

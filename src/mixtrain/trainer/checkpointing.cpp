@@ -73,7 +73,7 @@ json config_json(const ResolvedConfig& resolved) {
 }
 
 // What makes a checkpoint "of this model": the architecture. The stored precision may change
-// (RFC 6.2: model_init_dtype is applied after loading).
+// (fp32-main-params §6.2: model_init_dtype is applied after loading).
 bool is_model_key(const std::string& key) {
   return starts_with(key, "model.");
 }
@@ -113,8 +113,9 @@ struct Casts {
   }
 };
 
-// Which saved dtype a tensor accepts: model params any (model_init_dtype converts them, RFC
-// 6.2), optimizer state one it can be cast to (state_dtype_loads_into), main params exactly.
+// Which saved dtype a tensor accepts: model params any (model_init_dtype converts them,
+// fp32-main-params §6.2), optimizer state one it can be cast to (state_dtype_loads_into), main
+// params exactly.
 enum class DtypeRule { kAny, kOptimizerState, kExact };
 
 // Reads this rank's region of `key` into `out`, or records why it cannot.
@@ -262,8 +263,8 @@ int64_t restore_checkpoint(const CheckpointParts& parts, const std::string& rest
   }
   agree_or_throw(parts.mesh, dir, problems);
 
-  // RFC 9.2: the optimizer state must exist so that it can be filled in place. Collective
-  // (distributed Muon steps together), so every rank does it before any may fail.
+  // fp32-main-params §9.2: the optimizer state must exist so that it can be filled in place.
+  // Collective (distributed Muon steps together), so every rank does it before any may fail.
   ChainedOptimizer::StateInitialization created;
   if (restore_optimizer) created = parts.optimizer.chained().initialize_state();
 
@@ -286,7 +287,8 @@ int64_t restore_checkpoint(const CheckpointParts& parts, const std::string& rest
       main_params_as_model.insert(main_key);
       continue;
     }
-    // The model is saved in its model dtype and converted by model_init_dtype (RFC 6.2).
+    // The model is saved in its model dtype and converted by model_init_dtype (fp32-main-params
+    // §6.2).
     read_piece(*reader, place(parts, key, tensor.detach()), DtypeRule::kAny, loaded, problems);
   }
   NamedTensors optimizer_state;
@@ -317,7 +319,7 @@ int64_t restore_checkpoint(const CheckpointParts& parts, const std::string& rest
             .add(dtype_name(saved) + " to " + dtype_name(tensor.scalar_type()));
       }
     }
-    // RFC 9.3 branch 3: some main params but not all is damaged data.
+    // fp32-main-params §9.3 branch 3: some main params but not all is damaged data.
     if (!missing_mains.empty() && missing_mains.size() < main_keys.size()) {
       std::string names;
       for (const auto& n : missing_mains) names += (names.empty() ? "" : ", ") + n;
@@ -368,7 +370,7 @@ int64_t restore_checkpoint(const CheckpointParts& parts, const std::string& rest
     throw;
   }
 
-  // Everything is validated: modify, in the RFC's order.
+  // Everything is validated: modify, in the order of fp32-main-params §6.2.
   {
     c10::NoGradGuard no_grad;
     for (const auto& [key, tensor] : model) tensor.detach().copy_(loaded.at(key));
@@ -377,14 +379,15 @@ int64_t restore_checkpoint(const CheckpointParts& parts, const std::string& rest
     apply_model_init_dtype(parts.model, parse_float_dtype(*config.model_init_dtype));
   }
   if (restore_optimizer) {
-    parts.optimizer.load_state_dict(optimizer_state);  // RFC 9.3 branches 1 and 2
+    parts.optimizer.load_state_dict(optimizer_state);  // fp32-main-params §9.3 branches 1 and 2
     DynamicLossScaler* scaler = parts.optimizer.loss_scaler();
     if (scaler != nullptr && saved_state.loss_scaler) {
       const SavedLossScaler& s = *saved_state.loss_scaler;
       scaler->restore(s.scale, s.growth_tracker, s.skipped_steps);
     }
   } else {
-    parts.optimizer.reload_model_params();  // RFC 9.4: main params from the loaded model
+    parts.optimizer
+        .reload_model_params();  // fp32-main-params §9.4: main params from the loaded model
   }
   parts.data.seek(saved_state.data_position);
   if (saved_state.rng_cpu.size() == static_cast<size_t>(parts.mesh.world_size)) {

@@ -1,5 +1,5 @@
 // What a training checkpoint holds and how it goes back in (docs/architecture.md §8;
-// fp32-main-params RFC 6.2, 9.1-9.4). The format itself is checkpoint/metadata.h;
+// fp32-main-params §6.2, 9.1-9.4). The format itself is checkpoint/metadata.h;
 // docs/checkpoint.md lists the keys.
 //
 // Tensors, each a global tensor of which every rank passes the piece it holds (FSDP dim-0 row
@@ -14,12 +14,13 @@
 // Restore validates everything before anything changes (metadata, files, that the checkpoint
 // is of this model, every key, shape and dtype, which main params exist, every checksum of
 // every chunk this rank reads), agreeing over all ranks; then loads the model, applies
-// model_init_dtype, and loads the optimizer, whose RFC 9.3 branches are
+// model_init_dtype, and loads the optimizer, whose fp32-main-params §9.3 branches are
 // MixedPrecisionOptimizer::load_state_dict's. Optimizer state saved in another floating dtype
 // (fp32_main_params switched between save and restore) is cast to the live state's dtype; a
 // run without main params ignores the checkpoint's (its model params are their rounding), with
 // one warning. restore_optimizer false: the model only, then
-// reload_model_params() (RFC 9.4). Errors are DataError naming the checkpoint and the problems.
+// reload_model_params() (fp32-main-params §9.4). Errors are DataError naming the checkpoint and the
+// problems.
 #pragma once
 
 #include <cstdint>

@@ -3,13 +3,11 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <cerrno>
 #include <cmath>
 #include <cstdio>
-#include <cstring>
 #include <limits>
 
-#include "mixtrain/core/error.h"
+#include "mixtrain/core/posix_file.h"
 
 namespace mixtrain {
 namespace {
@@ -245,24 +243,9 @@ void write_loss_svg(const std::string& path, const std::vector<std::pair<int64_t
   const std::string svg = render_loss_svg(points, title);
   // Same directory as the target so rename() is atomic (no cross-filesystem copy); the pid
   // keeps two processes writing the same picture from sharing a temporary file.
-  const std::string tmp = path + ".tmp." + std::to_string(::getpid());
-  auto fail = [&](const char* what, int err) {
-    std::remove(tmp.c_str());
-    throw UserError(std::string("cannot ") + what + " loss plot " + path + ": " +
-                    (err != 0 ? std::strerror(err) : "I/O error"));
-  };
-  std::FILE* f = std::fopen(tmp.c_str(), "w");
-  if (!f) fail("create", errno);
-  errno = 0;
-  bool ok = std::fwrite(svg.data(), 1, svg.size(), f) == svg.size() && std::fflush(f) == 0 &&
-            ::fsync(::fileno(f)) == 0;  // the data is on disk before the name points at it
-  int err = errno;
-  if (std::fclose(f) != 0 && ok) {
-    ok = false;
-    err = errno;
-  }
-  if (!ok) fail("write", err);
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) fail("write", errno);
+  AtomicFile file(path, path + ".tmp." + std::to_string(::getpid()));
+  file.write(svg);
+  file.publish(/*sync_directory=*/false);
 }
 
 }  // namespace mixtrain

@@ -1,8 +1,8 @@
 #include "mixtrain/trainer/metrics_writer.h"
 
-#include <cerrno>
+#include <fcntl.h>
+
 #include <cmath>
-#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <system_error>
@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "mixtrain/core/error.h"
+#include "mixtrain/core/posix_file.h"
 
 namespace mixtrain {
 namespace {
@@ -69,30 +70,25 @@ MetricsWriter::MetricsWriter(const std::string& run_dir, int64_t resumed_step) {
         kept += line + "\n";
     }
   }
-  // "w" truncates: metrics of an earlier run in the same directory must not mix with ours.
-  file_.reset(std::fopen(path_.c_str(), "w"));
-  if (file_ && !kept.empty() &&
-      (std::fwrite(kept.data(), 1, kept.size(), file_.get()) != kept.size() ||
-       std::fflush(file_.get()) != 0)) {
-    throw UserError("cannot write metrics file " + path_ + ": " + std::strerror(errno));
+  // O_TRUNC: metrics of an earlier run in the same directory must not mix with ours.
+  file_ = FileDescriptor::open(path_, O_WRONLY | O_CREAT | O_TRUNC, 0666);
+  if (!file_.valid()) {
+    throw UserError("cannot open metrics file " + path_ + ": " + errno_text());
   }
-  if (!file_) {
-    throw UserError("cannot open metrics file " + path_ + ": " + std::strerror(errno));
-  }
+  append(kept);
 }
 
 void MetricsWriter::write(const StepMetrics& metrics) {
-  std::string line = metrics_json_line(metrics);
-  line += '\n';
-  // fflush after every line: stdio buffering would otherwise hold several steps that a
-  // SIGINT/SIGKILL or crash would lose, and a reader tailing the file would lag behind.
-  errno = 0;
-  if (std::fwrite(line.data(), 1, line.size(), file_.get()) != line.size() ||
-      std::fflush(file_.get()) != 0) {
-    int err = errno;
-    std::clearerr(file_.get());
+  append(metrics_json_line(metrics) + "\n");
+}
+
+// Unbuffered: a line is in the file when write() returns (a buffer would hold several steps
+// that a SIGINT/SIGKILL or crash would lose, and a reader tailing the file would lag behind).
+void MetricsWriter::append(const std::string& text) {
+  const IoResult r = write_all(file_.get(), text.data(), text.size());
+  if (r.done < text.size()) {
     throw UserError("cannot write metrics file " + path_ + ": " +
-                    (err != 0 ? std::strerror(err) : "write failed"));
+                    (r.error != 0 ? errno_text(r.error) : "write failed"));
   }
 }
 

@@ -14,11 +14,10 @@
 #pragma once
 
 #include <cstdint>
-#include <cstdio>
-#include <memory>
 #include <optional>
 #include <string>
 
+#include "mixtrain/core/posix_file.h"
 #include "mixtrain/trainer/step_profile.h"
 
 namespace mixtrain {
@@ -47,11 +46,10 @@ class MetricsWriter {
   const std::string& path() const { return path_; }
 
  private:
-  struct FileCloser {
-    void operator()(std::FILE* f) const { std::fclose(f); }
-  };
+  void append(const std::string& text);  // whole, or UserError naming the file
+
   std::string path_;
-  std::unique_ptr<std::FILE, FileCloser> file_;
+  FileDescriptor file_;
 };
 
 // One metrics line (no trailing newline); exposed so tests and tools share the exact format.

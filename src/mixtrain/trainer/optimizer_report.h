@@ -1,4 +1,4 @@
-// What the running optimizer holds (RFC section 10), read from its live objects, never from
+// What the running optimizer holds (fp32-main-params §10), read from its live objects, never from
 // the config: the trainer logs it (rank 0) after building the optimizer and again after a
 // checkpoint restore, so a hyper-parameter the checkpoint brought back shows up.
 //

@@ -2,7 +2,6 @@
 
 #include <torch/torch.h>
 
-#include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
@@ -40,16 +39,11 @@
 #include "mixtrain/trainer/optimizer_report.h"
 #include "mixtrain/trainer/progress.h"
 #include "mixtrain/trainer/step_profile.h"
+#include "mixtrain/trainer/step_recorder.h"
 #include "mixtrain/trainer/threads.h"
 
 namespace mixtrain {
 namespace {
-
-using Clock = std::chrono::steady_clock;
-
-double seconds_since(Clock::time_point start) {
-  return std::chrono::duration<double>(Clock::now() - start).count();
-}
 
 // Seconds this thread spent reducing gradients (FSDP reduce-scatter, DDP/HSDP and expert
 // all-reduce) between two snapshots of its communication counters.
@@ -108,28 +102,32 @@ struct StepLoss {
 };
 
 // Forward/backward over the micro-batches of one optimizer step; gradients accumulate in .grad.
-// Adds the forward, backward and gradient-reduce seconds to `times`.
+// Records the forward, backward and gradient-reduce seconds.
 StepLoss accumulate_gradients(CausalLM& model, TokenDataset& data, const TrainerConfig& config,
                               int64_t accumulation_steps, TrainingOptimizer& optimizer,
-                              StepTimes& times) {
+                              StepRecorder& recorder) {
   StepLoss total;
   for (int64_t micro = 0; micro < accumulation_steps; ++micro) {
     Batch batch = data.next_batch(config.data.micro_batch_size, config.data.seq_len);
-    const auto forward_start = Clock::now();
-    CausalLMOutput out = model.forward(batch.input_ids);
-    const int64_t vocab = out.logits.size(-1);
-    torch::Tensor cross_entropy = torch::nn::functional::cross_entropy(
-        out.logits.reshape({-1, vocab}).to(torch::kFloat), batch.labels.reshape({-1}));
-    torch::Tensor loss = cross_entropy + config.model.router_aux_loss_coef * out.aux_loss;
-    times.forward_s += seconds_since(forward_start);
-
-    // CPU autograd runs backward (and FSDP's gradient reduction in it) on this thread.
-    const auto backward_start = Clock::now();
-    const CollectiveStats comm_before = thread_collective_stats();
-    (loss * (optimizer.loss_scale() / static_cast<double>(accumulation_steps))).backward();
-    optimizer.accumulate_model_grads();  // fp32 main_grad accumulation across micro-batches
-    times.reduce_s += gradient_reduce_seconds(thread_collective_stats() - comm_before);
-    times.backward_s += seconds_since(backward_start);
+    CausalLMOutput out;
+    torch::Tensor loss;
+    {
+      PhaseTimer forward(recorder, Phase::kForward);
+      out = model.forward(batch.input_ids);
+      const int64_t vocab = out.logits.size(-1);
+      torch::Tensor cross_entropy = torch::nn::functional::cross_entropy(
+          out.logits.reshape({-1, vocab}).to(torch::kFloat), batch.labels.reshape({-1}));
+      loss = cross_entropy + config.model.router_aux_loss_coef * out.aux_loss;
+    }
+    {
+      // CPU autograd runs backward (and FSDP's gradient reduction in it) on this thread.
+      PhaseTimer backward(recorder, Phase::kBackward);
+      const CollectiveStats comm_before = thread_collective_stats();
+      (loss * (optimizer.loss_scale() / static_cast<double>(accumulation_steps))).backward();
+      optimizer.accumulate_model_grads();  // fp32 main_grad accumulation across micro-batches
+      recorder.add(Phase::kReduce,
+                   gradient_reduce_seconds(thread_collective_stats() - comm_before));
+    }
     total.loss += loss.item<double>() / accumulation_steps;
     total.aux_loss += out.aux_loss.item<double>() / accumulation_steps;
   }
@@ -157,7 +155,8 @@ DeviceMesh join_mesh(const TrainerConfig& config) {
 Trainer::Trainer(const ResolvedConfig& resolved, const DeviceMesh& mesh, const std::string& run_dir)
     : resolved_(resolved), mesh_(mesh), run_dir_(run_dir) {
   const TrainerConfig& config = resolved_.config;
-  validate_config(resolved_);  // also a config built in code (RFC case 2.5 on every entry point)
+  // Also a config built in code: fp32-main-params §2.5 on every entry point.
+  validate_config(resolved_);
   const c10::ScalarType model_dtype = model_dtype_of(config);
   refuse_unsupported(config, model_dtype);
   const bool is_rank0 = mesh_.rank == 0;
@@ -168,7 +167,8 @@ Trainer::Trainer(const ResolvedConfig& resolved, const DeviceMesh& mesh, const s
   // checkpointed RNG state meaningful) only when seeded: train.seed + rank, one stream per rank.
   at::manual_seed(config.train.seed + static_cast<uint64_t>(mesh_.rank));
 
-  // RFC 6.1 build order: model, then model_init_dtype, then sharding, then the optimizer.
+  // fp32-main-params §6.1 build order: model, then model_init_dtype, then sharding, then the
+  // optimizer.
   model_ = build_model(config.model, config.train.seed);
   apply_model_init_dtype(*model_, model_dtype);
   if (is_rank0) log_info(format_model_config_block(config.model));
@@ -238,17 +238,19 @@ StepResult Trainer::compute_gradients() {
   result.lr =
       optimizer_for_target(config.optimizer.target).reported_lr(config.optimizer) * lr_factor;
 
-  times_ = StepTimes{};
+  recorder_.start();
   StepLoss loss =
-      accumulate_gradients(*model_, *data_, config, accumulation_steps_, *optimizer_, times_);
-  const auto prepare_start = Clock::now();
-  optimizer_->prepare_grads();
-  times_.optimizer_s += seconds_since(prepare_start);
-  // Over each parameter's placement: FSDP shards are disjoint over dp_shard, expert slices over
-  // ep, replicas counted once.
-  const auto clip_start = Clock::now();
-  result.grad_norm = optimizer_->chained().clip_grad_norm(config.train.max_grad_norm);
-  times_.clip_s += seconds_since(clip_start);
+      accumulate_gradients(*model_, *data_, config, accumulation_steps_, *optimizer_, recorder_);
+  {
+    PhaseTimer prepare(recorder_, Phase::kOptimizer);
+    optimizer_->prepare_grads();
+  }
+  {
+    // Over each parameter's placement: FSDP shards are disjoint over dp_shard, expert slices
+    // over ep, replicas counted once.
+    PhaseTimer clip(recorder_, Phase::kClip);
+    result.grad_norm = optimizer_->chained().clip_grad_norm(config.train.max_grad_norm);
+  }
   result.loss = average_over_data_parallel(loss.loss, mesh_);
   result.aux_loss = average_over_data_parallel(loss.aux_loss, mesh_);
   pending_ = result;
@@ -256,10 +258,11 @@ StepResult Trainer::compute_gradients() {
 }
 
 void Trainer::apply_update() {
-  const auto start = Clock::now();
-  optimizer_->step_with_ready_grads();
-  optimizer_->zero_grad();
-  times_.optimizer_s += seconds_since(start);
+  {
+    PhaseTimer step(recorder_, Phase::kOptimizer);
+    optimizer_->step_with_ready_grads();
+    optimizer_->zero_grad();
+  }
   completed_steps_ = pending_.step;
 }
 
@@ -270,6 +273,7 @@ StepResult Trainer::step() {
 }
 
 void Trainer::save_checkpoint() {
+  PhaseTimer save(recorder_, Phase::kCheckpoint);
   const CheckpointConfig& config = resolved_.config.checkpoint;
   if (!saver_) {
     saver_ = std::make_unique<CheckpointSaver>(checkpoint_dir(), config.keep_last, config.async,
@@ -332,19 +336,20 @@ TrainSummary run_training(const ResolvedConfig& resolved, const TrainOptions& op
       static_cast<double>(config.data.global_batch_size) * config.data.seq_len;
 
   StepProfile profile;  // train.profile, rank 0: the steps since the last profile line
-  const auto start = Clock::now();
+  const Stopwatch run;  // elapsed_s
   const int64_t first_step = trainer.completed_steps() + 1;
   if (is_rank0 && first_step > config.train.steps) {
     log_info("nothing to train: the checkpoint has " + std::to_string(trainer.completed_steps()) +
-             " steps and train.steps is " + std::to_string(config.train.steps));
+             " steps and " + resolved.provenance.user_key("train.steps") + " is " +
+             std::to_string(config.train.steps));
   }
   for (int64_t step = first_step; step <= config.train.steps; ++step) {
-    const auto iteration_start = Clock::now();
+    const Stopwatch iteration;  // the profile's step_s: the whole iteration, its save included
     if (any_rank_interrupted(mesh)) {
       summary.interrupted = true;
       break;
     }
-    const auto step_start = Clock::now();
+    const Stopwatch training;  // tokens_per_s: the training step alone
     const StepResult result = trainer.step();
 
     StepMetrics row;
@@ -355,23 +360,19 @@ TrainSummary run_training(const ResolvedConfig& resolved, const TrainOptions& op
     row.lr = result.lr;
     row.loss_scale = trainer.optimizer().loss_scale();
     row.skipped_steps = trainer.optimizer().skipped_steps();
-    const auto now = Clock::now();
-    row.tokens_per_s = tokens_per_step / std::chrono::duration<double>(now - step_start).count();
-    row.elapsed_s = std::chrono::duration<double>(now - start).count();
+    const auto now = Stopwatch::Clock::now();
+    row.tokens_per_s = tokens_per_step / training.seconds(now);
+    row.elapsed_s = run.seconds(now);
     loss_curve.emplace_back(step, row.loss);
     if (step == first_step) summary.first_loss = row.loss;
     summary.last_loss = row.loss;
     summary.steps_completed = step;
+    if (save_due(step)) trainer.save_checkpoint();  // recorded as the step's checkpoint phase
     StepTimes times = trainer.last_step_times();
-    if (save_due(step)) {
-      const auto save_start = Clock::now();
-      trainer.save_checkpoint();
-      times.checkpoint_s = seconds_since(save_start);
-    }
     // The row is written after the save, so that the profile counts the checkpoint in its step.
     if (is_rank0) {
       if (config.train.profile) {
-        times.step_s = seconds_since(iteration_start);
+        times.step_s = iteration.seconds();
         row.profile = times;
       }
       metrics->write(row);

@@ -1,10 +1,10 @@
-// The training loop (docs/architecture.md §3, fp32-main-params RFC 6.1-6.2).
+// The training loop (docs/architecture.md §3, fp32-main-params §6.1-6.2).
 //
-// Trainer builds, in the RFC's order: model, model_init_dtype, sharding (FSDP/HSDP/DDP/EP when
-// the mesh has several ranks, or when the compute dtype differs from the stored one), the
-// optimizer stack, the data stream, and then, with checkpoint.restore_from, restores the
-// checkpoint (model, then model_init_dtype, then optimizer; trainer/checkpointing.h). One
-// step() = micro-batches with gradient accumulation (cross-entropy + router aux loss),
+// Trainer builds, in the order of fp32-main-params §6.1: model, model_init_dtype, sharding
+// (FSDP/HSDP/DDP/EP when the mesh has several ranks, or when the compute dtype differs from the
+// stored one), the optimizer stack, the data stream, and then, with checkpoint.restore_from,
+// restores the checkpoint (model, then model_init_dtype, then optimizer; trainer/checkpointing.h).
+// One step() = micro-batches with gradient accumulation (cross-entropy + router aux loss),
 // prepare_grads, global grad-norm clipping, the scheduled LR, the optimizer step, zero_grad.
 // Tests drive the two halves separately (compute_gradients, apply_update) to look at the
 // gradients in between.
@@ -22,7 +22,7 @@
 
 #include "mixtrain/config/load.h"
 #include "mixtrain/distributed/device_mesh.h"
-#include "mixtrain/trainer/step_profile.h"
+#include "mixtrain/trainer/step_recorder.h"
 
 namespace mixtrain {
 
@@ -54,8 +54,8 @@ class Trainer {
   void apply_update();
   // The phase times of the last step: compute_gradients() restarts them and fills forward,
   // backward, reduce, clip (and its prepare_grads into optimizer); apply_update() adds the
-  // optimizer step. checkpoint_s and step_s are run_training's to fill.
-  const StepTimes& last_step_times() const { return times_; }
+  // optimizer step; save_checkpoint() after it adds checkpoint. step_s is run_training's to fill.
+  const StepTimes& last_step_times() const { return recorder_.times(); }
 
   // Steps completed (restored ones included).
   int64_t completed_steps() const { return completed_steps_; }
@@ -84,8 +84,8 @@ class Trainer {
   std::unique_ptr<CheckpointSaver> saver_;
   int64_t accumulation_steps_ = 1;
   int64_t completed_steps_ = 0;
-  StepResult pending_;  // compute_gradients' result until apply_update
-  StepTimes times_;     // of the step in flight / last completed
+  StepResult pending_;     // compute_gradients' result until apply_update
+  StepRecorder recorder_;  // the phase times of the step in flight / last completed
 };
 
 struct TrainOptions {

@@ -72,7 +72,7 @@ TEST(StartupLogTest, EffectiveAdamwDefaultConfiguredFinal) {
   EXPECT_EQ(
       cells_of_row(block, "parameter"),
       (std::vector<std::string>{"parameter", "constructor", "default", "configured", "final"}));
-  // torch.optim.AdamW default lr 1e-3; the RFC configures 0.001; final 0.001.
+  // torch.optim.AdamW default lr 1e-3; the §1 config sets 0.001; final 0.001.
   EXPECT_EQ(cells_of_row(block, "adamw_lr"),
             (std::vector<std::string>{"adamw_lr", "0.001", "0.001", "(file)", "0.001"}));
   // Weight decay 0.01 is both the default and the configured value.

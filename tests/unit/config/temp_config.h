@@ -54,7 +54,8 @@ inline std::string config_error_of(const std::function<void()>& call) {
   return "";
 }
 
-// The seeds' configurations, verbatim (RFC section 1; Muon document examples 1-3).
+// The seeds' configurations, verbatim (fp32-main-params §1; the Muon feature's examples 1-3,
+// docs/config.md).
 inline const char* kRfcSection1Yaml = R"(model_init_dtype: bfloat16
 
 optimizer:

@@ -5,7 +5,7 @@
 //   expert sees exactly its rows (source-rank order kept), and the backward of the exchange
 //   gives the single-process gradients (inputs and per-expert parameters), in float32 and
 //   bfloat16, also when a rank sends nothing to its peer.
-// - The fp32-main-params RFC's case 2.1 with parallel.ep = 2 on the MoE: 2 ranks (dp_shard 2)
+// - The fp32-main-params §2.1 with parallel.ep = 2 on the MoE: 2 ranks (dp_shard 2)
 //   and 4 ranks (2x2 HSDP), AdamW and Muon + AdamW, against the one-process reference (the same
 //   global batch as data-parallel micro-batches, accumulated in rank order).
 #include <ATen/CPUGeneratorImpl.h>
@@ -178,7 +178,8 @@ TEST(ExpertParallelDispatch, RanksThatSendNothingStillTakePart) {
   ASSERT_TRUE(result.all_ok()) << result.summary();
 }
 
-// ---- RFC case 2.1 with expert parallelism ---------------------------------------------------
+// ---- fp32-main-params §2.1 with expert parallelism
+// ---------------------------------------------------
 
 using test_support::tiny_config;
 
@@ -308,7 +309,7 @@ void run_ep_case_2_1(const testing::WorkerEnv& worker, const std::string& target
     local_loss.backward();
     const double loss = average_over_data_parallel(local_loss.item<double>(), mesh);
     for (auto& [name, p] : named_params(*model)) {
-      EXPECT_FALSE(p.grad().defined()) << name << ": .grad must stay empty (RFC 8.1)";
+      EXPECT_FALSE(p.grad().defined()) << name << ": .grad must stay empty (fp32-main-params §8.1)";
       const at::Tensor& main_grad = opt->main_grad(name);
       EXPECT_EQ(main_grad.scalar_type(), torch::kFloat32) << name;
       const auto full = fsdp->gather_full(name, main_grad);

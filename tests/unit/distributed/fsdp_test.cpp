@@ -2,7 +2,7 @@
 //
 // Single process: the materializer hooks leave the model bit-identical; the one-rank layout
 // routes grads into main_grad / .grad exactly; chunk_layout is torch.chunk.
-// Multi-process (tests/support/multiprocess.h, real Gloo): the fp32-main-params RFC's case 2.1.
+// Multi-process (tests/support/multiprocess.h, real Gloo): the fp32-main-params §2.1.
 // Every rank also runs the reference (one process, unsharded, the same global batch as
 // data_parallel_size micro-batches in rank order, gradient accumulation with loss / n) and
 // compares its own sharded run against it at every step.
@@ -39,7 +39,7 @@ namespace {
 
 using test_support::tiny_config;
 
-// RFC case 2.1: bfloat16 model, fp32 main params, param/output bfloat16, reduce float32.
+// fp32-main-params §2.1: bfloat16 model, fp32 main params, param/output bfloat16, reduce float32.
 TrainerConfig rfc_config(const std::string& target) {
   TrainerConfig config;
   config.model = tiny_config();
@@ -222,7 +222,7 @@ TEST(FsdpSingleProcess, OutputDtypeAndBadDtypes) {
   EXPECT_THROW(shard_model(*other, make_single_process_mesh(), options), std::invalid_argument);
 }
 
-// RFC case 2.5 for options built in code: main_grads are float32, so an unset or bfloat16
+// fp32-main-params §2.5 for options built in code: main_grads are float32, so an unset or bfloat16
 // reduce_dtype is refused, never filled in.
 TEST(FsdpSingleProcess, MainParamsNeedFloat32Reduce) {
   for (const char* reduce : {"", "bfloat16"}) {
@@ -247,7 +247,8 @@ TEST(FsdpSingleProcess, MainParamsNeedFloat32Reduce) {
   EXPECT_NO_THROW(shard_model(*model, make_single_process_mesh(), options));
 }
 
-// ---- multi-process: RFC case 2.1 ------------------------------------------------------------
+// ---- multi-process: fp32-main-params §2.1
+// ------------------------------------------------------------
 
 constexpr int64_t kGlobalBatch = 4, kSeq = 8;
 
@@ -296,7 +297,8 @@ void run_case_2_1(const testing::WorkerEnv& worker, const std::string& target, i
   auto* ref_mp = dynamic_cast<MixedPrecisionOptimizer*>(ref_opt.get());
   ASSERT_NE(ref_mp, nullptr);
 
-  // Tested: the same model sharded over the mesh (RFC 6.1 order: init dtype, shard, optimizer).
+  // Tested: the same model sharded over the mesh (fp32-main-params §6.1 order: init dtype, shard,
+  // optimizer).
   auto model = qwen2_moe::make_qwen2_moe(c, 21);
   apply_model_init_dtype(*model, torch::kBFloat16);
   FsdpOptions options{config.mix_precision, true, reshard_after_forward};
@@ -307,7 +309,8 @@ void run_case_2_1(const testing::WorkerEnv& worker, const std::string& target, i
   fsdp->set_main_grads(opt.get());
   mp->chained().set_placements(fsdp->placements());
 
-  // RFC checks on the built state: bf16 model params, each with its own fp32 main param.
+  // fp32-main-params §2.1 checks on the built state: bf16 model params, each with its own fp32 main
+  // param.
   std::set<c10::TensorImpl*> mains;
   for (auto& [name, p] : named_params(*model)) {
     EXPECT_EQ(p.scalar_type(), torch::kBFloat16) << name;
@@ -352,7 +355,7 @@ void run_case_2_1(const testing::WorkerEnv& worker, const std::string& target, i
     local_loss.backward();
     const double loss = average_over_data_parallel(local_loss.item<double>(), mesh);
     for (auto& [name, p] : named_params(*model)) {
-      EXPECT_FALSE(p.grad().defined()) << name << ": .grad must stay empty (RFC 8.1)";
+      EXPECT_FALSE(p.grad().defined()) << name << ": .grad must stay empty (fp32-main-params §8.1)";
       const at::Tensor& main_grad = opt->main_grad(name);
       EXPECT_EQ(main_grad.scalar_type(), torch::kFloat32) << name;
       const auto full = fsdp->gather_full(name, main_grad);
@@ -372,7 +375,8 @@ void run_case_2_1(const testing::WorkerEnv& worker, const std::string& target, i
 
     for (auto& [name, p] : named_params(*model)) {
       const at::Tensor& main = mp->main_param(name);
-      // RFC: after each step the model param is its main param rounded to bfloat16.
+      // fp32-main-params §2.1: after each step the model param is its main param rounded to
+      // bfloat16.
       EXPECT_TRUE(torch::equal(p.detach(), main.to(torch::kBFloat16))) << name;
       const auto full_main = fsdp->gather_full(name, main);
       const double d = rel_diff(full_main, ref_mp->main_param(name));

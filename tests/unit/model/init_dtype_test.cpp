@@ -1,4 +1,4 @@
-// model_init_dtype, one test per point of RFC section 6.3 that applies to a single process
+// model_init_dtype, one test per point of fp32-main-params §6.3 that applies to a single process
 // (floating params and buffers converted, int/bool buffers untouched, identity kept, meta
 // params converted in place), plus nullopt, grads, roundtrip values and the real model.
 #include "mixtrain/model/init_dtype.h"

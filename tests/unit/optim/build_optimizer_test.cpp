@@ -59,7 +59,7 @@ TrainerConfig yaml_muon(bool fp32_main_params) {
   config.optimizer.target = "Muon";
   config.optimizer.routing = "yaml";
   config.optimizer.fp32_main_params = fp32_main_params;
-  config.mix_precision.reduce_dtype = "float32";  // RFC case 2.5
+  config.mix_precision.reduce_dtype = "float32";  // fp32-main-params §2.5
   config.optimizer.adamw.lr = 1e-3;
   config.optimizer.adamw.weight_decay = 0.01;
   config.optimizer.adamw.betas = {0.9, 0.95};
@@ -113,7 +113,7 @@ TEST(BuildOptimizer, MuonWithMainParamsBuildsTheRfcStack) {
   EXPECT_EQ(muon.param_groups()[0].params().size(), 12u);
 }
 
-// RFC case 2.1 with the real leaves: both groups update main params, and after every step
+// fp32-main-params §2.1 with the real leaves: both groups update main params, and after every step
 // each bfloat16 model param equals its main param rounded.
 TEST(BuildOptimizer, RfcCase21WithRealAdamWAndMuon) {
   const NamedParams params = tiny_qwen2_moe(at::kBFloat16);

@@ -232,8 +232,9 @@ TEST(ChainedOptimizer, LoadStateDictRestoresStateSoTheNextStepMatches) {
   EXPECT_EQ(restored.a->export_state(restored.w)[1].second.item<int64_t>(), 3);
 }
 
-// RFC 9.3 branch 2: state saved in another floating dtype (a bfloat16 run's, or float64) is
-// cast to the live state's dtype, as torch.optim.Optimizer.load_state_dict casts to the param's.
+// fp32-main-params §9.3 branch 2: state saved in another floating dtype (a bfloat16 run's, or
+// float64) is cast to the live state's dtype, as torch.optim.Optimizer.load_state_dict casts to the
+// param's.
 TEST(ChainedOptimizer, LoadStateDictCastsFloatingStateToTheLiveDtype) {
   TwoLeaves saved;
   saved.w.mutable_grad() = at::full({2, 3}, 0.3f);

@@ -661,7 +661,7 @@ TEST(DistributedMuonTest, MixedPrecisionStackWithSetMuonShardingEqualsOneProcess
   TrainerConfig config;
   config.optimizer.target = "Muon";
   config.optimizer.fp32_main_params = true;
-  config.mix_precision.reduce_dtype = "float32";  // RFC case 2.5
+  config.mix_precision.reduce_dtype = "float32";  // fp32-main-params §2.5
   config.optimizer.muon.lr = 0.02;
   config.optimizer.muon.weight_decay = 0.1;
   const int steps = 2;

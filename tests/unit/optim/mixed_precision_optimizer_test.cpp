@@ -88,7 +88,7 @@ TEST(MixedPrecisionOptimizer, LowPrecisionParamsGetFp32MainParamsInTheirLeafGrou
   EXPECT_EQ(s.opt->loss_scaler(), nullptr);
 }
 
-// RFC case 2.1: both groups update their main params; after every step each bfloat16 model
+// fp32-main-params §2.1: both groups update their main params; after every step each bfloat16 model
 // param equals its main param rounded to bfloat16.
 TEST(MixedPrecisionOptimizer, ModelParamsEqualRoundedMainParamsAfterEveryStep) {
   Stack s;
@@ -278,7 +278,7 @@ NamedTensors without(const NamedTensors& state, const std::string& fragment) {
 }
 
 // The saving run (3 steps) and a fresh optimizer whose model was just loaded from it, as the
-// checkpoint loader does before wrapper.load_state_dict (RFC 9.3).
+// checkpoint loader does before wrapper.load_state_dict (fp32-main-params §9.3).
 struct SavedAndRestored {
   Stack saved;
   Stack restored;

@@ -326,7 +326,7 @@ TEST(MuonBatchTest, BatchesLargerThanOneCallGoInSlicesOfWholeParameters) {
   }
 }
 
-// ---- parameter replacement (RFC 7.3) ----
+// ---- parameter replacement (fp32-main-params §7.3) ----
 TEST(MuonReplaceTest, StateMovesAndRebuiltBatchesUpdateTheNewTensor) {
   const MuonOptions options = MuonOptions().ns_dtype(at::kFloat);
   at::Tensor old_param = random_normal({4, 8}, 51);

@@ -33,7 +33,7 @@ class StateSwapTest : public ::testing::Test {
   void TearDown() override { std::filesystem::remove_all(dir_); }
 
   // bfloat16 params of several shapes (Muon matrices, AdamW embeddings and vectors), fp32 main
-  // params, Muon + AdamW, as the RFC's config; deterministic values.
+  // params, Muon + AdamW, as the fp32-main-params §1 config; deterministic values.
   std::unique_ptr<TrainingOptimizer> build(NamedParameters& params) const {
     params.clear();
     const std::vector<std::pair<std::string, std::vector<int64_t>>> shapes = {
@@ -51,7 +51,7 @@ class StateSwapTest : public ::testing::Test {
     TrainerConfig config;
     config.optimizer.target = "Muon";
     config.optimizer.fp32_main_params = true;
-    config.mix_precision.reduce_dtype = "float32";  // RFC case 2.5
+    config.mix_precision.reduce_dtype = "float32";  // fp32-main-params §2.5
     return build_optimizer(params, config);
   }
   std::unique_ptr<StateSwap> swap(const std::string& name, int64_t bucket_bytes = 1024,
@@ -122,7 +122,7 @@ TEST_P(StateSwapBuckets, CheckpointLoadWritesIntoTheFile) {
   at::manual_seed(8);
   auto target = build(target_params);
   target->chained().enable_state_swap(swap("b.swap", GetParam()));
-  // The RFC 9.2 restore path: state is created (through the file), then filled.
+  // The fp32-main-params §9.2 restore path: state is created (through the file), then filled.
   target->load_state_dict(source->state_dict());
   expect_same_state(*source, *target);
   for (size_t i = 0; i < source_params.size(); ++i) {

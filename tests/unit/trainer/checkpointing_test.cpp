@@ -1,6 +1,6 @@
 // trainer/checkpointing: what a restore refuses, and that a refused restore changes nothing.
 // One process, bfloat16 model with fp32 main params, Muon + AdamW (configs/qwen2_moe_tiny.yaml
-// shrunk, tests/support/trainer_probe.h). The RFC's cases 2.2-2.4 are tests/scenarios/.
+// shrunk, tests/support/trainer_probe.h). fp32-main-params §2.2-2.4 are tests/scenarios/.
 #include "mixtrain/trainer/checkpointing.h"
 
 #include <gtest/gtest.h>
@@ -146,8 +146,8 @@ TEST_F(CheckpointingTest, ModelOnlyCheckpoints) {
   const std::string path = resolve_step_dir(model_only->checkpoint_dir());
   expect_refused(path, {"no optimizer state", "checkpoint.restore_optimizer: false"});
 
-  // restore_optimizer false (RFC 9.4): the model, then main params rebuilt from it; the
-  // optimizer state of the trainer stays (no moments or momentum are loaded).
+  // restore_optimizer false (fp32-main-params §9.4): the model, then main params rebuilt from it;
+  // the optimizer state of the trainer stays (no moments or momentum are loaded).
   CheckpointParts parts{trainer_->model(), trainer_->sharded(),  trainer_->optimizer(),
                         trainer_->data(),  trainer_->resolved(), trainer_->mesh()};
   restore_checkpoint(parts, path, /*restore_optimizer=*/false);

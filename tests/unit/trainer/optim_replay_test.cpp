@@ -1,5 +1,5 @@
 // trainer/optim_replay: the replay validates the config it is given, so one built in C++ meets
-// RFC case 2.5 too, before any input is read or output written. (The replay's numerics are
+// fp32-main-params §2.5 too, before any input is read or output written. (The replay's numerics are
 // tests/tools/optim_replay_*_test.cpp.)
 #include "mixtrain/trainer/optim_replay.h"
 

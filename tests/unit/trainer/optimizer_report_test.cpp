@@ -37,7 +37,8 @@ ResolvedConfig yaml_muon_config(bool fp32_main_params) {
   resolved.config = dialect_default_config("yaml");
   resolved.config.optimizer.target = "Muon";
   resolved.config.optimizer.fp32_main_params = fp32_main_params;
-  resolved.config.mix_precision.reduce_dtype = "float32";  // RFC case 2.5: set, never filled in
+  resolved.config.mix_precision.reduce_dtype =
+      "float32";  // fp32-main-params §2.5: set, never filled in
   resolved.config.optimizer.adamw.lr = 0.003;
   resolved.config.optimizer.adamw.weight_decay = 0.1;
   resolved.config.optimizer.muon.lr = 0.05;

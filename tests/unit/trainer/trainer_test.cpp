@@ -1,6 +1,7 @@
 // trainer/trainer: a TrainerConfig that did not come from a file (built in C++) meets the same
-// validation as a loaded one, RFC case 2.5 included, and trains like its loaded twin; warnings
-// about valid but surprising settings are logged once at start. One process, the tiny model.
+// validation as a loaded one, fp32-main-params §2.5 included, and trains like its loaded twin;
+// warnings about valid but surprising settings are logged once at start. One process, the tiny
+// model.
 #include "mixtrain/trainer/trainer.h"
 
 #include <gtest/gtest.h>
@@ -30,8 +31,8 @@ class TrainerTest : public ::testing::Test {
   }
   void TearDown() override { std::filesystem::remove_all(dir_); }
 
-  // configs/qwen2_moe_tiny.yaml's RFC setup (bfloat16 model and compute, fp32 main params,
-  // Muon + AdamW) on the tiny model, built field by field, without reduce_dtype.
+  // configs/qwen2_moe_tiny.yaml's fp32-main-params setup (bfloat16 model and compute, fp32 main
+  // params, Muon + AdamW) on the tiny model, built field by field, without reduce_dtype.
   static TrainerConfig built_in_code() {
     TrainerConfig c;
     c.model = test_support::tiny_config();

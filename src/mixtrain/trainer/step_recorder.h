@@ -1,0 +1,38 @@
+// The phase times of one training step (step_profile.h says what each phase holds). The
+// trainer starts a record per step, times each phase with a PhaseTimer at the top of its scope
+// and reads the record when the step is done:
+//
+//   recorder.start();
+//   { PhaseTimer t(recorder, Phase::kForward); ... }   // added to forward_s at the scope's end
+//
+// A phase entered several times in a step (forward and backward once per micro-batch) adds up.
+#pragma once
+
+#include "mixtrain/core/scoped_timer.h"
+#include "mixtrain/trainer/step_profile.h"
+
+namespace mixtrain {
+
+enum class Phase { kForward, kBackward, kReduce, kClip, kOptimizer, kCheckpoint };
+
+class StepRecorder {
+ public:
+  // A new step: every phase at zero.
+  void start() { times_ = StepTimes{}; }
+  // The seconds of `phase` so far in this step (what a PhaseTimer adds to).
+  double& seconds(Phase phase);
+  void add(Phase phase, double seconds) { this->seconds(phase) += seconds; }
+  // The step so far; its step_s is left to whoever times the whole step.
+  const StepTimes& times() const { return times_; }
+
+ private:
+  StepTimes times_;
+};
+
+// Adds the wall seconds of its scope to one phase of the recorder's step.
+class PhaseTimer : public ScopedTimer {
+ public:
+  PhaseTimer(StepRecorder& recorder, Phase phase) : ScopedTimer(recorder.seconds(phase)) {}
+};
+
+}  // namespace mixtrain

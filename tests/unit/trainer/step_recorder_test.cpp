@@ -1,0 +1,51 @@
+// trainer/step_recorder.h: each phase adds to its own field of the step's record.
+#include "mixtrain/trainer/step_recorder.h"
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <thread>
+#include <utility>
+#include <vector>
+
+namespace mixtrain {
+namespace {
+
+TEST(StepRecorderTest, EachPhaseHasItsOwnField) {
+  const std::vector<std::pair<Phase, double StepTimes::*>> fields = {
+      {Phase::kForward, &StepTimes::forward_s},     {Phase::kBackward, &StepTimes::backward_s},
+      {Phase::kReduce, &StepTimes::reduce_s},       {Phase::kClip, &StepTimes::clip_s},
+      {Phase::kOptimizer, &StepTimes::optimizer_s}, {Phase::kCheckpoint, &StepTimes::checkpoint_s},
+  };
+  for (const auto& [phase, field] : fields) {
+    StepRecorder recorder;
+    recorder.add(phase, 0.25);
+    recorder.add(phase, 0.5);  // a phase entered twice in a step adds up
+    StepTimes expected;
+    expected.*field = 0.75;
+    const StepTimes& got = recorder.times();
+    EXPECT_EQ(got.forward_s, expected.forward_s);
+    EXPECT_EQ(got.backward_s, expected.backward_s);
+    EXPECT_EQ(got.reduce_s, expected.reduce_s);
+    EXPECT_EQ(got.clip_s, expected.clip_s);
+    EXPECT_EQ(got.optimizer_s, expected.optimizer_s);
+    EXPECT_EQ(got.checkpoint_s, expected.checkpoint_s);
+    EXPECT_EQ(got.step_s, 0.0);  // the whole step is the caller's to time
+  }
+}
+
+TEST(StepRecorderTest, PhaseTimersAddTheirScopeAndStartClears) {
+  StepRecorder recorder;
+  for (int micro = 0; micro < 2; ++micro) {
+    PhaseTimer t(recorder, Phase::kBackward);
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  // sleep_for sleeps at least as long as asked.
+  EXPECT_GE(recorder.times().backward_s, 0.020);
+  EXPECT_EQ(recorder.times().forward_s, 0.0);
+  recorder.start();
+  EXPECT_EQ(recorder.times().backward_s, 0.0);
+}
+
+}  // namespace
+}  // namespace mixtrain

@@ -45,7 +45,6 @@ SHAPES = {
     "norm.weight": ((45,), "bfloat16"),
 }
 NO_DECAY = ("bias", "norm", "ln_")
-MAIN = "optimizer._mixed_precision_optimizer.fp32_from_fp16_params."
 CONFIG = f"""optimizer:
   _target_: AdamW
   fp32_main_params: true
@@ -54,29 +53,9 @@ CONFIG = f"""optimizer:
     adamw_betas: [{BETAS[0]}, {BETAS[1]}]
     adamw_eps: {EPS}
     adamw_weight_decay: {WD}
-fsdp_config:
-  mix_precision:
-    param_dtype: bfloat16
-    reduce_dtype: float32
-train:
-  max_grad_norm: 0.0
-"""
+""" + util.REPLAY_MIXED_PRECISION
 VARIANTS = {"foreach_false": {"foreach": False}, "foreach_true": {"foreach": True},
             "fused": {"fused": True}}
-
-
-def make_inputs():
-    import torch
-
-    gen = torch.Generator().manual_seed(20261201)
-    params, grads = {}, {}
-    for name, (shape, dtype) in SHAPES.items():
-        params[name] = (torch.randn(shape, generator=gen) * 0.5).to(getattr(torch, dtype))
-    for k in range(1, STEPS + 1):
-        for name, (shape, _) in SHAPES.items():
-            magnitude = 10 ** (torch.rand(shape, generator=gen) * 8 - 6)
-            grads[f"step.{k}.{name}"] = torch.randn(shape, generator=gen) * magnitude
-    return params, grads
 
 
 def torch_reference(directory):
@@ -89,20 +68,11 @@ def torch_reference(directory):
     params = load_file(os.path.join(directory, "p.safetensors"))
     grads = load_file(os.path.join(directory, "g.safetensors"))
     for variant, flags in VARIANTS.items():
-        masters = {n: p.detach().float().clone() for n, p in params.items()}
-        decay = [m for n, m in masters.items() if not any(s in n for s in NO_DECAY)]
-        no_decay = [m for n, m in masters.items() if any(s in n for s in NO_DECAY)]
-        opt = torch.optim.AdamW([{"params": decay}, {"params": no_decay, "weight_decay": 0.0}],
-                                lr=LR, betas=BETAS, eps=EPS, weight_decay=WD, **flags)
-        for k in range(1, STEPS + 1):
-            for n, m in masters.items():
-                m.grad = grads[f"step.{k}.{n}"].clone()
-            opt.step()
-        out = {}
+        masters, opt, out = util.torch_replay(
+            params, grads, STEPS, NO_DECAY,
+            lambda groups: torch.optim.AdamW(groups, lr=LR, betas=BETAS, eps=EPS,
+                                             weight_decay=WD, **flags))
         for n, m in masters.items():
-            out["model." + n] = m.to(params[n].dtype)  # the bf16 model param: master cast
-            if params[n].dtype != torch.float32:
-                out[MAIN + n] = m
             state = opt.state[m]
             out[f"optimizer.state.{n}.exp_avg"] = state["exp_avg"]
             out[f"optimizer.state.{n}.exp_avg_sq"] = state["exp_avg_sq"]
@@ -208,12 +178,10 @@ def main():
     if len(sys.argv) == 3 and sys.argv[1] == "--torch-reference":
         torch_reference(sys.argv[2])
         return
-    args = util.parse_args(__doc__.splitlines()[0])
-    util.require_packages()
+    args, check = util.start(__doc__.splitlines()[0], one_thread=False)
     from safetensors.torch import load_file
 
-    check = util.Checker()
-    params, grads = make_inputs()
+    params, grads = util.replay_inputs(SHAPES, STEPS, seed=20261201)
     for capability in capabilities():
         env = {"MIXTRAIN_CPU_CAPABILITY": capability, "ATEN_CPU_CAPABILITY": capability,
                "OMP_NUM_THREADS": "1"}

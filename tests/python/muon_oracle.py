@@ -51,7 +51,7 @@ SHAPES = {  # rows > cols (transposed), rows < cols, square
     "layers.0.mlp.down": ((32, 80), "bfloat16"),
     "layers.0.attn.q": ((40, 40), "bfloat16"),
 }
-MAIN = "optimizer._mixed_precision_optimizer.fp32_from_fp16_params."
+MAIN = util.MAIN
 
 
 def config(ns_dtype, adjust_lr_fn, nesterov):
@@ -70,13 +70,7 @@ def config(ns_dtype, adjust_lr_fn, nesterov):
     muon_adjust_lr_fn: {adjust_lr_fn}
     muon_matched_adamw_rms: 0.2
     muon_momentum_style: ema
-fsdp_config:
-  mix_precision:
-    param_dtype: bfloat16
-    reduce_dtype: float32
-train:
-  max_grad_norm: 0.0
-"""
+""" + util.REPLAY_MIXED_PRECISION
 
 
 def check_torch_constants(check):
@@ -160,12 +154,9 @@ def torch_muon(params, grads, adjust_lr_fn, nesterov, newton_schulz=None):
 
 
 def main():
-    args = util.parse_args(__doc__.splitlines()[0])
-    util.require_packages()
+    args, check = util.start(__doc__.splitlines()[0])
     import torch
 
-    torch.set_num_threads(1)
-    check = util.Checker()
     check_torch_constants(check)
     K, F = amplification()
     print(f"Newton-Schulz (legacy, 5 steps): K = {K:.4f}, F = {F:.4f}")

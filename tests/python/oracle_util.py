@@ -54,6 +54,18 @@ class Checker:
         print("all expectations passed")
 
 
+def start(description, one_thread=True):
+    """An oracle's start: parses --mixtrain, checks the packages, runs torch on one thread
+    (one_thread) and returns (args, Checker())."""
+    args = parse_args(description)
+    require_packages()
+    if one_thread:
+        import torch
+
+        torch.set_num_threads(1)
+    return args, Checker()
+
+
 def run_mixtrain(binary, arguments, env=None):
     """Runs mixtrain; returns its combined output, raising with that output if it fails."""
     child_env = dict(os.environ, OMP_NUM_THREADS="1")
@@ -96,6 +108,61 @@ def optim_replay(binary, directory, config_yaml, params, grads, env=None):
                           paths["p.safetensors"], "--grads", paths["g.safetensors"], "--out",
                           paths["o.safetensors"]], env=env)
     return load_file(paths["o.safetensors"])
+
+
+# The end of an optim-replay config: bfloat16 model params, float32 gradient reduction, no
+# gradient clipping (the replay's grads reach the optimizer as given).
+REPLAY_MIXED_PRECISION = """fsdp_config:
+  mix_precision:
+    param_dtype: bfloat16
+    reduce_dtype: float32
+train:
+  max_grad_norm: 0.0
+"""
+
+# The optim-replay output's key prefix of the fp32 main param of a 16-bit model param.
+MAIN = "optimizer._mixed_precision_optimizer.fp32_from_fp16_params."
+
+
+def replay_inputs(shapes, steps, seed):
+    """Params {name: randn * 0.5 in its dtype} and grads {"step.k.name": randn * 10^u, u
+    uniform in [-6, 2)} for shapes {name: (shape, dtype name)}, drawn from one seeded
+    generator."""
+    import torch
+
+    gen = torch.Generator().manual_seed(seed)
+    params, grads = {}, {}
+    for name, (shape, dtype) in shapes.items():
+        params[name] = (torch.randn(shape, generator=gen) * 0.5).to(getattr(torch, dtype))
+    for k in range(1, steps + 1):
+        for name, (shape, _) in shapes.items():
+            magnitude = 10 ** (torch.rand(shape, generator=gen) * 8 - 6)
+            grads[f"step.{k}.{name}"] = torch.randn(shape, generator=gen) * magnitude
+    return params, grads
+
+
+def torch_replay(params, grads, steps, no_decay, make_optimizer):
+    """What optim-replay does, in torch: fp32 masters of `params` in two groups, those whose
+    name contains none of `no_decay` and the rest (weight_decay 0), stepped by
+    make_optimizer(groups) on the grads of steps 1..steps. Returns (masters, optimizer, out),
+    out holding the model params ("model.<name>": the master rounded to the param's dtype) and
+    the fp32 main params of the 16-bit ones, under the replay output's key names."""
+    import torch
+
+    masters = {n: p.detach().float().clone() for n, p in params.items()}
+    decay = [m for n, m in masters.items() if not any(s in n for s in no_decay)]
+    rest = [m for n, m in masters.items() if any(s in n for s in no_decay)]
+    opt = make_optimizer([{"params": decay}, {"params": rest, "weight_decay": 0.0}])
+    for k in range(1, steps + 1):
+        for n, m in masters.items():
+            m.grad = grads[f"step.{k}.{n}"].clone()
+        opt.step()
+    out = {}
+    for n, m in masters.items():
+        out["model." + n] = m.to(params[n].dtype)
+        if params[n].dtype != torch.float32:
+            out[MAIN + n] = m
+    return masters, opt, out
 
 
 def temp_dir():

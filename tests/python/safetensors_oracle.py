@@ -22,7 +22,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import oracle_util as util  # noqa: E402
 
-MAIN = "optimizer._mixed_precision_optimizer.fp32_from_fp16_params."
+MAIN = util.MAIN
 
 
 def raw_read(path):
@@ -150,13 +150,7 @@ def replay_part(check, binary, directory):
   adamw_config:
     adamw_lr: 0.0
     adamw_betas: [0.8, 0.99]
-fsdp_config:
-  mix_precision:
-    param_dtype: bfloat16
-    reduce_dtype: float32
-train:
-  max_grad_norm: 0.0
-"""
+""" + util.REPLAY_MIXED_PRECISION
     out = util.optim_replay(binary, directory, config, params, grads)
     path = os.path.join(directory, "o.safetensors")
     check_rank_file(check, path)
@@ -180,12 +174,7 @@ train:
 
 
 def main():
-    args = util.parse_args(__doc__.splitlines()[0])
-    util.require_packages()
-    import torch
-
-    torch.set_num_threads(1)
-    check = util.Checker()
+    args, check = util.start(__doc__.splitlines()[0])
     with util.temp_dir() as directory:
         checkpoint_part(check, args.mixtrain, directory)
         replay_part(check, args.mixtrain, directory)

@@ -24,7 +24,6 @@ SHAPES = {
     "norm.weight": ((45,), "bfloat16"),
 }
 NO_DECAY = ("bias", "norm", "ln_")
-MAIN = "optimizer._mixed_precision_optimizer.fp32_from_fp16_params."
 OPTION_SETS = {
     "nesterov": dict(momentum=0.9, dampening=0.0, weight_decay=0.01, nesterov=True),
     "dampened": dict(momentum=0.8, dampening=0.25, weight_decay=0.1, nesterov=False),
@@ -42,47 +41,17 @@ def config(options):
     sgd_dampening: {options["dampening"]}
     sgd_weight_decay: {options["weight_decay"]}
     sgd_nesterov: {str(options["nesterov"]).lower()}
-fsdp_config:
-  mix_precision:
-    param_dtype: bfloat16
-    reduce_dtype: float32
-train:
-  max_grad_norm: 0.0
-"""
-
-
-def make_inputs():
-    import torch
-
-    gen = torch.Generator().manual_seed(20261202)
-    params, grads = {}, {}
-    for name, (shape, dtype) in SHAPES.items():
-        params[name] = (torch.randn(shape, generator=gen) * 0.5).to(getattr(torch, dtype))
-    for k in range(1, STEPS + 1):
-        for name, (shape, _) in SHAPES.items():
-            magnitude = 10 ** (torch.rand(shape, generator=gen) * 8 - 6)
-            grads[f"step.{k}.{name}"] = torch.randn(shape, generator=gen) * magnitude
-    return params, grads
+""" + util.REPLAY_MIXED_PRECISION
 
 
 def torch_reference(params, grads, options):
     """torch.optim.SGD on fp32 masters, under our output's key names."""
     import torch
 
-    masters = {n: p.detach().float().clone() for n, p in params.items()}
-    decay = [m for n, m in masters.items() if not any(s in n for s in NO_DECAY)]
-    no_decay = [m for n, m in masters.items() if any(s in n for s in NO_DECAY)]
-    opt = torch.optim.SGD([{"params": decay}, {"params": no_decay, "weight_decay": 0.0}],
-                          lr=LR, foreach=False, **options)
-    for k in range(1, STEPS + 1):
-        for n, m in masters.items():
-            m.grad = grads[f"step.{k}.{n}"].clone()
-        opt.step()
-    out = {}
+    masters, opt, out = util.torch_replay(
+        params, grads, STEPS, NO_DECAY,
+        lambda groups: torch.optim.SGD(groups, lr=LR, foreach=False, **options))
     for n, m in masters.items():
-        out["model." + n] = m.to(params[n].dtype)  # the model param: the master rounded
-        if params[n].dtype != torch.float32:
-            out[MAIN + n] = m
         buffer = opt.state[m].get("momentum_buffer")
         if buffer is not None:
             out[f"optimizer.state.{n}.momentum_buffer"] = buffer
@@ -117,13 +86,8 @@ def compare(check, label, ours, ref):
 
 
 def main():
-    args = util.parse_args(__doc__.splitlines()[0])
-    util.require_packages()
-    import torch
-
-    torch.set_num_threads(1)
-    check = util.Checker()
-    params, grads = make_inputs()
+    args, check = util.start(__doc__.splitlines()[0])
+    params, grads = util.replay_inputs(SHAPES, STEPS, seed=20261202)
     for label, options in OPTION_SETS.items():
         with util.temp_dir() as directory:
             ours = util.optim_replay(args.mixtrain, directory, config(options), params, grads)

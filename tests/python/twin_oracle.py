@@ -51,7 +51,7 @@ import oracle_util as util  # noqa: E402
 SOURCE = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(SOURCE, "bench", "twin"))
 
-MAIN = "optimizer._mixed_precision_optimizer.fp32_from_fp16_params."
+MAIN = util.MAIN
 STATE = "optimizer.state."
 N = 40  # checkpointed steps before the two the twin repeats
 # Clipping active in the steps compared (their pre-clip norms are ~0.6), so it is compared too.

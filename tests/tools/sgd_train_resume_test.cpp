@@ -7,6 +7,7 @@
 
 #include <string>
 
+#include "support/train_then_resume.h"
 #include "tools/cli_test_util.h"
 
 namespace mixtrain::testing {
@@ -23,9 +24,9 @@ std::string sgd_command(const std::string& run_dir) {
 }
 
 TEST(SgdTrainResume, SecondRunContinuesBitwise) {
-  TempDir continuous, split;
-  const CommandResult one = run_mixtrain(sgd_command(continuous.path()) + " --set train.steps=4");
-  ASSERT_EQ(one.exit_code, 0) << one.output;
+  TrainThenResume runs;
+  ASSERT_NO_FATAL_FAILURE(train_then_resume(sgd_command, "", runs));
+  const CommandResult& one = runs.one;
   EXPECT_NE(one.output.find("Effective sgd config:"), std::string::npos) << one.output;
   EXPECT_NE(one.output.find("Optimizer routing (SGD"), std::string::npos) << one.output;
   // The routing table (up to the next log line): every row names sgd, none another leaf.
@@ -36,26 +37,11 @@ TEST(SgdTrainResume, SecondRunContinuesBitwise) {
   EXPECT_EQ(rows.find(" adamw "), std::string::npos) << rows;
   EXPECT_EQ(rows.find(" muon "), std::string::npos) << rows;
 
-  const CommandResult first = run_mixtrain(sgd_command(split.path()) + " --set train.steps=2");
-  ASSERT_EQ(first.exit_code, 0) << first.output;
-  const CommandResult second =
-      run_mixtrain(sgd_command(split.path()) + " --set train.steps=4" +
-                   " --set checkpoint.restore_from=" + split.file("checkpoints"));
-  ASSERT_EQ(second.exit_code, 0) << second.output;
-  EXPECT_NE(second.output.find("restored step 2"), std::string::npos) << second.output;
-
-  const auto expected = read_metrics(continuous.file("metrics.jsonl"));
-  const auto resumed = read_metrics(split.file("metrics.jsonl"));
-  ASSERT_EQ(expected.size(), 4u);
-  ASSERT_EQ(resumed.size(), 4u);
-  for (size_t i = 0; i < 4; ++i) {
-    EXPECT_EQ(without_timing(resumed[i]), without_timing(expected[i])) << "step " << i + 1;
-  }
   // Every tensor (model, main params, momentum buffers, steps) bitwise equal: ckpt diff reports
   // only the two state fields that name the restore, the config (restore_from) and its hash.
   const CommandResult diff =
-      run_mixtrain("ckpt diff " + continuous.file("checkpoints/step-00000004") + " " +
-                   split.file("checkpoints/step-00000004"));
+      run_mixtrain("ckpt diff " + runs.continuous.file("checkpoints/step-00000004") + " " +
+                   runs.split.file("checkpoints/step-00000004"));
   EXPECT_NE(diff.output.find("\ndifferent: 2 step/state fields with differences\n"),
             std::string::npos)
       << diff.output;

@@ -32,9 +32,13 @@ ExpertDispatcher* ParamAccess::expert_dispatcher() const {
   return m ? m->expert_dispatcher() : nullptr;
 }
 
-Linear::Linear(int64_t in_features, int64_t out_features, bool bias, ParamAccess access)
+WeightedLayer::WeightedLayer(at::IntArrayRef weight_shape, ParamAccess access)
     : access_(std::move(access)) {
-  weight = register_parameter("weight", torch::empty({out_features, in_features}));
+  weight = register_parameter("weight", torch::empty(weight_shape));
+}
+
+Linear::Linear(int64_t in_features, int64_t out_features, bool bias, ParamAccess access)
+    : WeightedLayer({out_features, in_features}, std::move(access)) {
   if (bias) this->bias = register_parameter("bias", torch::empty({out_features}));
 }
 
@@ -47,9 +51,7 @@ torch::Tensor Linear::forward(const torch::Tensor& x) {
 }
 
 Embedding::Embedding(int64_t num_embeddings, int64_t embedding_dim, ParamAccess access)
-    : access_(std::move(access)) {
-  weight = register_parameter("weight", torch::empty({num_embeddings, embedding_dim}));
-}
+    : WeightedLayer({num_embeddings, embedding_dim}, std::move(access)) {}
 
 torch::Tensor Embedding::forward(const torch::Tensor& input_ids) {
   return access_.post_forward({"weight"},
@@ -57,9 +59,7 @@ torch::Tensor Embedding::forward(const torch::Tensor& input_ids) {
 }
 
 RMSNorm::RMSNorm(int64_t hidden_size, double eps, ParamAccess access)
-    : eps_(eps), access_(std::move(access)) {
-  weight = register_parameter("weight", torch::empty({hidden_size}));
-}
+    : WeightedLayer({hidden_size}, std::move(access)), eps_(eps) {}
 
 torch::Tensor RMSNorm::forward(const torch::Tensor& x) {
   const auto input_dtype = x.scalar_type();
@@ -153,6 +153,14 @@ void init_hf_weights(torch::nn::Module& model, uint64_t seed) {
 
 void require_model_key(bool ok, const std::string& key, const std::string& what) {
   if (!ok) throw std::invalid_argument("model config: " + key + " " + what);
+}
+
+void check_qwen2_input_ids(const char* label, const torch::Tensor& input_ids, int64_t max_seq_len) {
+  TORCH_CHECK(input_ids.dim() == 2 && input_ids.scalar_type() == torch::kInt64, label,
+              ": input_ids must be int64 [batch, seq], got ", input_ids.scalar_type(), " ",
+              input_ids.sizes());
+  TORCH_CHECK(input_ids.size(1) <= max_seq_len, label, ": sequence length ", input_ids.size(1),
+              " exceeds max_seq_len ", max_seq_len);
 }
 
 void validate_qwen2_common(const ModelConfig& c) {

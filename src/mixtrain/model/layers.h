@@ -6,7 +6,8 @@
 //   (q/k/v with bias, o without, rotary, causal GQA: attention.h), SwiGLUMLP
 //   (down(silu(gate x) * up x));
 //   rotary_cos_sin / apply_rotary_pos_emb (HF layout, float32 tables);
-//   init_hf_weights (HF _init_weights with initializer_range 0.02, from a seed).
+//   init_hf_weights (HF _init_weights with initializer_range 0.02, from a seed);
+//   Qwen2FamilyForCausalLM (the wrapper around a decoder stack: lm_head, input checks, roles).
 // Parameters are registered directly (not through torch::nn::Linear/Embedding), because those
 // initialise themselves from the global RNG in their constructors; ours are filled once, from
 // the seed, by init_hf_weights. Each module reports its output to post_forward once its
@@ -38,41 +39,40 @@ struct ParamAccess {
   ExpertDispatcher* expert_dispatcher() const;
 };
 
-class Linear : public torch::nn::Module {
+// A layer whose parameters are `weight` (registered first, left uninitialised for
+// init_hf_weights) and possibly more, each read through access_.
+class WeightedLayer : public torch::nn::Module {
+ public:
+  torch::Tensor weight;
+
+ protected:
+  WeightedLayer(at::IntArrayRef weight_shape, ParamAccess access);
+  ParamAccess access_;
+};
+
+class Linear : public WeightedLayer {
  public:
   Linear(int64_t in_features, int64_t out_features, bool bias, ParamAccess access);
   torch::Tensor forward(const torch::Tensor& x);
 
-  torch::Tensor weight;
   torch::Tensor bias;  // undefined when the layer has none
-
- private:
-  ParamAccess access_;
 };
 
-class Embedding : public torch::nn::Module {
+class Embedding : public WeightedLayer {
  public:
   Embedding(int64_t num_embeddings, int64_t embedding_dim, ParamAccess access);
   torch::Tensor forward(const torch::Tensor& input_ids);
-
-  torch::Tensor weight;
-
- private:
-  ParamAccess access_;
 };
 
 // HF Qwen2RMSNorm: normalise in float32 (bf16 has too few mantissa bits for the mean of
 // squares), cast back, then scale in the compute dtype.
-class RMSNorm : public torch::nn::Module {
+class RMSNorm : public WeightedLayer {
  public:
   RMSNorm(int64_t hidden_size, double eps, ParamAccess access);
   torch::Tensor forward(const torch::Tensor& x);
 
-  torch::Tensor weight;
-
  private:
   double eps_;
-  ParamAccess access_;
 };
 
 // HF Qwen2Attention (eval, no cache): q/k/v projections with bias, o_proj without, rotary on q
@@ -118,7 +118,70 @@ void init_hf_weights(torch::nn::Module& model, uint64_t seed);
 // invariants. validate_config refuses each first, naming the key as the user wrote it.
 void require_model_key(bool ok, const std::string& key, const std::string& what);
 
+// TORCH_CHECKs that input_ids is int64 [batch, seq] with seq <= max_seq_len; `label` names the
+// model in the message.
+void check_qwen2_input_ids(const char* label, const torch::Tensor& input_ids, int64_t max_seq_len);
+
 // The checks every Qwen2-family model needs (sizes > 0, GQA divisibility, even head_dim, ...).
 void validate_qwen2_common(const ModelConfig& c);
+
+// The causal-LM wrapper every Qwen2-family model shares (HF *ForCausalLM): the decoder stack
+// `Model` registered as "model", then the untied lm_head (HF's order, hence named_parameters()
+// order); forward's input checks and materializer casts around them; the roles of the parts
+// every family member has. Model(config, access) has embed_tokens, layers (each with self_attn,
+// input_layernorm, post_attention_layernorm) and norm. A subclass adds its layers' MLP roles
+// and calls init_hf_weights once the tree is complete.
+template <typename Model>
+class Qwen2FamilyForCausalLM : public CausalLM {
+ public:
+  const ModelConfig& config() const override { return config_; }
+
+  std::shared_ptr<Model> model;
+  std::shared_ptr<Linear> lm_head;
+
+ protected:
+  // label names the model in forward's errors ("qwen2", "qwen2_moe").
+  Qwen2FamilyForCausalLM(const ModelConfig& c, const char* label) : config_(c), label_(label) {
+    const ParamAccess root{materializer_slot(), ""};
+    model = register_module("model", std::make_shared<Model>(c, root.child("model")));
+    lm_head = register_module("lm_head", std::make_shared<Linear>(c.hidden_size, c.vocab_size,
+                                                                  false, root.child("lm_head")));
+  }
+
+  // input_ids, checked to be int64 [batch, seq] with seq <= max_seq_len, as the stack takes it.
+  torch::Tensor model_input(const torch::Tensor& input_ids) const {
+    check_qwen2_input_ids(label_, input_ids, config_.max_seq_len);
+    const auto& materializer = parameter_materializer();
+    return materializer ? materializer->cast_forward_input(input_ids) : input_ids;
+  }
+
+  // lm_head(hidden), in output_dtype where a materializer casts it.
+  torch::Tensor logits(const torch::Tensor& hidden) {
+    auto out = lm_head->forward(hidden);
+    const auto& materializer = parameter_materializer();
+    return materializer ? materializer->cast_forward_output(out) : out;
+  }
+
+  static std::string layer_prefix(size_t i) { return "model.layers." + std::to_string(i) + "."; }
+
+  void assign_common_roles() {
+    assign_param_role("model.embed_tokens.", *model->embed_tokens, ParamRole::kEmbedding);
+    for (size_t i = 0; i < model->layers.size(); ++i) {
+      const auto& layer = *model->layers[i];
+      const std::string p = layer_prefix(i);
+      assign_param_role(p + "self_attn.", *layer.self_attn, ParamRole::kAttention);
+      assign_param_role(p + "input_layernorm.", *layer.input_layernorm, ParamRole::kNorm);
+      assign_param_role(p + "post_attention_layernorm.", *layer.post_attention_layernorm,
+                        ParamRole::kNorm);
+    }
+    assign_param_role("model.norm.", *model->norm, ParamRole::kNorm);
+    assign_param_role("lm_head.", *lm_head, ParamRole::kOutputHead);
+  }
+
+  ModelConfig config_;
+
+ private:
+  const char* label_;
+};
 
 }  // namespace mixtrain

@@ -70,55 +70,22 @@ class Qwen2Model : public torch::nn::Module {
   ModelConfig config_;
 };
 
-class Qwen2ForCausalLM : public CausalLM {
+class Qwen2ForCausalLM : public Qwen2FamilyForCausalLM<Qwen2Model> {
  public:
-  Qwen2ForCausalLM(const ModelConfig& c, uint64_t seed) : config_(c) {
-    const ParamAccess root{materializer_slot(), ""};
-    model = register_module("model", std::make_shared<Qwen2Model>(c, root.child("model")));
-    lm_head = register_module("lm_head", std::make_shared<Linear>(c.hidden_size, c.vocab_size,
-                                                                  false, root.child("lm_head")));
-    assign_roles();
+  Qwen2ForCausalLM(const ModelConfig& c, uint64_t seed) : Qwen2FamilyForCausalLM(c, "qwen2") {
+    assign_common_roles();
+    for (size_t i = 0; i < model->layers.size(); ++i) {
+      assign_param_role(layer_prefix(i) + "mlp.", *model->layers[i]->mlp, ParamRole::kMlp);
+    }
     init_hf_weights(*this, seed);
   }
 
   CausalLMOutput forward(const torch::Tensor& input_ids) override {
-    TORCH_CHECK(input_ids.dim() == 2 && input_ids.scalar_type() == torch::kInt64,
-                "qwen2: input_ids must be int64 [batch, seq], got ", input_ids.scalar_type(), " ",
-                input_ids.sizes());
-    TORCH_CHECK(input_ids.size(1) <= config_.max_seq_len, "qwen2: sequence length ",
-                input_ids.size(1), " exceeds max_seq_len ", config_.max_seq_len);
-    const auto& materializer = parameter_materializer();
-    const auto hidden =
-        model->forward(materializer ? materializer->cast_forward_input(input_ids) : input_ids);
     CausalLMOutput out;
-    out.logits = lm_head->forward(hidden);
-    if (materializer) out.logits = materializer->cast_forward_output(out.logits);
+    out.logits = logits(model->forward(model_input(input_ids)));
     out.aux_loss = torch::zeros({}, torch::kFloat32);  // no router
     return out;
   }
-
-  const ModelConfig& config() const override { return config_; }
-
-  std::shared_ptr<Qwen2Model> model;
-  std::shared_ptr<Linear> lm_head;
-
- private:
-  void assign_roles() {
-    assign_param_role("model.embed_tokens.", *model->embed_tokens, ParamRole::kEmbedding);
-    for (size_t i = 0; i < model->layers.size(); ++i) {
-      const auto& layer = *model->layers[i];
-      const std::string p = "model.layers." + std::to_string(i) + ".";
-      assign_param_role(p + "self_attn.", *layer.self_attn, ParamRole::kAttention);
-      assign_param_role(p + "mlp.", *layer.mlp, ParamRole::kMlp);
-      assign_param_role(p + "input_layernorm.", *layer.input_layernorm, ParamRole::kNorm);
-      assign_param_role(p + "post_attention_layernorm.", *layer.post_attention_layernorm,
-                        ParamRole::kNorm);
-    }
-    assign_param_role("model.norm.", *model->norm, ParamRole::kNorm);
-    assign_param_role("lm_head.", *lm_head, ParamRole::kOutputHead);
-  }
-
-  ModelConfig config_;
 };
 
 }  // namespace

@@ -258,62 +258,32 @@ class Qwen2MoeModel : public torch::nn::Module {
   ModelConfig config_;
 };
 
-class Qwen2MoeForCausalLM : public CausalLM {
+class Qwen2MoeForCausalLM : public Qwen2FamilyForCausalLM<Qwen2MoeModel> {
  public:
-  Qwen2MoeForCausalLM(const ModelConfig& c, uint64_t seed) : config_(c) {
-    const ParamAccess root{materializer_slot(), ""};
-    model = register_module("model", std::make_shared<Qwen2MoeModel>(c, root.child("model")));
-    lm_head = register_module("lm_head", std::make_shared<Linear>(c.hidden_size, c.vocab_size,
-                                                                  false, root.child("lm_head")));
-    assign_roles();
+  Qwen2MoeForCausalLM(const ModelConfig& c, uint64_t seed)
+      : Qwen2FamilyForCausalLM(c, "qwen2_moe") {
+    // Each module's parameters get the role of the module (causal_lm.h), from the module tree.
+    assign_common_roles();
+    for (size_t i = 0; i < model->layers.size(); ++i) {
+      const auto& mlp = *model->layers[i]->mlp;
+      const std::string p = layer_prefix(i) + "mlp.";
+      assign_param_role(p + "gate.", *mlp.gate, ParamRole::kRouter);
+      assign_param_role(p + "experts.", *mlp.experts, ParamRole::kExpert);
+      assign_param_role(p + "shared_expert.", *mlp.shared_expert, ParamRole::kMlp);
+      assign_param_role(p + "shared_expert_gate.", *mlp.shared_expert_gate, ParamRole::kRouter);
+    }
     init_hf_weights(*this, seed);
   }
 
   CausalLMOutput forward(const torch::Tensor& input_ids) override {
-    TORCH_CHECK(input_ids.dim() == 2 && input_ids.scalar_type() == torch::kInt64,
-                "qwen2_moe: input_ids must be int64 [batch, seq], got ", input_ids.scalar_type(),
-                " ", input_ids.sizes());
-    TORCH_CHECK(input_ids.size(1) <= config_.max_seq_len, "qwen2_moe: sequence length ",
-                input_ids.size(1), " exceeds max_seq_len ", config_.max_seq_len);
-    const auto& materializer = parameter_materializer();
-    auto [hidden, router_logits] =
-        model->forward(materializer ? materializer->cast_forward_input(input_ids) : input_ids);
+    auto [hidden, router_logits] = model->forward(model_input(input_ids));
     CausalLMOutput out;
-    out.logits = lm_head->forward(hidden);
     // Only the logits take output_dtype: the aux loss stays float32 (contract above).
-    if (materializer) out.logits = materializer->cast_forward_output(out.logits);
+    out.logits = logits(hidden);
     out.aux_loss =
         load_balancing_loss(router_logits, config_.num_experts, config_.num_experts_per_tok);
     return out;
   }
-
-  const ModelConfig& config() const override { return config_; }
-
-  std::shared_ptr<Qwen2MoeModel> model;
-  std::shared_ptr<Linear> lm_head;
-
- private:
-  // Each module's parameters get the role of the module (causal_lm.h), from the module tree.
-  void assign_roles() {
-    assign_param_role("model.embed_tokens.", *model->embed_tokens, ParamRole::kEmbedding);
-    for (size_t i = 0; i < model->layers.size(); ++i) {
-      const auto& layer = *model->layers[i];
-      const std::string p = "model.layers." + std::to_string(i) + ".";
-      assign_param_role(p + "self_attn.", *layer.self_attn, ParamRole::kAttention);
-      assign_param_role(p + "mlp.gate.", *layer.mlp->gate, ParamRole::kRouter);
-      assign_param_role(p + "mlp.experts.", *layer.mlp->experts, ParamRole::kExpert);
-      assign_param_role(p + "mlp.shared_expert.", *layer.mlp->shared_expert, ParamRole::kMlp);
-      assign_param_role(p + "mlp.shared_expert_gate.", *layer.mlp->shared_expert_gate,
-                        ParamRole::kRouter);
-      assign_param_role(p + "input_layernorm.", *layer.input_layernorm, ParamRole::kNorm);
-      assign_param_role(p + "post_attention_layernorm.", *layer.post_attention_layernorm,
-                        ParamRole::kNorm);
-    }
-    assign_param_role("model.norm.", *model->norm, ParamRole::kNorm);
-    assign_param_role("lm_head.", *lm_head, ParamRole::kOutputHead);
-  }
-
-  ModelConfig config_;
 };
 
 void validate(const ModelConfig& c) {

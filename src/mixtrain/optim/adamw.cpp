@@ -33,11 +33,6 @@ std::string options_problem(const AdamWOptions& options) {
   return "";
 }
 
-void check_options(const AdamWOptions& options, const std::string& where) {
-  const std::string problem = options_problem(options);
-  if (!problem.empty()) throw std::invalid_argument("adamw: " + where + ": " + problem);
-}
-
 // The double scalars of torch/optim/adamw.py, cast to float as each ATen op casts its Scalar.
 AdamWStepScalars step_scalars(const AdamWOptions& options, int64_t step) {
   const double lr = options.lr();
@@ -102,11 +97,7 @@ at::Tensor state_tensor_like(const at::Tensor& value, const at::Tensor& param) {
 
 AdamW::AdamW(std::vector<torch::optim::OptimizerParamGroup> groups, AdamWOptions defaults)
     : LeafOptimizer(std::move(groups), std::make_unique<AdamWOptions>(defaults)) {
-  check_options(defaults, "defaults");
-  for (size_t i = 0; i < param_groups_.size(); ++i) {
-    check_options(static_cast<const AdamWOptions&>(param_groups_[i].options()),
-                  "param group " + std::to_string(i));
-  }
+  check_options(options_problem);
 }
 
 at::Tensor AdamW::step(LossClosure closure) {

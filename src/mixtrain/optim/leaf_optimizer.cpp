@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <exception>
 #include <stdexcept>
+#include <string>
 
 namespace mixtrain {
 
@@ -42,6 +43,18 @@ void LeafOptimizer::set_copy_back(const at::Tensor& param, const at::Tensor& mod
   TORCH_CHECK(param.sizes() == model_param.sizes(), kind(),
               ": copy-back target shape differs from the parameter");
   copy_back_[param.unsafeGetTensorImpl()] = model_param;
+}
+
+void LeafOptimizer::check_each_options(
+    const std::function<std::string(const torch::optim::OptimizerOptions&)>& problem) const {
+  std::string found = problem(*defaults_);
+  if (!found.empty()) throw std::invalid_argument(kind() + ": defaults: " + found);
+  for (size_t i = 0; i < param_groups_.size(); ++i) {
+    found = problem(param_groups_[i].options());
+    if (!found.empty()) {
+      throw std::invalid_argument(kind() + ": param group " + std::to_string(i) + ": " + found);
+    }
+  }
 }
 
 at::Tensor LeafOptimizer::copy_back_target(const at::Tensor& param) const {

@@ -26,6 +26,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <set>
 #include <string>
 #include <unordered_map>
@@ -85,6 +86,15 @@ class LeafOptimizer : public torch::optim::Optimizer {
   // torch.optim's step(closure): the closure's loss, computed with grad mode on (undefined
   // without a closure).
   static at::Tensor evaluate_closure(const LossClosure& closure);
+  // For the constructors: throws std::invalid_argument "<kind()>: defaults: <problem>" or
+  // "<kind()>: param group <i>: <problem>" for the first of the defaults, then each group's
+  // options, for which problem(options) is not "".
+  template <typename Options>
+  void check_options(std::string (*problem)(const Options&)) const {
+    check_each_options([problem](const torch::optim::OptimizerOptions& options) {
+      return problem(static_cast<const Options&>(options));
+    });
+  }
   void acquire_state(const at::Tensor& param);
   void release_state(const at::Tensor& param);
   // acquire_state(param) for the lease's scope: release_state runs when it ends normally
@@ -107,6 +117,9 @@ class LeafOptimizer : public torch::optim::Optimizer {
   at::Tensor copy_back_target(const at::Tensor& param) const;
 
  private:
+  void check_each_options(
+      const std::function<std::string(const torch::optim::OptimizerOptions&)>& problem) const;
+
   StateSwap* swap_ = nullptr;
   std::unordered_map<const void*, at::Tensor> copy_back_;  // keyed by TensorImpl
 };

@@ -23,11 +23,6 @@ std::string options_problem(const SgdOptions& options) {
   return "";
 }
 
-void check_options(const SgdOptions& options, const std::string& where) {
-  const std::string problem = options_problem(options);
-  if (!problem.empty()) throw std::invalid_argument("sgd: " + where + ": " + problem);
-}
-
 // torch/optim/sgd.py _single_tensor_sgd, for one parameter; `first` is its first step.
 void sgd_update(const SgdOptions& options, const at::Tensor& param, at::Tensor grad,
                 SgdParamState& state, bool first) {
@@ -48,11 +43,7 @@ void sgd_update(const SgdOptions& options, const at::Tensor& param, at::Tensor g
 
 Sgd::Sgd(std::vector<torch::optim::OptimizerParamGroup> groups, SgdOptions defaults)
     : LeafOptimizer(std::move(groups), std::make_unique<SgdOptions>(defaults)) {
-  check_options(defaults, "defaults");
-  for (size_t i = 0; i < param_groups_.size(); ++i) {
-    check_options(static_cast<const SgdOptions&>(param_groups_[i].options()),
-                  "param group " + std::to_string(i));
-  }
+  check_options(options_problem);
 }
 
 at::Tensor Sgd::step(LossClosure closure) {

@@ -11,7 +11,14 @@
 
 #include <cmath>
 #include <limits>
+#include <memory>
+#include <string>
 #include <vector>
+
+#include "mixtrain/core/collectives.h"
+#include "mixtrain/core/param_placement.h"
+#include "mixtrain/optim/chained_optimizer.h"
+#include "support/test_sgd.h"
 
 namespace mixtrain {
 namespace {
@@ -113,6 +120,61 @@ TEST(GradClipTest, NonFiniteNormReturnedAndGradsUntouched) {
   at::Tensor c = at::tensor({std::numeric_limits<float>::quiet_NaN(), 5.0f});
   EXPECT_TRUE(std::isnan(clip_grad_norm({c}, 1.0)));
   EXPECT_EQ(c[1].item<float>(), 5.0f);
+}
+
+// ChainedOptimizer::clip_grad_norm reads each parameter's placement (grad_clip.h, placed
+// form): one process, one parameter per kind a single rank can hold (kWhole; kReplicated over a
+// one-rank group; kDim0Shard whose one-rank shard group holds all rows), plus one without a
+// grad. The norm must be that of every grad counted once, summed here in double; tolerance
+// kRelTol (the kernel's float32 lanes, top of this file). The grads are then scaled by torch's
+// coefficient for the returned norm: mul_ rounds it to float32 first, so 4 ulp (FLOAT_EQ).
+TEST(GradClipTest, ChainedOptimizerClipsOverPlacements) {
+  at::manual_seed(23);
+  auto make_param = [](std::vector<int64_t> shape) {
+    return at::zeros(shape).requires_grad_(true);
+  };
+  const at::Tensor whole = make_param({7, 5});
+  const at::Tensor replicated = make_param({33});
+  const at::Tensor shard = make_param({6, 4});
+  const at::Tensor no_grad = make_param({3});
+  ChainedOptimizer chain;
+  chain.add_leaf(
+      test_doubles::make_sgd({whole, replicated, shard, no_grad}, 0.1),
+      {{"whole", whole}, {"replicated", replicated}, {"shard", shard}, {"no_grad", no_grad}});
+
+  const std::shared_ptr<Collectives> shard_group = make_local_collectives("dp_shard");
+  const std::shared_ptr<Collectives> replicate_group = make_local_collectives("dp_replicate");
+  ParamPlacement rep = whole_placement("replicated", {33});
+  rep.kind = ParamPlacement::Kind::kReplicated;
+  rep.replicate_group = replicate_group;
+  ParamPlacement dim0 = whole_placement("shard", {6, 4});
+  dim0.kind = ParamPlacement::Kind::kDim0Shard;
+  dim0.shard_group = shard_group;
+  dim0.replicate_group = replicate_group;
+  // "whole" and "no_grad" keep the kWhole placement every parameter starts with.
+  chain.set_placements({rep, dim0});
+
+  whole.mutable_grad() = at::randn({7, 5});
+  replicated.mutable_grad() = at::randn({33}) * 3;
+  shard.mutable_grad() = at::randn({6, 4}) * 0.5;
+  const std::vector<at::Tensor> before = {whole.grad().clone(), replicated.grad().clone(),
+                                          shard.grad().clone()};
+  const double expected = reference_norm(before);
+  const double max_norm = 0.25 * expected;  // clips: coefficient ~0.25
+
+  const double norm = chain.clip_grad_norm(max_norm);
+  EXPECT_NEAR(norm, expected, kRelTol * expected);
+  const float coefficient = static_cast<float>(max_norm / (norm + 1e-6));
+  const std::vector<at::Tensor> after = {whole.grad(), replicated.grad(), shard.grad()};
+  for (size_t t = 0; t < after.size(); ++t) {
+    const at::Tensor b = before[t].reshape({-1});
+    const at::Tensor a = after[t].reshape({-1});
+    for (int64_t i = 0; i < a.numel(); ++i) {
+      EXPECT_FLOAT_EQ(a[i].item<float>(), b[i].item<float>() * coefficient)
+          << "grad " << t << " element " << i;
+    }
+  }
+  EXPECT_FALSE(no_grad.grad().defined());
 }
 
 }  // namespace

@@ -22,13 +22,13 @@
 #include <ATen/Config.h>
 #include <ATen/Parallel.h>
 #include <ATen/cpu/vec/vec.h>
+#include <c10/macros/Macros.h>
 #include <c10/util/BFloat16.h>
 #include <c10/util/Exception.h>
 #include <c10/util/Half.h>
 
 #include <algorithm>
 #include <cmath>
-#include <type_traits>
 
 #include "mixtrain/optim/kernels/vec_float.h"
 
@@ -120,29 +120,14 @@ inline void aten_sqrt(const float* in, float* out, int64_t n) {
 #endif
 }
 
-// The model-param type when there is no copy-back target: nothing is written.
-struct NoModelParam {};
-
-template <typename ModelT>
-inline ModelT* at_offset(ModelT* model, int64_t offset) {
-  return model + offset;
-}
-inline NoModelParam* at_offset(NoModelParam* model, int64_t /*offset*/) {
-  return model;
-}
-
-inline void store_model(Vec /*p0*/, Vec /*p1*/, NoModelParam* /*out*/) {}
-template <typename ModelT>
-inline void store_model(Vec p0, Vec p1, ModelT* out) {
-  store_float(p0, p1, out);
-}
-
 // Updates n elements at the given pointers, n a multiple of kBlock and at most kSpan: the moments
 // first, then their square roots in one call, then the params; the span's moments are still in
 // L1 when the second and third steps read them again, so memory sees one pass.
+// Always inlined into both of its calls (whole spans, padded tail), as GCC did when adamw_range
+// spelled the two out; through for_blocks_padded's lambda GCC 12 otherwise outlines it.
 template <typename ModelT>
-void adamw_span(const VecScalars& s, float* param, const float* grad, float* exp_avg,
-                float* exp_avg_sq, ModelT* model, int64_t n) {
+C10_ALWAYS_INLINE void adamw_span(const VecScalars& s, float* param, const float* grad,
+                                  float* exp_avg, float* exp_avg_sq, ModelT* model, int64_t n) {
   for (int64_t i = 0; i < n; i += kLanes) {
     Vec m = Vec::loadu(exp_avg + i), v = Vec::loadu(exp_avg_sq + i);
     update_moments(s, Vec::loadu(grad + i), m, v);
@@ -158,34 +143,22 @@ void adamw_span(const VecScalars& s, float* param, const float* grad, float* exp
                                 Vec::loadu(root + i + kLanes));
     p0.store(param + i);
     p1.store(param + i + kLanes);
-    store_model(p0, p1, at_offset(model, i));
+    store_float(p0, p1, at_offset(model, i));
   }
 }
 
-// Elements [0, n) of one chunk. The last n % kBlock elements go through the same code on
-// zero-padded copies, so every element sees the same operations.
+// Elements [0, n) of one chunk, kSpan at a time, the tail zero-padded (for_blocks_padded).
 template <typename ModelT>
 void adamw_range(const VecScalars& s, float* param, const float* grad, float* exp_avg,
                  float* exp_avg_sq, ModelT* model, int64_t n) {
-  const int64_t whole = n / kBlock * kBlock;
-  for (int64_t i = 0; i < whole; i += kSpan) {
-    adamw_span(s, param + i, grad + i, exp_avg + i, exp_avg_sq + i, at_offset(model, i),
-               std::min(kSpan, whole - i));
-  }
-  const int64_t i = whole;
-  const int64_t rest = n - i;
-  if (rest == 0) return;
-  float p[kBlock] = {}, g[kBlock] = {}, m[kBlock] = {}, v[kBlock] = {};
-  ModelT out[kBlock];
-  std::copy_n(param + i, rest, p);
-  std::copy_n(grad + i, rest, g);
-  std::copy_n(exp_avg + i, rest, m);
-  std::copy_n(exp_avg_sq + i, rest, v);
-  adamw_span(s, p, g, m, v, out, kBlock);
-  std::copy_n(p, rest, param + i);
-  std::copy_n(m, rest, exp_avg + i);
-  std::copy_n(v, rest, exp_avg_sq + i);
-  if constexpr (!std::is_same<ModelT, NoModelParam>::value) std::copy_n(out, rest, model + i);
+  for_blocks_padded<kBlock>(
+      n,
+      [&](int64_t len, float* p, const float* g, float* m, float* v, ModelT* out) {
+        for (int64_t i = 0; i < len; i += kSpan) {
+          adamw_span(s, p + i, g + i, m + i, v + i, at_offset(out, i), std::min(kSpan, len - i));
+        }
+      },
+      updates(param), reads(grad), updates(exp_avg), updates(exp_avg_sq), writes(model));
 }
 
 template <typename ModelT>
@@ -218,7 +191,7 @@ void adamw_step(const AdamWStepScalars& scalars, float* param, const float* grad
   TORCH_CHECK(numel >= 0, "adamw_step: negative numel ", numel);
   if (numel == 0) return;
   if (model_param == nullptr) {
-    NoModelParam* none = nullptr;
+    NoOutput* none = nullptr;
     adamw_chunks(scalars, param, grad, exp_avg, exp_avg_sq, none, numel);
     return;
   }

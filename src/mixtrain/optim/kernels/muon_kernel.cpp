@@ -18,7 +18,6 @@
 #include <c10/util/Exception.h>
 #include <c10/util/Half.h>
 
-#include <algorithm>
 #include <cmath>
 
 #include "mixtrain/optim/kernels/vec_float.h"
@@ -76,23 +75,13 @@ void momentum_blocks(const MuonMomentumScalars& s, float* buffer, const GradT* g
   }
 }
 
-// Elements [0, n); the last n % kBlock go through the same code on zero-padded copies, so every
-// element sees the same operations.
+// Elements [0, n), the tail zero-padded (for_blocks_padded).
 template <typename GradT, typename OutT>
 void momentum_range(const MuonMomentumScalars& s, float* buffer, const GradT* grad, OutT* out,
                     int64_t n) {
-  const int64_t whole = n / kBlock * kBlock;
-  momentum_blocks(s, buffer, grad, out, whole);
-  const int64_t rest = n - whole;
-  if (rest == 0) return;
-  float b[kBlock] = {};
-  GradT g[kBlock] = {};
-  OutT o[kBlock];
-  std::copy_n(buffer + whole, rest, b);
-  std::copy_n(grad + whole, rest, g);
-  momentum_blocks(s, b, g, o, kBlock);
-  std::copy_n(b, rest, buffer + whole);
-  std::copy_n(o, rest, out + whole);
+  for_blocks_padded<kBlock>(
+      n, [&](int64_t len, float* b, const GradT* g, OutT* o) { momentum_blocks(s, b, g, o, len); },
+      updates(buffer), reads(grad), writes(out));
 }
 
 template <typename GradT>
@@ -115,21 +104,6 @@ void momentum_grad(const MuonMomentumScalars& s, float* buffer, const GradT* gra
   });
 }
 
-// The model-param type when there is no copy-back target: nothing is written.
-struct NoModel {};
-inline void store_model(const Vec& /*p0*/, const Vec& /*p1*/, NoModel* /*out*/) {}
-template <typename ModelT>
-inline void store_model(const Vec& p0, const Vec& p1, ModelT* out) {
-  store_float(p0, p1, out);
-}
-template <typename ModelT>
-inline ModelT* at_offset(ModelT* model, int64_t offset) {
-  return model + offset;
-}
-inline NoModel* at_offset(NoModel* model, int64_t /*offset*/) {
-  return model;
-}
-
 inline Vec apply_lanes(const MuonApplyScalars& s, Vec p, const Vec& o) {
   if (s.decay_param) p = rounded(p * Vec(s.decay));  // mul_(decay)
   return at::vec::fmadd(o, Vec(s.alpha), p);         // add_(o, alpha)
@@ -143,29 +117,17 @@ void apply_blocks(const MuonApplyScalars& s, float* param, const UpdateT* update
     const Vec p1 = apply_lanes(s, Vec::loadu(param + i + kLanes), load_float(update + i + kLanes));
     p0.store(param + i);
     p1.store(param + i + kLanes);
-    store_model(p0, p1, at_offset(model, i));
+    store_float(p0, p1, at_offset(model, i));
   }
 }
 
+// Elements [0, n), the tail zero-padded (for_blocks_padded); a NoOutput model is not written.
 template <typename UpdateT, typename ModelT>
 void apply_range(const MuonApplyScalars& s, float* param, const UpdateT* update, ModelT* model,
                  int64_t n) {
-  const int64_t whole = n / kBlock * kBlock;
-  apply_blocks(s, param, update, model, whole);
-  const int64_t rest = n - whole;
-  if (rest == 0) return;
-  float p[kBlock] = {};
-  UpdateT u[kBlock] = {};
-  std::copy_n(param + whole, rest, p);
-  std::copy_n(update + whole, rest, u);
-  if constexpr (std::is_same<ModelT, NoModel>::value) {
-    apply_blocks(s, p, u, model, kBlock);
-  } else {
-    ModelT m[kBlock];
-    apply_blocks(s, p, u, m, kBlock);
-    std::copy_n(m, rest, model + whole);
-  }
-  std::copy_n(p, rest, param + whole);
+  for_blocks_padded<kBlock>(
+      n, [&](int64_t len, float* p, const UpdateT* u, ModelT* m) { apply_blocks(s, p, u, m, len); },
+      updates(param), reads(update), writes(model));
 }
 
 template <typename UpdateT>
@@ -174,7 +136,7 @@ void apply_update(const MuonApplyScalars& s, float* param, const UpdateT* update
   at::parallel_for(0, n, kGrain, [&](int64_t begin, int64_t end) {
     const int64_t len = end - begin;
     if (model == nullptr) {
-      NoModel none;
+      NoOutput none;
       apply_range(s, param + begin, update + begin, &none, len);
     } else if (model_dtype == c10::ScalarType::BFloat16) {
       apply_range(s, param + begin, update + begin, static_cast<c10::BFloat16*>(model) + begin,

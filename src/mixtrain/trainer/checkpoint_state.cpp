@@ -80,7 +80,10 @@ SavedTrainingState read_training_state(const CheckpointMetadata& metadata, const
   const json& state = metadata.state;
   SavedTrainingState out;
   // Each part is read on its own: a problem in one does not hide those of the others.
-  collect(problems, [&] {
+  auto part = [&](const char* name, const auto& read) {
+    if (!collect(problems, read)) out.unread_parts.insert(name);
+  };
+  part("train", [&] {
     const json& train = r.object(state, "train", "state.train");
     out.step = r.integer(r.member(train, "step", "state.train.step"), "state.train.step", 0);
     if (out.step != metadata.step) {
@@ -89,7 +92,7 @@ SavedTrainingState read_training_state(const CheckpointMetadata& metadata, const
     }
   });
 
-  collect(problems, [&] {
+  part("lr_schedule", [&] {
     const json& lr = r.object(state, "lr_schedule", "state.lr_schedule");
     for (const char* name : {"warmup_steps", "total_steps"}) {
       const std::string field = std::string("state.lr_schedule.") + name;
@@ -100,7 +103,7 @@ SavedTrainingState read_training_state(const CheckpointMetadata& metadata, const
              "state.lr_schedule.min_lr_ratio");
   });
 
-  collect(problems, [&] {
+  part("data", [&] {
     const json& data = r.object(state, "data", "state.data");
     out.data_position =
         r.integer(r.member(data, "position", "state.data.position"), "state.data.position", 0);
@@ -108,7 +111,7 @@ SavedTrainingState read_training_state(const CheckpointMetadata& metadata, const
   });
 
   if (state.contains("loss_scaler")) {
-    collect(problems, [&] {
+    part("loss_scaler", [&] {
       const json& s = r.object(state, "loss_scaler", "state.loss_scaler");
       SavedLossScaler scaler;
       scaler.scale =
@@ -126,7 +129,7 @@ SavedTrainingState read_training_state(const CheckpointMetadata& metadata, const
     });
   }
 
-  collect(problems, [&] {
+  part("optimizer", [&] {
     const json& optimizer = r.object(state, "optimizer", "state.optimizer");
     out.optimizer_saved =
         r.boolean(r.member(optimizer, "saved", "state.optimizer.saved"), "state.optimizer.saved");
@@ -144,10 +147,10 @@ SavedTrainingState read_training_state(const CheckpointMetadata& metadata, const
     out.param_groups = groups;
   });
 
-  collect(problems, [&] {
+  part("config", [&] {
     const json& config = r.object(state, "config", "state.config");
     for (const auto& [key, value] : config.items()) {
-      collect(problems, [&] { out.config[key] = r.string(value, "state.config." + key); });
+      part("config", [&] { out.config[key] = r.string(value, "state.config." + key); });
     }
     // make_save_request hashes config.dump(); parsing and dumping again gives the same bytes.
     const std::string hash_text =
@@ -164,9 +167,9 @@ SavedTrainingState read_training_state(const CheckpointMetadata& metadata, const
 
   if (state.contains("ranks")) {
     const json& ranks = state.at("ranks");
-    collect(problems, [&] { r.list(ranks, "state.ranks"); });
+    part("ranks", [&] { r.list(ranks, "state.ranks"); });
     for (size_t i = 0; ranks.is_array() && i < ranks.size(); ++i) {
-      collect(problems, [&] {
+      part("ranks", [&] {
         const std::string field = "state.ranks[" + std::to_string(i) + "]";
         if (!ranks[i].is_object()) {
           r.fail(field, std::string("must be an object, got ") + ranks[i].type_name());

@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <map>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -39,6 +40,9 @@ struct SavedTrainingState {
   // ranks[r].rng_cpu as uint8 tensors, each a state the CPU generator accepts; empty when
   // the checkpoint records none.
   std::vector<at::Tensor> rng_cpu;
+  // The parts ("train", "lr_schedule", "data", "loss_scaler", "optimizer", "config", "ranks")
+  // that had a problem: their fields above are defaults, never to be used.
+  std::set<std::string> unread_parts;
 };
 
 // `where` names the file in messages (the step directory's .metadata.json). Every problem

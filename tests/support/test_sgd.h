@@ -88,13 +88,16 @@ class TestSgd : public LeafOptimizer {
     return {{"weight_decay",
              static_cast<const TestSgdOptions&>(param_groups_.at(group).options()).weight_decay()}};
   }
-  void set_group_hyperparameters(size_t group, const nlohmann::json& values) override {
-    auto& options = static_cast<TestSgdOptions&>(param_groups_.at(group).options());
+  std::unique_ptr<torch::optim::OptimizerOptions> options_with_hyperparameters(
+      size_t group, const nlohmann::json& values) const override {
+    auto options = std::make_unique<TestSgdOptions>(
+        static_cast<const TestSgdOptions&>(param_groups_.at(group).options()));
     HyperparameterReader reader(values);
     const double weight_decay = reader.number("weight_decay");
     reader.finish();
     if (!(weight_decay >= 0)) throw std::invalid_argument("invalid weight_decay");
-    options.weight_decay(weight_decay);
+    options->weight_decay(weight_decay);
+    return options;
   }
   void reset_parameter_caches() override { ++cache_resets; }
   int cache_resets = 0;

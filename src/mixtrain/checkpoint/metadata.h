@@ -28,6 +28,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "mixtrain/core/json_reader.h"
+
 #include <cstdint>
 #include <map>
 #include <optional>
@@ -86,30 +88,5 @@ uint64_t tensor_xxh3_64(const at::Tensor& tensor);
 std::string format_xxh3_64(uint64_t hash);  // 16 lower-case hex digits
 // 16 hex digits (either case) -> the value; nullopt otherwise.
 std::optional<uint64_t> parse_xxh3_64(const std::string& text);
-
-// Reads fields of a JSON document, throwing DataError "<where>: <field>: <problem>" (the
-// message made printable: keys and values come from a file).
-class JsonFieldReader {
- public:
-  explicit JsonFieldReader(std::string where) : where_(std::move(where)) {}
-
-  [[noreturn]] void fail(const std::string& field, const std::string& problem) const;
-  const nlohmann::json& member(const nlohmann::json& object, const std::string& name,
-                               const std::string& field) const;
-  // member() that must be an object.
-  const nlohmann::json& object(const nlohmann::json& parent, const std::string& name,
-                               const std::string& field) const;
-  // An integer >= min (not 1.5 or 1e3; not above int64's range).
-  int64_t integer(const nlohmann::json& value, const std::string& field, int64_t min) const;
-  std::vector<int64_t> integers(const nlohmann::json& value, const std::string& field,
-                                int64_t min) const;
-  double number(const nlohmann::json& value, const std::string& field) const;  // finite
-  bool boolean(const nlohmann::json& value, const std::string& field) const;
-  std::string string(const nlohmann::json& value, const std::string& field) const;
-  const std::string& where() const { return where_; }
-
- private:
-  std::string where_;
-};
 
 }  // namespace mixtrain

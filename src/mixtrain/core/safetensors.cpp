@@ -14,6 +14,7 @@
 #include <stdexcept>
 
 #include "mixtrain/core/error.h"
+#include "mixtrain/core/json_reader.h"
 #include "mixtrain/core/posix_file.h"
 #include "mixtrain/core/printable.h"
 
@@ -126,37 +127,36 @@ SafetensorsHeader read_safetensors_header(int fd, const std::string& path) {
   }
   if (!header.is_object()) fail(path, "header is not a JSON object");
 
+  // Every field through the one JSON reader: "<path>: not a valid safetensors file: <field>: ...".
+  const JsonFieldReader r(path + ": not a valid safetensors file");
   for (const auto& [name, value] : header.items()) {
     if (name == "__metadata__") {
-      if (!value.is_object()) fail(path, "__metadata__ is not an object");
-      for (const auto& [k, v] : value.items()) {
-        if (!v.is_string()) fail(path, "__metadata__." + k + " is not a string");
-        result.metadata[k] = v.get<std::string>();
-      }
+      if (!value.is_object()) r.fail(name, "must be an object, got " + value.dump());
+      for (const auto& [k, v] : value.items()) result.metadata[k] = r.string(v, name + "." + k);
       continue;
     }
-    try {
-      SafetensorsEntry e;
-      e.name = name;
-      auto dtype = dtype_from_name(value.at("dtype").get<std::string>());
-      if (!dtype) fail(path, name + ": unsupported dtype " + value.at("dtype").dump());
-      e.dtype = *dtype;
-      e.shape = value.at("shape").get<std::vector<int64_t>>();
-      auto offsets = value.at("data_offsets").get<std::vector<uint64_t>>();
-      if (offsets.size() != 2 || offsets[0] > offsets[1]) fail(path, name + ": bad data_offsets");
-      e.begin = offsets[0];
-      e.end = offsets[1];
-      for (int64_t d : e.shape) {
-        if (d < 0) fail(path, name + ": negative dimension");
-      }
-      const std::optional<uint64_t> bytes = byte_size(e.shape, e.dtype);
-      if (!bytes || *bytes != e.end - e.begin) {
-        fail(path, name + ": data_offsets size does not match dtype and shape");
-      }
-      result.entries.push_back(std::move(e));
-    } catch (const nlohmann::json::exception& ex) {
-      fail(path, name + ": malformed entry: " + ex.what());
+    if (!value.is_object()) r.fail(name, "must be an object, got " + value.dump());
+    SafetensorsEntry e;
+    e.name = name;
+    const std::string dtype_text =
+        r.string(r.member(value, "dtype", name + ".dtype"), name + ".dtype");
+    auto dtype = dtype_from_name(dtype_text);
+    if (!dtype) r.fail(name + ".dtype", "unsupported dtype \"" + dtype_text + "\"");
+    e.dtype = *dtype;
+    e.shape = r.integers(r.member(value, "shape", name + ".shape"), name + ".shape", 0);
+    const std::vector<int64_t> offsets = r.integers(
+        r.member(value, "data_offsets", name + ".data_offsets"), name + ".data_offsets", 0);
+    if (offsets.size() != 2 || offsets[0] > offsets[1]) {
+      r.fail(name + ".data_offsets",
+             "must be [begin, end] with begin <= end, got " + value.at("data_offsets").dump());
     }
+    e.begin = static_cast<uint64_t>(offsets[0]);
+    e.end = static_cast<uint64_t>(offsets[1]);
+    const std::optional<uint64_t> bytes = byte_size(e.shape, e.dtype);
+    if (!bytes || *bytes != e.end - e.begin) {
+      r.fail(name + ".data_offsets", "size does not match dtype and shape");
+    }
+    result.entries.push_back(std::move(e));
   }
   std::sort(result.entries.begin(), result.entries.end(),
             [](const SafetensorsEntry& a, const SafetensorsEntry& b) { return a.begin < b.begin; });

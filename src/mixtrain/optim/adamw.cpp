@@ -159,48 +159,21 @@ NamedTensorList AdamW::export_state(const at::Tensor& param) const {
           {"step", at::scalar_tensor(state.step(), at::kLong)}};
 }
 
+std::vector<StateField> AdamW::state_fields() const {
+  return {{"exp_avg"}, {"exp_avg_sq"}, {"step", StateField::Kind::kCount}};
+}
+
 void AdamW::import_state(const at::Tensor& param, const NamedTensorList& state) {
+  const CheckedState checked = read_state(param, state);
   void* const key = state_key(param);
-  if (state.empty()) {
+  if (checked.empty()) {
     state_.erase(key);
     return;
   }
-  at::Tensor exp_avg, exp_avg_sq, step;
-  for (const auto& [name, value] : state) {
-    at::Tensor* slot = name == "exp_avg"      ? &exp_avg
-                       : name == "exp_avg_sq" ? &exp_avg_sq
-                       : name == "step"       ? &step
-                                              : nullptr;
-    if (slot == nullptr)
-      throw std::invalid_argument("adamw: import_state: unknown key '" + name + "'");
-    if (slot->defined())
-      throw std::invalid_argument("adamw: import_state: duplicate key '" + name + "'");
-    if (!value.defined())
-      throw std::invalid_argument("adamw: import_state: '" + name + "' is undefined");
-    *slot = value;
-  }
-  for (const auto& [name, value] : {std::pair<const char*, at::Tensor&>{"exp_avg", exp_avg},
-                                    {"exp_avg_sq", exp_avg_sq},
-                                    {"step", step}}) {
-    if (!value.defined()) {
-      throw std::invalid_argument(std::string("adamw: import_state: missing key '") + name + "'");
-    }
-  }
-  for (const auto& [name, value] :
-       {std::pair<const char*, at::Tensor&>{"exp_avg", exp_avg}, {"exp_avg_sq", exp_avg_sq}}) {
-    if (value.sizes() != param.sizes()) {
-      throw std::invalid_argument(std::string("adamw: import_state: '") + name + "' has shape " +
-                                  c10::str(value.sizes()) + ", the parameter " +
-                                  c10::str(param.sizes()));
-    }
-  }
-  if (step.numel() != 1 || at::isFloatingType(step.scalar_type()) || step.item<int64_t>() < 0) {
-    throw std::invalid_argument("adamw: import_state: 'step' must be one non-negative integer");
-  }
   auto fresh = std::make_unique<AdamWParamState>();
-  fresh->step(step.item<int64_t>());
-  fresh->exp_avg(state_tensor_like(exp_avg, param));
-  fresh->exp_avg_sq(state_tensor_like(exp_avg_sq, param));
+  fresh->step(checked.counts.at("step"));
+  fresh->exp_avg(state_tensor_like(checked.tensors.at("exp_avg"), param));
+  fresh->exp_avg_sq(state_tensor_like(checked.tensors.at("exp_avg_sq"), param));
   state_[key] = std::move(fresh);
 }
 
@@ -216,8 +189,9 @@ nlohmann::json AdamW::group_hyperparameters(size_t group) const {
           {"amsgrad", options.amsgrad()}};
 }
 
-void AdamW::set_group_hyperparameters(size_t group, const nlohmann::json& values) {
-  auto& options = static_cast<AdamWOptions&>(param_groups_.at(group).options());
+std::unique_ptr<torch::optim::OptimizerOptions> AdamW::options_with_hyperparameters(
+    size_t group, const nlohmann::json& values) const {
+  const auto& options = static_cast<const AdamWOptions&>(param_groups_.at(group).options());
   HyperparameterReader reader(values);
   const nlohmann::json& betas = reader.field("betas");
   if (!betas.is_array() || betas.size() != 2 || !betas[0].is_number() || !betas[1].is_number()) {
@@ -233,10 +207,7 @@ void AdamW::set_group_hyperparameters(size_t group, const nlohmann::json& values
   reader.finish();
   const std::string problem = options_problem(candidate);
   if (!problem.empty()) throw std::invalid_argument(problem);
-  options.betas(candidate.betas())
-      .eps(candidate.eps())
-      .weight_decay(candidate.weight_decay())
-      .amsgrad(candidate.amsgrad());
+  return std::make_unique<AdamWOptions>(candidate);
 }
 
 }  // namespace mixtrain

@@ -55,13 +55,16 @@ class AdamW : public LeafOptimizer {
   // "exp_avg", "exp_avg_sq" (aliases of the live state) and "step" (int64 scalar tensor);
   // empty before the param's first step.
   NamedTensorList export_state(const at::Tensor& param) const override;
-  // The same three names; an empty list clears the param's state.
+  // The same three names (LeafOptimizer::read_state: a whole-number float step is accepted);
+  // an empty list clears the param's state.
   void import_state(const at::Tensor& param, const NamedTensorList& state) override;
+  std::vector<StateField> state_fields() const override;
   void set_lr(double lr) override;
 
   // {"betas": [beta1, beta2], "eps", "weight_decay", "amsgrad"} (amsgrad must stay false).
   nlohmann::json group_hyperparameters(size_t group) const override;
-  void set_group_hyperparameters(size_t group, const nlohmann::json& values) override;
+  std::unique_ptr<torch::optim::OptimizerOptions> options_with_hyperparameters(
+      size_t group, const nlohmann::json& values) const override;
 };
 
 }  // namespace mixtrain

@@ -255,9 +255,30 @@ std::vector<std::string> ChainedOptimizer::check_state_dict(const NamedTensors& 
       if (t.sizes() != live.sizes())
         problems.push_back(key + ": shape " + format_sizes(t.sizes()) + ", expected " +
                            format_sizes(live.sizes()));
-      if (!state_dtype_loads_into(t.scalar_type(), live.scalar_type()))
+      // A count (step) may come in any real dtype; the leaf checks its value below.
+      if (!state_dtype_loads_into(t.scalar_type(), live.scalar_type()) &&
+          !leaves_[e.leaf]->is_count_field(state_name))
         problems.push_back(key + ": dtype " + dtype_name(t.scalar_type()) + ", expected " +
                            dtype_name(live.scalar_type()));
+    }
+  }
+  // The values, as each leaf checks them, for parameters whose keys, shapes and dtypes passed.
+  for (const auto& name : names_) {
+    const Entry& e = entries_.at(name);
+    const LeafOptimizer& leaf = *leaves_[e.leaf];
+    NamedTensorList saved;
+    bool complete = true;
+    for (const auto& [state_name, live] : leaf.export_state(e.optimizer_param)) {
+      auto it = given.find(kOptimizerStatePrefix + name + "." + state_name);
+      complete = complete && it != given.end() && it->second.defined() &&
+                 it->second.sizes() == live.sizes() &&
+                 (state_dtype_loads_into(it->second.scalar_type(), live.scalar_type()) ||
+                  leaf.is_count_field(state_name));
+      if (complete) saved.emplace_back(state_name, it->second);
+    }
+    if (!complete || saved.empty()) continue;
+    for (const auto& problem : leaf.check_state(e.optimizer_param, saved)) {
+      problems.push_back(kOptimizerStatePrefix + name + ": " + leaf.kind() + ": " + problem);
     }
   }
   for (const auto& [key, tensor] : given) {
@@ -463,35 +484,34 @@ nlohmann::json ChainedOptimizer::param_groups_state() const {
   return groups;
 }
 
-std::vector<std::string> ChainedOptimizer::load_param_groups_state(const nlohmann::json& groups) {
+ChainedOptimizer::ParamGroupsPlan ChainedOptimizer::plan_param_groups(
+    const nlohmann::json& groups) const {
   check_group_counts();
   const std::string what = "optimizer param groups";
-  struct Slot {
-    size_t leaf;
-    size_t group;
-    std::string label;  // "muon group 0"
-  };
-  std::vector<Slot> slots;
+  ParamGroupsPlan plan;
+  std::vector<ParamGroupsPlan::Slot>& slots = plan.slots_;
   for (size_t l = 0; l < leaves_.size(); ++l) {
     for (size_t g = 0; g < base_lrs_[l].size(); ++g)
-      slots.push_back({l, g, group_label(leaves_[l]->kind(), g)});
+      slots.push_back({l, g, group_label(leaves_[l]->kind(), g), 0.0, nullptr});
   }
-  if (!groups.is_array())
-    throw std::invalid_argument(what + ": expected a JSON array, got " + groups.type_name());
-  if (groups.size() != slots.size()) {
+  // A list of another length cannot be matched group by group: one problem, said whole.
+  if (!groups.is_array()) {
+    plan.error_ = what + ": expected a JSON array, got " + groups.type_name();
+  } else if (groups.size() != slots.size()) {
     std::string ours;
     for (const auto& slot : slots) ours += (ours.empty() ? "" : ", ") + slot.label;
-    throw std::invalid_argument(what + ": the checkpoint has " + std::to_string(groups.size()) +
-                                " param group(s), this optimizer has " +
-                                std::to_string(slots.size()) + " (" + ours + ")");
+    plan.error_ = what + ": the checkpoint has " + std::to_string(groups.size()) +
+                  " param group(s), this optimizer has " + std::to_string(slots.size()) + " (" +
+                  ours + ")";
+  }
+  if (!plan.error_.empty()) {
+    plan.problems_.push_back(plan.error_);
+    return plan;
   }
 
-  // Structure and base_lr of every group.
-  std::vector<std::string> problems;
-  std::vector<double> base_lrs(slots.size(), 0.0);
-  std::vector<nlohmann::json> hyperparameters(slots.size());  // null: not to be applied
+  std::vector<std::string>& problems = plan.problems_;
   for (size_t i = 0; i < slots.size(); ++i) {
-    const Slot& slot = slots[i];
+    ParamGroupsPlan::Slot& slot = slots[i];
     const LeafOptimizer& leaf = *leaves_[slot.leaf];
     const nlohmann::json& entry = groups[i];
     const std::string& label = slot.label;
@@ -560,66 +580,54 @@ std::vector<std::string> ChainedOptimizer::load_param_groups_state(const nlohman
       } else if (!(base_lr->get<double>() >= 0.0)) {
         problems.push_back(label + ": base_lr must be >= 0, got " + base_lr->dump());
       } else {
-        base_lrs[i] = base_lr->get<double>();
+        slot.base_lr = base_lr->get<double>();
       }
     }
+    // The leaf checks the group's values and answers with the options they make (pure).
     nlohmann::json values = entry;
     for (const char* name : kGroupFields) values.erase(name);
-    hyperparameters[i] = std::move(values);
-  }
-
-  // Each leaf checks a group's values before it sets them; if any group fails, every group
-  // gets its previous options object back (lr included), so nothing changes.
-  std::vector<nlohmann::json> before(slots.size());
-  std::vector<std::unique_ptr<torch::optim::OptimizerOptions>> saved(slots.size());
-  for (size_t i = 0; i < slots.size(); ++i) {
-    const LeafOptimizer& leaf = *leaves_[slots[i].leaf];
-    before[i] = leaf.group_hyperparameters(slots[i].group);
-    saved[i] = leaf.param_groups()[slots[i].group].options().clone();
-  }
-  auto restore = [&] {
-    for (size_t i = 0; i < slots.size(); ++i)
-      leaves_[slots[i].leaf]->param_groups()[slots[i].group].set_options(std::move(saved[i]));
-  };
-  try {
-    for (size_t i = 0; i < slots.size(); ++i) {
-      if (hyperparameters[i].is_null()) continue;
-      try {
-        leaves_[slots[i].leaf]->set_group_hyperparameters(slots[i].group, hyperparameters[i]);
-      } catch (const std::invalid_argument& error) {
-        problems.push_back(slots[i].label + ": " + error.what());
-      }
+    try {
+      slot.options = leaf.options_with_hyperparameters(slot.group, values);
+    } catch (const std::invalid_argument& error) {
+      problems.push_back(label + ": " + error.what());
     }
-  } catch (...) {
-    restore();
-    throw;
   }
-  if (!problems.empty()) {
-    restore();
-    throw std::invalid_argument(format_load_problems(what, problems));
-  }
+  if (!problems.empty()) plan.error_ = format_load_problems(what, problems);
+  return plan;
+}
 
+std::vector<std::string> ChainedOptimizer::apply_param_groups(ParamGroupsPlan plan) {
+  if (!plan.ok()) {
+    throw std::logic_error("apply_param_groups: the plan has problems: " + plan.error());
+  }
   std::vector<std::string> differences;
-  for (size_t i = 0; i < slots.size(); ++i) {
-    const Slot& slot = slots[i];
+  for (ParamGroupsPlan::Slot& slot : plan.slots_) {
     LeafOptimizer& leaf = *leaves_[slot.leaf];
     double& base_lr = base_lrs_[slot.leaf][slot.group];
-    if (base_lrs[i] != base_lr)
+    if (slot.base_lr != base_lr)
       differences.push_back(slot.label + " base_lr: checkpoint " +
-                            nlohmann::json(base_lrs[i]).dump() + ", config " +
+                            nlohmann::json(slot.base_lr).dump() + ", config " +
                             nlohmann::json(base_lr).dump());
+    const nlohmann::json before = leaf.group_hyperparameters(slot.group);
+    leaf.param_groups()[slot.group].set_options(std::move(slot.options));
     const nlohmann::json after = leaf.group_hyperparameters(slot.group);
     for (auto it = after.begin(); it != after.end(); ++it) {
-      auto old = before[i].find(it.key());
-      if (old != before[i].end() && *old == *it) continue;
+      auto old = before.find(it.key());
+      if (old != before.end() && *old == *it) continue;
       differences.push_back(slot.label + " " + it.key() + ": checkpoint " + format_value(*it) +
                             ", config " +
-                            (old == before[i].end() ? std::string("(none)") : format_value(*old)));
+                            (old == before.end() ? std::string("(none)") : format_value(*old)));
     }
-    base_lr = base_lrs[i];
+    base_lr = slot.base_lr;
     leaf.param_groups()[slot.group].options().set_lr(base_lr * lr_factor_);
   }
   return differences;
+}
+
+std::vector<std::string> ChainedOptimizer::load_param_groups_state(const nlohmann::json& groups) {
+  ParamGroupsPlan plan = plan_param_groups(groups);
+  if (!plan.ok()) throw std::invalid_argument(plan.error());
+  return apply_param_groups(std::move(plan));
 }
 
 NamedTensors ChainedOptimizer::state_dict() const {

@@ -101,8 +101,10 @@ class ChainedOptimizer : public TrainingOptimizer {
   void undo_initialize_state(const StateInitialization& created);
   // Every problem of `state` (optimizer.state.* keys only) against the current state
   // structure: missing, unexpected or duplicate keys, shape and dtype mismatches (see
-  // state_dtype_loads_into).
-  std::vector<std::string> check_state_dict(const NamedTensors& state) const;
+  // state_dtype_loads_into), then each parameter's values as its leaf checks them
+  // (LeafOptimizer::check_state: a step that is no whole number >= 0). Changes nothing;
+  // import_checked_state cannot fail on a state without problems.
+  std::vector<std::string> check_state_dict(const NamedTensors& state) const override;
 
   // TrainingOptimizer
   at::Tensor& main_grad(const std::string& name) override;
@@ -121,15 +123,42 @@ class ChainedOptimizer : public TrainingOptimizer {
 
   // The hyper-parameters of every param group (see the top of this file), for checkpoints.
   nlohmann::json param_groups_state() const;
-  // Restores them: `groups` must hold exactly one object per current (leaf, group), in the
-  // same order, with the same optimizer kind, group index and params list, a base_lr >= 0 and
-  // every hyper-parameter of the leaf (right JSON type, valid value, nothing else). Checks
-  // everything first and modifies nothing on error (std::invalid_argument listing every
-  // problem, each naming the group, e.g. "muon group 0", and the field). Then sets every
-  // group's hyper-parameters and base lr; each group's lr becomes base_lr * the factor last
-  // given to set_lr_factor (1 before any). Returns one line per value that differs from the
-  // one the optimizer had (its config), for the caller to log as a warning:
+  // A checked param-group restore: plan_param_groups reads and checks everything, changing
+  // nothing; apply_param_groups then cannot fail on data.
+  class ParamGroupsPlan {
+   public:
+    bool ok() const { return problems_.empty(); }
+    // Every problem, each naming the group ("muon group 0") and the field.
+    const std::vector<std::string>& problems() const { return problems_; }
+    // The one message for them (what load_param_groups_state throws); "" when ok().
+    const std::string& error() const { return error_; }
+
+   private:
+    friend class ChainedOptimizer;
+    struct Slot {
+      size_t leaf;
+      size_t group;
+      std::string label;  // "muon group 0"
+      double base_lr;
+      std::unique_ptr<torch::optim::OptimizerOptions> options;  // lr as before
+    };
+    std::vector<Slot> slots_;
+    std::vector<std::string> problems_;
+    std::string error_;
+  };
+  // `groups` must hold exactly one object per current (leaf, group), in the same order, with
+  // the same optimizer kind, group index and params list, a base_lr >= 0 and every
+  // hyper-parameter of the leaf (right JSON type, valid value, nothing else); the plan holds
+  // every problem (LeafOptimizer::options_with_hyperparameters checks the values).
+  ParamGroupsPlan plan_param_groups(const nlohmann::json& groups) const;
+  // Sets every group's hyper-parameters and base lr; each group's lr becomes base_lr * the
+  // factor last given to set_lr_factor (1 before any). Returns one line per value that
+  // differs from the one the optimizer had (its config), for the caller to log as a warning:
   //   "adamw group 0 weight_decay: checkpoint 0.01, config 0.1".
+  // std::logic_error for a plan with problems.
+  std::vector<std::string> apply_param_groups(ParamGroupsPlan plan);
+  // Both: std::invalid_argument with plan.error() (listing every problem) and nothing
+  // changed, or the differences.
   std::vector<std::string> load_param_groups_state(const nlohmann::json& groups);
 
   // How each parameter is held across ranks (by placement.name; core/param_placement.h): kept

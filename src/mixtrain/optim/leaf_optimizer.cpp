@@ -3,6 +3,10 @@
 #include "mixtrain/optim/state_swap.h"
 
 #include <c10/core/GradMode.h>
+#include <c10/util/StringUtil.h>
+
+#include <algorithm>
+#include <cmath>
 
 #include <cstdint>
 #include <exception>
@@ -60,6 +64,101 @@ void LeafOptimizer::check_each_options(
 at::Tensor LeafOptimizer::copy_back_target(const at::Tensor& param) const {
   auto it = copy_back_.find(param.unsafeGetTensorImpl());
   return it == copy_back_.end() ? at::Tensor() : it->second;
+}
+
+void LeafOptimizer::set_group_hyperparameters(size_t group, const nlohmann::json& values) {
+  std::unique_ptr<torch::optim::OptimizerOptions> options =
+      options_with_hyperparameters(group, values);
+  param_groups_.at(group).set_options(std::move(options));
+}
+
+std::vector<std::string> LeafOptimizer::check_state(const at::Tensor& param,
+                                                    const NamedTensorList& state) const {
+  std::vector<std::string> problems;
+  bool in_group = false;
+  for (const auto& group : param_groups_) {
+    for (const auto& p : group.params()) in_group = in_group || p.is_same(param);
+  }
+  if (!in_group) return {"parameter is not in any group"};
+  const std::vector<StateField> fields = state_fields();
+  // No state (export_state's answer before a step), or a leaf that declares none.
+  if (state.empty() || fields.empty()) return problems;
+  std::unordered_map<std::string, const at::Tensor*> given;
+  for (const auto& [name, value] : state) {
+    const bool known = std::any_of(fields.begin(), fields.end(),
+                                   [&](const StateField& f) { return f.name == name; });
+    if (!known) {
+      problems.push_back("unknown key '" + name + "'");
+    } else if (!given.emplace(name, &value).second) {
+      problems.push_back("duplicate key '" + name + "'");
+    } else if (!value.defined()) {
+      problems.push_back("'" + name + "' is undefined");
+    }
+  }
+  for (const StateField& field : fields) {
+    const auto it = given.find(field.name);
+    if (it == given.end()) {
+      if (field.required) problems.push_back("missing key '" + field.name + "'");
+      continue;
+    }
+    const at::Tensor& value = *it->second;
+    if (!value.defined()) continue;  // reported above
+    if (field.kind == StateField::Kind::kLikeParam) {
+      if (value.sizes() != param.sizes()) {
+        problems.push_back("'" + field.name + "' has shape " + c10::str(value.sizes()) +
+                           ", the parameter " + c10::str(param.sizes()));
+      }
+      continue;
+    }
+    if (value.numel() != 1 || value.scalar_type() == at::kBool || value.is_complex()) {
+      problems.push_back("'" + field.name +
+                         "' must be one whole number >= " + std::to_string(field.min) + ", got a " +
+                         c10::toString(value.scalar_type()) + " tensor of shape " +
+                         c10::str(value.sizes()));
+      continue;
+    }
+    // A floating count must hold a whole number int64 represents exactly (2^63 is above it).
+    const double number = value.item<double>();
+    const bool whole = at::isFloatingType(value.scalar_type())
+                           ? std::isfinite(number) && number == std::floor(number) &&
+                                 std::fabs(number) < 9.2233720368547758e18
+                           : true;
+    if (!whole || value.item<int64_t>() < field.min) {
+      problems.push_back("'" + field.name +
+                         "' must be one whole number >= " + std::to_string(field.min) + ", got " +
+                         (whole ? std::to_string(value.item<int64_t>()) : c10::str(number)));
+    }
+  }
+  return problems;
+}
+
+bool LeafOptimizer::is_count_field(const std::string& name) const {
+  for (const StateField& field : state_fields()) {
+    if (field.name == name) return field.kind == StateField::Kind::kCount;
+  }
+  return false;
+}
+
+CheckedState LeafOptimizer::read_state(const at::Tensor& param,
+                                       const NamedTensorList& state) const {
+  const std::vector<std::string> problems = check_state(param, state);
+  if (!problems.empty()) {
+    std::string message;
+    for (const auto& problem : problems) message += (message.empty() ? "" : "; ") + problem;
+    throw std::invalid_argument(kind() + ": import_state: " + message);
+  }
+  CheckedState out;
+  for (const auto& [name, value] : state) {
+    for (const StateField& field : state_fields()) {
+      if (field.name != name) continue;
+      if (field.kind == StateField::Kind::kLikeParam) {
+        out.tensors[name] = value;
+      } else {
+        out.counts[name] = value.item<int64_t>();
+      }
+    }
+  }
+  return out;
 }
 
 std::string hyperparameter_type_error(const std::string& name, const std::string& what,

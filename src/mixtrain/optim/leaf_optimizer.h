@@ -27,6 +27,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <set>
 #include <string>
 #include <unordered_map>
@@ -40,6 +41,29 @@ namespace mixtrain {
 class StateSwap;
 
 using NamedTensorList = std::vector<std::pair<std::string, at::Tensor>>;
+
+// One per-parameter state entry a leaf declares (state_fields()), by its export_state name.
+struct StateField {
+  enum class Kind {
+    // A tensor of the parameter's shape, stored as a private copy in the parameter's dtype.
+    kLikeParam,
+    // One whole number >= min (a step counter): a one-element integer tensor, or a floating
+    // one holding a whole number (torch.optim saves `step` as a float32 tensor); 1.5 is refused.
+    kCount,
+  };
+  std::string name;
+  Kind kind = Kind::kLikeParam;
+  bool required = true;  // false: may be absent (SGD's momentum_buffer before momentum is used)
+  int64_t min = 0;       // kCount only
+};
+
+// One parameter's state as read by LeafOptimizer::read_state: every declared field present in
+// the input, checked. Empty: the parameter has no state (an empty input list).
+struct CheckedState {
+  std::unordered_map<std::string, at::Tensor> tensors;  // kLikeParam fields, as given
+  std::unordered_map<std::string, int64_t> counts;      // kCount fields
+  bool empty() const { return tensors.empty() && counts.empty(); }
+};
 
 class LeafOptimizer : public torch::optim::Optimizer {
  public:
@@ -63,8 +87,23 @@ class LeafOptimizer : public torch::optim::Optimizer {
   // State of one parameter (empty before its first step). Tensors alias the live state.
   virtual NamedTensorList export_state(const at::Tensor& param) const = 0;
   // Replaces the state of one parameter with copies of `state` (same names as export_state);
-  // throws std::invalid_argument naming the missing/extra key or the shape mismatch.
+  // an empty list drops its state (export_state's answer for a parameter without one). Throws
+  // std::invalid_argument listing every problem check_state finds, changing nothing.
   virtual void import_state(const at::Tensor& param, const NamedTensorList& state) = 0;
+
+  // The per-parameter state this leaf keeps, for check_state / read_state (the one state
+  // import every leaf uses). Empty (the default) for a leaf that checks its own.
+  virtual std::vector<StateField> state_fields() const { return {}; }
+  // Every problem of `state` as import_state input for `param` (a parameter of a group):
+  // unknown, duplicate, undefined or missing keys, a tensor of another shape, a count that is
+  // not one whole number >= its min. Each names the key ("'step' must be ..."); none: it can
+  // be imported; a leaf without state_fields() gets none. Changes nothing.
+  std::vector<std::string> check_state(const at::Tensor& param, const NamedTensorList& state) const;
+  // Whether `name` is a declared kCount field (its dtype may be any real one; check_state
+  // decides on the value).
+  bool is_count_field(const std::string& name) const;
+  // check_state, then the values; std::invalid_argument "<kind>: import_state: <problems>".
+  CheckedState read_state(const at::Tensor& param, const NamedTensorList& state) const;
 
   // Learning rate of every group (the LR schedule sets base_lr * factor each step).
   virtual void set_lr(double lr) = 0;
@@ -72,10 +111,15 @@ class LeafOptimizer : public torch::optim::Optimizer {
   // The hyper-parameters of param group `group` except lr, as a JSON object (field names as
   // the leaf documents them). Throws std::out_of_range for a group that does not exist.
   virtual nlohmann::json group_hyperparameters(size_t group) const = 0;
-  // Sets them from an object with exactly the fields group_hyperparameters gives. Checks every
-  // field (present, right JSON type, valid value; no other field) first and throws
-  // std::invalid_argument naming the field, changing nothing; lr is left as it is.
-  virtual void set_group_hyperparameters(size_t group, const nlohmann::json& values) = 0;
+  // The options group `group` would have with `values` (an object with exactly the fields
+  // group_hyperparameters gives), lr as it is: checks every field (present, right JSON type,
+  // valid value; no other field) and throws std::invalid_argument naming the field. Pure: the
+  // planning half of a param-group restore.
+  virtual std::unique_ptr<torch::optim::OptimizerOptions> options_with_hyperparameters(
+      size_t group, const nlohmann::json& values) const = 0;
+  // Sets group `group`'s options to options_with_hyperparameters(group, values); on a throw
+  // nothing changed.
+  void set_group_hyperparameters(size_t group, const nlohmann::json& values);
 
   // Swap optimizer (state_swap.h): the leaf brackets each parameter's state use with
   // acquire_state / release_state. Null (the default): state stays in memory.

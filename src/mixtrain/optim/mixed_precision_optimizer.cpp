@@ -4,6 +4,7 @@
 #include <c10/core/GradMode.h>
 
 #include <map>
+#include <set>
 #include <sstream>
 #include <stdexcept>
 #include <unordered_set>
@@ -156,13 +157,14 @@ NamedTensors MixedPrecisionOptimizer::state_dict() const {
   return state;
 }
 
-void MixedPrecisionOptimizer::load_state_dict(const NamedTensors& state) {
+std::vector<std::string> MixedPrecisionOptimizer::check_state_dict(
+    const NamedTensors& state) const {
   const std::string main_prefix = kMainParamPrefix;
   const std::unordered_set<std::string> low_precision(low_precision_names_.begin(),
                                                       low_precision_names_.end());
   std::vector<std::string> problems;
   NamedTensors leaf_state;
-  std::map<std::string, at::Tensor> mains;
+  std::set<std::string> mains;
   for (const auto& [key, tensor] : state) {
     if (key.compare(0, main_prefix.size(), main_prefix) != 0) {
       leaf_state.emplace_back(key, tensor);
@@ -176,7 +178,7 @@ void MixedPrecisionOptimizer::load_state_dict(const NamedTensors& state) {
                               : " (no trainable parameter '" + name + "')"));
       continue;
     }
-    if (!mains.emplace(name, tensor).second) {
+    if (!mains.insert(name).second) {
       problems.push_back("duplicate key " + key);
       continue;
     }
@@ -202,10 +204,15 @@ void MixedPrecisionOptimizer::load_state_dict(const NamedTensors& state) {
                        std::to_string(low_precision_names_.size()) + " " + main_prefix +
                        "* main params; missing: " + missing);
   }
+  std::vector<std::string> leaf_problems = chained_->check_state_dict(leaf_state);
+  problems.insert(problems.end(), leaf_problems.begin(), leaf_problems.end());
+  return problems;
+}
 
-  // fp32-main-params §9.2: create the leaves' lazy state to check against. The probe step must not
-  // write the model params (they may already hold a loaded checkpoint that differs from the main
-  // params), so copy-back of the stepped params goes to scratch tensors meanwhile.
+void MixedPrecisionOptimizer::load_state_dict(const NamedTensors& state) {
+  // fp32-main-params §9.2: create the leaves' lazy state to check against. The probe step must
+  // not write the model params (they may already hold a loaded checkpoint that differs from the
+  // main params), so copy-back of the stepped params goes to scratch tensors meanwhile.
   std::vector<std::pair<at::Tensor, at::Tensor>> redirected;  // (main, model)
   for (const auto& name : low_precision_names_) {
     const at::Tensor& main = chained_->optimizer_param(name);
@@ -229,13 +236,24 @@ void MixedPrecisionOptimizer::load_state_dict(const NamedTensors& state) {
   }
   restore_copy_back();
 
-  std::vector<std::string> leaf_problems = chained_->check_state_dict(leaf_state);
-  problems.insert(problems.end(), leaf_problems.begin(), leaf_problems.end());
+  // Plan: every problem, nothing changed but the created state, which goes again.
+  const std::vector<std::string> problems = check_state_dict(state);
   if (!problems.empty()) {
     chained_->undo_initialize_state(created);
     throw std::invalid_argument(format_load_problems("optimizer load_state_dict", problems));
   }
 
+  // Apply (checked: cannot fail on data).
+  const std::string main_prefix = kMainParamPrefix;
+  NamedTensors leaf_state;
+  std::vector<std::pair<std::string, at::Tensor>> mains;
+  for (const auto& [key, tensor] : state) {
+    if (key.compare(0, main_prefix.size(), main_prefix) != 0) {
+      leaf_state.emplace_back(key, tensor);
+    } else {
+      mains.emplace_back(key.substr(main_prefix.size()), tensor);
+    }
+  }
   chained_->import_checked_state(leaf_state);
   if (mains.empty() && !low_precision_names_.empty()) {
     reload_model_params();

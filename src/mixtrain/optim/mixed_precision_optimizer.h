@@ -17,7 +17,8 @@
 //
 // Checkpoint (fp32-main-params §9.1, §9.3): state_dict adds
 // optimizer._mixed_precision_optimizer.fp32_from_fp16_params.<fqn> for low-precision params
-// (none for float32 models). load_state_dict checks everything first; then
+// (none for float32 models). load_state_dict plans first (creates the leaves' state, collects
+// every problem with check_state_dict, drops the created state again on any), then applies:
 //   all main params present -> exact restore (copied as float32, never through bf16);
 //   none present            -> leaf state restored, reload_model_params(), log_warn that the
 //                              fp32 mantissa the low-precision model lost cannot come back;
@@ -81,6 +82,8 @@ class MixedPrecisionOptimizer : public TrainingOptimizer {
   int64_t skipped_steps() const override { return scaler_ ? scaler_->skipped_steps() : 0; }
   NamedTensors state_dict() const override;
   void load_state_dict(const NamedTensors& state) override;
+  // The main-param keys above, then the chain's check of the leaf state.
+  std::vector<std::string> check_state_dict(const NamedTensors& state) const override;
 
  private:
   std::unique_ptr<ChainedOptimizer> chained_;

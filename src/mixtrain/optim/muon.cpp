@@ -395,50 +395,22 @@ NamedTensorList Muon::export_state(const at::Tensor& param) const {
           {"step", at::scalar_tensor(state.step(), at::kLong)}};
 }
 
+std::vector<StateField> Muon::state_fields() const {
+  return {{"momentum_buffer"}, {"step", StateField::Kind::kCount}};
+}
+
 void Muon::import_state(const at::Tensor& param, const NamedTensorList& state) {
-  bool in_group = false;
-  for (const auto& group : param_groups_) {
-    for (const auto& p : group.params()) in_group = in_group || p.is_same(param);
+  const CheckedState checked = read_state(param, state);
+  if (checked.empty()) {
+    state_.erase(state_key(param));
+    return;
   }
-  if (!in_group) throw std::invalid_argument("muon: import_state: parameter is not in any group");
-
-  at::Tensor momentum_buffer;
-  at::Tensor step;
-  for (const auto& [name, tensor] : state) {
-    at::Tensor* slot = name == "momentum_buffer" ? &momentum_buffer
-                       : name == "step"          ? &step
-                                                 : nullptr;
-    if (slot == nullptr)
-      throw std::invalid_argument("muon: import_state: unknown key '" + name + "'");
-    if (slot->defined())
-      throw std::invalid_argument("muon: import_state: duplicate key '" + name + "'");
-    *slot = tensor;
-  }
-  if (!momentum_buffer.defined()) {
-    throw std::invalid_argument("muon: import_state: missing key 'momentum_buffer'");
-  }
-  if (!step.defined()) throw std::invalid_argument("muon: import_state: missing key 'step'");
-  if (momentum_buffer.sizes() != param.sizes()) {
-    throw std::invalid_argument("muon: import_state: momentum_buffer shape " +
-                                c10::str(momentum_buffer.sizes()) +
-                                " differs from parameter shape " + c10::str(param.sizes()));
-  }
-  if (step.numel() != 1) {
-    throw std::invalid_argument("muon: import_state: step must hold one value, got shape " +
-                                c10::str(step.sizes()));
-  }
-  // torch.optim stores step as a float32 tensor; accept any dtype holding a whole number.
-  const double step_value = step.item<double>();
-  if (!(step_value >= 0.0) || step_value != std::floor(step_value)) {
-    throw std::invalid_argument("muon: import_state: step must be a whole number >= 0, got " +
-                                std::to_string(step_value));
-  }
-
   auto fresh = std::make_unique<MuonParamState>();
-  fresh->step(static_cast<int64_t>(step_value));
-  fresh->momentum_buffer(
-      momentum_buffer.to(param.device(), param.scalar_type(), /*non_blocking=*/false, /*copy=*/true)
-          .contiguous());
+  fresh->step(checked.counts.at("step"));
+  fresh->momentum_buffer(checked.tensors.at("momentum_buffer")
+                             .to(param.device(), param.scalar_type(), /*non_blocking=*/false,
+                                 /*copy=*/true)
+                             .contiguous());
   state_[state_key(param)] = std::move(fresh);
 }
 
@@ -464,8 +436,9 @@ nlohmann::json Muon::group_hyperparameters(size_t group) const {
           {"communication_dtype", dtype_name(options.communication_dtype())}};
 }
 
-void Muon::set_group_hyperparameters(size_t group, const nlohmann::json& values) {
-  auto& options = static_cast<MuonOptions&>(param_groups_.at(group).options());
+std::unique_ptr<torch::optim::OptimizerOptions> Muon::options_with_hyperparameters(
+    size_t group, const nlohmann::json& values) const {
+  const auto& options = static_cast<const MuonOptions&>(param_groups_.at(group).options());
   HyperparameterReader reader(values);
   MuonOptions candidate = options;  // keeps lr
   candidate.weight_decay(reader.number("weight_decay"))
@@ -515,7 +488,7 @@ void Muon::set_group_hyperparameters(size_t group, const nlohmann::json& values)
     throw std::invalid_argument(
         message.compare(0, prefix.size(), prefix) == 0 ? message.substr(prefix.size()) : message);
   }
-  options = candidate;
+  return std::make_unique<MuonOptions>(candidate);
 }
 
 }  // namespace mixtrain

@@ -109,16 +109,19 @@ class Muon : public LeafOptimizer {
   // "momentum_buffer" (aliases the live buffer) and "step" (0-dim int64); empty before the
   // parameter's first step.
   NamedTensorList export_state(const at::Tensor& param) const override;
+  // The same names (LeafOptimizer::read_state); an empty list clears the param's state.
   void import_state(const at::Tensor& param, const NamedTensorList& state) override;
+  std::vector<StateField> state_fields() const override;
   void set_lr(double lr) override;
   void reset_parameter_caches() override;
 
   // {"weight_decay", "momentum", "nesterov", "ns_steps", "ns_variant", "ns_coefficients"
   // ([[a, b, c], ...]), "ns_epsilon", "ns_dtype", "matched_adamw_rms", "adjust_lr_fn",
   // "momentum_style", "communication_dtype"}: MuonConfig's names and spellings (dtypes as
-  // "bfloat16"/"float32"). set_group_hyperparameters checks the result with validate().
+  // "bfloat16"/"float32"). options_with_hyperparameters checks the result with validate().
   nlohmann::json group_hyperparameters(size_t group) const override;
-  void set_group_hyperparameters(size_t group, const nlohmann::json& values) override;
+  std::unique_ptr<torch::optim::OptimizerOptions> options_with_hyperparameters(
+      size_t group, const nlohmann::json& values) const override;
 
   // The cached same-shape batches of one group, in first-appearance order (for logs and
   // tests): each is one newton_schulz call per step over all of its matrices.

@@ -80,38 +80,26 @@ NamedTensorList Sgd::export_state(const at::Tensor& param) const {
   return out;
 }
 
+std::vector<StateField> Sgd::state_fields() const {
+  // momentum_buffer exists once a step ran with momentum (torch.optim's sgd.py).
+  return {{"momentum_buffer", StateField::Kind::kLikeParam, /*required=*/false},
+          {"step", StateField::Kind::kCount}};
+}
+
 void Sgd::import_state(const at::Tensor& param, const NamedTensorList& state) {
+  const CheckedState checked = read_state(param, state);
   void* const key = state_key(param);
-  if (state.empty()) {
+  if (checked.empty()) {
     state_.erase(key);
     return;
   }
-  at::Tensor buffer, step;
-  for (const auto& [name, value] : state) {
-    at::Tensor* slot = name == "momentum_buffer" ? &buffer : name == "step" ? &step : nullptr;
-    if (slot == nullptr)
-      throw std::invalid_argument("sgd: import_state: unknown key '" + name + "'");
-    if (slot->defined())
-      throw std::invalid_argument("sgd: import_state: duplicate key '" + name + "'");
-    if (!value.defined())
-      throw std::invalid_argument("sgd: import_state: '" + name + "' is undefined");
-    *slot = value;
-  }
-  if (!step.defined()) throw std::invalid_argument("sgd: import_state: missing key 'step'");
-  if (step.numel() != 1 || at::isFloatingType(step.scalar_type()) || step.item<int64_t>() < 0) {
-    throw std::invalid_argument("sgd: import_state: 'step' must be one non-negative integer");
-  }
-  if (buffer.defined() && buffer.sizes() != param.sizes()) {
-    throw std::invalid_argument("sgd: import_state: 'momentum_buffer' has shape " +
-                                c10::str(buffer.sizes()) + ", the parameter " +
-                                c10::str(param.sizes()));
-  }
   auto fresh = std::make_unique<SgdParamState>();
-  fresh->step(step.item<int64_t>());
-  if (buffer.defined()) {
+  fresh->step(checked.counts.at("step"));
+  const auto buffer = checked.tensors.find("momentum_buffer");
+  if (buffer != checked.tensors.end()) {
     // A private copy in the param's dtype, laid out like the param.
     at::Tensor copy = at::empty_like(param, at::MemoryFormat::Preserve);
-    copy.copy_(buffer);
+    copy.copy_(buffer->second);
     fresh->momentum_buffer(copy);
   }
   state_[key] = std::move(fresh);
@@ -129,8 +117,9 @@ nlohmann::json Sgd::group_hyperparameters(size_t group) const {
           {"nesterov", options.nesterov()}};
 }
 
-void Sgd::set_group_hyperparameters(size_t group, const nlohmann::json& values) {
-  auto& options = static_cast<SgdOptions&>(param_groups_.at(group).options());
+std::unique_ptr<torch::optim::OptimizerOptions> Sgd::options_with_hyperparameters(
+    size_t group, const nlohmann::json& values) const {
+  const auto& options = static_cast<const SgdOptions&>(param_groups_.at(group).options());
   HyperparameterReader reader(values);
   SgdOptions candidate = options;
   candidate.momentum(reader.number("momentum"))
@@ -140,10 +129,7 @@ void Sgd::set_group_hyperparameters(size_t group, const nlohmann::json& values) 
   reader.finish();
   const std::string problem = options_problem(candidate);
   if (!problem.empty()) throw std::invalid_argument(problem);
-  options.momentum(candidate.momentum())
-      .dampening(candidate.dampening())
-      .weight_decay(candidate.weight_decay())
-      .nesterov(candidate.nesterov());
+  return std::make_unique<SgdOptions>(candidate);
 }
 
 }  // namespace mixtrain

@@ -56,13 +56,16 @@ class Sgd : public LeafOptimizer {
   // "momentum_buffer" (alias of the live state; only when the param has one) and "step"
   // (int64 scalar tensor); empty before the param's first step.
   NamedTensorList export_state(const at::Tensor& param) const override;
-  // The same names ("momentum_buffer" optional); an empty list clears the param's state.
+  // The same names ("momentum_buffer" optional; LeafOptimizer::read_state); an empty list
+  // clears the param's state.
   void import_state(const at::Tensor& param, const NamedTensorList& state) override;
+  std::vector<StateField> state_fields() const override;
   void set_lr(double lr) override;
 
   // {"momentum", "dampening", "weight_decay", "nesterov"}.
   nlohmann::json group_hyperparameters(size_t group) const override;
-  void set_group_hyperparameters(size_t group, const nlohmann::json& values) override;
+  std::unique_ptr<torch::optim::OptimizerOptions> options_with_hyperparameters(
+      size_t group, const nlohmann::json& values) const override;
 };
 
 }  // namespace mixtrain

@@ -84,6 +84,10 @@ class TrainingOptimizer : public MainGradSink {
   // Validates every key, shape and dtype first and modifies nothing on error
   // (std::invalid_argument listing every problem). See the implementations for the branches.
   virtual void load_state_dict(const NamedTensors& state) = 0;
+  // The planning half of load_state_dict for state that already exists (after
+  // ChainedOptimizer::initialize_state): every problem of `state`, nothing changed. None:
+  // load_state_dict(state) cannot fail on data.
+  virtual std::vector<std::string> check_state_dict(const NamedTensors& state) const = 0;
 };
 
 }  // namespace mixtrain

@@ -2,7 +2,8 @@
 // make_save_request, listed in docs/checkpoint.md), read and checked in full before a restore
 // changes anything: every field present with its type and range, train.step equal to the
 // metadata's step, config_hash matching config, every recorded RNG state one LibTorch accepts.
-// A malformed value is one DataError "<file>: state.<field>: <problem>".
+// Each malformed value is one problem "<file>: state.<field>: <problem>" (core/json_reader.h),
+// and every one is reported, not only the first.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -10,6 +11,7 @@
 #include <cstdint>
 #include <map>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -38,9 +40,17 @@ struct SavedTrainingState {
   // ranks[r].rng_cpu as uint8 tensors, each a state the CPU generator accepts; empty when
   // the checkpoint records none.
   std::vector<at::Tensor> rng_cpu;
+  // The parts ("train", "lr_schedule", "data", "loss_scaler", "optimizer", "config", "ranks")
+  // that had a problem: their fields above are defaults, never to be used.
+  std::set<std::string> unread_parts;
 };
 
-// `where` names the file in messages (the step directory's .metadata.json).
+// `where` names the file in messages (the step directory's .metadata.json). Every problem
+// goes to `problems` (one message each, in field order); the fields of a bad part keep their
+// defaults and must not be applied.
+SavedTrainingState read_training_state(const CheckpointMetadata& metadata, const std::string& where,
+                                       std::vector<std::string>& problems);
+// The same, throwing one DataError with every problem (one per line) when there is any.
 SavedTrainingState read_training_state(const CheckpointMetadata& metadata,
                                        const std::string& where);
 

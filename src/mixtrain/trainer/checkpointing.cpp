@@ -114,9 +114,10 @@ struct Casts {
 };
 
 // Which saved dtype a tensor accepts: model params any (model_init_dtype converts them,
-// fp32-main-params §6.2), optimizer state one it can be cast to (state_dtype_loads_into), main
+// fp32-main-params §6.2), optimizer state one it can be cast to (state_dtype_loads_into), a
+// count (step) any real one (its leaf checks the value: LeafOptimizer::check_state), main
 // params exactly.
-enum class DtypeRule { kAny, kOptimizerState, kExact };
+enum class DtypeRule { kAny, kOptimizerState, kCount, kExact };
 
 // Reads this rank's region of `key` into `out`, or records why it cannot.
 void read_piece(CheckpointReader& reader, const LocalChunk& target, DtypeRule rule,
@@ -134,7 +135,7 @@ void read_piece(CheckpointReader& reader, const LocalChunk& target, DtypeRule ru
   }
   const c10::ScalarType live = target.data.scalar_type();
   const bool accepted =
-      rule == DtypeRule::kAny ||
+      rule == DtypeRule::kAny || (rule == DtypeRule::kCount && saved.dtype != at::kBool) ||
       (rule == DtypeRule::kExact ? saved.dtype == live : state_dtype_loads_into(saved.dtype, live));
   if (!accepted) {
     problems.push_back(target.key + ": dtype " + dtype_name(saved.dtype) + " in the checkpoint, " +
@@ -148,30 +149,216 @@ void read_piece(CheckpointReader& reader, const LocalChunk& target, DtypeRule ru
   }
 }
 
-// The non-tensor state, checked completely (checkpoint_state.h), and the data position checked
-// by the dataset itself: seek() refuses a position it cannot resume at before it changes
-// anything, and the current position is put back at once. Problems go to `problems`.
-SavedTrainingState validate_training_state(const CheckpointParts& parts,
-                                           const CheckpointReader& reader,
-                                           std::vector<std::string>& problems) {
-  const std::string where =
-      (std::filesystem::path(reader.dir()) / kCheckpointMetadataFile).string();
+// Everything a restore will do, read and checked without changing anything. No problems
+// (on any rank): apply_restore cannot fail on data.
+struct RestorePlan {
+  std::string dir;
+  std::unique_ptr<CheckpointReader> reader;
   SavedTrainingState saved;
-  try {
-    saved = read_training_state(reader.metadata(), where);
-  } catch (const DataError& error) {
-    problems.push_back(error.what());
-    return saved;
+  bool another_model = false;
+  std::vector<std::string> config_changes;         // "key: <saved> in the checkpoint, <now> now"
+  std::map<std::string, at::Tensor> model_values;  // model.<fqn> -> the value it gets
+  std::set<std::string> main_params_as_model;      // main-param keys read as float32 values
+  NamedTensors optimizer_state;
+  // Optimizer state saved in another floating dtype (cast on load) and main params not used.
+  Casts widened, narrowed;
+  int64_t dropped_mains = 0;
+  ChainedOptimizer::ParamGroupsPlan groups;
+  std::vector<std::string> problems;
+};
+
+std::string metadata_path(const RestorePlan& plan) {
+  return (std::filesystem::path(plan.dir) / kCheckpointMetadataFile).string();
+}
+
+// The non-tensor state, checked completely (checkpoint_state.h); the data position checked by
+// the dataset itself: seek() refuses a position it cannot resume at before it changes
+// anything, and the current position is put back at once. Then whether the checkpoint is of
+// this model (its recorded config) and holds what the restore needs.
+void plan_training_state(const CheckpointParts& parts, bool restore_optimizer, RestorePlan& plan) {
+  const std::string where = metadata_path(plan);
+  plan.saved = read_training_state(plan.reader->metadata(), where, plan.problems);
+  const SavedTrainingState& saved = plan.saved;
+  if (!saved.unread_parts.count("data")) {
+    const int64_t current = parts.data.position();
+    try {
+      parts.data.seek(saved.data_position);
+      parts.data.seek(current);
+    } catch (const DataError& error) {
+      plan.problems.push_back(where + ": state.data.position: " + error.what());
+    }
   }
-  const int64_t current = parts.data.position();
-  try {
-    parts.data.seek(saved.data_position);
-  } catch (const DataError& error) {
-    problems.push_back(where + ": state.data.position: " + error.what());
-    return saved;
+
+  if (!saved.unread_parts.count("config")) {
+    const json current_config = config_json(parts.resolved);
+    for (const auto& [key, value] : current_config.items()) {
+      const auto recorded = saved.config.find(key);
+      const std::string before = recorded != saved.config.end() ? recorded->second : "(absent)";
+      if (before == value.get<std::string>()) continue;
+      const std::string line =
+          key + ": " + before + " in the checkpoint, " + value.get<std::string>() + " now";
+      // A model.* key the model does not read (another model's section, or a key added since
+      // the checkpoint was written) says nothing about the architecture.
+      if (is_model_key(key) && model_reads_key(parts.resolved.config.model.name, key)) {
+        plan.problems.push_back("the checkpoint is of another model: " + line);
+        plan.another_model = true;
+      } else {
+        plan.config_changes.push_back(line);
+      }
+    }
   }
-  parts.data.seek(current);
-  return saved;
+  if (restore_optimizer && !saved.unread_parts.count("optimizer") && !saved.optimizer_saved) {
+    // The remedy in the dialect of the config being run (TOML's key is the negation).
+    const std::string model_only = parts.resolved.config.dialect == "toml"
+                                       ? "checkpoint.initial_load_model_only = true"
+                                       : "checkpoint.restore_optimizer: false";
+    plan.problems.push_back(
+        "it has no optimizer state (saved with checkpoint.save_optimizer: false); set " +
+        model_only + " to restore the model only");
+  }
+}
+
+// Every model tensor's value, and the keys the model does not have.
+void plan_model(const CheckpointParts& parts, RestorePlan& plan) {
+  CheckpointReader& reader = *plan.reader;
+  const CheckpointMetadata& metadata = reader.metadata();
+  const auto model = model_tensors(parts.model);
+  for (const auto& [key, tensor] : model) {
+    // A float32 parameter saved by a run with a bfloat16/float16 model and fp32 main params: its
+    // exact value is that main param, not the rounded model param.
+    const std::string main_key = kMainParamPrefix + fqn_of(key);
+    const auto saved = metadata.tensors.find(key);
+    if (tensor.scalar_type() == at::kFloat && reader.contains(main_key) &&
+        saved != metadata.tensors.end() && saved->second.dtype != at::kFloat) {
+      std::map<std::string, at::Tensor> read;
+      read_piece(reader, place(parts, main_key, tensor.detach()), DtypeRule::kExact, read,
+                 plan.problems);
+      if (read.count(main_key) != 0) plan.model_values[key] = read.at(main_key);
+      plan.main_params_as_model.insert(main_key);
+      continue;
+    }
+    // The model is saved in its model dtype and converted by model_init_dtype (fp32-main-params
+    // §6.2).
+    read_piece(reader, place(parts, key, tensor.detach()), DtypeRule::kAny, plan.model_values,
+               plan.problems);
+  }
+  for (const auto& [key, saved] : metadata.tensors) {
+    if (starts_with(key, kModelPrefix) &&
+        std::none_of(model.begin(), model.end(), [&](const auto& m) { return m.first == key; })) {
+      plan.problems.push_back("unexpected key " + key + " (no such parameter in this model)");
+    }
+  }
+}
+
+// Every optimizer state tensor (the state exists: ChainedOptimizer::initialize_state), which
+// main-param branch applies (fp32-main-params §9.3), the keys this optimizer does not have, the
+// values as the leaves check them, and the param-group hyper-parameters.
+void plan_optimizer(const CheckpointParts& parts, RestorePlan& plan) {
+  CheckpointReader& reader = *plan.reader;
+  const ChainedOptimizer& chained = parts.optimizer.chained();
+  const size_t problems_before = plan.problems.size();
+  std::map<std::string, at::Tensor> loaded;
+  std::set<std::string> expected;
+  std::vector<std::string> main_keys, missing_mains;
+  for (const auto& [key, tensor] : parts.optimizer.state_dict()) {
+    expected.insert(key);
+    const bool is_main = starts_with(key, kMainParamPrefix);
+    if (is_main) {
+      main_keys.push_back(key);
+      if (!reader.contains(key)) {
+        missing_mains.push_back(fqn_of(key));
+        continue;  // the branch is decided below
+      }
+    }
+    const std::string fqn = fqn_of(key);
+    const bool is_count = !is_main && chained.contains(fqn) &&
+                          chained.leaf_of(fqn).is_count_field(key.substr(key.rfind('.') + 1));
+    read_piece(reader, place(parts, key, tensor),
+               is_main    ? DtypeRule::kExact
+               : is_count ? DtypeRule::kCount
+                          : DtypeRule::kOptimizerState,
+               loaded, plan.problems);
+    if (!loaded.count(key)) continue;
+    plan.optimizer_state.emplace_back(key, loaded.at(key));
+    const c10::ScalarType saved = loaded.at(key).scalar_type();
+    if (saved != tensor.scalar_type() && !is_count) {
+      const bool widens = c10::elementSize(saved) < c10::elementSize(tensor.scalar_type());
+      (widens ? plan.widened : plan.narrowed)
+          .add(dtype_name(saved) + " to " + dtype_name(tensor.scalar_type()));
+    }
+  }
+  // fp32-main-params §9.3 branch 3: some main params but not all is damaged data.
+  if (!missing_mains.empty() && missing_mains.size() < main_keys.size()) {
+    std::string names;
+    for (const auto& n : missing_mains) names += (names.empty() ? "" : ", ") + n;
+    plan.problems.push_back("it has " + std::to_string(main_keys.size() - missing_mains.size()) +
+                            " of " + std::to_string(main_keys.size()) + " fp32 main params (" +
+                            kMainParamPrefix + "*); missing: " + names);
+  }
+  for (const auto& [key, saved] : reader.metadata().tensors) {
+    if (!starts_with(key, "optimizer.") || expected.count(key) ||
+        plan.main_params_as_model.count(key)) {
+      continue;
+    }
+    // A main-params checkpoint resumed with fp32_main_params off: the model continues from
+    // its low-precision params (the rounded main params, as saved); the main params go.
+    if (starts_with(key, kMainParamPrefix) && main_keys.empty() && chained.contains(fqn_of(key)) &&
+        is_low_precision(chained.model_param(fqn_of(key)).scalar_type())) {
+      ++plan.dropped_mains;
+      continue;
+    }
+    plan.problems.push_back("unexpected key " + key + " (no such state in this optimizer)");
+  }
+  // The values (a step that is no whole number >= 0) once every tensor is there to check.
+  if (plan.problems.size() == problems_before) {
+    for (const auto& problem : parts.optimizer.check_state_dict(plan.optimizer_state)) {
+      plan.problems.push_back(problem);
+    }
+  }
+  if (!plan.saved.unread_parts.count("optimizer")) {
+    plan.groups = chained.plan_param_groups(plan.saved.param_groups);
+    if (!plan.groups.ok()) {
+      plan.problems.push_back(metadata_path(plan) +
+                              ": state.optimizer.param_groups: " + plan.groups.error());
+    }
+  }
+}
+
+// Changes everything, in the order of fp32-main-params §6.2; every value was checked by the plan.
+void apply_restore(const CheckpointParts& parts, bool restore_optimizer, RestorePlan& plan,
+                   std::vector<std::string>& group_changes) {
+  const TrainerConfig& config = parts.resolved.config;
+  if (restore_optimizer) {
+    group_changes = parts.optimizer.chained().apply_param_groups(std::move(plan.groups));
+  }
+  {
+    c10::NoGradGuard no_grad;
+    for (const auto& [key, tensor] : model_tensors(parts.model)) {
+      tensor.detach().copy_(plan.model_values.at(key));
+    }
+  }
+  if (config.model_init_dtype) {
+    apply_model_init_dtype(parts.model, parse_float_dtype(*config.model_init_dtype));
+  }
+  const SavedTrainingState& saved = plan.saved;
+  if (restore_optimizer) {
+    parts.optimizer.load_state_dict(
+        plan.optimizer_state);  // fp32-main-params §9.3 branches 1 and 2
+    DynamicLossScaler* scaler = parts.optimizer.loss_scaler();
+    if (scaler != nullptr && saved.loss_scaler) {
+      const SavedLossScaler& s = *saved.loss_scaler;
+      scaler->restore(s.scale, s.growth_tracker, s.skipped_steps);
+    }
+  } else {
+    parts.optimizer
+        .reload_model_params();  // fp32-main-params §9.4: main params from the loaded model
+  }
+  parts.data.seek(saved.data_position);
+  if (saved.rng_cpu.size() == static_cast<size_t>(parts.mesh.world_size)) {
+    at::Generator generator = at::detail::getDefaultCPUGenerator();
+    std::lock_guard<std::mutex> lock(generator.mutex());
+    generator.set_state(saved.rng_cpu.at(parts.mesh.rank));
+  }
 }
 
 }  // namespace
@@ -217,186 +404,50 @@ SaveRequest make_save_request(const CheckpointParts& parts, int64_t step) {
 
 int64_t restore_checkpoint(const CheckpointParts& parts, const std::string& restore_from,
                            bool restore_optimizer) {
-  const TrainerConfig& config = parts.resolved.config;
-  // Reading and validating the metadata and files is per rank; a rank that fails here fails
-  // alone only if the others fail too (they read the same files), so agree first.
-  std::unique_ptr<CheckpointReader> reader;
-  std::string dir = restore_from;
-  std::vector<std::string> problems;
+  // Plan: read and check everything, collecting every problem, changing nothing. Opening the
+  // metadata and files comes first (nothing can be planned without them); a rank that fails
+  // there fails alone only if the others fail too (they read the same files), so agree.
+  RestorePlan plan;
+  plan.dir = restore_from;
   try {
-    dir = resolve_step_dir(restore_from);
-    reader = std::make_unique<CheckpointReader>(dir);
+    plan.dir = resolve_step_dir(restore_from);
+    plan.reader = std::make_unique<CheckpointReader>(plan.dir);
   } catch (const std::exception& error) {
-    problems.push_back(error.what());
+    plan.problems.push_back(error.what());
   }
-  agree_or_throw(parts.mesh, dir, problems);
-  const CheckpointMetadata& metadata = reader->metadata();
-  // Every non-tensor value is checked before it is used (and before anything changes).
-  const SavedTrainingState saved_state = validate_training_state(parts, *reader, problems);
-  agree_or_throw(parts.mesh, dir, problems);
+  agree_or_throw(parts.mesh, plan.dir, plan.problems);
+  plan_training_state(parts, restore_optimizer, plan);
 
-  // A checkpoint of another model is refused by its config before any tensor is looked at.
-  const json current_config = config_json(parts.resolved);
-  std::vector<std::string> config_changes;
-  for (const auto& [key, value] : current_config.items()) {
-    const auto recorded = saved_state.config.find(key);
-    const std::string saved = recorded != saved_state.config.end() ? recorded->second : "(absent)";
-    if (saved == value.get<std::string>()) continue;
-    const std::string line =
-        key + ": " + saved + " in the checkpoint, " + value.get<std::string>() + " now";
-    // A model.* key the model does not read (another model's section, or a key added since the
-    // checkpoint was written) says nothing about the architecture.
-    if (is_model_key(key) && model_reads_key(parts.resolved.config.model.name, key)) {
-      problems.push_back("the checkpoint is of another model: " + line);
-    } else {
-      config_changes.push_back(line);
-    }
-  }
-  if (restore_optimizer && !saved_state.optimizer_saved) {
-    // The remedy in the dialect of the config being run (TOML's key is the negation).
-    const std::string model_only = parts.resolved.config.dialect == "toml"
-                                       ? "checkpoint.initial_load_model_only = true"
-                                       : "checkpoint.restore_optimizer: false";
-    problems.push_back(
-        "it has no optimizer state (saved with checkpoint.save_optimizer: false); set " +
-        model_only + " to restore the model only");
-  }
-  agree_or_throw(parts.mesh, dir, problems);
-
-  // fp32-main-params §9.2: the optimizer state must exist so that it can be filled in place.
-  // Collective (distributed Muon steps together), so every rank does it before any may fail.
+  // fp32-main-params §9.2: the optimizer state must exist so that it can be checked and filled in
+  // place. Collective (distributed Muon steps together): every rank does it here, whatever its plan
+  // holds so far, and drops it again if the restore is refused.
   ChainedOptimizer::StateInitialization created;
   if (restore_optimizer) created = parts.optimizer.chained().initialize_state();
-
-  std::map<std::string, at::Tensor> loaded;
-  const auto model = model_tensors(parts.model);
-  std::set<std::string> main_params_as_model;  // main-param keys read as float32 model values
-  for (const auto& [key, tensor] : model) {
-    // A float32 parameter saved by a run with a bfloat16/float16 model and fp32 main params: its
-    // exact value is that main param, not the rounded model param.
-    const std::string main_key = kMainParamPrefix + fqn_of(key);
-    const auto saved = metadata.tensors.find(key);
-    if (tensor.scalar_type() == at::kFloat && reader->contains(main_key) &&
-        saved != metadata.tensors.end() && saved->second.dtype != at::kFloat) {
-      read_piece(*reader, place(parts, main_key, tensor.detach()), DtypeRule::kExact, loaded,
-                 problems);
-      if (loaded.count(main_key) != 0) {
-        loaded[key] = loaded.at(main_key);
-        loaded.erase(main_key);
-      }
-      main_params_as_model.insert(main_key);
-      continue;
-    }
-    // The model is saved in its model dtype and converted by model_init_dtype (fp32-main-params
-    // §6.2).
-    read_piece(*reader, place(parts, key, tensor.detach()), DtypeRule::kAny, loaded, problems);
-  }
-  NamedTensors optimizer_state;
-  // Optimizer state saved in another floating dtype (cast on load) and main params not used.
-  Casts widened, narrowed;
-  int64_t dropped_mains = 0;
-  if (restore_optimizer) {
-    std::set<std::string> expected;
-    std::vector<std::string> main_keys, missing_mains;
-    for (const auto& [key, tensor] : parts.optimizer.state_dict()) {
-      expected.insert(key);
-      const bool is_main = starts_with(key, kMainParamPrefix);
-      if (is_main) {
-        main_keys.push_back(key);
-        if (!reader->contains(key)) {
-          missing_mains.push_back(fqn_of(key));
-          continue;  // the branch is decided below
-        }
-      }
-      read_piece(*reader, place(parts, key, tensor),
-                 is_main ? DtypeRule::kExact : DtypeRule::kOptimizerState, loaded, problems);
-      if (!loaded.count(key)) continue;
-      optimizer_state.emplace_back(key, loaded.at(key));
-      const c10::ScalarType saved = loaded.at(key).scalar_type();
-      if (saved != tensor.scalar_type()) {
-        const bool widens = c10::elementSize(saved) < c10::elementSize(tensor.scalar_type());
-        (widens ? widened : narrowed)
-            .add(dtype_name(saved) + " to " + dtype_name(tensor.scalar_type()));
-      }
-    }
-    // fp32-main-params §9.3 branch 3: some main params but not all is damaged data.
-    if (!missing_mains.empty() && missing_mains.size() < main_keys.size()) {
-      std::string names;
-      for (const auto& n : missing_mains) names += (names.empty() ? "" : ", ") + n;
-      problems.push_back("it has " + std::to_string(main_keys.size() - missing_mains.size()) +
-                         " of " + std::to_string(main_keys.size()) + " fp32 main params (" +
-                         kMainParamPrefix + "*); missing: " + names);
-    }
-    for (const auto& [key, saved] : metadata.tensors) {
-      if (!starts_with(key, "optimizer.") || expected.count(key) ||
-          main_params_as_model.count(key)) {
-        continue;
-      }
-      // A main-params checkpoint resumed with fp32_main_params off: the model continues from
-      // its low-precision params (the rounded main params, as saved); the main params go.
-      const ChainedOptimizer& chained = parts.optimizer.chained();
-      if (starts_with(key, kMainParamPrefix) && main_keys.empty() &&
-          chained.contains(fqn_of(key)) &&
-          is_low_precision(chained.model_param(fqn_of(key)).scalar_type())) {
-        ++dropped_mains;
-        continue;
-      }
-      problems.push_back("unexpected key " + key + " (no such state in this optimizer)");
-    }
-  }
-  for (const auto& [key, saved] : metadata.tensors) {
-    if (starts_with(key, kModelPrefix) &&
-        std::none_of(model.begin(), model.end(), [&](const auto& m) { return m.first == key; })) {
-      problems.push_back("unexpected key " + key + " (no such parameter in this model)");
-    }
-  }
-  std::vector<std::string> group_changes;
   try {
-    // Every rank's tensors are good before any rank sets its group hyper-parameters (another
-    // rank's problem would otherwise leave them changed here).
-    agree_or_throw(parts.mesh, dir, problems);
-    if (restore_optimizer) {
-      // Validates fully before it sets anything; the same input on every rank.
-      try {
-        group_changes = parts.optimizer.chained().load_param_groups_state(saved_state.param_groups);
-      } catch (const std::exception& error) {
-        problems.push_back((std::filesystem::path(dir) / kCheckpointMetadataFile).string() +
-                           ": state.optimizer.param_groups: " + error.what());
-      }
+    // The tensors of another model (or of a checkpoint without the optimizer state asked
+    // for) would each differ as a consequence: the plan names the cause only.
+    if (!plan.another_model) {
+      plan_model(parts, plan);
+      if (restore_optimizer && plan.saved.optimizer_saved) plan_optimizer(parts, plan);
     }
-    agree_or_throw(parts.mesh, dir, problems);
+    // Agree: every rank's plan is good before any rank changes anything.
+    agree_or_throw(parts.mesh, plan.dir, plan.problems);
   } catch (...) {
     if (restore_optimizer) parts.optimizer.chained().undo_initialize_state(created);
     throw;
   }
 
-  // Everything is validated: modify, in the order of fp32-main-params §6.2.
-  {
-    c10::NoGradGuard no_grad;
-    for (const auto& [key, tensor] : model) tensor.detach().copy_(loaded.at(key));
-  }
-  if (config.model_init_dtype) {
-    apply_model_init_dtype(parts.model, parse_float_dtype(*config.model_init_dtype));
-  }
-  if (restore_optimizer) {
-    parts.optimizer.load_state_dict(optimizer_state);  // fp32-main-params §9.3 branches 1 and 2
-    DynamicLossScaler* scaler = parts.optimizer.loss_scaler();
-    if (scaler != nullptr && saved_state.loss_scaler) {
-      const SavedLossScaler& s = *saved_state.loss_scaler;
-      scaler->restore(s.scale, s.growth_tracker, s.skipped_steps);
-    }
-  } else {
-    parts.optimizer
-        .reload_model_params();  // fp32-main-params §9.4: main params from the loaded model
-  }
-  parts.data.seek(saved_state.data_position);
-  if (saved_state.rng_cpu.size() == static_cast<size_t>(parts.mesh.world_size)) {
-    at::Generator generator = at::detail::getDefaultCPUGenerator();
-    std::lock_guard<std::mutex> lock(generator.mutex());
-    generator.set_state(saved_state.rng_cpu.at(parts.mesh.rank));
-  }
+  std::vector<std::string> group_changes;
+  apply_restore(parts, restore_optimizer, plan, group_changes);
 
-  const int64_t step = saved_state.step;
+  const CheckpointMetadata& metadata = plan.reader->metadata();
+  const std::string& dir = plan.dir;
+  const auto& main_params_as_model = plan.main_params_as_model;
+  const Casts& widened = plan.widened;
+  const Casts& narrowed = plan.narrowed;
+  const int64_t dropped_mains = plan.dropped_mains;
+  const auto& config_changes = plan.config_changes;
+  const int64_t step = plan.saved.step;
   if (parts.mesh.rank == 0) {
     log_info("checkpoint: restored step " + std::to_string(step) + " from " + dir + " (saved by " +
              std::to_string(metadata.world_size) + " rank(s), restored on " +

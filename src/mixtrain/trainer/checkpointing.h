@@ -11,16 +11,17 @@
 // main_grad never. Non-tensor state: train step, LR schedule, data position, loss scaler,
 // optimizer param groups (hyper-parameters), the resolved config and its hash, per-rank RNG.
 //
-// Restore validates everything before anything changes (metadata, files, that the checkpoint
-// is of this model, every key, shape and dtype, which main params exist, every checksum of
-// every chunk this rank reads), agreeing over all ranks; then loads the model, applies
-// model_init_dtype, and loads the optimizer, whose fp32-main-params §9.3 branches are
-// MixedPrecisionOptimizer::load_state_dict's. Optimizer state saved in another floating dtype
-// (fp32_main_params switched between save and restore) is cast to the live state's dtype; a
-// run without main params ignores the checkpoint's (its model params are their rounding), with
-// one warning. restore_optimizer false: the model only, then
-// reload_model_params() (fp32-main-params §9.4). Errors are DataError naming the checkpoint and the
-// problems.
+// Restore is plan, agree, apply (docs/checkpoint.md): a planning step reads and checks
+// everything without changing anything (metadata, files, that the checkpoint is of this model,
+// every key, shape and dtype, which main params exist, every checksum of every chunk this rank
+// reads, every non-tensor field, the leaves' state values and group hyper-parameters) and
+// collects every problem; the ranks agree on them; then an apply step that cannot fail on data
+// loads the model, applies model_init_dtype, and loads the optimizer, whose fp32-main-params §9.3
+// branches are MixedPrecisionOptimizer::load_state_dict's. Optimizer state saved in another
+// floating dtype (fp32_main_params switched between save and restore) is cast to the live state's
+// dtype; a run without main params ignores the checkpoint's (its model params are their rounding),
+// with one warning. restore_optimizer false: the model only, then reload_model_params()
+// (fp32-main-params §9.4). Errors are one DataError naming the checkpoint and every problem.
 #pragma once
 
 #include <cstdint>

@@ -736,6 +736,72 @@ TEST(ChainedOptimizerParamGroups, LoadChecksEverythingAndModifiesNothingOnError)
   EXPECT_EQ(t.chain.param_groups_state(), good);
 }
 
+// The planning half alone changes nothing, even for a plan that would change every value; a
+// plan with problems holds them all and apply_param_groups refuses it (a programming error).
+TEST(ChainedOptimizerParamGroups, PlanChangesNothingAndApplyTakesOnlyAGoodPlan) {
+  RealChain source(saved_hyper());
+  const nlohmann::json good = source.chain.param_groups_state();
+  RealChain t(other_hyper());
+  const nlohmann::json before = t.chain.param_groups_state();
+  const std::vector<double> lrs_before = t.lrs();
+  ChainedOptimizer::ParamGroupsPlan plan = t.chain.plan_param_groups(good);
+  EXPECT_TRUE(plan.ok());
+  EXPECT_EQ(plan.error(), "");
+  nlohmann::json bad = good;
+  bad[0]["eps"] = -1.0;
+  bad[2]["ns_steps"] = 0;
+  ChainedOptimizer::ParamGroupsPlan refused = t.chain.plan_param_groups(bad);
+  ASSERT_EQ(refused.problems().size(), 2u);
+  EXPECT_NE(refused.error().find("optimizer param groups: 2 problem(s)"), std::string::npos);
+  EXPECT_EQ(t.chain.param_groups_state(), before);
+  EXPECT_EQ(t.lrs(), lrs_before);
+  EXPECT_THROW(t.chain.apply_param_groups(std::move(refused)), std::logic_error);
+  EXPECT_EQ(t.chain.param_groups_state(), before);
+  EXPECT_FALSE(t.chain.apply_param_groups(std::move(plan)).empty());
+  EXPECT_EQ(t.chain.param_groups_state(), good);
+}
+
+// check_state_dict asks each leaf for its values (LeafOptimizer::check_state): a step saved as
+// a whole-number float loads as that integer; a fractional one is a problem naming the
+// parameter and its leaf, and nothing loads.
+TEST(ChainedOptimizerState, TheLeavesCheckTheStepValues) {
+  RealChain saved(saved_hyper());
+  saved.set_grads(0);
+  saved.chain.step();
+  auto is_step = [](const std::string& key) {
+    return key.size() > 5 && key.compare(key.size() - 5, 5, ".step") == 0;
+  };
+  NamedTensors floats = cloned(saved.chain.state_dict());
+  for (auto& [key, t] : floats) {
+    if (is_step(key)) t = t.to(at::kFloat);
+  }
+  RealChain restored(saved_hyper());
+  restored.chain.load_state_dict(floats);
+  for (const auto& [key, t] : restored.chain.state_dict()) {
+    if (is_step(key)) {
+      EXPECT_EQ(t.scalar_type(), at::kLong) << key;
+      EXPECT_EQ(t.item<int64_t>(), 1) << key;
+    }
+  }
+
+  NamedTensors fractional = cloned(saved.chain.state_dict());
+  for (auto& [key, t] : fractional) {
+    if (key == std::string(kOptimizerStatePrefix) + "layers.0.w.step") t = at::scalar_tensor(0.5);
+  }
+  RealChain fresh(saved_hyper());
+  try {
+    fresh.chain.load_state_dict(fractional);
+    ADD_FAILURE() << "expected std::invalid_argument";
+  } catch (const std::invalid_argument& error) {
+    EXPECT_NE(std::string(error.what())
+                  .find(std::string(kOptimizerStatePrefix) +
+                        "layers.0.w: muon: 'step' must be one whole number >= 0, got 0.5"),
+              std::string::npos)
+        << error.what();
+  }
+  EXPECT_TRUE(fresh.chain.state_dict().empty());  // the state created to check is gone again
+}
+
 // After the mixed-precision wrapper swapped fp32 main params into the leaf groups, "params"
 // still lists the model names, and loading still matches them.
 TEST(ChainedOptimizerParamGroups, ParamsAreModelNamesBehindTheMixedPrecisionWrapper) {

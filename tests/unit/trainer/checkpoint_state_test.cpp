@@ -7,7 +7,9 @@
 #include <gtest/gtest.h>
 #include <xxhash.h>
 
+#include <set>
 #include <string>
+#include <vector>
 
 #include "mixtrain/core/error.h"
 
@@ -114,6 +116,32 @@ TEST(CheckpointState, NamesTheFileAndTheFieldOfEachBadValue) {
     EXPECT_EQ(error_of(m).rfind(std::string(kWhere) + ": " + expected, 0), 0u) << expected << "\n"
                                                                                << error_of(m);
   }
+}
+
+// Each part is read on its own: problems in several parts are all reported, in field order,
+// and the parts that had one are named so that a restore never uses their defaults.
+TEST(CheckpointState, ReportsEveryBadPartNotOnlyTheFirst) {
+  CheckpointMetadata m = metadata();
+  m.state["train"]["step"] = "3";
+  m.state["data"]["position"] = -1;
+  m.state["loss_scaler"]["scale"] = 0.0;
+  std::vector<std::string> problems;
+  const SavedTrainingState s = read_training_state(m, kWhere, problems);
+  const std::string w = std::string(kWhere) + ": ";
+  EXPECT_EQ(problems,
+            (std::vector<std::string>{w + "state.train.step: must be an integer, got \"3\"",
+                                      w + "state.data.position: must be >= 0, got -1",
+                                      w + "state.loss_scaler.scale: must be > 0, got 0.0"}));
+  EXPECT_EQ(s.unread_parts, (std::set<std::string>{"train", "data", "loss_scaler"}));
+  EXPECT_FALSE(s.loss_scaler.has_value());
+  EXPECT_EQ(s.config.at("optimizer.lr"), "0.001");  // the good parts are read all the same
+  EXPECT_EQ(s.rng_cpu.size(), 2u);
+  // The throwing form: one DataError, every problem on its own line.
+  EXPECT_EQ(error_of(m), problems[0] + "\n" + problems[1] + "\n" + problems[2]);
+
+  std::vector<std::string> none;
+  EXPECT_TRUE(read_training_state(metadata(), kWhere, none).unread_parts.empty());
+  EXPECT_TRUE(none.empty());
 }
 
 }  // namespace

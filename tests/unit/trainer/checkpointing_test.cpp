@@ -284,6 +284,47 @@ TEST_F(CheckpointingTest, EachMalformedStateFieldIsRefusedByName) {
   }
 }
 
+// Plan, agree, apply: a checkpoint with problems of different kinds (a model tensor's shape,
+// a non-tensor field, a leaf's state value) is refused with every one named in one error.
+TEST_F(CheckpointingTest, EveryProblemOfACheckpointIsNamedInOneError) {
+  const std::string step_key = std::string(kOptimizerStatePrefix) + "lm_head.weight.step";
+  const std::string edited = copy("several", [&](const std::string& key, at::Tensor t) {
+    if (key == "model.lm_head.weight") return t.narrow(0, 0, t.size(0) - 1).contiguous();
+    return key == step_key ? at::scalar_tensor(1.5, at::kFloat) : t;
+  });
+  const std::string path =
+      edited_copy(edited, (dir_ / "several_edited").string(),
+                  [](nlohmann::json& j) { j["state"]["data"]["position"] = "4"; });
+  const int64_t position = trainer_->data().position();
+  expect_refused(path,
+                 {path + "/.metadata.json: state.data.position: must be an integer, got \"4\"",
+                  "model.lm_head.weight: shape [36, 24] in the checkpoint, [37, 24]",
+                  step_key.substr(0, step_key.size() - 5) +
+                      ": adamw: 'step' must be one whole number >= 0, got 1.5",
+                  "nothing was changed"});
+  EXPECT_EQ(trainer_->data().position(), position);
+}
+
+// torch.optim saves `step` as a float tensor: a whole-number float step restores as the
+// integer it holds (LeafOptimizer::check_state), the same state as the int64 one.
+TEST_F(CheckpointingTest, AStepSavedAsAWholeNumberFloatRestores) {
+  const std::string path = copy("float_step", [](const std::string& key, at::Tensor t) {
+    const bool step = key.rfind(kOptimizerStatePrefix, 0) == 0 && key.size() > 5 &&
+                      key.compare(key.size() - 5, 5, ".step") == 0;
+    return step ? t.to(at::kFloat) : t;
+  });
+  ASSERT_EQ(CheckpointReader(path)
+                .metadata()
+                .tensors.at(std::string(kOptimizerStatePrefix) + "lm_head.weight.step")
+                .dtype,
+            at::kFloat);
+  CheckpointParts parts{trainer_->model(), trainer_->sharded(),  trainer_->optimizer(),
+                        trainer_->data(),  trainer_->resolved(), trainer_->mesh()};
+  EXPECT_EQ(restore_checkpoint(parts, path, true), 1);
+  auto fresh = make_trainer({"checkpoint.restore_from=" + saved_});
+  test_support::expect_bitwise_equal(snapshot(*trainer_), snapshot(*fresh));
+}
+
 // A data position the dataset cannot resume at is refused before anything changes: 3 windows
 // with 2 data-parallel ranks (seek's own rule: a multiple of the rank count), checked by the
 // dataset itself through a seek that is put back. A 2-rank dataset in this one process is

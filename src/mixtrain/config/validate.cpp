@@ -51,6 +51,8 @@ class Checker final : public ModelKeyChecker {
     }
     fail(key, "must be one of " + list + ", got '" + value + "'");
   }
+  // Another key named inside a rule, spelled as the user's dialect spells it.
+  std::string key(const std::string& canonical) const { return provenance_.user_key(canonical); }
   void dtype(const std::string& key, const std::string& value) const {
     one_of(key, value, {"float16", "bfloat16", "float32"});
   }
@@ -62,10 +64,11 @@ class Checker final : public ModelKeyChecker {
 
 // fp32-main-params §2.5: main_grad is fp32, so the gradient reduction must be too; never rewritten.
 // The rule that fp32_main_params breaks, or "" when it holds.
-std::string main_params_reduce_problem(bool fp32_main_params, const MixPrecisionConfig& mp) {
+std::string main_params_reduce_problem(bool fp32_main_params, const MixPrecisionConfig& mp,
+                                       const std::string& reduce_key) {
   if (!fp32_main_params || mp.reduce_dtype.value_or("") == "float32") return "";
   const std::string got = mp.reduce_dtype ? "it is " + *mp.reduce_dtype : "it is not set";
-  return "true requires fsdp_config.mix_precision.reduce_dtype: float32 (" + got +
+  return "true requires " + reduce_key + ": float32 (" + got +
          "); set it explicitly, it is never changed automatically";
 }
 
@@ -85,7 +88,7 @@ void check_model(const Checker& check, const ModelConfig& m) {
   check.positive("model.rope_theta", m.rope_theta);
   check.positive("model.rms_norm_eps", m.rms_norm_eps);
   if (m.num_heads % m.num_kv_heads != 0) {
-    check.fail_value("model.num_kv_heads", "must divide model.num_heads (" +
+    check.fail_value("model.num_kv_heads", "must divide " + check.key("model.num_heads") + " (" +
                                                std::to_string(m.num_heads) +
                                                ") for grouped-query attention");
   }
@@ -110,12 +113,13 @@ void check_data_and_parallel(const Checker& check, const TrainerConfig& c) {
   check.positive("parallel.ep", c.parallel.ep);
   check.one_of("data.kind", c.data.kind, {"synthetic", "tokens"});
   if (c.data.kind == "tokens" && c.data.path.empty()) {
-    check.fail("data.path", "is required when data.kind is tokens (a file or a glob of shards)");
+    check.fail("data.path", "is required when " + check.key("data.kind") +
+                                " is tokens (a file or a glob of shards)");
   }
   check.positive("data.seq_len", c.data.seq_len);
   if (c.data.seq_len > c.model.max_seq_len) {
-    check.fail_value("data.seq_len",
-                     "must be <= model.max_seq_len (" + std::to_string(c.model.max_seq_len) + ")");
+    check.fail_value("data.seq_len", "must be <= " + check.key("model.max_seq_len") + " (" +
+                                         std::to_string(c.model.max_seq_len) + ")");
   }
   // SyntheticDataset draws each token's successors from the other vocab_size - 1 tokens.
   if (c.data.kind == "synthetic" && c.model.vocab_size < 2) {
@@ -127,9 +131,10 @@ void check_data_and_parallel(const Checker& check, const TrainerConfig& c) {
   const int64_t per_step = c.data.micro_batch_size * dp_size;
   if (c.data.global_batch_size % per_step != 0) {
     check.fail_value("data.global_batch_size",
-                     "must be a multiple of data.micro_batch_size x parallel.dp_replicate x "
-                     "parallel.dp_shard = " +
-                         std::to_string(per_step) + " (global = micro x accumulation x dp)");
+                     "must be a multiple of " + check.key("data.micro_batch_size") + " x " +
+                         check.key("parallel.dp_replicate") + " x " +
+                         check.key("parallel.dp_shard") + " = " + std::to_string(per_step) +
+                         " (global = micro x accumulation x dp)");
   }
   const int64_t experts = find_model_section(c.model.name)->routed_experts(c.model);
   if (experts == 0 && c.parallel.ep != 1) {
@@ -137,13 +142,13 @@ void check_data_and_parallel(const Checker& check, const TrainerConfig& c) {
                      "must be 1 for model " + c.model.name + " (it has no routed experts)");
   }
   if (experts > 0 && experts % c.parallel.ep != 0) {
-    check.fail_value("parallel.ep",
-                     "must divide model.num_experts (" + std::to_string(experts) + ")");
+    check.fail_value("parallel.ep", "must divide " + check.key("model.num_experts") + " (" +
+                                        std::to_string(experts) + ")");
   }
   // Expert-parallel groups are blocks of ep ranks inside one dp_shard row (DeviceMesh).
   if (c.parallel.dp_shard % c.parallel.ep != 0) {
-    check.fail_value("parallel.ep",
-                     "must divide parallel.dp_shard (" + std::to_string(c.parallel.dp_shard) + ")");
+    check.fail_value("parallel.ep", "must divide " + check.key("parallel.dp_shard") + " (" +
+                                        std::to_string(c.parallel.dp_shard) + ")");
   }
   check.positive("distributed.timeout_s", c.distributed.timeout_s);
 }
@@ -244,7 +249,8 @@ void check_precision(const Checker& check, const TrainerConfig& c) {
     check.dtype("fsdp_config.mix_precision.reduce_dtype", *c.mix_precision.reduce_dtype);
   }
   const std::string problem =
-      main_params_reduce_problem(c.optimizer.fp32_main_params, c.mix_precision);
+      main_params_reduce_problem(c.optimizer.fp32_main_params, c.mix_precision,
+                                 check.key("fsdp_config.mix_precision.reduce_dtype"));
   if (!problem.empty()) check.fail("optimizer.fp32_main_params", problem);
 }
 

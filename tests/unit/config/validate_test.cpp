@@ -95,8 +95,8 @@ TEST(ValidateTest, DataAndBatch) {
   EXPECT_EQ(yaml_error("data:\n  kind: tokens\n"),
             "data.path: is required when data.kind is tokens (a file or a glob of shards)");
   EXPECT_EQ(toml_error("[training]\ndataset = \"tokens\"\n"),
-            "training.dataset_path: is required when data.kind is tokens (a file or a glob of "
-            "shards)");
+            "training.dataset_path: is required when training.dataset is tokens (a file or a glob "
+            "of shards)");
   EXPECT_EQ(yaml_error("data:\n  seq_len: 512\n"),
             "data.seq_len: must be <= model.max_seq_len (256), got 512");
   EXPECT_EQ(toml_error("[training]\nseq_len = 300\n"),
@@ -109,8 +109,9 @@ TEST(ValidateTest, DataAndBatch) {
             "got 10");
   EXPECT_EQ(toml_error("[training]\nlocal_batch_size = 4\nglobal_batch_size = 12\n"
                        "[parallelism]\ndata_parallel_shard_degree = 2\n"),
-            "training.global_batch_size: must be a multiple of data.micro_batch_size x "
-            "parallel.dp_replicate x parallel.dp_shard = 8 (global = micro x accumulation x dp), "
+            "training.global_batch_size: must be a multiple of training.local_batch_size x "
+            "parallelism.data_parallel_replicate_degree x "
+            "parallelism.data_parallel_shard_degree = 8 (global = micro x accumulation x dp), "
             "got 12");
   // micro 4 x accumulation 2 x dp 2 = 16.
   expect_valid("c.yaml",
@@ -124,7 +125,8 @@ TEST(ValidateTest, Parallel) {
   EXPECT_EQ(yaml_error("parallel:\n  ep: 3\n  dp_shard: 3\ndata:\n  global_batch_size: 24\n"),
             "parallel.ep: must divide model.num_experts (4), got 3");
   EXPECT_EQ(toml_error("[parallelism]\nexpert_parallel_degree = 2\n"),
-            "parallelism.expert_parallel_degree: must divide parallel.dp_shard (1), got 2");
+            "parallelism.expert_parallel_degree: must divide "
+            "parallelism.data_parallel_shard_degree (1), got 2");
   // ep groups live inside a dp_shard row: dp_replicate does not count.
   EXPECT_EQ(yaml_error("parallel:\n  ep: 2\n  dp_replicate: 2\ndata:\n  global_batch_size: 16\n"),
             "parallel.ep: must divide parallel.dp_shard (1), got 2");

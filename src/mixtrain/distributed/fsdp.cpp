@@ -9,6 +9,7 @@
 #include <utility>
 
 #include "mixtrain/core/dtype.h"
+#include "mixtrain/distributed/dim0_shard_grad.h"
 
 namespace mixtrain {
 namespace {
@@ -116,18 +117,6 @@ struct PreBackwardUnshard : public torch::autograd::Function<PreBackwardUnshard>
 
 }  // namespace
 
-ShardLayout chunk_layout(const std::vector<int64_t>& global_shape, int64_t parts, int64_t index) {
-  if (global_shape.empty())
-    throw std::invalid_argument("chunk_layout: a 0-dim tensor has no dim 0");
-  ShardLayout layout;
-  layout.global_shape = global_shape;
-  const int64_t rows = global_shape[0];
-  layout.chunk_rows = (rows + parts - 1) / parts;
-  layout.offset = std::min(rows, index * layout.chunk_rows);
-  layout.rows = std::min(rows, layout.offset + layout.chunk_rows) - layout.offset;
-  return layout;
-}
-
 FullyShardedModel::FullyShardedModel(CausalLM& model, std::shared_ptr<Collectives> shard_group,
                                      std::shared_ptr<Collectives> replicate_group,
                                      FsdpOptions options, std::shared_ptr<Collectives> ep_group,
@@ -199,20 +188,6 @@ bool FullyShardedModel::is_expert_parallel(const std::string& name) const {
   return params_[index_of(name)].expert;
 }
 
-namespace {
-
-// `local` padded with zero rows to `rows` (the wire shape of every rank's shard).
-at::Tensor pad_rows(const at::Tensor& local, int64_t rows) {
-  if (local.size(0) == rows) return local.contiguous();
-  auto shape = local.sizes().vec();
-  shape[0] = rows;
-  at::Tensor padded = at::zeros(shape, local.options());
-  padded.narrow(0, 0, local.size(0)).copy_(local);
-  return padded;
-}
-
-}  // namespace
-
 at::Tensor FullyShardedModel::gather_full(const std::string& name, const at::Tensor& local) const {
   const Param& p = params_[index_of(name)];
   const ShardLayout& l = p.layout;
@@ -273,29 +248,10 @@ at::Tensor FullyShardedModel::reduce_scatter_main_grads(int64_t index,
   c10::NoGradGuard no_grad;
   if (p.expert) {
     // Reduced at the end of backward (sync_expert_grads), in a fixed order on every rank.
-    at::Tensor& pending = pending_expert_grads_[index];
-    if (pending.defined()) {
-      pending.add_(full_grad.to(at::kFloat));
-    } else {
-      pending = full_grad.to(at::kFloat, /*non_blocking=*/false, /*copy=*/true).contiguous();
-    }
+    expert_grads_.add(index, full_grad);
     return at::Tensor();
   }
-  const int64_t shards = shard_group_->size(), replicas = replicate_group_->size();
-  // float32 on the wire and in the sums, whatever the compute dtype: Gloo cannot reduce
-  // bfloat16, and the fp32 main_grad wants the unrounded sum (fp32-main-params §8.1).
-  at::Tensor grad;
-  if (shards > 1) {
-    grad = shard_group_->reduce_scatter_sum(
-        pad_rows(full_grad.to(at::kFloat), shards * p.layout.chunk_rows));
-    grad = grad.narrow(0, 0, p.layout.rows).contiguous();
-  } else {
-    grad = full_grad.to(at::kFloat, /*non_blocking=*/false, /*copy=*/true).contiguous();
-  }
-  if (replicas > 1) replicate_group_->all_reduce_sum(grad);
-  // Each rank's loss is the mean over its own batch: the mean over ranks is the gradient of
-  // the mean over the global batch.
-  if (shards * replicas > 1) grad.div_(static_cast<double>(shards * replicas));
+  at::Tensor grad = reduce_dim0_shard_grad(full_grad, p.layout, *shard_group_, *replicate_group_);
   if (reduce_dtype_ && *reduce_dtype_ != at::kFloat) grad = grad.to(*reduce_dtype_);
   if (options_.fp32_main_params) {
     deliver_grad(p, grad);
@@ -339,16 +295,11 @@ void FullyShardedModel::sync_expert_grads() {
   for (int64_t index = 0; index < static_cast<int64_t>(params_.size()); ++index) {
     const Param& p = params_[index];
     if (!p.expert) continue;
-    auto it = pending_expert_grads_.find(index);
-    at::Tensor grad = it != pending_expert_grads_.end()
-                          ? it->second
-                          : at::zeros(p.param.sizes(), at::TensorOptions().dtype(at::kFloat));
-    if (expert_dp_group_->size() > 1) expert_dp_group_->all_reduce_sum(grad);
-    grad.div_(ranks);
+    at::Tensor grad = expert_grads_.reduce(index, p.param.sizes(), *expert_dp_group_, ranks);
     if (reduce_dtype_ && *reduce_dtype_ != at::kFloat) grad = grad.to(*reduce_dtype_);
     deliver_grad(p, grad);
   }
-  pending_expert_grads_.clear();
+  expert_grads_.clear();
 }
 
 at::Tensor FullyShardedModel::unshard(const std::string& name, const at::Tensor& param) {
@@ -383,7 +334,7 @@ at::Tensor FullyShardedModel::post_forward(const std::vector<std::string>& names
 at::Tensor FullyShardedModel::cast_forward_input(const at::Tensor& input) {
   // A new forward: nothing of an earlier, failed backward may leak into this one's expert
   // gradients or keep its reduction from being queued.
-  pending_expert_grads_.clear();
+  expert_grads_.clear();
   expert_sync_queued_ = false;
   if (!options_.mix_precision.cast_forward_inputs || !at::isFloatingType(input.scalar_type())) {
     return input;

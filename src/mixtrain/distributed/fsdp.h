@@ -21,6 +21,8 @@
 // micro-batches) and no gradient is returned, so .grad stays empty (fp32-main-params §8.1);
 // otherwise returned in the parameter's dtype and accumulated in .grad. Reductions run in float32
 // whatever reduce_dtype says (Gloo cannot reduce bfloat16).
+// Each layout's gradient path is its own file: dim0_shard_grad.h (FSDP rows, HSDP/DDP copies,
+// a whole parameter) and expert_slice_grad.h (routed experts under expert parallelism).
 //
 // Memory: the full parameter's storage is freed in the reduce-scatter (after backward at the
 // latest). reshard_after_forward (torch FSDP2's default) frees it as soon as the module that
@@ -59,6 +61,8 @@
 #include "mixtrain/core/param_placement.h"
 #include "mixtrain/distributed/device_mesh.h"
 #include "mixtrain/distributed/expert_parallel.h"
+#include "mixtrain/distributed/expert_slice_grad.h"
+#include "mixtrain/distributed/shard_layout.h"
 #include "mixtrain/model/causal_lm.h"
 
 namespace mixtrain {
@@ -68,17 +72,6 @@ struct FsdpOptions {
   bool fp32_main_params = false;  // optimizer.fp32_main_params (fp32-main-params §5.3: one switch)
   bool reshard_after_forward = true;  // fsdp_config.reshard_after_forward
 };
-
-// Where one parameter's shard sits in the full (global) tensor.
-struct ShardLayout {
-  std::vector<int64_t> global_shape;
-  int64_t chunk_rows = 0;  // ceil(global_shape[0] / dp_shard): rows per rank on the wire
-  int64_t offset = 0;      // first global row held here
-  int64_t rows = 0;        // rows held here (0 .. chunk_rows)
-};
-
-// torch.chunk row split of `dim0` rows over `parts` ranks, seen from `index`.
-ShardLayout chunk_layout(const std::vector<int64_t>& global_shape, int64_t parts, int64_t index);
 
 class FullyShardedModel : public ParameterMaterializer {
  public:
@@ -155,7 +148,7 @@ class FullyShardedModel : public ParameterMaterializer {
   // end-of-backward reduction is queued.
   std::shared_ptr<Collectives> ep_group_, expert_dp_group_;
   std::shared_ptr<ExpertParallel> expert_parallel_;
-  std::unordered_map<int64_t, at::Tensor> pending_expert_grads_;
+  ExpertSliceGrads expert_grads_;  // expert_slice_grad.h
   bool expert_sync_queued_ = false;
   void queue_expert_grad_sync();
   void sync_expert_grads();

@@ -1,7 +1,7 @@
 // FSDP / DDP / HSDP (distributed/fsdp.h) on the tiny Qwen2-MoE.
 //
 // Single process: the materializer hooks leave the model bit-identical; the one-rank layout
-// routes grads into main_grad / .grad exactly; chunk_layout is torch.chunk.
+// routes grads into main_grad / .grad exactly.
 // Multi-process (tests/support/multiprocess.h, real Gloo): the fp32-main-params §2.1.
 // Every rank also runs the reference (one process, unsharded, the same global batch as
 // data_parallel_size micro-batches in rank order, gradient accumulation with loss / n) and
@@ -151,24 +151,6 @@ TEST(FsdpSingleProcess, MaterializerHooksLeaveLogitsAndGradsBitwiseUnchanged) {
     plain->zero_grad();
     expect_bitwise(run_once(*plain, ids), run_once(*hooked, ids));
   }
-}
-
-TEST(FsdpSingleProcess, ChunkLayoutIsTorchChunk) {
-  // torch.chunk(10 rows, 4) -> 3, 3, 3, 1; (3 rows, 4) -> 1, 1, 1, 0; (1 row, 2) -> 1, 0.
-  const std::vector<std::pair<int64_t, std::vector<int64_t>>> cases = {
-      {10, {3, 3, 3, 1}}, {3, {1, 1, 1, 0}}, {1, {1, 0}}, {8, {4, 4}}};
-  for (const auto& [rows, expected] : cases) {
-    int64_t offset = 0;
-    for (size_t r = 0; r < expected.size(); ++r) {
-      const auto l = chunk_layout({rows, 5}, static_cast<int64_t>(expected.size()), r);
-      EXPECT_EQ(l.rows, expected[r]) << rows << " rank " << r;
-      EXPECT_EQ(l.offset, offset) << rows << " rank " << r;
-      EXPECT_EQ(l.chunk_rows, expected[0]);
-      offset += l.rows;
-    }
-    EXPECT_EQ(offset, rows);
-  }
-  EXPECT_THROW(chunk_layout({}, 2, 0), std::invalid_argument);
 }
 
 // One rank: shard_model is the identity layout; the gradient must arrive unchanged in main_grad

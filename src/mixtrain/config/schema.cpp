@@ -148,6 +148,7 @@ std::vector<LeafSpec> build_leaves() {
       MIXTRAIN_LEAF("data.seq_len", data.seq_len),
       MIXTRAIN_LEAF("data.micro_batch_size", data.micro_batch_size),
       MIXTRAIN_LEAF("data.global_batch_size", data.global_batch_size),
+      MIXTRAIN_LEAF("train.device", train.device),
       MIXTRAIN_LEAF("train.steps", train.steps),
       MIXTRAIN_LEAF("train.seed", train.seed),
       MIXTRAIN_LEAF("train.max_grad_norm", train.max_grad_norm),

@@ -28,6 +28,7 @@ const std::vector<std::pair<std::string, std::string>>& renamed_keys() {
         {"optimizer.swap_merge_buckets", "optimizer.swap_merge_buckets"},
         {"optimizer.swap_dir", "optimizer.swap_dir"},  // mixtrain keys, not torchtitan-npu's
         {"optimizer.swap_bucket_mb", "optimizer.swap_bucket_mb"},
+        {"training.device", "train.device"},  // a mixtrain key
         {"training.steps", "train.steps"},
         {"training.seed", "train.seed"},
         {"training.max_norm", "train.max_grad_norm"},

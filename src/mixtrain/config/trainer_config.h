@@ -49,6 +49,8 @@ struct LrSchedulerConfig {
 };
 
 struct TrainConfig {
+  // Where each rank computes: "cpu", or "cuda" (rank -> cuda:<LOCAL_RANK>, NCCL collectives).
+  std::string device = "cpu";
   int64_t steps = 100;
   int64_t seed = 1234;
   double max_grad_norm = 1.0;  // <= 0 disables clipping

@@ -154,6 +154,7 @@ void check_data_and_parallel(const Checker& check, const TrainerConfig& c) {
 }
 
 void check_train_and_checkpoint(const Checker& check, const TrainerConfig& c) {
+  check.one_of("train.device", c.train.device, {"cpu", "cuda"});
   check.positive("train.steps", c.train.steps);
   check.non_negative("train.seed", c.train.seed);
   check.positive("train.log_every", c.train.log_every);

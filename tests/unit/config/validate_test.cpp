@@ -179,6 +179,10 @@ TEST(ValidateTest, TrainScheduleCheckpoint) {
             "train.lr_scheduler.decay: must be one of constant, linear, cosine, got 'step'");
   EXPECT_EQ(toml_error("[lr_scheduler]\ndecay_type = \"sqrt\"\n"),
             "lr_scheduler.decay_type: must be one of constant, linear, cosine, got 'sqrt'");
+  EXPECT_EQ(yaml_error("train:\n  device: gpu\n"),
+            "train.device: must be one of cpu, cuda, got 'gpu'");
+  EXPECT_EQ(toml_error("[training]\ndevice = \"cuda:0\"\n"),
+            "training.device: must be one of cpu, cuda, got 'cuda:0'");
   EXPECT_EQ(toml_error("[lr_scheduler]\nmin_lr_factor = 1.5\n"),
             "lr_scheduler.min_lr_factor: must be in [0, 1], got 1.5");
   EXPECT_EQ(yaml_error("checkpoint:\n  keep_last: -1\n"),

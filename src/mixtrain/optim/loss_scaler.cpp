@@ -24,15 +24,17 @@ DynamicLossScaler::DynamicLossScaler(DynamicLossScalerOptions options)
 
 bool DynamicLossScaler::unscale_and_check(const std::vector<at::Tensor>& grads) const {
   const double inv_scale = 1.0 / scale_;
-  bool found_inf = false;
+  // One flag on the grads' device, read once: a single host synchronisation per step on a GPU,
+  // not one per tensor. Every grad is unscaled even after an overflow: the grads stay
+  // consistent for a caller that inspects them, and the step is skipped anyway.
+  at::Tensor all_finite;
   for (const auto& grad : grads) {
     if (!grad.defined()) continue;
     grad.mul_(inv_scale);
-    // Keep unscaling the rest even after an overflow: the grads stay consistent for a
-    // caller that inspects them, and the step is skipped anyway.
-    if (!found_inf) found_inf = !at::isfinite(grad).all().item<bool>();
+    const at::Tensor finite = at::isfinite(grad).all();
+    all_finite = all_finite.defined() ? all_finite.logical_and(finite) : finite;
   }
-  return found_inf;
+  return all_finite.defined() && !all_finite.item<bool>();
 }
 
 void DynamicLossScaler::update(bool found_inf) {

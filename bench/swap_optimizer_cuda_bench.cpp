@@ -80,19 +80,20 @@ Options parse(int argc, char** argv) {
   Options o;
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
-    const char* next = i + 1 < argc ? argv[i + 1] : nullptr;
-    if (arg == "--out" && next) {
-      o.out = argv[++i];
+    const char* value = i + 1 < argc ? argv[++i] : nullptr;
+    if (arg == "--out") {
+      if (value == nullptr) fail("--out needs a path");
+      o.out = value;
     } else if (arg == "--steps") {
-      o.steps = static_cast<int>(int_option(arg, next, 3)), ++i;
+      o.steps = static_cast<int>(int_option(arg, value, 3));
     } else if (arg == "--layers") {
-      o.layers = int_option(arg, next, 1), ++i;
+      o.layers = int_option(arg, value, 1);
     } else if (arg == "--vocab") {
-      o.vocab = int_option(arg, next, 1), ++i;
+      o.vocab = int_option(arg, value, 1);
     } else if (arg == "--bucket-mb") {
-      o.bucket_mb = int_option(arg, next, 1), ++i;
+      o.bucket_mb = int_option(arg, value, 1);
     } else if (arg == "--merge") {
-      o.merge = int_option(arg, next, 1), ++i;
+      o.merge = int_option(arg, value, 1);
     } else {
       fail("unknown argument " + arg);
     }

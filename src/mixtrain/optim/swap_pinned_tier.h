@@ -13,6 +13,10 @@
 //              stream is recorded: recordDataPtrOnStream), and a block allocated on the side
 //              stream is only ever handed to later side-stream work.
 //
+// State created on the device in a step (the first) leaves a group's worth at a time without a
+// wait; its memory is reused once its copy is done (before reporting out of memory the caching
+// allocator waits for such pending copies).
+//
 // No host synchronisation in a step, end_step included: every access to the pinned homes in a
 // step is a copy on the one side stream, so a read of the next step is ordered after the writes
 // of this one. The host itself touches the homes only outside steps (drain: synchronizes the side

@@ -55,15 +55,17 @@ int64_t PinnedHostSwapTier::pinned_bytes() const {
 at::Tensor PinnedHostSwapTier::pinned_home(const at::Tensor& like) {
   const int64_t bytes = state_nbytes(like);
   const int64_t need = round_up(std::max<int64_t>(bytes, 1), kAlign);
-  if (slabs_.empty() || slab_used_ + need > slabs_.back().numel()) {
+  size_t slab = 0;  // the first with room
+  while (slab < slabs_.size() && slab_used_[slab] + need > slabs_[slab].numel()) ++slab;
+  if (slab == slabs_.size()) {
     // The allocator rounds a pinned request up to a power of two: ask for that and use it all.
     const int64_t size = power_of_two_at_least(std::max(kSlabBytes, need));
     slabs_.push_back(at::empty({size}, at::TensorOptions().dtype(at::kByte).pinned_memory(true)));
-    slab_used_ = 0;
+    slab_used_.push_back(0);
   }
   at::Tensor home =
-      slabs_.back().narrow(0, slab_used_, bytes).view(like.scalar_type()).view(like.sizes());
-  slab_used_ += need;
+      slabs_[slab].narrow(0, slab_used_[slab], bytes).view(like.scalar_type()).view(like.sizes());
+  slab_used_[slab] += need;
   return home;
 }
 

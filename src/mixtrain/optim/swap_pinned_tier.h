@@ -70,7 +70,7 @@ class PinnedHostSwapTier final : public SwapTier {
   // Pinned slabs the homes are cut from (pinned allocations are costly and rounded up to a power
   // of two: one per parameter would waste up to half).
   std::vector<at::Tensor> slabs_;
-  int64_t slab_used_ = 0;                          // bytes used of the last slab
+  std::vector<int64_t> slab_used_;                 // bytes handed out of each slab (first fit)
   std::unordered_map<int64_t, c10::Event> ready_;  // by group: its last read's copies are done
 };
 

@@ -4,7 +4,8 @@
 // memory bit for bit, so params and state must be bitwise equal (compared as bytes); between
 // steps no state tensor has device storage and the resident count is 0; in a step the resident
 // count stays within two consecutive groups; a pass acquiring in reverse order (every later
-// acquire out of order) changes nothing; the leaves may run on a stream other than the default.
+// acquire out of order) changes nothing; the leaves may run on a stream other than the default;
+// a checkpoint's state loaded into a swapped optimizer trains on identically.
 #include <ATen/ATen.h>
 #include <ATen/DeviceAccelerator.h>
 #include <c10/core/StreamGuard.h>
@@ -184,6 +185,29 @@ TEST_P(StateSwapCuda, SwappedStepsAreBitwiseTheUnswappedOnes) {
   at::accelerator::synchronizeDevice(0);  // a CUDA error of the side stream surfaces here
   if (bucket_bytes == 1024) {
     EXPECT_GT(swap.groups(), 2) << "the case must stream many groups";
+  }
+}
+
+// The checkpoint restore path (fp32-main-params §9.2): state imported into a swapped optimizer
+// goes to pinned memory (StateSwap::store), then trains on as the source does.
+TEST(StateSwapCudaRestore, LoadedStateTrainsOnIdentically) {
+  NamedParameters source_params, target_params;
+  auto source = build(source_params, "Muon");
+  step(*source, source_params, 1);
+  auto target = build(target_params, "Muon");
+  target->chained().enable_state_swap(
+      std::make_unique<StateSwap>("", /*bucket_bytes=*/1024, /*merge_buckets=*/2, kCuda));
+  target->load_state_dict(source->state_dict());
+  expect_nothing_resident(*target, "after the load");
+  for (size_t i = 0; i < source_params.size(); ++i) {
+    target_params[i].second.detach().copy_(source_params[i].second.detach());
+  }
+  expect_same(*source, source_params, *target, target_params, "after the load");
+  for (int64_t k = 2; k <= 3; ++k) {
+    step(*source, source_params, k);
+    step(*target, target_params, k);
+    expect_same(*source, source_params, *target, target_params, "step " + std::to_string(k));
+    expect_nothing_resident(*target, "step " + std::to_string(k));
   }
 }
 

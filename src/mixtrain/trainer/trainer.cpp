@@ -61,10 +61,16 @@ void refuse_unsupported(const TrainerConfig& config, c10::ScalarType model_dtype
   }
 }
 
-// optimizer.swap_optimizer: this rank's state file under optimizer.swap_dir (default
-// <run_dir>/swap). A directory or file that cannot be made is an error on optimizer.swap_dir.
+// optimizer.swap_optimizer for state on `device` (the parameters'): CPU state lives in this
+// rank's file under optimizer.swap_dir (default <run_dir>/swap); a directory or file that cannot
+// be made is an error on optimizer.swap_dir. Device state lives in pinned host memory (no file).
 std::unique_ptr<StateSwap> make_state_swap(const OptimizerConfig& config,
-                                           const std::string& run_dir, int rank) {
+                                           const std::string& run_dir, int rank,
+                                           c10::Device device) {
+  if (!device.is_cpu()) {
+    return std::make_unique<StateSwap>("", config.swap_bucket_mb << 20, config.swap_merge_buckets,
+                                       device);
+  }
   const ConfigKey key{"optimizer.swap_dir"};
   const std::filesystem::path dir = config.swap_dir.empty()
                                         ? std::filesystem::path(run_dir) / "swap"
@@ -196,14 +202,18 @@ Trainer::Trainer(const ResolvedConfig& resolved, const DeviceMesh& mesh, const s
     optimizer_->chained().set_placements(sharded_->placements());
   }
   if (config.optimizer.swap_optimizer) {
+    // The tier follows the parameters' device (the state is made beside them).
+    const NamedParameters params = named_parameters_of(*model_);
+    const c10::Device device =
+        params.empty() ? c10::Device(c10::kCPU) : params.front().second.device();
     optimizer_->chained().enable_state_swap(
-        make_state_swap(config.optimizer, run_dir_, mesh_.rank));
+        make_state_swap(config.optimizer, run_dir_, mesh_.rank, device));
     if (is_rank0)
-      log_info("swap optimizer: optimizer state lives in " +
-               optimizer_->chained().state_swap()->path() + " (and the other ranks' files) " +
-               "between steps, moved in buckets of " +
-               std::to_string(config.optimizer.swap_bucket_mb) + " MiB, " +
-               std::to_string(config.optimizer.swap_merge_buckets) + " per transfer");
+      log_info(
+          "swap optimizer: optimizer state lives in " + optimizer_->chained().state_swap()->path() +
+          (device.is_cpu() ? " (and the other ranks' files) " : " ") +
+          "between steps, moved in buckets of " + std::to_string(config.optimizer.swap_bucket_mb) +
+          " MiB, " + std::to_string(config.optimizer.swap_merge_buckets) + " per transfer");
   }
   if (is_rank0) {
     for (const OptimizerTableEntry& entry : optimizer_table()) {

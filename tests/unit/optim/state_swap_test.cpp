@@ -8,6 +8,7 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <csignal>
 #include <filesystem>
 #include <fstream>
@@ -16,6 +17,7 @@
 #include "mixtrain/core/error.h"
 #include "mixtrain/optim/build_optimizer.h"
 #include "mixtrain/optim/chained_optimizer.h"
+#include "mixtrain/optim/leaf_optimizer.h"
 #include "mixtrain/optim/param_groups.h"
 #include "mixtrain/optim/training_optimizer.h"
 
@@ -134,6 +136,90 @@ TEST_P(StateSwapBuckets, CheckpointLoadWritesIntoTheFile) {
     EXPECT_TRUE(source_params[i].second.equal(target_params[i].second)) << source_params[i].first;
   }
   expect_same_state(*source, *target);
+}
+
+// Bytes of floating state (the tensors the swap moves), counted on the state_dict's copies: the
+// whole state as it would sit in memory without swap.
+int64_t state_bytes(TrainingOptimizer& optimizer) {
+  int64_t bytes = 0;
+  for (const auto& [name, t] : optimizer.state_dict()) {
+    if (at::isFloatingType(t.scalar_type()) && t.dim() >= 1) bytes += t.numel() * t.element_size();
+  }
+  return bytes;
+}
+
+// The resident-bytes count (what bench and profile read): none between steps; in steps after
+// the first, at most two consecutive groups (the one in use and the one read ahead), so with
+// 1 KiB buckets (more than two groups) less than the whole state.
+TEST_P(StateSwapBuckets, AtMostTwoGroupsAreResident) {
+  at::manual_seed(7);
+  NamedParameters params;
+  auto optimizer = build(params);
+  optimizer->chained().enable_state_swap(swap("r.swap", GetParam()));
+  StateSwap& tier = *optimizer->chained().state_swap();
+  EXPECT_EQ(tier.resident_bytes(), 0);
+  for (int64_t k = 1; k <= 4; ++k) {
+    tier.reset_peak_resident_bytes();
+    step(*optimizer, params, k);
+    EXPECT_EQ(tier.resident_bytes(), 0) << "after step " << k;
+    if (k == 1) continue;  // state appears: written a group's worth at a time
+    int64_t two_groups = 0;
+    for (int64_t g = 0; g < tier.groups(); ++g) {
+      two_groups = std::max(
+          two_groups, tier.group_bytes(g) + (g + 1 < tier.groups() ? tier.group_bytes(g + 1) : 0));
+    }
+    EXPECT_GT(tier.peak_resident_bytes(), 0) << "step " << k;
+    EXPECT_LE(tier.peak_resident_bytes(), two_groups) << "step " << k;
+    if (GetParam() == 1024) {
+      EXPECT_LT(tier.peak_resident_bytes(), state_bytes(*optimizer));
+    }
+  }
+}
+
+// A pass over the state in reverse order, as a leaf uses it (acquire, update in place, release),
+// inside begin_step / end_step when swapped. The next step then acquires against a layout learned
+// from the reverse order: every parameter after the first is out of order and its group is read
+// back at once. Swapped and unswapped stay bitwise equal through it.
+void reverse_pass(TrainingOptimizer& optimizer) {
+  ChainedOptimizer& chained = optimizer.chained();
+  StateSwap* swap = chained.state_swap();
+  std::vector<std::string> names = chained.names();
+  std::reverse(names.begin(), names.end());
+  if (swap) swap->begin_step();
+  for (const auto& name : names) {
+    LeafOptimizer& leaf = chained.leaf_of(name);
+    const at::Tensor& param = chained.optimizer_param(name);
+    if (swap) swap->acquire(leaf, param);
+    for (const auto& [state_name, t] : leaf.export_state(param)) {
+      if (at::isFloatingType(t.scalar_type()) && t.dim() >= 1) t.mul_(0.5).add_(0.25);
+    }
+    if (swap) swap->release(leaf, param);
+  }
+  if (swap) swap->end_step();
+}
+
+TEST_P(StateSwapBuckets, OutOfOrderAcquiresAreCorrect) {
+  at::manual_seed(7);
+  NamedParameters plain_params, swapped_params;
+  auto plain = build(plain_params);
+  at::manual_seed(7);
+  auto swapped = build(swapped_params);
+  swapped->chained().enable_state_swap(swap("o.swap", GetParam()));
+  for (int64_t k = 1; k <= 5; ++k) {
+    if (k == 3) {
+      reverse_pass(*plain);
+      reverse_pass(*swapped);
+      expect_same_state(*plain, *swapped);
+    }
+    step(*plain, plain_params, k);
+    step(*swapped, swapped_params, k);
+    for (size_t i = 0; i < plain_params.size(); ++i) {
+      EXPECT_TRUE(plain_params[i].second.equal(swapped_params[i].second))
+          << "step " << k << ": " << plain_params[i].first;
+    }
+    expect_same_state(*plain, *swapped);
+    EXPECT_EQ(swapped->chained().state_swap()->resident_bytes(), 0) << "after step " << k;
+  }
 }
 
 // Expects `action` to throw a UserError mentioning every needle.

@@ -55,6 +55,7 @@ DEFAULTS = {
     "data.seq_len": 64,
     "data.micro_batch_size": 8,
     "data.global_batch_size": 8,
+    "train.device": "cpu",
     "train.steps": 100,
     "train.seed": 1234,
     "train.max_grad_norm": 1.0,
@@ -182,6 +183,8 @@ def load_config(path):
                           "model_init_dtype (float32 when null) in the twin")
     if model_dtype == "float16":
         raise ConfigError(f"{path}: float16 models need loss scaling, which the twin lacks")
+    if config["train.device"] not in ("cpu", "cuda"):
+        raise ConfigError(f"{path}: train.device must be cpu or cuda")
     if config["model.name"] != "qwen2_moe":
         raise ConfigError(f"{path}: model.name: only qwen2_moe")
     return config

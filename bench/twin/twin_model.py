@@ -51,10 +51,10 @@ class RMSNorm(nn.Module):
         return self.weight * h.to(dtype)
 
 
-def rotary_cos_sin(seq_len, head_dim, theta):
-    exponents = torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim
+def rotary_cos_sin(seq_len, head_dim, theta, device):
+    exponents = torch.arange(0, head_dim, 2, dtype=torch.int64, device=device).float() / head_dim
     inv_freq = 1.0 / torch.pow(theta, exponents)
-    freqs = torch.outer(torch.arange(seq_len, dtype=torch.int64).float(), inv_freq)
+    freqs = torch.outer(torch.arange(seq_len, dtype=torch.int64, device=device).float(), inv_freq)
     emb = torch.cat((freqs, freqs), dim=-1)
     return emb.cos(), emb.sin()
 
@@ -197,6 +197,27 @@ class Qwen2MoeForCausalLM(nn.Module):
         self.model = Backbone(c, attention)
         self.lm_head = Linear(c["model.hidden_size"], c["model.vocab_size"], False)
 
+    def param_counts(self):
+        """(total, active): every parameter; those one token's forward multiplies by, for
+        MFU's 6N: all but the input embedding (a lookup) and the experts the router does not
+        pick (k of E per token, each expert the same size)."""
+        c = self.config
+        total = sum(p.numel() for p in self.parameters())
+        experts = sum(p.numel() for layer in self.model.layers
+                      for p in layer.mlp.experts.parameters())
+        unpicked = experts * (c["model.num_experts"] - c["model.num_experts_per_tok"]) \
+            // c["model.num_experts"]
+        return total, total - self.model.embed_tokens.weight.numel() - unpicked
+
+    def flops_per_token(self):
+        """Training FLOPs per token, PaLM's MFU definition (Chowdhery et al. 2022, appendix
+        B): 6 N (forward 2N + backward 4N, N the active params) + 12 L S (heads x head_dim)
+        for the attention scores and their use (full S x S: causal masking not subtracted)."""
+        c = self.config
+        attention = 12 * c["model.num_layers"] * c["data.seq_len"] * c["model.num_heads"] \
+            * c["model.head_dim"]
+        return 6 * self.param_counts()[1] + attention
+
     @torch.no_grad()
     def init_weights(self, seed):
         """Ours (HF _init_weights): N(0, 0.02) drawn in named_parameters() order from a CPU
@@ -214,8 +235,9 @@ class Qwen2MoeForCausalLM(nn.Module):
         """int64 [B, S] -> (logits [B, S, V] in the compute dtype, aux loss float32 scalar)."""
         c = self.config
         seq_len = input_ids.shape[1]
-        cos, sin = rotary_cos_sin(seq_len, c["model.head_dim"], c["model.rope_theta"])
-        causal_mask = torch.ones(seq_len, seq_len, dtype=torch.bool).triu(1)
+        device = input_ids.device
+        cos, sin = rotary_cos_sin(seq_len, c["model.head_dim"], c["model.rope_theta"], device)
+        causal_mask = torch.ones(seq_len, seq_len, dtype=torch.bool, device=device).triu(1)
         h = F.embedding(input_ids, self.model.embed_tokens.weight)
         router_logits = []
         for layer in self.model.layers:

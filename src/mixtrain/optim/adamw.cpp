@@ -10,6 +10,7 @@
 
 #include "mixtrain/core/cpu_capability.h"
 #include "mixtrain/core/dtype.h"
+#include "mixtrain/optim/cuda_elementwise.h"
 #include "mixtrain/optim/kernels/adamw_kernel.h"
 
 namespace mixtrain {
@@ -93,6 +94,28 @@ at::Tensor state_tensor_like(const at::Tensor& value, const at::Tensor& param) {
   return out;
 }
 
+// The CUDA updates of one step, launched together (cuda_elementwise.h), and the copy-backs
+// that must follow them (a model param the pass cannot write).
+struct CudaBatch {
+  std::vector<AdamWCudaUpdate> updates;
+  std::vector<std::pair<at::Tensor, at::Tensor>> copies;  // (model param, param)
+
+  // One launch per device, in order of first appearance, then the copies (same streams).
+  void run() {
+    std::vector<AdamWCudaUpdate> rest = std::move(updates);
+    while (!rest.empty()) {
+      const at::Device device = rest.front().param.device();
+      std::vector<AdamWCudaUpdate> here, elsewhere;
+      for (auto& u : rest) (u.param.device() == device ? here : elsewhere).push_back(std::move(u));
+      adamw_step_cuda(here);
+      rest = std::move(elsewhere);
+    }
+    for (const auto& [model, param] : copies) model.copy_(param);
+    updates.clear();
+    copies.clear();
+  }
+};
+
 }  // namespace
 
 AdamW::AdamW(std::vector<torch::optim::OptimizerParamGroup> groups, AdamWOptions defaults)
@@ -103,6 +126,9 @@ AdamW::AdamW(std::vector<torch::optim::OptimizerParamGroup> groups, AdamWOptions
 at::Tensor AdamW::step(LossClosure closure) {
   const at::Tensor loss = evaluate_closure(closure);
   c10::NoGradGuard no_grad;
+  // Without the swap optimizer every CUDA parameter of the step goes into one batch; with it,
+  // a parameter's state is only acquired while its lease lasts, so each is launched on its own.
+  CudaBatch batch;
   for (auto& group : param_groups_) {
     const auto& options = static_cast<const AdamWOptions&>(group.options());
     for (auto& param : group.params()) {
@@ -142,11 +168,28 @@ at::Tensor AdamW::step(LossClosure closure) {
         }
         continue;
       }
+      if (adamw_cuda_fusable(param, grad, state.exp_avg(), state.exp_avg_sq())) {
+        const bool fuse_model = model.defined() && adamw_cuda_fusable_model(model, param);
+        batch.updates.push_back({param, grad, state.exp_avg(), state.exp_avg_sq(),
+                                 fuse_model ? model : at::Tensor(),
+                                 step_scalars(options, state.step())});
+        for (const at::Tensor* t : {&param, &state.exp_avg(), &state.exp_avg_sq()}) {
+          t->unsafeGetTensorImpl()->bump_version();
+        }
+        if (fuse_model) {
+          model.unsafeGetTensorImpl()->bump_version();
+        } else if (model.defined()) {
+          batch.copies.emplace_back(model, param);
+        }
+        if (state_swap() != nullptr) batch.run();  // inside the lease
+        continue;
+      }
       unfused_step(options, state.step(), param, grad.to(param.scalar_type()), state.exp_avg(),
                    state.exp_avg_sq());
       if (model.defined()) model.copy_(param);  // copy_ rounds to nearest even, as to() does
     }
   }
+  batch.run();
   return loss;
 }
 

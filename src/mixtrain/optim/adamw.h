@@ -26,6 +26,14 @@
 // bfloat16/float16 param without main params, non-contiguous tensors) runs that op sequence
 // itself, with state in the param's dtype.
 //
+// CUDA path (float32 contiguous param, grad and moments on one CUDA device): the step collects
+// every such parameter and updates them all in one multi-tensor pass (cuda_elementwise.h,
+// kernels/adamw_kernel.h's CUDA::adamw_step; a few launches for very many tensors) on the
+// current stream at the end of step(), without waiting for the device. Same per-element
+// operations as the AVX2/AVX-512 kernels except a correctly rounded sqrt (the CPU's is MKL's),
+// so moments are bitwise the CPU's and params wherever MKL's square root is correctly rounded.
+// With the swap optimizer each parameter is launched alone inside its acquire/release.
+//
 // Differs from torch::optim::AdamW (LibTorch's C++ port) in the last bits only: that one
 // updates exp_avg as mul_(beta1).add_(g, 1 - beta1) instead of lerp_.
 //

@@ -13,6 +13,7 @@
 #include "mixtrain/core/cpu_capability.h"
 #include "mixtrain/core/dtype.h"
 #include "mixtrain/core/text.h"
+#include "mixtrain/optim/cuda_elementwise.h"
 #include "mixtrain/optim/grad_clip.h"
 #include "mixtrain/optim/kernels/widen_add_kernel.h"
 
@@ -345,8 +346,12 @@ void ChainedOptimizer::accumulate_main_grad(const std::string& name, const at::T
     e.main_grad = at::empty(e.model_param.sizes(), e.model_param.options().dtype(at::kFloat));
   }
   const at::ScalarType type = grad.scalar_type();
-  if ((type == at::kBFloat16 || type == at::kHalf) && grad.is_contiguous() &&
+  if ((type == at::kBFloat16 || type == at::kHalf) && grad.is_cuda() &&
+      grad.device() == e.main_grad.device() && grad.is_contiguous() &&
       e.main_grad.is_contiguous()) {
+    widen_add_cuda(e.main_grad, grad, first);  // its CUDA twin, same bits
+  } else if ((type == at::kBFloat16 || type == at::kHalf) && grad.is_contiguous() &&
+             e.main_grad.is_contiguous() && grad.is_cpu() && e.main_grad.is_cpu()) {
     // One pass (kernels/widen_add_kernel.h); ATen's mixed-dtype add would first copy the grad
     // into a float32 temporary. Same bits as the ATen path below.
     using Kernel = void (*)(float*, const void*, c10::ScalarType, int64_t, bool);

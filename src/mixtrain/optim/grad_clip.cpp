@@ -7,29 +7,41 @@
 
 #include "mixtrain/core/collectives.h"
 #include "mixtrain/core/cpu_capability.h"
+#include "mixtrain/optim/cuda_elementwise.h"
 #include "mixtrain/optim/kernels/sum_of_squares_kernel.h"
 
 namespace mixtrain {
 
 namespace {
 
-bool kernel_eligible(const at::Tensor& t) {
+bool kernel_dtype(const at::Tensor& t) {
   const auto dtype = t.scalar_type();
-  return t.device().is_cpu() &&
-         (dtype == at::kFloat || dtype == at::kBFloat16 || dtype == at::kHalf);
+  return dtype == at::kFloat || dtype == at::kBFloat16 || dtype == at::kHalf;
 }
 
-// Sum of squares of all defined tensors: the eligible ones through one kernel call (one parallel
-// region for the whole list), the rest through ATen in double.
+bool kernel_eligible(const at::Tensor& t) {
+  return t.device().is_cpu() && kernel_dtype(t);
+}
+
+// Sum of squares of all defined tensors: the eligible CPU ones through one kernel call (one
+// parallel region for the whole list), those on the first CUDA device met through one CUDA pass
+// (its device sum read back once, after the CPU work: the value is the caller's result), the
+// rest through ATen in double.
 double total_sum_of_squares(const std::vector<at::Tensor>& tensors) {
   using Kernel = double (*)(const SquaresBuffer*, int64_t);
   static const Kernel kernel =
       select_kernel<Kernel>(DEFAULT::sum_of_squares, AVX2::sum_of_squares, AVX512::sum_of_squares);
   std::vector<at::Tensor> contiguous;  // keeps copies of non-contiguous tensors alive
   std::vector<SquaresBuffer> buffers;
+  std::vector<at::Tensor> on_cuda;
   double other = 0.0;
   for (const auto& t : tensors) {
     if (!t.defined() || t.numel() == 0) continue;
+    if (t.is_cuda() && kernel_dtype(t) &&
+        (on_cuda.empty() || on_cuda.front().device() == t.device())) {
+      on_cuda.push_back(t.contiguous());
+      continue;
+    }
     if (!kernel_eligible(t)) {
       other += t.to(at::kDouble).square().sum().item<double>();
       continue;
@@ -37,7 +49,9 @@ double total_sum_of_squares(const std::vector<at::Tensor>& tensors) {
     contiguous.push_back(t.contiguous());  // no copy when already contiguous
     buffers.push_back({contiguous.back().data_ptr(), t.numel(), t.scalar_type()});
   }
-  return kernel(buffers.data(), static_cast<int64_t>(buffers.size())) + other;
+  const double sum = kernel(buffers.data(), static_cast<int64_t>(buffers.size())) + other;
+  if (on_cuda.empty()) return sum;
+  return sum + sum_of_squares_cuda(on_cuda, on_cuda.front().device()).item<double>();
 }
 
 }  // namespace

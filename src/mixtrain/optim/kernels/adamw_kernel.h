@@ -12,6 +12,13 @@
 // from MKL): so the result is bitwise that sequence's. The work is split into fixed chunks of
 // kAdamWChunk elements run by at::parallel_for; the update is elementwise, so the result does
 // not depend on the thread count.
+//
+// CUDA::adamw_step (adamw_kernel.cu) is the device twin: the same per-element float operations
+// as the AVX2 / AVX-512 variants (lerp_ and addcmul_ as fused multiply-adds, everything else
+// rounded once), with one difference: sqrt is correctly rounded (__fsqrt_rn), where the CPU
+// variants take MKL's (about 0.6% of square roots 1 ulp off, see adamw_kernel.cpp). So exp_avg
+// and exp_avg_sq are bitwise the CPU's, and param and model_param are bitwise the CPU's wherever
+// MKL's square root of the new exp_avg_sq is the correctly rounded one.
 #pragma once
 
 #include <c10/core/ScalarType.h>
@@ -47,5 +54,30 @@ namespace AVX512 {
 void adamw_step(const AdamWStepScalars& scalars, float* param, const float* grad, float* exp_avg,
                 float* exp_avg_sq, void* model_param, c10::ScalarType model_dtype, int64_t numel);
 }  // namespace AVX512
+
+namespace CUDA {
+// One tensor of a multi-tensor launch: device pointers of numel contiguous elements each, and
+// its step's scalars (tensors of one launch may have different step counts and groups).
+struct AdamWTensor {
+  float* param;
+  const float* grad;
+  float* exp_avg;
+  float* exp_avg_sq;
+  void* model_param;  // null: none; else model_dtype (kBFloat16 or kHalf) on the same device
+  c10::ScalarType model_dtype;
+  int64_t numel;
+  AdamWStepScalars scalars;
+};
+// Enqueues the update of every tensor of the list on `stream` (a cudaStream_t of the tensors'
+// device, the current device) and returns without waiting: one kernel launch per
+// kAdamWLaunchTensors tensors (fewer when the list has more than kAdamWLaunchScalars distinct
+// scalar sets), grid over (tensor, chunk of kAdamWCudaChunk elements). Tensors of numel 0 are
+// skipped. Throws std::invalid_argument for a bad model dtype or negative numel and
+// std::runtime_error when a launch fails.
+constexpr int kAdamWLaunchTensors = 48;
+constexpr int kAdamWLaunchScalars = 4;
+constexpr int64_t kAdamWCudaChunk = int64_t{1} << 13;
+void adamw_step(const AdamWTensor* tensors, int64_t count, void* stream);
+}  // namespace CUDA
 
 }  // namespace mixtrain

@@ -11,6 +11,9 @@
 // overwrite, of a zero-filled dst plus src (-0 becomes +0). One pass over the bytes, where ATen's
 // mixed-dtype add first copies src into a float32 temporary. Threads split the range with
 // at::parallel_for; the result does not depend on the split.
+//
+// CUDA::widen_add (widen_add_kernel.cu) is the device twin, bitwise the same: one
+// round-to-nearest float addition per element (__fadd_rn) after the same exact widening.
 #pragma once
 
 #include <c10/core/ScalarType.h>
@@ -28,5 +31,13 @@ void widen_add(float* dst, const void* src, c10::ScalarType dtype, int64_t n, bo
 namespace AVX512 {
 void widen_add(float* dst, const void* src, c10::ScalarType dtype, int64_t n, bool overwrite);
 }  // namespace AVX512
+
+namespace CUDA {
+// The contract above for device pointers, enqueued on `stream` (a cudaStream_t of their device,
+// the current device); returns without waiting. dtype must be kBFloat16 or kHalf
+// (std::invalid_argument otherwise); std::runtime_error when the launch fails.
+void widen_add(float* dst, const void* src, c10::ScalarType dtype, int64_t n, bool overwrite,
+               void* stream);
+}  // namespace CUDA
 
 }  // namespace mixtrain

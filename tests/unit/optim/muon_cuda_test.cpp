@@ -176,6 +176,8 @@ TEST(MuonCuda, StepIssuesNoHostSynchronisation) {
   const MuonOptions options = MuonOptions().lr(0.02).weight_decay(0.1);  // bf16 Newton–Schulz
   MuonRun eager = make_run(at::kCUDA, options);
   MuonRun graphed = make_run(at::kCUDA, options);
+  // Their copies ran on the default stream; the side stream below does not wait for it.
+  AT_CUDA_CHECK(cudaDeviceSynchronize());
   // Graphs are captured on a side stream; warm-up (state creation, cuBLAS handle and workspace)
   // and the eager reference run there too, so both see the same stream.
   const c10::cuda::CUDAStream side = c10::cuda::getStreamFromPool();

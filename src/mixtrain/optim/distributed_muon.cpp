@@ -28,10 +28,17 @@ std::string describe(const MuonSharding& sharding) {
 
 // Every rank of the group must step the same parameters, or the all_to_alls would pair
 // mismatched shards (or wait forever). One 2-int sum tells: the group total equals size()
-// times the local value on every rank iff all ranks agree.
-void check_same_params(Collectives& comm, const char* path, int64_t count, int64_t numel) {
-  at::Tensor totals = at::tensor(std::vector<int64_t>{count, numel});
+// times the local value on every rank iff all ranks agree. The sum travels on the params'
+// device (a NCCL group takes device tensors only), filled there without a host copy; reading
+// it back is the one host synchronisation of a distributed Muon step, as it must be: its value
+// decides whether to throw before the all_to_alls could hang.
+void check_same_params(Collectives& comm, const char* path, int64_t count, int64_t numel,
+                       c10::Device device) {
+  at::Tensor totals = at::empty({2}, at::TensorOptions().dtype(at::kLong).device(device));
+  totals.select(0, 0).fill_(count);
+  totals.select(0, 1).fill_(numel);
   comm.all_reduce_sum(totals);
+  totals = totals.cpu();
   const int64_t n = comm.size();
   const int64_t total_count = totals[0].item<int64_t>();
   const int64_t total_numel = totals[1].item<int64_t>();
@@ -233,8 +240,9 @@ c10::ScalarType wire_dtype(const std::vector<size_t>& bucket, OptionsOf options_
   return any_fp32 ? at::kFloat : at::kBFloat16;
 }
 
-at::Tensor concat_flat(const std::vector<at::Tensor>& pieces, c10::ScalarType dtype) {
-  if (pieces.empty()) return at::empty({0}, at::TensorOptions().dtype(dtype));
+at::Tensor concat_flat(const std::vector<at::Tensor>& pieces, c10::ScalarType dtype,
+                       c10::Device device) {
+  if (pieces.empty()) return at::empty({0}, at::TensorOptions().dtype(dtype).device(device));
   return at::cat(pieces);
 }
 
@@ -254,7 +262,9 @@ void Muon::step_fsdp(Collectives& comm, const std::vector<DistributedParam>& all
     items.push_back({full_numel, d.sharding->name});
     numel += full_numel;
   }
-  check_same_params(comm, "step_fsdp", static_cast<int64_t>(params.size()), numel);
+  // Every buffer of the path lives on the params' device (the first one's: one rank, one device).
+  const c10::Device device = all_params.front().param.device();
+  check_same_params(comm, "step_fsdp", static_cast<int64_t>(params.size()), numel, device);
   auto options_of = [&](size_t item) -> const MuonOptions& {
     return group_options(params[item]->group);
   };
@@ -272,7 +282,7 @@ void Muon::step_fsdp(Collectives& comm, const std::vector<DistributedParam>& all
       pieces.push_back(u.reshape({-1}));
       send_counts[slot] = u.numel();
     }
-    const at::Tensor send = concat_flat(pieces, wire);
+    const at::Tensor send = concat_flat(pieces, wire, device);
     pieces.clear();
 
     // The owner receives every rank's chunk, in rank order: the full u, row-major.
@@ -288,7 +298,7 @@ void Muon::step_fsdp(Collectives& comm, const std::vector<DistributedParam>& all
     const at::Tensor full_u = comm.all_to_all(send, send_counts, recv_counts);
 
     // 2. The owner orthogonalizes the full matrix and sends each rank its rows of O.
-    at::Tensor back = at::empty({0}, at::TensorOptions().dtype(wire));
+    at::Tensor back = at::empty({0}, at::TensorOptions().dtype(wire).device(device));
     if (owned) {
       const MuonOptions& options = group_options(owned->group);
       const auto schedule = newton_schulz_schedule(options.ns_variant(), options.ns_steps(),
@@ -331,7 +341,8 @@ void Muon::step_ddp(Collectives& comm, const std::vector<DistributedParam>& all_
     items.push_back({d.param.numel(), d.sharding->name});
     numel += d.param.numel();
   }
-  check_same_params(comm, "step_ddp", static_cast<int64_t>(params.size()), numel);
+  const c10::Device device = all_params.front().param.device();
+  check_same_params(comm, "step_ddp", static_cast<int64_t>(params.size()), numel, device);
   auto options_of = [&](size_t item) -> const MuonOptions& {
     return group_options(params[item]->group);
   };
@@ -342,7 +353,7 @@ void Muon::step_ddp(Collectives& comm, const std::vector<DistributedParam>& all_
     for (size_t item : bucket) padded = std::max(padded, params[item]->param.numel());
 
     // Every rank keeps the replicated momentum; only the slot's owner orthogonalizes.
-    at::Tensor mine = at::zeros({padded}, at::TensorOptions().dtype(wire));
+    at::Tensor mine = at::zeros({padded}, at::TensorOptions().dtype(wire).device(device));
     for (size_t slot = 0; slot < bucket.size(); ++slot) {
       const DistributedParam& d = *params[bucket[slot]];
       const MuonOptions& options = group_options(d.group);

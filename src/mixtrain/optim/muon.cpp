@@ -10,9 +10,9 @@
 #include <stdexcept>
 #include <utility>
 
-#include "mixtrain/core/cpu_capability.h"
 #include "mixtrain/core/dtype.h"
 #include "mixtrain/optim/kernels/muon_kernel.h"
+#include "mixtrain/optim/muon_fused.h"
 
 namespace mixtrain {
 
@@ -96,31 +96,6 @@ void muon_apply_update(at::Tensor& param, const at::Tensor& orthogonalized, doub
 }
 
 namespace {
-
-// Tensors the fused kernels (kernels/muon_kernel.h) take: contiguous on the CPU, of the dtypes
-// they read and write.
-bool fusable(const at::Tensor& t, bool float32_only) {
-  const auto dtype = t.scalar_type();
-  return t.device().is_cpu() && t.layout() == at::kStrided && t.is_contiguous() &&
-         (dtype == at::kFloat || (!float32_only && is_low_precision(dtype)));
-}
-
-using MomentumKernel = void (*)(const MuonMomentumScalars&, float*, const void*, c10::ScalarType,
-                                void*, c10::ScalarType, int64_t);
-using ApplyKernel = void (*)(const MuonApplyScalars&, float*, const void*, c10::ScalarType, void*,
-                             c10::ScalarType, int64_t);
-
-MomentumKernel momentum_kernel() {
-  static const MomentumKernel kernel = select_kernel<MomentumKernel>(
-      DEFAULT::muon_momentum, AVX2::muon_momentum, AVX512::muon_momentum);
-  return kernel;
-}
-
-ApplyKernel apply_kernel() {
-  static const ApplyKernel kernel =
-      select_kernel<ApplyKernel>(DEFAULT::muon_apply, AVX2::muon_apply, AVX512::muon_apply);
-  return kernel;
-}
 
 // The rules of muon_momentum_update, as the kernel spells them.
 MuonMomentumScalars momentum_scalars(const MuonOptions& options) {
@@ -285,12 +260,10 @@ void Muon::momentum_direction_into(const at::Tensor& p, const at::Tensor& grad,
   auto& state = static_cast<MuonParamState&>(*slot);
   state.step(state.step() + 1);
   at::Tensor& buffer = state.momentum_buffer();
-  if (fusable(buffer, /*float32_only=*/true) && fusable(grad, false) && fusable(out, false)) {
-    momentum_kernel()(momentum_scalars(options), buffer.data_ptr<float>(), grad.data_ptr(),
-                      grad.scalar_type(), out.data_ptr(), out.scalar_type(), out.numel());
-    // Written through raw pointers: bump the version counters as the in-place ops would.
-    buffer.unsafeGetTensorImpl()->bump_version();
-    out.unsafeGetTensorImpl()->bump_version();
+  const c10::Device device = buffer.device();
+  if (muon_fusable(buffer, /*float32_only=*/true, device) && muon_fusable(grad, false, device) &&
+      muon_fusable(out, false, device)) {
+    muon_momentum_fused(momentum_scalars(options), buffer, grad, out);
   } else {
     const at::Tensor u = muon_momentum_update(buffer, grad, options.momentum(),
                                               options.momentum_style(), options.nesterov());
@@ -308,20 +281,17 @@ at::Tensor Muon::momentum_direction(const at::Tensor& p, const at::Tensor& grad,
 void Muon::apply_update(const at::Tensor& p, const at::Tensor& o, const MuonOptions& options,
                         double scale) {
   const at::Tensor model = copy_back_target(p);
+  const c10::Device device = p.device();
   const bool fuse_model =
-      !model.defined() ||
-      (fusable(model, false) && model.scalar_type() != at::kFloat && model.numel() == p.numel());
-  if (fusable(p, /*float32_only=*/true) && fusable(o, false) && o.numel() == p.numel() &&
-      fuse_model) {
+      !model.defined() || (muon_fusable(model, false, device) &&
+                           model.scalar_type() != at::kFloat && model.numel() == p.numel());
+  if (muon_fusable(p, /*float32_only=*/true, device) && muon_fusable(o, false, device) &&
+      o.numel() == p.numel() && fuse_model) {
     MuonApplyScalars s;
     s.decay_param = options.weight_decay() != 0.0;  // as muon_apply_update skips the pass
     s.decay = static_cast<float>(1.0 - options.lr() * options.weight_decay());
     s.alpha = static_cast<float>(-options.lr() * scale);
-    apply_kernel()(s, p.data_ptr<float>(), o.data_ptr(), o.scalar_type(),
-                   model.defined() ? model.data_ptr() : nullptr,
-                   model.defined() ? model.scalar_type() : at::kFloat, p.numel());
-    p.unsafeGetTensorImpl()->bump_version();
-    if (model.defined()) model.unsafeGetTensorImpl()->bump_version();
+    muon_apply_fused(s, p, o, model);
     return;
   }
   at::Tensor param = p;
@@ -341,8 +311,8 @@ void Muon::step_batch(const MuonOptions& options, const std::vector<NsCoefficien
   // Slices of whole parameters of at most one Newton-Schulz call's matrices each, so that the
   // stacked directions and the orthogonalized result are as small as the call's temporaries
   // and reused through the heap too (newton_schulz.h says why).
-  const int64_t per_call =
-      newton_schulz_matrices_per_call(batch.rows, batch.cols, options.ns_dtype());
+  const int64_t per_call = newton_schulz_matrices_per_call(batch.rows, batch.cols,
+                                                           options.ns_dtype(), batch.device.type());
   std::vector<at::Tensor> slice;
   int64_t matrices = 0;
   for (const auto& p : params) {

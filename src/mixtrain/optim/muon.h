@@ -15,6 +15,10 @@
 // reset_parameter_caches() rebuilds them after replace_parameter(). step() also rebuilds them when
 // it finds the group lists changed, so a stale cache can never update a replaced tensor.
 //
+// Device: the step runs on the params' device (CPU or CUDA: the fused passes' CUDA twins, the
+// Newton–Schulz GEMMs through ATen, i.e. cuBLAS) with no host synchronisation on the local
+// path; the distributed paths read back one 2-int check per path (distributed_muon.cpp).
+//
 // Distributed layouts (distributed_muon.h): set_sharding() marks a parameter FSDP-sharded or
 // replicated over a Collectives group; step() then runs the local batches first (step_experts)
 // and then, per group, step_fsdp / step_ddp, all giving the single-process result.
@@ -160,15 +164,15 @@ class Muon : public LeafOptimizer {
   // Counts p's step, updates its momentum (state created, zeros in p's dtype, on first use) with
   // `grad` and writes u, the direction to orthogonalize, into `out` (p's numel, contiguous;
   // rounded to out's dtype as to() rounds). A float32 buffer, grad and out of float32, bfloat16
-  // or float16 take the fused kernel (kernels/muon_kernel.h), anything else
-  // muon_momentum_update; the bits are the same.
+  // or float16, contiguous on one CPU or CUDA device, take the fused pass (muon_fused.h),
+  // anything else muon_momentum_update; the bits are the same.
   void momentum_direction_into(const at::Tensor& p, const at::Tensor& grad,
                                const MuonOptions& options, const at::Tensor& out);
   // The same into a fresh tensor of p's shape and `dtype`.
   at::Tensor momentum_direction(const at::Tensor& p, const at::Tensor& grad,
                                 const MuonOptions& options, c10::ScalarType dtype);
   // muon_apply_update(p, o, lr, weight_decay, scale), then p's copy-back target (if any) rounded
-  // from p: one fused pass for a float32 p (kernels/muon_kernel.h), the same bits either way.
+  // from p: one fused pass for a float32 p (muon_fused.h), the same bits either way.
   void apply_update(const at::Tensor& p, const at::Tensor& o, const MuonOptions& options,
                     double scale);
 

@@ -96,7 +96,8 @@ at::Tensor newton_schulz(const at::Tensor& g, const std::vector<NsCoefficients>&
 
   const at::Tensor matrices = g.reshape({-1, rows, cols});
   const int64_t batch = matrices.size(0);
-  const int64_t per_call = newton_schulz_matrices_per_call(rows, cols, compute_dtype);
+  const int64_t per_call =
+      newton_schulz_matrices_per_call(rows, cols, compute_dtype, g.device().type());
   if (batch <= per_call) {
     return orthogonalize(matrices, schedule, eps, compute_dtype).reshape(g.sizes()).contiguous();
   }
@@ -109,11 +110,14 @@ at::Tensor newton_schulz(const at::Tensor& g, const std::vector<NsCoefficients>&
   return out.view(g.sizes());
 }
 
-int64_t newton_schulz_matrices_per_call(int64_t rows, int64_t cols, c10::ScalarType dtype) {
+int64_t newton_schulz_matrices_per_call(int64_t rows, int64_t cols, c10::ScalarType dtype,
+                                        c10::DeviceType device) {
   const int64_t m = std::min(rows, cols), n = std::max(rows, cols);
   const int64_t matrix_bytes =
       std::max<int64_t>(1, std::max(m * n, m * m) * static_cast<int64_t>(c10::elementSize(dtype)));
-  return std::max<int64_t>(1, kNewtonSchulzBytesPerCall / matrix_bytes);
+  const int64_t call_bytes =
+      device == c10::DeviceType::CUDA ? kNewtonSchulzBytesPerCallCuda : kNewtonSchulzBytesPerCall;
+  return std::max<int64_t>(1, call_bytes / matrix_bytes);
 }
 
 }  // namespace mixtrain

@@ -12,6 +12,7 @@
 #pragma once
 
 #include <ATen/core/Tensor.h>
+#include <c10/core/DeviceType.h>
 #include <c10/core/ScalarType.h>
 
 #include <array>
@@ -50,7 +51,15 @@ at::Tensor newton_schulz(const at::Tensor& g, const std::vector<NsCoefficients>&
 // fault costs ~13 us (bench/README.md, train_throughput). Results are unchanged: the matrices
 // are independent and each one's GEMMs are the same.
 constexpr int64_t kNewtonSchulzBytesPerCall = int64_t{8} << 20;
-// How many rows x cols matrices newton_schulz() orthogonalizes per call in dtype.
-int64_t newton_schulz_matrices_per_call(int64_t rows, int64_t cols, c10::ScalarType dtype);
+// On a CUDA device: the caching allocator keeps freed blocks, so there is no first touch to
+// avoid, and the larger a batched GEMM the fuller the GPU; the cap only bounds the temporaries
+// (~3 GiB) on a device of tens of GiB. A 4096x4096 bf16 matrix is 32 MiB: 32 per call. On a GPU
+// the batch count may change cuBLAS's algorithm choice, so there a different cut may change the
+// rounding of the GEMMs (on the CPU it does not).
+constexpr int64_t kNewtonSchulzBytesPerCallCuda = int64_t{1} << 30;
+// How many rows x cols matrices newton_schulz() orthogonalizes per call in dtype on a device of
+// `device` type (the CUDA cap for CUDA, the CPU one for anything else).
+int64_t newton_schulz_matrices_per_call(int64_t rows, int64_t cols, c10::ScalarType dtype,
+                                        c10::DeviceType device = c10::DeviceType::CPU);
 
 }  // namespace mixtrain

@@ -14,7 +14,7 @@
 #   device_check.log   everything, the summary table last
 #   summary.txt        phase | status | seconds | exit code
 #   build.log          configure and build output (the last 8 MiB)
-#   ctest_cuda.xml     JUnit report of the cuda tests (CMake >= 3.21)
+#   ctest_cuda.xml     JUnit report of the cuda tests (with CMake >= 3.21)
 #   bench.json         {"bench_<name>": the program's own JSON, or {"error": ...}}
 #   smoke.jsonl        the GPU smoke run's metrics.jsonl, then the CPU run's
 # Environment (defaults for the GPU machine; scripts/device_rehearse.sh sets them here):
@@ -103,6 +103,7 @@ for i in range(torch.cuda.device_count()):
     p = torch.cuda.get_device_properties(i)
     print(f"cuda:{i} {p.name} sm_{p.major}{p.minor} {p.total_memory / 2**30:.1f} GiB "
           f"{p.multi_processor_count} SMs")
+sys.exit(0 if torch.cuda.device_count() > 0 else "torch sees no CUDA device")
 EOF
   local py_ok=$?
   for tool in nvcc cmake ninja c++ pkg-config; do
@@ -151,8 +152,10 @@ phase_sanity() {
 }
 
 phase_cuda() {
+  local junit=()
+  ctest --help | grep -q -- --output-junit && junit=(--output-junit "$OUT/ctest_cuda.xml")
   MIXTRAIN_REQUIRE_CUDA=1 ctest --test-dir "$BUILD_DIR" -L cuda --output-on-failure \
-    --no-tests=error -j "$CUDA_TEST_JOBS" --output-junit "$OUT/ctest_cuda.xml"
+    --no-tests=error -j "$CUDA_TEST_JOBS" "${junit[@]}"
 }
 
 # Each program gets what is left of the phase; its JSON (or why there is none) goes into one file.
@@ -196,12 +199,21 @@ EOF
 }
 
 # A short GPU training run; the same config on CPU beside it (its losses are for the reader:
-# the numerics checks are the cuda tests). A GPU run that ends without SMOKE_STEPS rows fails.
+# the numerics checks are the cuda tests). The GPU run fails unless it writes SMOKE_STEPS rows
+# and the device's used memory grows by >= 64 MiB while it runs (nvidia-smi, sampled every
+# 0.2 s): a CUDA context alone takes hundreds of MiB, a run that stayed on the CPU adds none.
 phase_smoke() {
-  local status=0 device rows
+  local status=0 device rows base peak sampler
+  gpu_mem_mib() { nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits 2>/dev/null | head -1; }
   rm -rf "$WORK/smoke"
+  mkdir -p "$WORK/smoke"
   for device in cuda cpu; do
     echo "--- mixtrain train, train.device=$device, $SMOKE_STEPS steps"
+    if [[ $device == cuda ]]; then
+      base=$(gpu_mem_mib)
+      while :; do gpu_mem_mib; sleep 0.2; done >"$WORK/smoke/gpu_mem_mib.txt" &
+      sampler=$!
+    fi
     "$BUILD_DIR/mixtrain" train --config configs/qwen2_moe_tiny.yaml --run-dir "$WORK/smoke/$device" \
       --set train.device=$device --set train.steps="$SMOKE_STEPS" --set train.log_every=1 \
       --set train.profile=true
@@ -209,8 +221,16 @@ phase_smoke() {
     rows=$(wc -l <"$WORK/smoke/$device/metrics.jsonl" 2>/dev/null || echo 0)
     echo "--- metrics.jsonl rows: $rows"
     { echo "# train.device=$device"; cat "$WORK/smoke/$device/metrics.jsonl" 2>/dev/null; } >>"$OUT/smoke.jsonl"
-    [[ $device == cuda && $rows -ne $SMOKE_STEPS ]] && status=1
-    [[ $device == cuda ]] && nvidia-smi --query-gpu=memory.used --format=csv 2>/dev/null
+    [[ $device == cpu ]] && continue
+    kill "$sampler" 2>/dev/null
+    wait "$sampler" 2>/dev/null
+    peak=$(grep -E '^[0-9]+$' "$WORK/smoke/gpu_mem_mib.txt" | sort -n | tail -1)
+    echo "--- device memory used: ${base:-?} MiB before, ${peak:-?} MiB at most during the run"
+    [[ $rows -eq $SMOKE_STEPS ]] || { echo "SMOKE: $rows rows, not $SMOKE_STEPS"; status=1; }
+    if ! [[ $base =~ ^[0-9]+$ && $peak =~ ^[0-9]+$ ]] || ((peak - base < 64)); then
+      echo "SMOKE: no growth of device memory seen: the run did not use the GPU (or nvidia-smi failed)"
+      status=1
+    fi
   done
   return $status
 }

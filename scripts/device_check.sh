@@ -4,10 +4,10 @@
 #   env        nvidia-smi, torch's view of the GPU, the tools' versions
 #   configure  Ninja, Release, the deps bundle (scripts/device_deps.sh), CUDA arch 90
 #   build      mixtrain, the tests labelled cuda, SANITY_TESTS, the bench_*cuda* programs
-#   sanity     SANITY_TESTS (a few fast CPU tests: the bundle's libraries at work)
 #   cuda       ctest -L cuda with MIXTRAIN_REQUIRE_CUDA=1 (no device = a failure, not a skip)
 #   bench      every built bench_*cuda* program with --out <its JSON>
 #   smoke      `mixtrain train --set train.device=cuda` for SMOKE_STEPS steps (CPU run beside it)
+#   sanity     SANITY_TESTS (a few fast CPU tests: the bundle's libraries at work)
 # Each phase runs under `timeout`, is timed, and its failure is recorded without stopping the
 # phases that do not need it; the exit code is non-zero when any phase failed or was not run.
 # Results in $OUT (at most 6 files; the tool brings back 8):
@@ -243,19 +243,20 @@ log "device_check: OUT=$OUT BUILD_DIR=$BUILD_DIR JOBS=$JOBS MIXTRAIN_PYTHON=$MIX
 run_phase env 60 phase_env
 if run_phase configure 180 phase_configure; then
   run_phase build 420 phase_build
-  # Tests and programs that built run even when others did not.
-  run_phase sanity 150 phase_sanity
+  # Tests and programs that built run even when others did not; the GPU's phases first, so a
+  # slow build leaves what is left of the budget to them.
   run_phase cuda 240 phase_cuda
-  : >"$OUT/smoke.jsonl"
   run_phase bench 240 phase_bench
   collect_bench >>"$LOG" 2>&1
+  : >"$OUT/smoke.jsonl"
   if [[ -x $BUILD_DIR/mixtrain ]]; then
     run_phase smoke 120 phase_smoke
   else
     record smoke "NOT RUN (no mixtrain binary)" 0 -
   fi
+  run_phase sanity 150 phase_sanity
 else
-  for p in build sanity cuda bench smoke; do record "$p" "NOT RUN (configure failed)" 0 -; done
+  for p in build cuda bench smoke sanity; do record "$p" "NOT RUN (configure failed)" 0 -; done
 fi
 
 # The build log within the tool's 16 MiB per file.

@@ -44,13 +44,16 @@ while IFS= read -r line; do
   [[ $line == *"$DEST/.device-deps"* ]] || fail "not from the bundle: $line"
 done < <(grep -E '^(yaml-cpp|toml11|nlohmann_json|CLI11|GTest|benchmark)_DIR|^MIXTRAIN_(SLEEF|XXHASH)_LIBRARY' "$B/CMakeCache.txt")
 echo "--- headers of the bundled packages read from /usr/include (must be none)"
-ninja -C "$B" -t deps | grep -E '^ +/usr/include/(yaml-cpp|toml|nlohmann|CLI|gtest|gmock|benchmark|gloo|xxh)' | sort -u | head
-ninja -C "$B" -t deps | grep -qE '^ +/usr/include/(yaml-cpp|toml|nlohmann|CLI|gtest|gmock|benchmark|gloo|xxh)' &&
-  fail "a bundled package's header came from /usr/include"
-ninja -C "$B" -t deps | grep -qE "^ +($DEST/|\.\./)\.device-deps/include/gloo/" || fail "no compile read the bundle's Gloo headers"
+ninja -C "$B" -t deps >"$B/deps.txt"  # a file: `grep -q` on a pipe would fail it under pipefail
+bundled='(yaml-cpp|toml|nlohmann|CLI|gtest|gmock|benchmark|gloo|xxh)'
+grep -E "^ +/usr/include/$bundled" "$B/deps.txt" | sort -u | head
+grep -qE "^ +/usr/include/$bundled" "$B/deps.txt" && fail "a bundled package's header came from /usr/include"
+# ccache (CCACHE_BASEDIR) records the bundle's headers relative to the build folder.
+grep -qE "^ +($DEST/|\.\./)\.device-deps/include/gloo/" "$B/deps.txt" || fail "no compile read the bundle's Gloo headers"
 echo "--- ldd $B/mixtrain (no yaml-cpp, xxhash: linked statically from the bundle)"
 ldd "$B/mixtrain" | grep -vE 'site-packages|linux-vdso|ld-linux'
-ldd "$B/mixtrain" | grep -qE 'yaml-cpp|xxhash' && fail "mixtrain loads a shared yaml-cpp or xxhash"
+ldd "$B/mixtrain" >"$B/ldd.txt"
+grep -qE 'yaml-cpp|xxhash' "$B/ldd.txt" && fail "mixtrain loads a shared yaml-cpp or xxhash"
 echo "--- the cuda tests without MIXTRAIN_REQUIRE_CUDA (here: skipped, not passed)"
 env -u MIXTRAIN_REQUIRE_CUDA ctest --test-dir "$B" -L cuda --no-tests=error | tee /tmp/devcheck-skip.txt
 grep -qE '\*\*\*Skipped' /tmp/devcheck-skip.txt || fail "the cuda tests were not reported as skipped"

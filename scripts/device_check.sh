@@ -220,7 +220,6 @@ phase_smoke() {
     echo "--- exit $?"
     rows=$(wc -l <"$WORK/smoke/$device/metrics.jsonl" 2>/dev/null || echo 0)
     echo "--- metrics.jsonl rows: $rows"
-    { echo "# train.device=$device"; cat "$WORK/smoke/$device/metrics.jsonl" 2>/dev/null; } >>"$OUT/smoke.jsonl"
     [[ $device == cpu ]] && continue
     kill "$sampler" 2>/dev/null
     wait "$sampler" 2>/dev/null
@@ -233,6 +232,15 @@ phase_smoke() {
     fi
   done
   return $status
+}
+
+# smoke.jsonl from whatever the runs wrote, also after a timeout.
+collect_smoke() {
+  local device
+  for device in cuda cpu; do
+    echo "# train.device=$device"
+    cat "$WORK/smoke/$device/metrics.jsonl" 2>/dev/null
+  done >"$OUT/smoke.jsonl"
 }
 
 export -f phase_env phase_configure phase_build phase_sanity phase_cuda phase_bench phase_smoke \
@@ -248,9 +256,9 @@ if run_phase configure 180 phase_configure; then
   run_phase cuda 240 phase_cuda
   run_phase bench 240 phase_bench
   collect_bench >>"$LOG" 2>&1
-  : >"$OUT/smoke.jsonl"
   if [[ -x $BUILD_DIR/mixtrain ]]; then
     run_phase smoke 120 phase_smoke
+    collect_smoke
   else
     record smoke "NOT RUN (no mixtrain binary)" 0 -
   fi

@@ -1,7 +1,9 @@
 #include "mixtrain/checkpoint/distributed_checkpoint.h"
 
 #include <ATen/ATen.h>
+#include <c10/core/Event.h>
 #include <c10/core/GradMode.h>
+#include <c10/core/impl/VirtualGuardImpl.h>
 #include <sys/resource.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -11,6 +13,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <map>
+#include <optional>
 #include <tuple>
 #include <utility>
 
@@ -114,19 +117,38 @@ void CheckpointSaver::save(SaveRequest request) {
   // Snapshot: training changes params and state in place while the worker writes. Not in
   // malloc'd memory: that would take the memory the training step's temporaries are recycled
   // from, and every step until the save ends would fault its temporaries in anew.
+  // Device tensors go to pinned host memory, their copies queued on the device's current
+  // stream (before the next step's updates, so they see this step's values) without the
+  // training thread waiting: the writer waits for them (`copied`) before it reads the bytes.
   const c10::NoGradGuard no_grad;
+  std::optional<c10::Device> device;
   for (auto& chunk : request.chunks) {
-    at::Tensor copy = empty_large_buffer(chunk.data.sizes(), chunk.data.scalar_type());
-    copy.copy_(chunk.data);
+    at::Tensor copy;
+    if (chunk.data.is_cpu()) {
+      copy = empty_large_buffer(chunk.data.sizes(), chunk.data.scalar_type());
+      copy.copy_(chunk.data);
+    } else {
+      device = chunk.data.device();
+      copy = at::empty(chunk.data.sizes(),
+                       at::TensorOptions().dtype(chunk.data.scalar_type()).pinned_memory(true));
+      copy.copy_(chunk.data, /*non_blocking=*/true);
+    }
     chunk.data = std::move(copy);
   }
-  worker_ = std::thread([this, request = std::move(request)] {
+  std::shared_ptr<c10::Event> copied;
+  if (device) {
+    const c10::impl::VirtualGuardImpl guard(device->type());
+    copied = std::make_shared<c10::Event>(device->type());
+    copied->record(guard.getStream(*device));
+  }
+  worker_ = std::thread([this, request = std::move(request), copied] {
     // The lowest CPU priority (Linux: per thread): the training's compute threads use every
     // core, and a writer that preempts one of them stalls every parallel region behind it (a
     // busy thread at equal priority made the steps 2x slower). At nice 19 it runs where they
     // leave a core idle; the save takes longer on a busy machine, training does not.
     ::setpriority(PRIO_PROCESS, static_cast<id_t>(::syscall(SYS_gettid)), 19);
     try {
+      if (copied) copied->synchronize();  // the staged device bytes are in host memory
       as_save(request.step, [&] { write(request); });
     } catch (...) {
       error_ = std::current_exception();

@@ -15,6 +15,8 @@
 // with the same members share one ProcessGroupGloo.
 #pragma once
 
+#include <c10/core/Device.h>
+
 #include <cstdint>
 #include <memory>
 #include <vector>
@@ -30,6 +32,7 @@ struct DeviceMesh {
   int64_t dp_replicate = 1, dp_shard = 1, ep = 1;
   std::shared_ptr<Collectives> world, dp_shard_group, dp_replicate_group, ep_group, expert_dp_group;
   std::shared_ptr<Collectives> background;
+  at::Device device = at::kCPU;  // this rank's device (train.device)
 
   int64_t replicate_index() const { return rank / dp_shard; }
   int64_t shard_index() const { return rank % dp_shard; }

@@ -28,6 +28,7 @@ struct AllToAll : public torch::autograd::Function<AllToAll> {
     at::Tensor output = ep->ep_group().all_to_all(input.contiguous(), send_counts, recv_counts);
     ctx->saved_data["shape"] = output.sizes().vec();
     ctx->saved_data["dtype"] = static_cast<int64_t>(output.scalar_type());
+    ctx->saved_data["device"] = output.device();
     return output;
   }
 
@@ -42,7 +43,9 @@ struct AllToAll : public torch::autograd::Function<AllToAll> {
     if (!grad.defined()) {
       // Every rank must still take part in the exchange.
       const auto dtype = static_cast<c10::ScalarType>(ctx->saved_data.at("dtype").toInt());
-      grad = at::zeros(ctx->saved_data.at("shape").toIntVector(), at::TensorOptions().dtype(dtype));
+      grad = at::zeros(
+          ctx->saved_data.at("shape").toIntVector(),
+          at::TensorOptions().dtype(dtype).device(ctx->saved_data.at("device").toDevice()));
     }
     c10::NoGradGuard no_grad;
     return {ep->ep_group().all_to_all(grad.contiguous(), recv, send), at::Tensor(), at::Tensor(),
@@ -76,7 +79,8 @@ DispatchedTokens ExpertParallel::token_dispatch(const at::Tensor& tokens,
                                 " ep ranks");
   }
   const int64_t local = experts / ranks;
-  // Counts first: peer j learns how many rows of each of its experts this rank sends.
+  // Counts first: peer j learns how many rows of each of its experts this rank sends. They are
+  // host values (the split sizes below), so they travel as a CPU tensor.
   at::Tensor counts = at::tensor(tokens_per_expert, at::kLong);
   const std::vector<int64_t> per_rank(ranks, local);
   at::Tensor received_counts;
@@ -116,7 +120,7 @@ DispatchedTokens ExpertParallel::token_dispatch(const at::Tensor& tokens,
       for (int64_t k = 0; k < rc[j * local + e]; ++k) order.push_back(start[j * local + e] + k);
     }
   }
-  out.grouped_to_received = at::tensor(order, at::kLong);
+  out.grouped_to_received = at::tensor(order, at::kLong).to(tokens.device());
   out.tokens = received.index_select(0, out.grouped_to_received);
   return out;
 }
@@ -125,9 +129,10 @@ at::Tensor ExpertParallel::token_combine(const at::Tensor& expert_output,
                                          const DispatchedTokens& dispatched) {
   // Back to the received order (the inverse permutation), then to the sending ranks.
   const int64_t rows = dispatched.grouped_to_received.numel();
-  at::Tensor to_grouped = at::empty({rows}, at::kLong);
+  const at::TensorOptions index_options = dispatched.grouped_to_received.options();
+  at::Tensor to_grouped = at::empty({rows}, index_options);
   if (rows > 0) {
-    to_grouped.index_put_({dispatched.grouped_to_received}, at::arange(rows, at::kLong));
+    to_grouped.index_put_({dispatched.grouped_to_received}, at::arange(rows, index_options));
   }
   const at::Tensor received_order = expert_output.index_select(0, to_grouped);
   return all_to_all(received_order, dispatched.recv_counts, dispatched.send_counts);

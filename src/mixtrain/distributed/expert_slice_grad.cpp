@@ -13,15 +13,15 @@ void ExpertSliceGrads::add(int64_t index, const at::Tensor& full_grad) {
   }
 }
 
-at::Tensor ExpertSliceGrads::reduce(int64_t index, at::IntArrayRef shape, Collectives& expert_dp,
-                                    double data_parallel_ranks) {
+at::Tensor ExpertSliceGrads::reduce(int64_t index, at::IntArrayRef shape, at::Device device,
+                                    Collectives& expert_dp, double data_parallel_ranks) {
   const auto it = pending_.find(index);
   at::Tensor grad;
   if (it != pending_.end()) {
     grad = it->second;
     pending_.erase(it);
   } else {
-    grad = at::zeros(shape, at::TensorOptions().dtype(at::kFloat));
+    grad = at::zeros(shape, at::TensorOptions().dtype(at::kFloat).device(device));
   }
   if (expert_dp.size() > 1) expert_dp.all_reduce_sum(grad);
   grad.div_(data_parallel_ranks);

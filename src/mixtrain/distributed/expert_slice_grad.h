@@ -23,7 +23,7 @@ class ExpertSliceGrads {
   void add(int64_t index, const at::Tensor& full_grad);
   // The reduced mean for `index` (shape of the local expert slice); forgets it. Collective over
   // expert_dp.
-  at::Tensor reduce(int64_t index, at::IntArrayRef shape, Collectives& expert_dp,
+  at::Tensor reduce(int64_t index, at::IntArrayRef shape, at::Device device, Collectives& expert_dp,
                     double data_parallel_ranks);
   void clear() { pending_.clear(); }
 

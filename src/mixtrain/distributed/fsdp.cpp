@@ -49,7 +49,8 @@ at::Tensor tensor_over(const c10::Storage& storage, at::IntArrayRef shape, c10::
   for (int64_t i = static_cast<int64_t>(shape.size()) - 2; i >= 0; --i) {
     strides[i] = strides[i + 1] * shape[i + 1];
   }
-  return at::empty({0}, at::TensorOptions().dtype(dtype)).set_(storage, 0, shape, strides);
+  return at::empty({0}, at::TensorOptions().dtype(dtype).device(storage.device()))
+      .set_(storage, 0, shape, strides);
 }
 
 FullyShardedModel* model_of(const AutogradContext* ctx) {
@@ -66,7 +67,7 @@ struct AllGatherParam : public torch::autograd::Function<AllGatherParam> {
     if (!sharded) return param.to(param_dtype);  // DDP: the replicated parameter itself
     // A fresh, exactly sized allocation, so post_forward / backward can free and refill it.
     const auto& shape = fsdp->param(index).layout.global_shape;
-    at::Tensor full = at::empty(shape, at::TensorOptions().dtype(param_dtype));
+    at::Tensor full = at::empty(shape, param.options().dtype(param_dtype));
     fsdp->all_gather_into(index, full);
     ctx->saved_data["full"] = c10::IValue(full.storage());
     return full;
@@ -295,7 +296,8 @@ void FullyShardedModel::sync_expert_grads() {
   for (int64_t index = 0; index < static_cast<int64_t>(params_.size()); ++index) {
     const Param& p = params_[index];
     if (!p.expert) continue;
-    at::Tensor grad = expert_grads_.reduce(index, p.param.sizes(), *expert_dp_group_, ranks);
+    at::Tensor grad =
+        expert_grads_.reduce(index, p.param.sizes(), p.param.device(), *expert_dp_group_, ranks);
     if (reduce_dtype_ && *reduce_dtype_ != at::kFloat) grad = grad.to(*reduce_dtype_);
     deliver_grad(p, grad);
   }

@@ -33,7 +33,7 @@ torch::Tensor causal_attention(const torch::Tensor& q, const torch::Tensor& k,
   const int64_t groups = q.size(1) / k.size(1);
   const auto key = repeat_kv(k, groups), value = repeat_kv(v, groups);
   auto weights = at::matmul(q, key.transpose(2, 3)) / std::sqrt(double(head_dim));
-  const auto future = at::ones({seq, seq}, at::TensorOptions().dtype(at::kBool)).triu(1);
+  const auto future = at::ones({seq, seq}, q.options().dtype(at::kBool)).triu(1);
   weights = weights.masked_fill(future, -std::numeric_limits<double>::infinity());
   // Upcast for the softmax, as HF: bf16 exp/sum over the keys loses too much.
   weights = at::softmax(weights, -1, at::kFloat).to(q.scalar_type());

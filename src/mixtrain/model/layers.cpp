@@ -117,7 +117,7 @@ torch::Tensor SwiGLUMLP::forward(const torch::Tensor& x) {
 }
 
 std::pair<torch::Tensor, torch::Tensor> rotary_cos_sin(int64_t seq_len, int64_t head_dim,
-                                                       double rope_theta) {
+                                                       double rope_theta, torch::Device device) {
   // float32 throughout, as HF (which disables autocast for this): bf16 angles would be wrong by
   // whole radians at long positions.
   const auto exponents = torch::arange(0, head_dim, 2, torch::kInt64).to(torch::kFloat32) /
@@ -126,7 +126,7 @@ std::pair<torch::Tensor, torch::Tensor> rotary_cos_sin(int64_t seq_len, int64_t 
   const auto positions = torch::arange(seq_len, torch::kInt64).to(torch::kFloat32);
   const auto freqs = torch::outer(positions, inv_freq);
   const auto emb = torch::cat({freqs, freqs}, -1);
-  return {emb.cos(), emb.sin()};
+  return {emb.cos().to(device), emb.sin().to(device)};
 }
 
 torch::Tensor apply_rotary_pos_emb(const torch::Tensor& x, const torch::Tensor& cos,

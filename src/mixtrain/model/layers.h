@@ -100,8 +100,10 @@ class SwiGLUMLP : public torch::nn::Module {
 
 // Rotary tables for positions 0..seq_len-1, float32 [seq_len, head_dim], HF layout:
 // inv_freq_i = theta^(-2i/head_dim), angle = pos * inv_freq, both halves repeat the angles.
+// Computed on the CPU and placed on `device`: every device gets bitwise the same tables.
 std::pair<torch::Tensor, torch::Tensor> rotary_cos_sin(int64_t seq_len, int64_t head_dim,
-                                                       double rope_theta);
+                                                       double rope_theta,
+                                                       torch::Device device = torch::kCPU);
 
 // x * cos + rotate_half(x) * sin for x [batch, heads, seq, head_dim]; cos/sin [seq, head_dim]
 // are cast to x's dtype (as HF).

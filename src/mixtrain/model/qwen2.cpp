@@ -56,7 +56,8 @@ class Qwen2Model : public torch::nn::Module {
 
   // input_ids [B, S] -> final hidden states [B, S, H]
   torch::Tensor forward(const torch::Tensor& input_ids) {
-    auto [cos, sin] = rotary_cos_sin(input_ids.size(1), config_.head_dim, config_.rope_theta);
+    auto [cos, sin] =
+        rotary_cos_sin(input_ids.size(1), config_.head_dim, config_.rope_theta, input_ids.device());
     auto h = embed_tokens->forward(input_ids);
     for (auto& layer : layers) h = layer->forward(h, cos, sin);
     return norm->forward(h);
@@ -83,7 +84,7 @@ class Qwen2ForCausalLM : public Qwen2FamilyForCausalLM<Qwen2Model> {
   CausalLMOutput forward(const torch::Tensor& input_ids) override {
     CausalLMOutput out;
     out.logits = logits(model->forward(model_input(input_ids)));
-    out.aux_loss = torch::zeros({}, torch::kFloat32);  // no router
+    out.aux_loss = torch::zeros({}, out.logits.options().dtype(torch::kFloat32));  // no router
     return out;
   }
 };

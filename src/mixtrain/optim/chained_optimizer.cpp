@@ -304,10 +304,10 @@ void ChainedOptimizer::import_checked_state(const NamedTensors& state) {
     for (const auto& [state_name, live] : leaf.export_state(e.optimizer_param)) {
       const at::Tensor& saved = by_key.at(kOptimizerStatePrefix + name + "." + state_name);
       // A floating state of another precision takes the live state's dtype, as in
-      // torch.optim.Optimizer.load_state_dict (exact when widening, rounding when narrowing).
-      imported.emplace_back(state_name, saved.scalar_type() == live.scalar_type()
-                                            ? saved
-                                            : saved.to(live.scalar_type()));
+      // torch.optim.Optimizer.load_state_dict (exact when widening, rounding when narrowing),
+      // and the live state's device (a checkpoint is device-agnostic). Same dtype and device:
+      // the saved tensor itself.
+      imported.emplace_back(state_name, saved.to(live.device(), live.scalar_type()));
     }
     if (!imported.empty()) leaf.import_state(e.optimizer_param, imported);
   }

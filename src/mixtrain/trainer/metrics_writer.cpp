@@ -45,6 +45,7 @@ std::string metrics_json_line(const StepMetrics& m) {
     j["optimizer_s"] = finite_or_null(t.optimizer_s);
     j["checkpoint_s"] = finite_or_null(t.checkpoint_s);
     j["step_s"] = finite_or_null(t.step_s);
+    if (t.peak_device_bytes > 0) j["peak_device_bytes"] = t.peak_device_bytes;
   }
   return j.dump();
 }

@@ -44,6 +44,7 @@ StepTimes& StepTimes::operator+=(const StepTimes& other) {
   optimizer_s += other.optimizer_s;
   checkpoint_s += other.checkpoint_s;
   step_s += other.step_s;
+  peak_device_bytes = std::max(peak_device_bytes, other.peak_device_bytes);
   return *this;
 }
 
@@ -68,6 +69,11 @@ std::string StepProfile::format() const {
                   "profile steps %" PRId64 "-%" PRId64 ": %.3f s/step = ", first_step_, last_step_,
                   avg.step_s);
   }
+  char device_memory[64] = "";
+  if (sum_.peak_device_bytes > 0) {
+    std::snprintf(device_memory, sizeof(device_memory), " | peak device memory %.2f GiB",
+                  static_cast<double>(sum_.peak_device_bytes) / (1 << 30));
+  }
   char backward[96];
   std::snprintf(backward, sizeof(backward), "backward %.3f (%.0f%%; gradient reduce %.3f)",
                 avg.backward_s, percent(avg.backward_s, avg.step_s), avg.reduce_s);
@@ -76,7 +82,7 @@ std::string StepProfile::format() const {
          phase("optimizer", avg.optimizer_s, avg.step_s) + " | " +
          phase("checkpoint", avg.checkpoint_s, avg.step_s) + " | " +
          phase("other", avg.other_s(), avg.step_s) + " | " +
-         format_rate(sum_.step_s > 0 ? tokens_ / sum_.step_s : 0.0);
+         format_rate(sum_.step_s > 0 ? tokens_ / sum_.step_s : 0.0) + device_memory;
 }
 
 void StepProfile::clear() {

@@ -27,6 +27,10 @@
 //               save (the metrics line and the log are written after it)
 // The log line's tokens/s is the global batch's tokens over this step time (checkpoints
 // included, unlike metrics.jsonl's tokens_per_s, which times the training step alone).
+// On a device the phases are timed after a device synchronisation at the end of each phase
+// (only with train.profile: kernels run asynchronously, so the host clock alone would charge
+// them to whichever later phase waits), and the line ends with "| peak device memory X GiB",
+// the most the device's allocator held in any of the steps.
 #pragma once
 
 #include <cstdint>
@@ -42,6 +46,9 @@ struct StepTimes {
   double optimizer_s = 0.0;
   double checkpoint_s = 0.0;
   double step_s = 0.0;  // the whole step; >= the sum of the phases (reduce is within backward)
+  // On a device (train.device: cuda): the most bytes its caching allocator had allocated during
+  // the step; 0 on the CPU. Summing keeps the maximum; scaling leaves it.
+  int64_t peak_device_bytes = 0;
 
   // step_s minus the phases (never negative: clock reads of different phases may overlap by
   // nanoseconds).

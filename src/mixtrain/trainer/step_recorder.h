@@ -6,7 +6,12 @@
 //   { PhaseTimer t(recorder, Phase::kForward); ... }   // added to forward_s at the scope's end
 //
 // A phase entered several times in a step (forward and backward once per micro-batch) adds up.
+// With a synchronize function set (train.profile on a device), each phase ends by waiting for
+// the device, so its time holds the kernels it queued.
 #pragma once
+
+#include <functional>
+#include <utility>
 
 #include "mixtrain/core/scoped_timer.h"
 #include "mixtrain/trainer/step_profile.h"
@@ -24,15 +29,34 @@ class StepRecorder {
   void add(Phase phase, double seconds) { this->seconds(phase) += seconds; }
   // The step so far; its step_s is left to whoever times the whole step.
   const StepTimes& times() const { return times_; }
+  StepTimes& times() { return times_; }
+  // Called at the end of every phase; empty: nothing to wait for (the CPU).
+  void set_synchronize(std::function<void()> synchronize) { synchronize_ = std::move(synchronize); }
+  void synchronize() const {
+    if (synchronize_) synchronize_();
+  }
 
  private:
   StepTimes times_;
+  std::function<void()> synchronize_;
 };
 
 // Adds the wall seconds of its scope to one phase of the recorder's step.
 class PhaseTimer : public ScopedTimer {
  public:
-  PhaseTimer(StepRecorder& recorder, Phase phase) : ScopedTimer(recorder.seconds(phase)) {}
+  PhaseTimer(StepRecorder& recorder, Phase phase)
+      : ScopedTimer(recorder.seconds(phase)), recorder_(recorder) {}
+  // Before ScopedTimer reads the clock. A device error is not thrown from a destructor: it
+  // surfaces again at the device's next operation.
+  ~PhaseTimer() {
+    try {
+      recorder_.synchronize();
+    } catch (...) {
+    }
+  }
+
+ private:
+  StepRecorder& recorder_;
 };
 
 }  // namespace mixtrain

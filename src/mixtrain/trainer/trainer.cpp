@@ -1,5 +1,6 @@
 #include "mixtrain/trainer/trainer.h"
 
+#include <ATen/DeviceAccelerator.h>
 #include <torch/torch.h>
 
 #include <cmath>
@@ -105,7 +106,7 @@ struct StepLoss {
 // Records the forward, backward and gradient-reduce seconds.
 StepLoss accumulate_gradients(CausalLM& model, TokenDataset& data, const TrainerConfig& config,
                               int64_t accumulation_steps, TrainingOptimizer& optimizer,
-                              StepRecorder& recorder) {
+                              at::Device device, StepRecorder& recorder) {
   StepLoss total;
   for (int64_t micro = 0; micro < accumulation_steps; ++micro) {
     Batch batch = data.next_batch(config.data.micro_batch_size, config.data.seq_len);
@@ -113,10 +114,13 @@ StepLoss accumulate_gradients(CausalLM& model, TokenDataset& data, const Trainer
     torch::Tensor loss;
     {
       PhaseTimer forward(recorder, Phase::kForward);
-      out = model.forward(batch.input_ids);
+      // The data is read on the host; the batch moves to the rank's device (a no-op on CPU).
+      const torch::Tensor input_ids = batch.input_ids.to(device);
+      const torch::Tensor labels = batch.labels.to(device);
+      out = model.forward(input_ids);
       const int64_t vocab = out.logits.size(-1);
       torch::Tensor cross_entropy = torch::nn::functional::cross_entropy(
-          out.logits.reshape({-1, vocab}).to(torch::kFloat), batch.labels.reshape({-1}));
+          out.logits.reshape({-1, vocab}).to(torch::kFloat), labels.reshape({-1}));
       loss = cross_entropy + config.model.router_aux_loss_coef * out.aux_loss;
     }
     {
@@ -169,8 +173,11 @@ Trainer::Trainer(const ResolvedConfig& resolved, const DeviceMesh& mesh, const s
 
   // fp32-main-params §6.1 build order: model, then model_init_dtype, then sharding, then the
   // optimizer.
+  // Built and initialised on the CPU (the same weights on every device), then moved to the
+  // rank's device before sharding: everything after this lives there.
   model_ = build_model(config.model, config.train.seed);
   apply_model_init_dtype(*model_, model_dtype);
+  if (!mesh_.device.is_cpu()) model_->to(mesh_.device);
   if (is_rank0) log_info(format_model_config_block(config.model));
   // With parallel.ep > 1, shard_model splits the routed experts over the ep group (and the
   // model exchanges tokens with all_to_all); the rest stays FSDP / DDP.
@@ -214,6 +221,12 @@ Trainer::Trainer(const ResolvedConfig& resolved, const DeviceMesh& mesh, const s
       config.data.global_batch_size / (config.data.micro_batch_size * mesh_.world_size);
   schedule_ = std::make_unique<LrSchedule>(config.train.lr_scheduler, config.train.steps);
 
+  // train.profile on a device: phases end with a device synchronisation (step_profile.h).
+  if (config.train.profile && !mesh_.device.is_cpu()) {
+    const c10::DeviceIndex index = mesh_.device.index();
+    recorder_.set_synchronize([index] { at::accelerator::synchronizeDevice(index); });
+  }
+
   if (!config.checkpoint.restore_from.empty()) {
     CheckpointParts parts{*model_, sharded_.get(), *optimizer_, *data_, resolved_, mesh_};
     completed_steps_ = restore_checkpoint(parts, config.checkpoint.restore_from,
@@ -239,8 +252,11 @@ StepResult Trainer::compute_gradients() {
       optimizer_for_target(config.optimizer.target).reported_lr(config.optimizer) * lr_factor;
 
   recorder_.start();
-  StepLoss loss =
-      accumulate_gradients(*model_, *data_, config, accumulation_steps_, *optimizer_, recorder_);
+  if (config.train.profile && !mesh_.device.is_cpu()) {
+    at::accelerator::resetPeakStats(mesh_.device.index());
+  }
+  StepLoss loss = accumulate_gradients(*model_, *data_, config, accumulation_steps_, *optimizer_,
+                                       mesh_.device, recorder_);
   {
     PhaseTimer prepare(recorder_, Phase::kOptimizer);
     optimizer_->prepare_grads();
@@ -262,6 +278,11 @@ void Trainer::apply_update() {
     PhaseTimer step(recorder_, Phase::kOptimizer);
     optimizer_->step_with_ready_grads();
     optimizer_->zero_grad();
+  }
+  if (resolved_.config.train.profile && !mesh_.device.is_cpu()) {
+    // Since compute_gradients reset it; index 0 is StatType::AGGREGATE (every pool).
+    recorder_.times().peak_device_bytes =
+        at::accelerator::getDeviceStats(mesh_.device.index()).allocated_bytes[0].peak;
   }
   completed_steps_ = pending_.step;
 }

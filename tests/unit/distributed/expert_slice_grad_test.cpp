@@ -19,11 +19,12 @@ TEST(ExpertSliceGrads, SumsContributionsAndDividesByTheRanks) {
   ExpertSliceGrads grads;
   grads.add(7, a);
   grads.add(7, b);
-  const at::Tensor reduced = grads.reduce(7, a.sizes(), *expert_dp, 4.0);
+  const at::Tensor reduced = grads.reduce(7, a.sizes(), at::kCPU, *expert_dp, 4.0);
   EXPECT_EQ(reduced.scalar_type(), at::kFloat);
   EXPECT_TRUE(at::equal(reduced, (a.to(at::kFloat) + b.to(at::kFloat)) / 4));
   // Forgotten once reduced: the next backward starts from nothing.
-  EXPECT_TRUE(at::equal(grads.reduce(7, a.sizes(), *expert_dp, 4.0), at::zeros({2, 3, 4})));
+  EXPECT_TRUE(
+      at::equal(grads.reduce(7, a.sizes(), at::kCPU, *expert_dp, 4.0), at::zeros({2, 3, 4})));
 }
 
 TEST(ExpertSliceGrads, KeepsACopyOfTheFirstContribution) {
@@ -33,7 +34,8 @@ TEST(ExpertSliceGrads, KeepsACopyOfTheFirstContribution) {
   grads.add(0, first);
   grads.add(0, first);
   EXPECT_TRUE(at::equal(first, at::ones({2, 2})));  // the input is not accumulated into
-  EXPECT_TRUE(at::equal(grads.reduce(0, first.sizes(), *expert_dp, 1.0), at::full({2, 2}, 2.0)));
+  EXPECT_TRUE(
+      at::equal(grads.reduce(0, first.sizes(), at::kCPU, *expert_dp, 1.0), at::full({2, 2}, 2.0)));
 }
 
 TEST(ExpertSliceGrads, ClearDropsPendingGradients) {
@@ -41,7 +43,7 @@ TEST(ExpertSliceGrads, ClearDropsPendingGradients) {
   ExpertSliceGrads grads;
   grads.add(1, at::ones({3}));
   grads.clear();
-  EXPECT_TRUE(at::equal(grads.reduce(1, {3}, *expert_dp, 1.0), at::zeros({3})));
+  EXPECT_TRUE(at::equal(grads.reduce(1, {3}, at::kCPU, *expert_dp, 1.0), at::zeros({3})));
 }
 
 }  // namespace

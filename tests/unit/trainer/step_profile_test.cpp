@@ -47,6 +47,28 @@ TEST(StepProfileTest, LogLineAveragesTheAddedSteps) {
   EXPECT_EQ(profile.format().rfind("profile step 5: 1.000 s/step = ", 0), 0u) << profile.format();
 }
 
+// On a device: the window's largest per-step peak (not a sum, not an average) closes the line.
+TEST(StepProfileTest, PeakDeviceMemoryIsTheWindowsMaximum) {
+  StepProfile profile;
+  StepTimes a = times(1), b = times(1);
+  a.peak_device_bytes = int64_t{3} << 29;  // 1.5 GiB
+  b.peak_device_bytes = int64_t{1} << 30;  // 1 GiB
+  profile.add(1, a, 1000);
+  profile.add(2, b, 1000);
+  const std::string line = profile.format();
+  EXPECT_NE(line.find("tok/s | peak device memory 1.50 GiB"), std::string::npos) << line;
+  const std::string tail = " | peak device memory 1.50 GiB";  // the line's end
+  ASSERT_GE(line.size(), tail.size());
+  EXPECT_EQ(line.substr(line.size() - tail.size()), tail) << line;
+  StepTimes scaled = a;
+  scaled *= 0.5;
+  EXPECT_EQ(scaled.peak_device_bytes, a.peak_device_bytes);
+  // The CPU (0 bytes): no memory part.
+  StepProfile cpu;
+  cpu.add(1, times(1), 1000);
+  EXPECT_EQ(cpu.format().find("device"), std::string::npos);
+}
+
 TEST(StepProfileTest, MetricsLineCarriesTheSplitOnlyWithAProfile) {
   StepMetrics row{2, 0.5, 0.25, 0.125, 1000.0, 2.0, 0.0, 1.0, 0};
   EXPECT_EQ(nlohmann::json::parse(metrics_json_line(row)).size(), 9u);
@@ -63,6 +85,13 @@ TEST(StepProfileTest, MetricsLineCarriesTheSplitOnlyWithAProfile) {
   EXPECT_DOUBLE_EQ(j["step_s"].get<double>(), 0.5);
   // Appended after the existing keys, in this order.
   EXPECT_NE(metrics_json_line(row).find("\"skipped_steps\":0,\"forward_s\":0.125,\"backward_s\""),
+            std::string::npos);
+  // A device run's profile adds the step's peak device bytes, last.
+  row.profile->peak_device_bytes = 123456789;
+  const auto device = nlohmann::json::parse(metrics_json_line(row));
+  EXPECT_EQ(device.size(), 17u);
+  EXPECT_EQ(device["peak_device_bytes"].get<int64_t>(), 123456789);
+  EXPECT_NE(metrics_json_line(row).find("\"step_s\":0.5,\"peak_device_bytes\":123456789}"),
             std::string::npos);
 }
 

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <stdexcept>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -32,6 +33,24 @@ TEST(StepRecorderTest, EachPhaseHasItsOwnField) {
     EXPECT_EQ(got.checkpoint_s, expected.checkpoint_s);
     EXPECT_EQ(got.step_s, 0.0);  // the whole step is the caller's to time
   }
+}
+
+// train.profile on a device: every phase ends with the synchronisation, inside its own time.
+TEST(StepRecorderTest, PhasesEndWithTheSynchronisationInsideTheirTime) {
+  StepRecorder recorder;
+  int calls = 0;
+  recorder.set_synchronize([&] {
+    ++calls;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));  // a device catching up
+  });
+  { PhaseTimer t(recorder, Phase::kForward); }
+  { PhaseTimer t(recorder, Phase::kOptimizer); }
+  EXPECT_EQ(calls, 2);
+  EXPECT_GE(recorder.times().forward_s, 0.010);
+  EXPECT_GE(recorder.times().optimizer_s, 0.010);
+  // A failing synchronisation is not thrown from the timer's destructor.
+  recorder.set_synchronize([] { throw std::runtime_error("device lost"); });
+  EXPECT_NO_THROW({ PhaseTimer t(recorder, Phase::kClip); });
 }
 
 TEST(StepRecorderTest, PhaseTimersAddTheirScopeAndStartClears) {

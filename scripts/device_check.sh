@@ -1,0 +1,284 @@
+#!/usr/bin/env bash
+# Builds and checks mixtrain on a GPU machine (docs/gpu.md), from the repository root, in one
+# call that ends well inside the device tool's 10 minutes:
+#   env        nvidia-smi, torch's view of the GPU, the tools' versions
+#   configure  Ninja, Release, the deps bundle (scripts/device_deps.sh), CUDA arch 90
+#   build      mixtrain, the tests labelled cuda, SANITY_TESTS, the bench_*cuda* programs
+#   cuda       ctest -L cuda with MIXTRAIN_REQUIRE_CUDA=1 (no device = a failure, not a skip)
+#   bench      every built bench_*cuda* program with --out <its JSON>
+#   smoke      `mixtrain train --set train.device=cuda` for SMOKE_STEPS steps (CPU run beside it)
+#   sanity     SANITY_TESTS (a few fast CPU tests: the bundle's libraries at work)
+# Each phase runs under `timeout`, is timed, and its failure is recorded without stopping the
+# phases that do not need it; the exit code is non-zero when any phase failed or was not run.
+# Results in $OUT (at most 6 files; the tool brings back 8):
+#   device_check.log   everything, the summary table last
+#   summary.txt        phase | status | seconds | exit code
+#   build.log          configure and build output (the last 8 MiB)
+#   ctest_cuda.xml     JUnit report of the cuda tests (with CMake >= 3.21)
+#   bench.json         {"bench_<name>": the program's own JSON, or {"error": ...}}
+#   smoke.jsonl        the GPU smoke run's metrics.jsonl, then the CPU run's
+# Environment (defaults for the GPU machine; scripts/device_rehearse.sh sets them here):
+#   OUT (required), MIXTRAIN_PYTHON (python3 on PATH), MIXTRAIN_DEPS_DIR (.device-deps),
+#   JOBS (nproc), BUILD_DIR (build-device), MIXTRAIN_CMAKE_ARGS (extra configure arguments),
+#   BUDGET_S (540: all phases), LIMIT_SCALE (1: multiplies the budget and every phase's limit,
+#   for a slower machine), SANITY_TESTS, SMOKE_STEPS (5), CUDA_TEST_JOBS (4).
+set -u -o pipefail
+cd "$(dirname "$0")/.." || exit 1
+
+: "${OUT:?OUT must name the folder for the results}"
+mkdir -p "$OUT"
+OUT=$(cd "$OUT" && pwd)
+export MIXTRAIN_PYTHON=${MIXTRAIN_PYTHON:-$(command -v python3 || echo python3)}
+# A relative path, absolute (not resolved: a venv's python is a link that must stay one).
+[[ $MIXTRAIN_PYTHON == */* && $MIXTRAIN_PYTHON != /* ]] && MIXTRAIN_PYTHON=$PWD/$MIXTRAIN_PYTHON
+export MIXTRAIN_DEPS_DIR=${MIXTRAIN_DEPS_DIR:-$PWD/.device-deps}
+export JOBS=${JOBS:-$(nproc)}
+export BUILD_DIR=${BUILD_DIR:-build-device}
+export MIXTRAIN_CMAKE_ARGS=${MIXTRAIN_CMAKE_ARGS:-}
+export SMOKE_STEPS=${SMOKE_STEPS:-5}
+export CUDA_TEST_JOBS=${CUDA_TEST_JOBS:-4}
+# Fast CPU tests of what the bundle provides: yaml-cpp, toml11, nlohmann-json, xxHash (checksums),
+# CLI11 and a whole CPU training run (tools_train_command_test), and the CPU AdamW numerics.
+export SANITY_TESTS=${SANITY_TESTS:-"unit_config_yaml_reader_test unit_config_toml_reader_test unit_core_json_reader_test unit_checkpoint_metadata_test unit_optim_adamw_test tools_train_command_test"}
+LIMIT_SCALE=${LIMIT_SCALE:-1}
+BUDGET_S=$((${BUDGET_S:-540} * LIMIT_SCALE))
+export OUT LOG="$OUT/device_check.log" BUILD_LOG="$OUT/build.log"
+export WORK="$BUILD_DIR/device-check"  # scratch inside the build folder: bench JSON, smoke runs
+: >"$LOG"
+: >"$BUILD_LOG"
+
+START=$(date +%s)
+DEADLINE=$((START + BUDGET_S))
+PHASES=()
+FAILED=0
+
+log() { echo "$*" | tee -a "$LOG"; }
+
+# run_phase NAME LIMIT_S FUNCTION: FUNCTION under `timeout`, stopped at LIMIT_S or at the
+# budget's end, whichever is first; output to the log.
+run_phase() {
+  local name=$1 limit=$(($2 * LIMIT_SCALE)) fn=$3 now left t0 rc status secs
+  now=$(date +%s)
+  left=$((DEADLINE - now))
+  ((limit > left)) && limit=$left
+  if ((limit < 10)); then
+    record "$name" "NOT RUN (budget spent)" 0 -
+    return 1
+  fi
+  log ""
+  log "=== $name (limit ${limit}s) $(date -u +%H:%M:%S)"
+  t0=$(date +%s.%N)
+  timeout -k 10 "$limit" bash -c "$fn" >>"$LOG" 2>&1
+  rc=$?
+  secs=$(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }')
+  case $rc in
+    0) status=ok ;;
+    124 | 137) status="TIMEOUT after ${limit}s" ;;
+    *) status=FAILED ;;
+  esac
+  record "$name" "$status" "$secs" "$rc"
+  log "=== $name: $status (${secs}s, exit $rc)"
+  return $((rc != 0))
+}
+
+record() {
+  PHASES+=("$1|$2|$3|$4")
+  [[ $2 == ok ]] || FAILED=1
+}
+
+# --- phases (each a function run by `bash -c` under timeout: exported) ---------------------------
+phase_env() {
+  date -u
+  echo "tree: $(git rev-parse HEAD 2>/dev/null || echo 'no .git: the caller knows the commit')"
+  uname -a
+  ldd --version 2>&1 | head -1
+  echo "CPUs: $(nproc)"
+  nvidia-smi || echo "nvidia-smi: not available"
+  nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.mem --format=csv || true
+  "$MIXTRAIN_PYTHON" - <<'EOF'
+import sys, torch
+print("python", sys.version.split()[0], sys.executable)
+print("torch", torch.__version__, "CUDA", torch.version.cuda, "available", torch.cuda.is_available())
+for i in range(torch.cuda.device_count()):
+    p = torch.cuda.get_device_properties(i)
+    print(f"cuda:{i} {p.name} sm_{p.major}{p.minor} {p.total_memory / 2**30:.1f} GiB "
+          f"{p.multi_processor_count} SMs")
+sys.exit(0 if torch.cuda.device_count() > 0 else "torch sees no CUDA device")
+EOF
+  local py_ok=$?
+  for tool in nvcc cmake ninja c++ pkg-config; do
+    printf '%-10s ' "$tool"
+    if command -v "$tool" >/dev/null; then "$tool" --version 2>&1 | grep -m1 -iE 'version|release|[0-9]+\.[0-9]'; else echo "not found"; fi
+  done
+  echo "deps bundle: $MIXTRAIN_DEPS_DIR"
+  head -3 "$MIXTRAIN_DEPS_DIR/README.md" 2>/dev/null || echo "  (none)"
+  return $py_ok
+}
+
+phase_configure() {
+  # shellcheck disable=SC2086  # MIXTRAIN_CMAKE_ARGS: several words
+  cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+    -DMIXTRAIN_PYTHON="$MIXTRAIN_PYTHON" -DMIXTRAIN_DEPS_DIR="$MIXTRAIN_DEPS_DIR" \
+    -DMIXTRAIN_CUDA_ARCHITECTURES=90 $MIXTRAIN_CMAKE_ARGS >>"$BUILD_LOG" 2>&1
+  local rc=$?
+  grep -E 'mixtrain:|Found (Torch|CUDA|GTest|nlohmann|PkgConfig)|Found (sleef|libxxhash)|CMake Error' \
+    "$BUILD_LOG" | sed 's/^/  /'
+  grep -E '^(yaml-cpp_DIR|toml11_DIR|nlohmann_json_DIR|CLI11_DIR|GTest_DIR|benchmark_DIR|MIXTRAIN_CUDART|MIXTRAIN_SLEEF_LIBRARY|MIXTRAIN_XXHASH_LIBRARY|pkgcfg_lib_[A-Z]+_[a-z]+|MIXTRAIN_DEPS_DIR)[:=]' \
+    "$BUILD_DIR/CMakeCache.txt" 2>/dev/null | sed 's/^/  cache: /'
+  return $rc
+}
+
+# The targets: tests labelled cuda, SANITY_TESTS and bench_*cuda* that exist as Ninja targets.
+phase_build() {
+  local all wanted=() t
+  all=$(ninja -C "$BUILD_DIR" -t targets all | sed -n 's/^\([A-Za-z0-9_]*\): .*/\1/p' | sort -u)
+  for t in $(ctest --test-dir "$BUILD_DIR" -N -L cuda | sed -n 's/^ *Test *#[0-9]*: //p') $SANITY_TESTS \
+           $(grep -E '^bench_[A-Za-z0-9_]*cuda' <<<"$all"); do
+    if grep -qx "$t" <<<"$all"; then wanted+=("$t"); else echo "no target $t"; fi
+  done
+  echo "targets: mixtrain ${wanted[*]}"
+  # -k 0: build every target that can be built, so one broken test does not hide the others.
+  cmake --build "$BUILD_DIR" -j "$JOBS" --target mixtrain "${wanted[@]}" -- -k 0 >>"$BUILD_LOG" 2>&1
+  local rc=$?
+  grep -E 'FAILED:|error:|undefined reference' "$BUILD_LOG" | head -40
+  tail -3 "$BUILD_LOG"
+  return $rc
+}
+
+phase_sanity() {
+  # shellcheck disable=SC2086
+  ctest --test-dir "$BUILD_DIR" --output-on-failure --no-tests=error -j "$JOBS" \
+    -R "^($(tr ' ' '|' <<<"$SANITY_TESTS"))\$"
+}
+
+phase_cuda() {
+  local junit=()
+  ctest --help | grep -q -- --output-junit && junit=(--output-junit "$OUT/ctest_cuda.xml")
+  MIXTRAIN_REQUIRE_CUDA=1 ctest --test-dir "$BUILD_DIR" -L cuda --output-on-failure \
+    --no-tests=error -j "$CUDA_TEST_JOBS" "${junit[@]}"
+}
+
+# Each program gets what is left of the phase; its JSON (or why there is none) goes into one file.
+phase_bench() {
+  local b name rc status=0 found=0
+  mkdir -p "$WORK/bench"
+  for b in "$BUILD_DIR"/bench_*cuda*; do
+    [[ -x $b ]] || continue
+    found=1
+    name=$(basename "$b")
+    echo "--- $name"
+    "$b" --out "$WORK/bench/$name.json"
+    rc=$?
+    echo "--- $name: exit $rc"
+    [[ $rc -eq 0 && -s $WORK/bench/$name.json ]] || { status=1; echo "$rc" >"$WORK/bench/$name.failed"; }
+  done
+  ((found)) || { echo "no bench_*cuda* program was built"; status=1; }
+  return $status
+}
+
+# bench.json from whatever the programs left, also after a timeout.
+collect_bench() {
+  "$MIXTRAIN_PYTHON" - "$WORK/bench" "$OUT/bench.json" <<'EOF'
+import glob, json, os, sys
+src, dst = sys.argv[1], sys.argv[2]
+out = {}
+for path in sorted(glob.glob(os.path.join(src, "*.json"))):
+    name = os.path.basename(path)[:-5]
+    try:
+        with open(path) as f:
+            out[name] = json.load(f)
+    except (OSError, ValueError) as e:
+        out[name] = {"error": f"unreadable JSON: {e}"}
+for path in sorted(glob.glob(os.path.join(src, "*.failed"))):
+    name = os.path.basename(path)[:-7]
+    out.setdefault(name, {})["error_exit_code"] = open(path).read().strip()
+with open(dst, "w") as f:
+    json.dump(out, f, indent=1)
+print(f"bench.json: {len(out)} programs")
+EOF
+}
+
+# A short GPU training run; the same config on CPU beside it (its losses are for the reader:
+# the numerics checks are the cuda tests). The GPU run fails unless it writes SMOKE_STEPS rows
+# and the device's used memory grows by >= 64 MiB while it runs (nvidia-smi, sampled every
+# 0.2 s): a CUDA context alone takes hundreds of MiB, a run that stayed on the CPU adds none.
+phase_smoke() {
+  local status=0 device rows base peak sampler
+  gpu_mem_mib() { nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits 2>/dev/null | head -1; }
+  rm -rf "$WORK/smoke"
+  mkdir -p "$WORK/smoke"
+  for device in cuda cpu; do
+    echo "--- mixtrain train, train.device=$device, $SMOKE_STEPS steps"
+    if [[ $device == cuda ]]; then
+      base=$(gpu_mem_mib)
+      while :; do gpu_mem_mib; sleep 0.2; done >"$WORK/smoke/gpu_mem_mib.txt" &
+      sampler=$!
+    fi
+    "$BUILD_DIR/mixtrain" train --config configs/qwen2_moe_tiny.yaml --run-dir "$WORK/smoke/$device" \
+      --set train.device=$device --set train.steps="$SMOKE_STEPS" --set train.log_every=1 \
+      --set train.profile=true
+    echo "--- exit $?"
+    rows=$(wc -l <"$WORK/smoke/$device/metrics.jsonl" 2>/dev/null || echo 0)
+    echo "--- metrics.jsonl rows: $rows"
+    [[ $device == cpu ]] && continue
+    kill "$sampler" 2>/dev/null
+    wait "$sampler" 2>/dev/null
+    peak=$(grep -E '^[0-9]+$' "$WORK/smoke/gpu_mem_mib.txt" | sort -n | tail -1)
+    echo "--- device memory used: ${base:-?} MiB before, ${peak:-?} MiB at most during the run"
+    [[ $rows -eq $SMOKE_STEPS ]] || { echo "SMOKE: $rows rows, not $SMOKE_STEPS"; status=1; }
+    if ! [[ $base =~ ^[0-9]+$ && $peak =~ ^[0-9]+$ ]] || ((peak - base < 64)); then
+      echo "SMOKE: no growth of device memory seen: the run did not use the GPU (or nvidia-smi failed)"
+      status=1
+    fi
+  done
+  return $status
+}
+
+# smoke.jsonl from whatever the runs wrote, also after a timeout.
+collect_smoke() {
+  local device
+  for device in cuda cpu; do
+    echo "# train.device=$device"
+    cat "$WORK/smoke/$device/metrics.jsonl" 2>/dev/null
+  done >"$OUT/smoke.jsonl"
+}
+
+export -f phase_env phase_configure phase_build phase_sanity phase_cuda phase_bench phase_smoke \
+  collect_bench
+
+# --- the run ------------------------------------------------------------------------------------
+log "device_check: OUT=$OUT BUILD_DIR=$BUILD_DIR JOBS=$JOBS MIXTRAIN_PYTHON=$MIXTRAIN_PYTHON budget ${BUDGET_S}s"
+run_phase env 60 phase_env
+if run_phase configure 180 phase_configure; then
+  run_phase build 420 phase_build
+  # Tests and programs that built run even when others did not; the GPU's phases first, so a
+  # slow build leaves what is left of the budget to them.
+  run_phase cuda 240 phase_cuda
+  run_phase bench 240 phase_bench
+  collect_bench >>"$LOG" 2>&1
+  if [[ -x $BUILD_DIR/mixtrain ]]; then
+    run_phase smoke 120 phase_smoke
+    collect_smoke
+  else
+    record smoke "NOT RUN (no mixtrain binary)" 0 -
+  fi
+  run_phase sanity 150 phase_sanity
+else
+  for p in build cuda bench smoke sanity; do record "$p" "NOT RUN (configure failed)" 0 -; done
+fi
+
+# The build log within the tool's 16 MiB per file.
+if (($(stat -c %s "$BUILD_LOG") > 8 * 1024 * 1024)); then
+  tail -c $((8 * 1024 * 1024)) "$BUILD_LOG" >"$BUILD_LOG.tail" && mv "$BUILD_LOG.tail" "$BUILD_LOG"
+fi
+{
+  printf '%-10s | %-30s | %8s | %s\n' phase status seconds exit
+  for p in "${PHASES[@]}"; do
+    IFS='|' read -r name status secs rc <<<"$p"
+    printf '%-10s | %-30s | %8s | %s\n' "$name" "$status" "$secs" "$rc"
+  done
+  echo "total $(($(date +%s) - START))s; $([[ $FAILED -eq 0 ]] && echo 'all phases ok' || echo 'SOME PHASES FAILED')"
+} >"$OUT/summary.txt"
+log ""
+tee -a "$LOG" <"$OUT/summary.txt"
+exit $FAILED

@@ -20,11 +20,14 @@ struct CommandResult {
 
 // `arguments` are shell words (quoting works as in a shell); the shell execs the binary, so
 // the guarded child is mixtrain itself (killed with the test, support/child_process.h).
-inline CommandResult run_mixtrain(const std::string& arguments) {
+// `environment`: "NAME=value ..." words added to the binary's environment (env execs it).
+inline CommandResult run_mixtrain(const std::string& arguments,
+                                  const std::string& environment = "") {
   ChildOptions options;
   options.capture_output = true;
-  ChildProcess child({"/bin/sh", "-c", "exec " + std::string(MIXTRAIN_BINARY) + " " + arguments},
-                     options);
+  const std::string command = (environment.empty() ? "" : "env " + environment + " ") +
+                              std::string(MIXTRAIN_BINARY) + " " + arguments;
+  ChildProcess child({"/bin/sh", "-c", "exec " + command}, options);
   CommandResult result;
   result.output = child.read_output();
   result.exit_code = exit_code_of(child.wait());

@@ -1,11 +1,14 @@
 // `mixtrain train` end to end: the "must show" run and its failure modes.
+#include <c10/cuda/CUDAFunctions.h>
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <sstream>
 #include <vector>
 
+#include "mixtrain/core/device.h"
 #include "tools/cli_test_util.h"
 
 namespace mixtrain::testing {
@@ -44,6 +47,76 @@ TEST(TrainCommand, BadOverrideExitsTwoBeforeWritingAnything) {
                    " --set train.stepz=3 --run-dir " + run.file("out"));
   EXPECT_EQ(r.exit_code, 2) << r.output;
   EXPECT_NE(r.output.find("train.stepz"), std::string::npos) << r.output;
+  EXPECT_FALSE(std::filesystem::exists(run.file("out")));
+}
+
+// train.device = cuda on a machine where it cannot be used: one line naming the key as the user
+// wrote it, exit 2, before anything starts (no run directory). Without a CUDA device (this
+// project's CI) the refusal is "no CUDA device"; on a GPU machine the launcher variables ask
+// for more ranks on this node than it has devices, which is refused before any connection.
+struct DeviceRefusal {
+  std::string environment;  // variables for the command
+  std::string reason;       // in the message
+};
+DeviceRefusal device_refusal() {
+  if (!cuda_unavailable_reason().empty()) return {"", "no CUDA device on this machine"};
+  return {"RANK=0 WORLD_SIZE=4096 LOCAL_RANK=0 LOCAL_WORLD_SIZE=4096",
+          "4096 ranks on this node but "};
+}
+
+void expect_one_line_refusal(const CommandResult& r, const std::string& key,
+                             const std::string& reason) {
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find(": " + key + ": " + reason), std::string::npos) << r.output;
+  const std::string text = r.output.substr(0, r.output.find_last_not_of('\n') + 1);
+  EXPECT_EQ(text.find('\n'), std::string::npos) << "one line:\n" << r.output;
+}
+
+TEST(TrainCommand, UnusableCudaDeviceExitsTwoOnTrainDeviceBeforeAnythingStarts) {
+  TempDir run;
+  const DeviceRefusal refusal = device_refusal();
+  CommandResult r = run_mixtrain("train --config " + source_path("configs/qwen2_moe_tiny.yaml") +
+                                     " --set train.device=cuda --run-dir " + run.file("out"),
+                                 refusal.environment);
+  expect_one_line_refusal(r, "train.device", refusal.reason);
+  EXPECT_NE(r.output.find("--set: train.device: "), std::string::npos) << r.output;
+  EXPECT_FALSE(std::filesystem::exists(run.file("out")));
+}
+
+// --nproc N: the launcher refuses before starting any worker (one line, not one per rank).
+TEST(TrainCommand, LauncherRefusesCudaDevicesItsWorkersCannotHave) {
+  int devices = 0;
+  std::string reason = "no CUDA device on this machine";
+  if (cuda_unavailable_reason().empty()) {
+    devices = static_cast<int>(c10::cuda::device_count());
+    if (devices > 1) GTEST_SKIP() << "needs a machine with at most one CUDA device";
+    reason = "2 ranks on this node but 1 CUDA devices";
+  }
+  TempDir run;
+  CommandResult r =
+      run_mixtrain("train --nproc 2 --config " + source_path("configs/qwen2_moe_tiny.yaml") +
+                   " --set train.device=cuda --run-dir " + run.file("out"));
+  expect_one_line_refusal(r, "train.device", reason);
+  EXPECT_EQ(r.output.find("exited with code"), std::string::npos) << "no worker ran:\n" << r.output;
+  EXPECT_FALSE(std::filesystem::exists(run.file("out")));
+}
+
+TEST(TrainCommand, UnusableCudaDeviceFromATomlFileNamesTrainingDevice) {
+  TempDir run;
+  std::ifstream in(source_path("configs/qwen2_moe_tiny.toml"));
+  std::stringstream text;
+  text << in.rdbuf();
+  std::string toml = text.str();
+  const std::string section = "[training]\n";
+  ASSERT_NE(toml.find(section), std::string::npos);
+  toml.insert(toml.find(section) + section.size(), "device = \"cuda\"\n");
+  const std::string config = run.file("gpu.toml");
+  std::ofstream(config) << toml;
+  const DeviceRefusal refusal = device_refusal();
+  CommandResult r = run_mixtrain("train --config " + config + " --run-dir " + run.file("out"),
+                                 refusal.environment);
+  expect_one_line_refusal(r, "training.device", refusal.reason);
+  EXPECT_NE(r.output.find(config + ": training.device: "), std::string::npos) << r.output;
   EXPECT_FALSE(std::filesystem::exists(run.file("out")));
 }
 

@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <iostream>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -17,6 +18,7 @@
 #include "mixtrain/config/load.h"
 #include "mixtrain/config/show.h"
 #include "mixtrain/core/build_info.h"
+#include "mixtrain/core/device.h"
 #include "mixtrain/core/error.h"
 #include "mixtrain/core/logging.h"
 #include "mixtrain/core/printable.h"
@@ -102,6 +104,17 @@ int train_command(const std::string& config_path, const std::vector<std::string>
                         std::to_string(nproc) + " but " +
                         spelled.user_key("parallel.dp_replicate") + " x " +
                         spelled.user_key("parallel.dp_shard") + " = " + std::to_string(world));
+    }
+    // Devices the workers cannot have are refused once, here; each worker still probes its own.
+    if (resolved.config.train.device == "cuda") {
+      in_user_dialect(resolved, [&] {
+        try {
+          check_cuda_devices(0, nproc);
+        } catch (const std::invalid_argument& error) {
+          throw ConfigError(ConfigKey{"train.device"}, error.what());
+        }
+        return 0;
+      });
     }
     return launch_local_workers(nproc, argv_for_workers, resolved.config.distributed.timeout_s);
   }

@@ -1,13 +1,13 @@
 // The narrow collective-communication interface the optimizer and the parallel layouts use
 // (docs/architecture.md §2, §7). optim/ and model/ talk only to this; distributed/ implements it on
-// c10d's ProcessGroupGloo (NCCL on CUDA builds), and LocalCollectives is the one-rank identity, so
-// the single-process reference and every parallel layout run the same code.
+// c10d's Gloo and, for a CUDA run's compute groups, NCCL (nccl_collectives.h: stream-ordered
+// waits); LocalCollectives is the one-rank identity, so every layout runs the same code.
 //
 // Every call is collective over the group: all ranks call it in the same order with tensors of
-// the same dtype and shape (except where a split says otherwise). Tensors are contiguous CPU
-// tensors. Payload dtypes: float32, float64, bfloat16, float16, int32, int64, uint8. Reductions of
-// bfloat16 are not offered (a bfloat16 sum rounds every partial sum): reduce in float32. A failed
-// or timed-out peer raises mixtrain::UserError naming the operation and the group.
+// the same dtype and shape (except where a split says otherwise). Tensors are contiguous, on the
+// group's device (Gloo: CPU). Payload dtypes: float32, float64, bfloat16, float16, int32, int64,
+// uint8. Reductions of bfloat16 are not offered (a bfloat16 sum rounds every partial sum): reduce
+// in float32. A failed or timed-out peer raises mixtrain::UserError naming the op and the group.
 #pragma once
 
 #include <ATen/core/Tensor.h>

@@ -15,6 +15,7 @@
 #include "mixtrain/core/logging.h"
 #include "mixtrain/core/text.h"
 #include "mixtrain/distributed/gloo_collectives.h"
+#include "mixtrain/distributed/nccl_collectives.h"
 
 namespace mixtrain {
 namespace {
@@ -156,8 +157,9 @@ MeshLayout mesh_layout(int rank, int world_size, const ParallelConfig& parallel)
   return layout;
 }
 
-DeviceMesh make_single_process_mesh() {
+DeviceMesh make_single_process_mesh(c10::Device device) {
   DeviceMesh mesh;
+  mesh.device = device;
   mesh.world = make_local_collectives("world");
   mesh.dp_shard_group = make_local_collectives("dp_shard");
   mesh.dp_replicate_group = make_local_collectives("dp_replicate");
@@ -167,8 +169,8 @@ DeviceMesh make_single_process_mesh() {
   return mesh;
 }
 
-DeviceMesh make_device_mesh(const RankInfo& info, const ParallelConfig& parallel,
-                            double timeout_s) {
+DeviceMesh make_device_mesh(const RankInfo& info, const ParallelConfig& parallel, double timeout_s,
+                            c10::Device device) {
   if (!(timeout_s > 0)) {
     throw std::invalid_argument("make_device_mesh: timeout_s must be > 0, got " +
                                 std::to_string(timeout_s));
@@ -180,6 +182,7 @@ DeviceMesh make_device_mesh(const RankInfo& info, const ParallelConfig& parallel
   mesh.dp_replicate = parallel.dp_replicate;
   mesh.dp_shard = parallel.dp_shard;
   mesh.ep = parallel.ep;
+  mesh.device = device;
   if (info.world_size == 1) {
     DeviceMesh single = make_single_process_mesh();
     mesh.world = single.world;
@@ -232,13 +235,38 @@ DeviceMesh make_device_mesh(const RankInfo& info, const ParallelConfig& parallel
     }
     return std::make_shared<GlooCollectives>(group, name, info.rank);
   };
+  // The compute groups on CUDA: one NCCL communicator per member set, created now (collective
+  // over its members, like the Gloo connections above).
+  std::map<std::vector<int>, std::shared_ptr<NcclGroup>> nccl_groups;
+  auto make_compute_group = [&](const char* name,
+                                const std::vector<int>& members) -> std::shared_ptr<Collectives> {
+    if (!device.is_cuda()) return make_group(name, members);
+    if (members.size() == 1) return make_local_collectives(name);
+    auto& group = nccl_groups[members];
+    if (!group) {
+      const int group_rank =
+          static_cast<int>(std::find(members.begin(), members.end(), info.rank) - members.begin());
+      auto group_store = c10::make_intrusive<c10d::PrefixStore>(
+          "nccl/" + std::string(name) + "/" + join_ranks(members), mesh_store);
+      try {
+        group = std::make_shared<NcclGroup>(
+            group_store, group_rank, static_cast<int>(members.size()), device, to_ms(timeout_s));
+        group->connect();
+      } catch (const c10::DistError& error) {
+        throw UserError("rendezvous: rank " + std::to_string(info.rank) +
+                        " cannot connect the NCCL " + name + " group (ranks " +
+                        join_ranks(members) + ") on " + device.str() + ": " + first_line(error));
+      }
+    }
+    return std::make_shared<NcclCollectives>(group, name, info.rank);
+  };
   // Same kind order on every rank: each kind partitions the world, so no rank waits on a group
   // whose other members are busy connecting a different one.
   mesh.world = make_group("world", layout.world);
-  mesh.dp_shard_group = make_group("dp_shard", layout.dp_shard);
-  mesh.dp_replicate_group = make_group("dp_replicate", layout.dp_replicate);
-  mesh.ep_group = make_group("ep", layout.ep);
-  mesh.expert_dp_group = make_group("expert_dp", layout.expert_dp);
+  mesh.dp_shard_group = make_compute_group("dp_shard", layout.dp_shard);
+  mesh.dp_replicate_group = make_compute_group("dp_replicate", layout.dp_replicate);
+  mesh.ep_group = make_compute_group("ep", layout.ep);
+  mesh.expert_dp_group = make_compute_group("expert_dp", layout.expert_dp);
   mesh.background = make_group("background", layout.world, /*own_connection=*/true);
   return mesh;
 }

@@ -12,7 +12,13 @@
 //                       another thread (async checkpoint saves), which must never interleave
 //                       with the training's on the same connection
 // Group-local rank order is world-rank order. A one-rank group is a LocalCollectives; groups
-// with the same members share one ProcessGroupGloo.
+// with the same members share one process group.
+//
+// Backends: on the CPU every group is Gloo. On CUDA (`device` = cuda:<LOCAL_RANK>) the compute
+// groups (dp_shard, dp_replicate, ep, expert_dp: parameters, gradients, tokens, optimizer
+// updates) are NCCL (nccl_collectives.h, device tensors), while world and background stay Gloo:
+// they carry host values only (config agreement, the interrupt flag, loss averaging,
+// checkpoint coordination strings), which NCCL would have to copy to the device and back.
 #pragma once
 
 #include <c10/core/Device.h>
@@ -30,6 +36,7 @@ namespace mixtrain {
 struct DeviceMesh {
   int rank = 0, world_size = 1;
   int64_t dp_replicate = 1, dp_shard = 1, ep = 1;
+  c10::Device device = c10::kCPU;  // where this rank computes (core/device.h)
   std::shared_ptr<Collectives> world, dp_shard_group, dp_replicate_group, ep_group, expert_dp_group;
   std::shared_ptr<Collectives> background;
   at::Device device = at::kCPU;  // this rank's device (train.device)
@@ -39,7 +46,7 @@ struct DeviceMesh {
 };
 
 // One process: every group is a LocalCollectives.
-DeviceMesh make_single_process_mesh();
+DeviceMesh make_single_process_mesh(c10::Device device = c10::kCPU);
 
 // Joins the job described by `rank` (see detect_rank_info). Checks first (std::invalid_argument,
 // before any connection; the config's keys are validate_config's and join_mesh's to name):
@@ -49,8 +56,11 @@ DeviceMesh make_single_process_mesh();
 // and every Gloo collective time out after timeout_s. Gloo binds to the interfaces in
 // GLOO_SOCKET_IFNAME (comma-separated) if set, else to loopback when MASTER_ADDR is a loopback
 // address, else to the address this host's name resolves to. Every rank must build its meshes
-// in the same order (each one gets its own store prefix).
-DeviceMesh make_device_mesh(const RankInfo& rank, const ParallelConfig& parallel, double timeout_s);
+// in the same order (each one gets its own store prefix). With a CUDA `device` (the calling
+// thread's current one, core/device.h) the compute groups' NCCL communicators are created here,
+// during the rendezvous, each NCCL collective timing out after timeout_s as well.
+DeviceMesh make_device_mesh(const RankInfo& rank, const ParallelConfig& parallel, double timeout_s,
+                            c10::Device device = c10::kCPU);
 
 // The world ranks of each group kind for `rank`, in group-rank order (pure; the mesh and the
 // tests use it). Throws std::invalid_argument on the same conditions as make_device_mesh.

@@ -34,6 +34,7 @@ struct LauncherVars {
   const char* rank;
   const char* size;
   const char* local_rank;  // optional
+  const char* local_size;  // optional; nullptr: the launcher has none
 };
 
 bool read_launcher(const LauncherVars& vars, RankInfo& info) {
@@ -56,6 +57,15 @@ bool read_launcher(const LauncherVars& vars, RankInfo& info) {
   if (const char* local = env(vars.local_rank)) {
     info.local_rank = parse_int(vars.local_rank, local, 0, info.world_size - 1);
   }
+  info.local_world_size = info.local_rank + 1;
+  if (const char* local_size = vars.local_size != nullptr ? env(vars.local_size) : nullptr) {
+    info.local_world_size = parse_int(vars.local_size, local_size, 1, info.world_size);
+    if (info.local_rank >= info.local_world_size) {
+      throw ConfigError(std::string(vars.local_rank) + ": local rank " +
+                        std::to_string(info.local_rank) + " is not below " + vars.local_size +
+                        " = " + local_size);
+    }
+  }
   info.launcher = vars.launcher;
   return true;
 }
@@ -66,9 +76,11 @@ RankInfo detect_rank_info() {
   RankInfo info;
   const char* launched = env(kLaunchedEnv);
   const LauncherVars candidates[] = {
-      {launched != nullptr ? "mixtrain" : "torchrun", "RANK", "WORLD_SIZE", "LOCAL_RANK"},
-      {"openmpi", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK"},
-      {"slurm", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID"},
+      {launched != nullptr ? "mixtrain" : "torchrun", "RANK", "WORLD_SIZE", "LOCAL_RANK",
+       "LOCAL_WORLD_SIZE"},
+      {"openmpi", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
+       "OMPI_COMM_WORLD_LOCAL_SIZE"},
+      {"slurm", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", nullptr},
   };
   for (const LauncherVars& vars : candidates) {
     if (read_launcher(vars, info)) break;

@@ -15,6 +15,7 @@
 #include "mixtrain/core/build_info.h"
 #include "mixtrain/core/caching_cpu_allocator.h"
 #include "mixtrain/core/collectives.h"
+#include "mixtrain/core/device.h"
 #include "mixtrain/core/dtype.h"
 #include "mixtrain/core/error.h"
 #include "mixtrain/core/logging.h"
@@ -146,10 +147,19 @@ StepLoss accumulate_gradients(CausalLM& model, TokenDataset& data, const Trainer
 
 }  // namespace
 
-DeviceMesh join_mesh(const TrainerConfig& config) {
+c10::Device resolve_train_device(const TrainerConfig& config) {
+  const RankInfo rank = detect_rank_info();
+  try {
+    return resolve_rank_device(config.train.device, rank.local_rank, rank.local_world_size);
+  } catch (const std::invalid_argument& error) {
+    throw ConfigError(ConfigKey{"train.device"}, error.what());
+  }
+}
+
+DeviceMesh join_mesh(const TrainerConfig& config, c10::Device device) {
   RankInfo rank = detect_rank_info();
   const int64_t degrees = config.parallel.dp_shard * config.parallel.dp_replicate;
-  if (rank.world_size == 1 && degrees == 1) return make_single_process_mesh();
+  if (rank.world_size == 1 && degrees == 1) return make_single_process_mesh(device);
   // The one degree rule only the launched job can check (validate_config has the others).
   if (degrees != rank.world_size) {
     throw ConfigError(ConfigKey{"parallel.dp_shard"},
@@ -159,7 +169,7 @@ DeviceMesh join_mesh(const TrainerConfig& config) {
                           std::to_string(rank.world_size));
   }
   set_log_rank(rank.rank);
-  return make_device_mesh(rank, config.parallel, config.distributed.timeout_s);
+  return make_device_mesh(rank, config.parallel, config.distributed.timeout_s, device);
 }
 
 Trainer::Trainer(const ResolvedConfig& resolved, const DeviceMesh& mesh, const std::string& run_dir)
@@ -331,10 +341,13 @@ TrainSummary run_training(const ResolvedConfig& resolved, const TrainOptions& op
   const TrainerConfig& config = resolved.config;
   validate_config(resolved);  // before any process group exists
   refuse_unsupported(config, model_dtype_of(config));
+  // Before anything starts (a process group, a file in the run directory).
+  const c10::Device device = resolve_train_device(config);
+  set_current_device(device);
   // Before the run's first tensor: buffers allocated earlier return to their own allocator.
   if (config.train.cpu_allocator == "caching") install_caching_cpu_allocator();
   install_interrupt_handler();
-  DeviceMesh mesh = join_mesh(config);
+  DeviceMesh mesh = join_mesh(config, device);
   const bool is_rank0 = mesh.rank == 0;
   if (mesh.world_size > 1) check_config_agreement(mesh, format_config_show(resolved));
   configure_threads();

@@ -102,8 +102,13 @@ struct TrainSummary {
   std::string plot_path;
 };
 
-// The process groups of this run: one process unless a launcher set the rank variables.
-DeviceMesh join_mesh(const TrainerConfig& config);
+// This rank's device: train.device for the launcher's LOCAL_RANK and LOCAL_WORLD_SIZE
+// (core/device.h); a device it cannot use is a ConfigError on train.device.
+c10::Device resolve_train_device(const TrainerConfig& config);
+
+// The process groups of this run on `device`: one process unless a launcher set the rank
+// variables.
+DeviceMesh join_mesh(const TrainerConfig& config, c10::Device device = c10::kCPU);
 
 TrainSummary run_training(const ResolvedConfig& resolved, const TrainOptions& options);
 

@@ -111,6 +111,21 @@ TEST(DeviceMeshTest, SingleProcessMeshIsLocal) {
   RankInfo one;
   const DeviceMesh joined = make_device_mesh(one, degrees(1, 1, 1), 60);  // no store for 1 rank
   EXPECT_EQ(joined.world->size(), 1);
+  EXPECT_EQ(joined.device, c10::Device(c10::kCPU));
+}
+
+// The mesh carries the rank's device. One rank needs no communicator, so a CUDA device is only
+// recorded here (no GPU is touched): every group stays the local identity.
+TEST(DeviceMeshTest, MeshCarriesTheRanksDevice) {
+  const c10::Device cuda(c10::kCUDA, 0);
+  EXPECT_EQ(make_single_process_mesh(cuda).device, cuda);
+  RankInfo one;
+  const DeviceMesh mesh = make_device_mesh(one, degrees(1, 1, 1), 60, cuda);
+  EXPECT_EQ(mesh.device, cuda);
+  for (const auto& group : {mesh.world, mesh.dp_shard_group, mesh.dp_replicate_group, mesh.ep_group,
+                            mesh.expert_dp_group, mesh.background}) {
+    EXPECT_EQ(group->size(), 1);
+  }
 }
 
 // Each group all-gathers its members' world ranks: the real membership, in group-rank order.

@@ -15,6 +15,7 @@ namespace {
 const char* const kVariables[] = {"RANK",
                                   "WORLD_SIZE",
                                   "LOCAL_RANK",
+                                  "LOCAL_WORLD_SIZE",
                                   "MASTER_ADDR",
                                   "MASTER_PORT",
                                   "MIXTRAIN_LAUNCHED",
@@ -22,6 +23,7 @@ const char* const kVariables[] = {"RANK",
                                   "OMPI_COMM_WORLD_SIZE",
                                   "SLURM_PROCID",
                                   "OMPI_COMM_WORLD_LOCAL_RANK",
+                                  "OMPI_COMM_WORLD_LOCAL_SIZE",
                                   "SLURM_NTASKS",
                                   "SLURM_LOCALID"};
 
@@ -52,6 +54,7 @@ TEST_F(RendezvousTest, NoLauncherIsOneProcess) {
   EXPECT_EQ(info.rank, 0);
   EXPECT_EQ(info.world_size, 1);
   EXPECT_EQ(info.local_rank, 0);
+  EXPECT_EQ(info.local_world_size, 1);
   EXPECT_EQ(info.master_addr, "127.0.0.1");
   EXPECT_EQ(info.master_port, 29500);
   EXPECT_EQ(info.launcher, "single");
@@ -80,6 +83,24 @@ TEST_F(RendezvousTest, MixtrainLauncherMarksItself) {
 
 TEST_F(RendezvousTest, LocalRankDefaultsToZero) {
   EXPECT_EQ(detect({{"RANK", "3"}, {"WORLD_SIZE", "4"}}).local_rank, 0);
+}
+
+TEST_F(RendezvousTest, LocalWorldSizeFromTheLauncherElseTheLocalRanksSeen) {
+  EXPECT_EQ(
+      detect({{"RANK", "5"}, {"WORLD_SIZE", "8"}, {"LOCAL_RANK", "1"}, {"LOCAL_WORLD_SIZE", "4"}})
+          .local_world_size,
+      4);
+  EXPECT_EQ(detect({{"OMPI_COMM_WORLD_RANK", "2"},
+                    {"OMPI_COMM_WORLD_SIZE", "4"},
+                    {"OMPI_COMM_WORLD_LOCAL_RANK", "0"},
+                    {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"}})
+                .local_world_size,
+            2);
+  // Slurm says no local size: local rank 2 means at least 3 ranks on this node.
+  EXPECT_EQ(detect({{"SLURM_PROCID", "3"}, {"SLURM_NTASKS", "4"}, {"SLURM_LOCALID", "2"}})
+                .local_world_size,
+            3);
+  EXPECT_EQ(detect({{"RANK", "3"}, {"WORLD_SIZE", "4"}}).local_world_size, 1);
 }
 
 TEST_F(RendezvousTest, OpenMpi) {
@@ -138,6 +159,12 @@ TEST_F(RendezvousTest, InconsistentValuesNameTheVariable) {
             "SLURM_PROCID: rank 4 is not below SLURM_NTASKS = 4");
   EXPECT_EQ(error_of({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"LOCAL_RANK", "2"}}),
             "LOCAL_RANK: must be in [0, 1], got 2");
+  EXPECT_EQ(error_of({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"LOCAL_WORLD_SIZE", "3"}}),
+            "LOCAL_WORLD_SIZE: must be in [1, 2], got 3");
+  EXPECT_EQ(
+      error_of(
+          {{"RANK", "1"}, {"WORLD_SIZE", "4"}, {"LOCAL_RANK", "2"}, {"LOCAL_WORLD_SIZE", "2"}}),
+      "LOCAL_RANK: local rank 2 is not below LOCAL_WORLD_SIZE = 2");
 }
 
 }  // namespace

@@ -1,0 +1,95 @@
+#include "mixtrain/core/device.h"
+
+#include <c10/cuda/CUDAFunctions.h>
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <stdexcept>
+
+namespace mixtrain {
+namespace {
+
+// "cudaErrorNoDevice: no CUDA-capable device is detected"
+std::string describe(cudaError_t status) {
+  return std::string(cudaGetErrorName(status)) + ": " + cudaGetErrorString(status);
+}
+
+std::string compute_mode_note(int index) {
+  int mode = cudaComputeModeDefault;
+  if (cudaDeviceGetAttribute(&mode, cudaDevAttrComputeMode, index) != cudaSuccess) {
+    cudaGetLastError();  // the probe's own error is the one reported
+    return "";
+  }
+  switch (mode) {
+    case cudaComputeModeExclusiveProcess:
+      return "; it is in exclusive-process compute mode, so another process probably holds it";
+    case cudaComputeModeProhibited:
+      return "; its compute mode is prohibited (no process may use it)";
+    default:
+      return "";
+  }
+}
+
+// The device is usable when a context and a first allocation can be made on it.
+void probe(int index) {
+  cudaError_t status = cudaSetDevice(index);
+  void* block = nullptr;
+  if (status == cudaSuccess) status = cudaMalloc(&block, 256);
+  if (status == cudaSuccess) status = cudaFree(block);
+  if (status != cudaSuccess) {
+    cudaGetLastError();
+    throw std::invalid_argument("cuda:" + std::to_string(index) +
+                                " cannot be used (the CUDA runtime reports " + describe(status) +
+                                ")" + compute_mode_note(index));
+  }
+}
+
+}  // namespace
+
+std::string cuda_unavailable_reason() {
+  int devices = 0;
+  const cudaError_t status = cudaGetDeviceCount(&devices);
+  if (status != cudaSuccess) {
+    cudaGetLastError();
+    return describe(status);
+  }
+  return devices == 0 ? "0 devices" : "";
+}
+
+std::string local_ranks_problem(int local_rank, int local_world_size, int device_count) {
+  const int ranks = std::max(local_world_size, local_rank + 1);
+  if (ranks <= device_count) return "";
+  return std::to_string(ranks) + " ranks on this node but " + std::to_string(device_count) +
+         " CUDA devices: each rank needs a device of its own (cuda:<LOCAL_RANK>)";
+}
+
+c10::Device resolve_rank_device(const std::string& kind, int local_rank, int local_world_size) {
+  if (kind == "cpu") return c10::Device(c10::kCPU);
+  if (kind != "cuda") {
+    throw std::invalid_argument("unknown device '" + kind + "': expected cpu or cuda");
+  }
+  check_cuda_devices(local_rank, local_world_size);
+  probe(local_rank);
+  return c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(local_rank));
+}
+
+void check_cuda_devices(int local_rank, int local_world_size) {
+  if (local_rank < 0) {
+    throw std::invalid_argument("local rank " + std::to_string(local_rank) + " is negative");
+  }
+  const std::string reason = cuda_unavailable_reason();
+  if (!reason.empty()) {
+    throw std::invalid_argument("no CUDA device on this machine (the CUDA runtime reports " +
+                                reason + "); use cpu or run where a GPU is");
+  }
+  int devices = 0;
+  cudaGetDeviceCount(&devices);
+  const std::string problem = local_ranks_problem(local_rank, local_world_size, devices);
+  if (!problem.empty()) throw std::invalid_argument(problem);
+}
+
+void set_current_device(c10::Device device) {
+  if (device.is_cuda()) c10::cuda::set_device(device.index());
+}
+
+}  // namespace mixtrain

@@ -1,0 +1,240 @@
+#include "mixtrain/distributed/nccl_collectives.h"
+
+#include <ATen/ATen.h>
+#include <c10/cuda/CUDAStream.h>
+#include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
+
+#include <cstdlib>
+#include <numeric>
+#include <stdexcept>
+
+#include "mixtrain/core/error.h"
+
+namespace mixtrain {
+namespace {
+
+bool nccl_dtype(at::ScalarType type) {
+  switch (type) {
+    case at::kFloat:
+    case at::kDouble:
+    case at::kHalf:
+    case at::kBFloat16:
+    case at::kByte:
+    case at::kChar:
+    case at::kInt:
+    case at::kLong:
+      return true;
+    default:
+      return false;
+  }
+}
+
+// c10::Error::what() carries a C++ backtrace after the first line; the first line is the reason.
+std::string first_line(const std::exception& error) {
+  std::string text = error.what();
+  if (const auto* c10_error = dynamic_cast<const c10::Error*>(&error)) {
+    text = c10_error->what_without_backtrace();
+  }
+  const auto newline = text.find('\n');
+  if (newline != std::string::npos) text.resize(newline);
+  return text;
+}
+
+}  // namespace
+
+NcclGroup::NcclGroup(const c10::intrusive_ptr<c10d::Store>& store, int group_rank, int group_size,
+                     c10::Device device, std::chrono::milliseconds timeout)
+    : device_(device) {
+  if (!device.is_cuda() || !device.has_index()) {
+    throw std::invalid_argument("NcclGroup: needs a CUDA device with an index, got " +
+                                device.str());
+  }
+  // Read by the ProcessGroupNCCL constructor: a timed-out collective tears the process down
+  // (3 = tear down without ncclCommAbort, which can itself hang) instead of hanging. An
+  // explicit setting in the environment wins.
+  setenv("TORCH_NCCL_ASYNC_ERROR_HANDLING", "3", /*overwrite=*/0);
+  auto options = c10d::ProcessGroupNCCL::Options::create();
+  options->timeout = timeout;
+  auto group = c10::make_intrusive<c10d::ProcessGroupNCCL>(store, group_rank, group_size, options);
+  group->setBoundDeviceId(device);
+  backend_ = group;
+}
+
+NcclGroup::~NcclGroup() {
+  try {
+    backend_->shutdown();  // else ProcessGroupNCCL's destructor warns that nobody did
+  } catch (const std::exception&) {
+    // Shutting down after a failure: the failure is what gets reported.
+  }
+}
+
+void NcclGroup::connect() {
+  backend_->eagerConnectSingleDevice(device_);
+}
+
+NcclCollectives::NcclCollectives(std::shared_ptr<NcclGroup> group, std::string name, int world_rank)
+    : group_(std::move(group)),
+      name_(std::move(name)),
+      rank_(group_->backend().getRank()),
+      size_(group_->backend().getSize()),
+      world_rank_(world_rank) {}
+
+template <typename Issue>
+void NcclCollectives::run(const char* op, Issue&& issue) const {
+  auto fail = [&](const std::exception& error) {
+    return UserError(name_ + ": " + op + " failed on rank " + std::to_string(world_rank_) + ": " +
+                     first_line(error));
+  };
+  c10::intrusive_ptr<c10d::Work> work;
+  try {
+    work = issue(group_->backend());
+  } catch (const c10::DistError& error) {  // communicator setup or NCCL errors, not arguments
+    throw fail(error);
+  }
+  try {
+    work->wait();  // the current stream waits for the NCCL stream; the host does not
+  } catch (const std::exception& error) {
+    throw fail(error);
+  }
+}
+
+at::Tensor NcclCollectives::on_device(const at::Tensor& tensor, const char* op) const {
+  if (!tensor.defined() || !tensor.is_contiguous()) {
+    throw std::invalid_argument(name_ + ": " + op + " needs a defined, contiguous tensor");
+  }
+  if (!nccl_dtype(tensor.scalar_type())) {
+    throw std::invalid_argument(name_ + ": " + op + " does not support dtype " +
+                                std::string(c10::toString(tensor.scalar_type())));
+  }
+  const c10::Device device = group_->device();
+  if (tensor.device() == device) return tensor;
+  if (tensor.device().is_cpu()) return tensor.to(device);
+  throw std::invalid_argument(name_ + ": " + op + " got a tensor on " + tensor.device().str() +
+                              " but the group is on " + device.str());
+}
+
+void NcclCollectives::all_reduce_sum(at::Tensor& tensor) {
+  if (tensor.defined() && tensor.scalar_type() == at::kBFloat16) {
+    throw std::invalid_argument(name_ + ": all_reduce_sum of bfloat16 is not offered; reduce " +
+                                "in float32");
+  }
+  at::Tensor reduced = on_device(tensor, "all_reduce_sum");
+  if (reduced.scalar_type() == at::kHalf) reduced = reduced.to(at::kFloat);
+  // Ring all-reduce: reduce-scatter then all-gather, (n-1)/n of the tensor each.
+  const int64_t n = size_;
+  CollectiveCallRecord record(CollectiveOp::kAllReduce,
+                              2 * (n - 1) * static_cast<int64_t>(reduced.nbytes()) / n);
+  std::vector<at::Tensor> tensors = {reduced};
+  run("all_reduce_sum", [&](c10d::Backend& group) { return group.allreduce(tensors); });
+  if (!reduced.is_same(tensor)) tensor.copy_(reduced);  // back to the host, or float16 once
+}
+
+at::Tensor NcclCollectives::all_gather(const at::Tensor& local) {
+  at::Tensor input = on_device(local, "all_gather");
+  std::vector<int64_t> shape = input.sizes().vec();
+  if (shape.empty()) shape.push_back(1);  // a scalar gathers into a vector
+  const int64_t rows = shape[0];
+  shape[0] = rows * size_;
+  at::Tensor result = at::empty(shape, input.options());
+  // The local block reaches the n-1 peers.
+  CollectiveCallRecord record(CollectiveOp::kAllGather,
+                              (size_ - 1) * static_cast<int64_t>(input.nbytes()));
+  if (result.numel() > 0) {
+    input = input.reshape(result.narrow(0, 0, rows).sizes());
+    run("all_gather", [&](c10d::Backend& group) { return group._allgather_base(result, input); });
+  }
+  return local.device() == result.device() ? result : result.to(local.device());
+}
+
+at::Tensor NcclCollectives::reduce_scatter_sum(const at::Tensor& full) {
+  const at::ScalarType type = full.defined() ? full.scalar_type() : at::kFloat;
+  if (type == at::kBFloat16 || type == at::kByte || type == at::kChar) {
+    throw std::invalid_argument(name_ + ": reduce_scatter_sum of " +
+                                std::string(c10::toString(type)) +
+                                " is not offered; reduce in float32");
+  }
+  at::Tensor input = on_device(full, "reduce_scatter_sum");
+  if (input.dim() == 0 || input.size(0) % size_ != 0) {
+    throw std::invalid_argument(name_ + ": reduce_scatter_sum needs dim 0 divisible by the " +
+                                "group size " + std::to_string(size_));
+  }
+  if (type == at::kHalf) input = input.to(at::kFloat);  // summed in float32, rounded once
+  std::vector<int64_t> shape = input.sizes().vec();
+  shape[0] /= size_;
+  at::Tensor output = at::empty(shape, input.options());
+  // The chunks of the n-1 peers leave this rank.
+  CollectiveCallRecord record(CollectiveOp::kReduceScatter,
+                              (size_ - 1) * static_cast<int64_t>(input.nbytes()) / size_);
+  if (input.numel() > 0) {
+    run("reduce_scatter_sum",
+        [&](c10d::Backend& group) { return group._reduce_scatter_base(output, input); });
+  }
+  return output.to(full.device(), type);
+}
+
+at::Tensor NcclCollectives::all_to_all(const at::Tensor& input,
+                                       const std::vector<int64_t>& send_counts,
+                                       const std::vector<int64_t>& recv_counts) {
+  at::Tensor send_buffer = on_device(input, "all_to_all");
+  if (static_cast<int>(send_counts.size()) != size_ ||
+      static_cast<int>(recv_counts.size()) != size_) {
+    throw std::invalid_argument(name_ + ": all_to_all needs one send and one receive count per " +
+                                "rank (" + std::to_string(size_) + ")");
+  }
+  for (size_t i = 0; i < send_counts.size(); ++i) {
+    if (send_counts[i] < 0 || recv_counts[i] < 0) {
+      throw std::invalid_argument(name_ + ": all_to_all counts must be >= 0");
+    }
+  }
+  const int64_t send_total = std::accumulate(send_counts.begin(), send_counts.end(), int64_t{0});
+  const int64_t recv_total = std::accumulate(recv_counts.begin(), recv_counts.end(), int64_t{0});
+  if (input.dim() == 0 || send_total != input.size(0)) {
+    throw std::invalid_argument(name_ + ": all_to_all send counts sum to " +
+                                std::to_string(send_total) + " but the input has " +
+                                std::to_string(input.dim() == 0 ? 0 : input.size(0)) + " rows");
+  }
+  std::vector<int64_t> shape = input.sizes().vec();
+  shape[0] = recv_total;
+  // Every block but the one this rank keeps.
+  int64_t row_bytes = static_cast<int64_t>(input.element_size());
+  for (int64_t d = 1; d < input.dim(); ++d) row_bytes *= input.size(d);
+  int64_t sent_rows = 0;
+  for (int i = 0; i < size_; ++i) {
+    if (i != rank_) sent_rows += send_counts[i];
+  }
+  CollectiveCallRecord record(CollectiveOp::kAllToAll, sent_rows * row_bytes);
+  at::Tensor result = at::empty(shape, send_buffer.options());
+  std::vector<int64_t> send = send_counts;
+  std::vector<int64_t> recv = recv_counts;
+  run("all_to_all",
+      [&](c10d::Backend& group) { return group.alltoall_base(result, send_buffer, recv, send); });
+  return input.device() == result.device() ? result : result.to(input.device());
+}
+
+void NcclCollectives::broadcast(at::Tensor& tensor, int root) {
+  at::Tensor data = on_device(tensor, "broadcast");
+  if (root < 0 || root >= size_) {
+    throw std::invalid_argument(name_ + ": broadcast root " + std::to_string(root) +
+                                " out of range");
+  }
+  // The root's tensor reaches the n-1 peers; charged to the root.
+  CollectiveCallRecord record(
+      CollectiveOp::kBroadcast,
+      rank_ == root ? (size_ - 1) * static_cast<int64_t>(data.nbytes()) : 0);
+  std::vector<at::Tensor> tensors = {data};
+  c10d::BroadcastOptions options;
+  options.rootRank = root;
+  run("broadcast", [&](c10d::Backend& group) { return group.broadcast(tensors, options); });
+  if (!data.is_same(tensor)) tensor.copy_(data);
+}
+
+void NcclCollectives::barrier() {
+  CollectiveCallRecord record(CollectiveOp::kBarrier, 0);
+  const c10::Device device = group_->device();
+  std::vector<at::Tensor> token = {at::zeros({1}, at::TensorOptions().device(device))};
+  run("barrier", [&](c10d::Backend& group) { return group.allreduce(token); });
+  // The host waits until the all-reduce (and so every rank's arrival) is done.
+  c10::cuda::getCurrentCUDAStream(device.index()).synchronize();
+}
+
+}  // namespace mixtrain

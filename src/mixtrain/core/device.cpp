@@ -4,6 +4,7 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <stdexcept>
 
 namespace mixtrain {
@@ -86,6 +87,20 @@ void check_cuda_devices(int local_rank, int local_world_size) {
   cudaGetDeviceCount(&devices);
   const std::string problem = local_ranks_problem(local_rank, local_world_size, devices);
   if (!problem.empty()) throw std::invalid_argument(problem);
+}
+
+std::string describe_device(c10::Device device) {
+  if (!device.is_cuda()) return device.str();
+  cudaDeviceProp properties{};
+  if (cudaGetDeviceProperties(&properties, device.index()) != cudaSuccess) {
+    cudaGetLastError();
+    return device.str();
+  }
+  char memory[32];
+  std::snprintf(memory, sizeof(memory), "%.1f GiB",
+                static_cast<double>(properties.totalGlobalMem) / (1 << 30));
+  return device.str() + " (" + properties.name + ", " + memory + ", compute capability " +
+         std::to_string(properties.major) + "." + std::to_string(properties.minor) + ")";
 }
 
 void set_current_device(c10::Device device) {

@@ -30,6 +30,9 @@ std::string cuda_unavailable_reason();
 // local_rank + 1 (a launcher that does not say how many ranks share the node).
 std::string local_ranks_problem(int local_rank, int local_world_size, int device_count);
 
+// For the startup log: "cpu", or e.g. "cuda:0 (NVIDIA H200, 139.8 GiB, compute capability 9.0)".
+std::string describe_device(c10::Device device);
+
 // Makes `device` the calling thread's current CUDA device (every thread that launches work on
 // it: the training loop, autograd, an async checkpoint thread); nothing for the CPU.
 void set_current_device(c10::Device device);

@@ -14,6 +14,7 @@
 #include "mixtrain/core/error.h"
 #include "mixtrain/core/logging.h"
 #include "mixtrain/core/text.h"
+#include "mixtrain/distributed/collective_checks.h"
 #include "mixtrain/distributed/gloo_collectives.h"
 #include "mixtrain/distributed/nccl_collectives.h"
 
@@ -22,16 +23,6 @@ namespace {
 
 std::chrono::milliseconds to_ms(double seconds) {
   return std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000.0));
-}
-
-std::string first_line(const std::exception& error) {
-  std::string text = error.what();
-  if (const auto* c10_error = dynamic_cast<const c10::Error*>(&error)) {
-    text = c10_error->what_without_backtrace();
-  }
-  const auto newline = text.find('\n');
-  if (newline != std::string::npos) text.resize(newline);
-  return text;
 }
 
 // One TCPStore per process and master address: rank 0 serves it for the whole job, and a

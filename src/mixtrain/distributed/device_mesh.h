@@ -39,7 +39,6 @@ struct DeviceMesh {
   c10::Device device = c10::kCPU;  // where this rank computes (core/device.h)
   std::shared_ptr<Collectives> world, dp_shard_group, dp_replicate_group, ep_group, expert_dp_group;
   std::shared_ptr<Collectives> background;
-  at::Device device = at::kCPU;  // this rank's device (train.device)
 
   int64_t replicate_index() const { return rank / dp_shard; }
   int64_t shard_index() const { return rank % dp_shard; }

@@ -2,10 +2,10 @@
 
 #include <ATen/ATen.h>
 
-#include <numeric>
 #include <stdexcept>
 
 #include "mixtrain/core/error.h"
+#include "mixtrain/distributed/collective_checks.h"
 
 namespace mixtrain {
 namespace {
@@ -40,16 +40,9 @@ void GlooCollectives::wait(const c10::intrusive_ptr<c10d::Work>& work, const cha
   try {
     work->wait();
   } catch (const std::exception& error) {
-    // c10::Error::what() carries a C++ backtrace after the first line; the first line is the
-    // reason ("Connection closed by peer ...", "Timed out waiting 3000ms for recv ...").
-    std::string reason = error.what();
-    if (const auto* c10_error = dynamic_cast<const c10::Error*>(&error)) {
-      reason = c10_error->what_without_backtrace();
-    }
-    const auto newline = reason.find('\n');
-    if (newline != std::string::npos) reason.resize(newline);
+    // The reason: "Connection closed by peer ...", "Timed out waiting 3000ms for recv ...".
     throw UserError(name_ + ": " + op + " failed on rank " + std::to_string(world_rank_) + ": " +
-                    reason);
+                    first_line(error));
   }
 }
 
@@ -131,34 +124,10 @@ at::Tensor GlooCollectives::all_to_all(const at::Tensor& input,
                                        const std::vector<int64_t>& send_counts,
                                        const std::vector<int64_t>& recv_counts) {
   check_input(input, "all_to_all");
-  if (static_cast<int>(send_counts.size()) != size_ ||
-      static_cast<int>(recv_counts.size()) != size_) {
-    throw std::invalid_argument(name_ + ": all_to_all needs one send and one receive count per " +
-                                "rank (" + std::to_string(size_) + ")");
-  }
-  for (size_t i = 0; i < send_counts.size(); ++i) {
-    if (send_counts[i] < 0 || recv_counts[i] < 0) {
-      throw std::invalid_argument(name_ + ": all_to_all counts must be >= 0");
-    }
-  }
-  const int64_t send_total = std::accumulate(send_counts.begin(), send_counts.end(), int64_t{0});
-  const int64_t recv_total = std::accumulate(recv_counts.begin(), recv_counts.end(), int64_t{0});
-  if (input.dim() == 0 || send_total != input.size(0)) {
-    throw std::invalid_argument(name_ + ": all_to_all send counts sum to " +
-                                std::to_string(send_total) + " but the input has " +
-                                std::to_string(input.dim() == 0 ? 0 : input.size(0)) + " rows");
-  }
-  std::vector<int64_t> shape = input.sizes().vec();
-  shape[0] = recv_total;
-  // Every block but the one this rank keeps.
-  int64_t row_bytes = static_cast<int64_t>(input.element_size());
-  for (int64_t d = 1; d < input.dim(); ++d) row_bytes *= input.size(d);
-  int64_t sent_rows = 0;
-  for (int i = 0; i < size_; ++i) {
-    if (i != rank_) sent_rows += send_counts[i];
-  }
-  CollectiveCallRecord record(CollectiveOp::kAllToAll, sent_rows * row_bytes);
-  at::Tensor result = at::empty(shape, input.options());
+  const AllToAllShape checked =
+      check_all_to_all(name_, rank_, size_, input, send_counts, recv_counts);
+  CollectiveCallRecord record(CollectiveOp::kAllToAll, checked.sent_bytes);
+  at::Tensor result = at::empty(checked.result, input.options());
   at::Tensor send_buffer = input;
   std::vector<int64_t> send = send_counts;
   std::vector<int64_t> recv = recv_counts;

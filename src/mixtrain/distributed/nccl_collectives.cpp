@@ -5,10 +5,10 @@
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
 
 #include <cstdlib>
-#include <numeric>
 #include <stdexcept>
 
 #include "mixtrain/core/error.h"
+#include "mixtrain/distributed/collective_checks.h"
 
 namespace mixtrain {
 namespace {
@@ -27,17 +27,6 @@ bool nccl_dtype(at::ScalarType type) {
     default:
       return false;
   }
-}
-
-// c10::Error::what() carries a C++ backtrace after the first line; the first line is the reason.
-std::string first_line(const std::exception& error) {
-  std::string text = error.what();
-  if (const auto* c10_error = dynamic_cast<const c10::Error*>(&error)) {
-    text = c10_error->what_without_backtrace();
-  }
-  const auto newline = text.find('\n');
-  if (newline != std::string::npos) text.resize(newline);
-  return text;
 }
 
 }  // namespace
@@ -176,34 +165,10 @@ at::Tensor NcclCollectives::all_to_all(const at::Tensor& input,
                                        const std::vector<int64_t>& send_counts,
                                        const std::vector<int64_t>& recv_counts) {
   at::Tensor send_buffer = on_device(input, "all_to_all");
-  if (static_cast<int>(send_counts.size()) != size_ ||
-      static_cast<int>(recv_counts.size()) != size_) {
-    throw std::invalid_argument(name_ + ": all_to_all needs one send and one receive count per " +
-                                "rank (" + std::to_string(size_) + ")");
-  }
-  for (size_t i = 0; i < send_counts.size(); ++i) {
-    if (send_counts[i] < 0 || recv_counts[i] < 0) {
-      throw std::invalid_argument(name_ + ": all_to_all counts must be >= 0");
-    }
-  }
-  const int64_t send_total = std::accumulate(send_counts.begin(), send_counts.end(), int64_t{0});
-  const int64_t recv_total = std::accumulate(recv_counts.begin(), recv_counts.end(), int64_t{0});
-  if (input.dim() == 0 || send_total != input.size(0)) {
-    throw std::invalid_argument(name_ + ": all_to_all send counts sum to " +
-                                std::to_string(send_total) + " but the input has " +
-                                std::to_string(input.dim() == 0 ? 0 : input.size(0)) + " rows");
-  }
-  std::vector<int64_t> shape = input.sizes().vec();
-  shape[0] = recv_total;
-  // Every block but the one this rank keeps.
-  int64_t row_bytes = static_cast<int64_t>(input.element_size());
-  for (int64_t d = 1; d < input.dim(); ++d) row_bytes *= input.size(d);
-  int64_t sent_rows = 0;
-  for (int i = 0; i < size_; ++i) {
-    if (i != rank_) sent_rows += send_counts[i];
-  }
-  CollectiveCallRecord record(CollectiveOp::kAllToAll, sent_rows * row_bytes);
-  at::Tensor result = at::empty(shape, send_buffer.options());
+  const AllToAllShape checked =
+      check_all_to_all(name_, rank_, size_, input, send_counts, recv_counts);
+  CollectiveCallRecord record(CollectiveOp::kAllToAll, checked.sent_bytes);
+  at::Tensor result = at::empty(checked.result, send_buffer.options());
   std::vector<int64_t> send = send_counts;
   std::vector<int64_t> recv = recv_counts;
   run("all_to_all",

@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 #include <c10/core/GradMode.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <map>
 #include <set>
@@ -405,6 +406,24 @@ double ChainedOptimizer::clip_grad_norm(double max_norm) {
     placements.push_back(&e.placement);
   }
   return mixtrain::clip_grad_norm(grads, placements, max_norm);
+}
+
+bool ChainedOptimizer::any_piece_holder(bool local) {
+  std::vector<Collectives*> groups;
+  for (const auto& name : names_) {
+    Collectives* group = entries_.at(name).placement.pieces_group().get();
+    if (group != nullptr && group->size() > 1 &&
+        std::find(groups.begin(), groups.end(), group) == groups.end()) {
+      groups.push_back(group);
+    }
+  }
+  bool any = local;
+  for (Collectives* group : groups) {
+    at::Tensor flag = at::full({1}, any ? 1 : 0, at::kLong);
+    group->all_reduce_sum(flag);
+    any = flag.item<int64_t>() > 0;
+  }
+  return any;
 }
 
 std::vector<at::Tensor> ChainedOptimizer::grads_for_clipping() {

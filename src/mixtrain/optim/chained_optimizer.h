@@ -170,6 +170,12 @@ class ChainedOptimizer : public TrainingOptimizer {
   // these grads are (grad_clip.h, placed form); returns the pre-clip norm. Collective over the
   // placements' groups when any piece is sharded.
   double clip_grad_norm(double max_norm);
+  // `local` or'ed over every rank holding another piece of a parameter this rank holds a piece
+  // of (one all-reduce per distinct pieces group, in parameter order: collective over them).
+  // The float16 loss scaler's inf/nan flag: each FSDP or expert shard sees only its rows, and
+  // every rank must skip the same steps. Replicas (HSDP, DDP, expert_dp) hold equal grads,
+  // so their flags already agree; the ep group lies inside dp_shard, so one round suffices.
+  bool any_piece_holder(bool local);
 
   // main_grad of `name` if it was created since the last zero_grad, else undefined.
   at::Tensor main_grad_if_defined(const std::string& name) const;

@@ -127,7 +127,8 @@ void MixedPrecisionOptimizer::prepare_grads() {
   }
   found_inf_ = false;
   if (scaler_) {
-    found_inf_ = scaler_->unscale_and_check(grads_for_clipping());
+    // Every rank skips the same steps: an overflow in one shard is every holder's.
+    found_inf_ = chained_->any_piece_holder(scaler_->unscale_and_check(grads_for_clipping()));
     scaler_->update(found_inf_);
   }
 }

@@ -353,6 +353,9 @@ TrainSummary run_training(const ResolvedConfig& resolved, const TrainOptions& op
   configure_threads();
   if (is_rank0) {
     log_info("build:\n" + format_build_info(build_info()));
+    log_info(
+        "device: " + describe_device(device) +
+        (mesh.world_size > 1 && device.is_cuda() ? " on rank 0 (cuda:<LOCAL_RANK> on each)" : ""));
     warn_if_reference_blas();
     warn_if_cores_are_busy();
     log_info(format_trainer_config_block(resolved));

@@ -65,3 +65,20 @@ TEST(RankDevice, SettingTheCpuCurrentDoesNothing) {
 
 }  // namespace
 }  // namespace mixtrain
+
+namespace mixtrain {
+namespace {
+
+// The CPU is named as such; a CUDA device the runtime cannot describe (no driver here) falls
+// back to its name, so the startup log never fails on the description.
+TEST(RankDevice, DescriptionNamesTheDevice) {
+  EXPECT_EQ(describe_device(c10::Device(c10::kCPU)), "cpu");
+  const std::string cuda = describe_device(c10::Device(c10::kCUDA, 0));
+  EXPECT_EQ(cuda.rfind("cuda:0", 0), 0u) << cuda;
+  if (!cuda_unavailable_reason().empty()) {
+    EXPECT_EQ(cuda, "cuda:0");
+  }
+}
+
+}  // namespace
+}  // namespace mixtrain

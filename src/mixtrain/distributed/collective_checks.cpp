@@ -1,0 +1,52 @@
+#include "mixtrain/distributed/collective_checks.h"
+
+#include <c10/util/Exception.h>
+
+#include <numeric>
+#include <stdexcept>
+
+namespace mixtrain {
+
+AllToAllShape check_all_to_all(const std::string& group, int rank, int size,
+                               const at::Tensor& input, const std::vector<int64_t>& send_counts,
+                               const std::vector<int64_t>& recv_counts) {
+  if (static_cast<int>(send_counts.size()) != size ||
+      static_cast<int>(recv_counts.size()) != size) {
+    throw std::invalid_argument(group + ": all_to_all needs one send and one receive count per " +
+                                "rank (" + std::to_string(size) + ")");
+  }
+  for (size_t i = 0; i < send_counts.size(); ++i) {
+    if (send_counts[i] < 0 || recv_counts[i] < 0) {
+      throw std::invalid_argument(group + ": all_to_all counts must be >= 0");
+    }
+  }
+  const int64_t send_total = std::accumulate(send_counts.begin(), send_counts.end(), int64_t{0});
+  const int64_t recv_total = std::accumulate(recv_counts.begin(), recv_counts.end(), int64_t{0});
+  if (input.dim() == 0 || send_total != input.size(0)) {
+    throw std::invalid_argument(group + ": all_to_all send counts sum to " +
+                                std::to_string(send_total) + " but the input has " +
+                                std::to_string(input.dim() == 0 ? 0 : input.size(0)) + " rows");
+  }
+  AllToAllShape out;
+  out.result = input.sizes().vec();
+  out.result[0] = recv_total;
+  // Every block but the one this rank keeps.
+  int64_t row_bytes = static_cast<int64_t>(input.element_size());
+  for (int64_t d = 1; d < input.dim(); ++d) row_bytes *= input.size(d);
+  for (int i = 0; i < size; ++i) {
+    if (i != rank) out.sent_bytes += send_counts[i] * row_bytes;
+  }
+  return out;
+}
+
+std::string first_line(const std::exception& error) {
+  std::string text = error.what();
+  if (const auto* c10_error = dynamic_cast<const c10::Error*>(&error)) {
+    text = c10_error->what_without_backtrace();
+  }
+  const auto newline = text.find('\n');
+  if (newline != std::string::npos) text.resize(newline);
+  return text;
+}
+
+}  // namespace mixtrain

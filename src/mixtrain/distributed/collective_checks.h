@@ -1,0 +1,29 @@
+// What every Collectives implementation over c10d shares (gloo_collectives, nccl_collectives,
+// device_mesh): the checks and result shape of an all_to_all, and the one-line reason of a c10d
+// failure.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <exception>
+#include <string>
+#include <vector>
+
+namespace mixtrain {
+
+// The result of an all_to_all of `input` with these counts on rank `rank` of `size`, after the
+// checks (std::invalid_argument naming `group`): one send and one receive count per rank, none
+// negative, the send counts summing to input's rows.
+struct AllToAllShape {
+  std::vector<int64_t> result;  // [sum(recv_counts), input.shape[1:]...]
+  int64_t sent_bytes = 0;       // the rows this rank sends to its peers (core/collectives.h)
+};
+AllToAllShape check_all_to_all(const std::string& group, int rank, int size,
+                               const at::Tensor& input, const std::vector<int64_t>& send_counts,
+                               const std::vector<int64_t>& recv_counts);
+
+// c10::Error::what() carries a C++ backtrace after the first line; the first line is the reason.
+std::string first_line(const std::exception& error);
+
+}  // namespace mixtrain

@@ -1,0 +1,53 @@
+#include "mixtrain/distributed/collective_checks.h"
+
+#include <ATen/ATen.h>
+#include <c10/util/Exception.h>
+#include <gtest/gtest.h>
+
+#include <stdexcept>
+#include <string>
+
+namespace mixtrain {
+namespace {
+
+std::string error_of(const std::vector<int64_t>& send, const std::vector<int64_t>& recv,
+                     const at::Tensor& input) {
+  try {
+    check_all_to_all("ep", 1, 3, input, send, recv);
+  } catch (const std::invalid_argument& error) {
+    return error.what();
+  }
+  return "";
+}
+
+// Rank 1 of 3 sends rows [0,2) to rank 0, keeps [2,3), sends [3,7) to rank 2: 6 rows of
+// 4 x 5 float32 (80 bytes each) leave it; it receives 1 + 2 + 3 rows.
+TEST(CollectiveChecks, AllToAllResultShapeAndSentBytes) {
+  const at::Tensor input = at::zeros({7, 4, 5});
+  const AllToAllShape shape = check_all_to_all("ep", 1, 3, input, {2, 1, 4}, {1, 2, 3});
+  EXPECT_EQ(shape.result, (std::vector<int64_t>{6, 4, 5}));
+  EXPECT_EQ(shape.sent_bytes, 6 * 80);
+}
+
+TEST(CollectiveChecks, AllToAllRefusesBadCounts) {
+  const at::Tensor input = at::zeros({3, 2});
+  EXPECT_EQ(error_of({1, 2}, {1, 1, 1}, input),
+            "ep: all_to_all needs one send and one receive count per rank (3)");
+  EXPECT_EQ(error_of({1, -1, 3}, {1, 1, 1}, input), "ep: all_to_all counts must be >= 0");
+  EXPECT_EQ(error_of({1, 1, 2}, {1, 1, 1}, input),
+            "ep: all_to_all send counts sum to 4 but the input has 3 rows");
+  EXPECT_EQ(error_of({0, 0, 0}, {0, 0, 0}, at::zeros({})),
+            "ep: all_to_all send counts sum to 0 but the input has 0 rows");
+}
+
+TEST(CollectiveChecks, FirstLineDropsTheBacktrace) {
+  EXPECT_EQ(first_line(std::runtime_error("peer gone\nmore")), "peer gone");
+  try {
+    TORCH_CHECK(false, "Connection closed by peer");
+  } catch (const c10::Error& error) {
+    EXPECT_EQ(first_line(error), "Connection closed by peer");
+  }
+}
+
+}  // namespace
+}  // namespace mixtrain

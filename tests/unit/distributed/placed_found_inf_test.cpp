@@ -1,0 +1,63 @@
+// ChainedOptimizer::any_piece_holder on 2 real processes (dp_shard 2): the float16 loss
+// scaler's inf/nan flag of one rank's shard reaches the other rank, so both skip the step; a
+// replicated parameter adds no group; a one-rank optimizer returns its own flag.
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "mixtrain/core/param_placement.h"
+#include "mixtrain/optim/chained_optimizer.h"
+#include "support/multiprocess.h"
+#include "support/test_sgd.h"
+
+namespace mixtrain {
+namespace {
+
+using testing::run_workers;
+using testing::WorkerResult;
+
+MIXTRAIN_WORKER(found_inf_2_ranks) {
+  DeviceMesh mesh = worker.make_mesh();
+  const int rank = mesh.rank;
+  const at::Tensor shard = at::zeros({2, 3}).requires_grad_(true);
+  const at::Tensor replicated = at::zeros({5}).requires_grad_(true);
+  ChainedOptimizer chain;
+  chain.add_leaf(test_doubles::make_sgd({shard, replicated}, 0.1),
+                 {{"shard", shard}, {"replicated", replicated}});
+  ParamPlacement dim0 = whole_placement("shard", {4, 3});
+  dim0.kind = ParamPlacement::Kind::kDim0Shard;
+  dim0.offset = 2 * rank;
+  dim0.rows = 2;
+  dim0.shard_group = mesh.dp_shard_group;
+  dim0.replicate_group = mesh.dp_replicate_group;
+  ParamPlacement rep = whole_placement("replicated", {5});
+  rep.kind = ParamPlacement::Kind::kReplicated;
+  rep.replicate_group = mesh.world;
+  chain.set_placements({dim0, rep});
+  // Only rank 1's rows overflowed: both ranks learn it; no rank: neither does.
+  const bool first = chain.any_piece_holder(rank == 1);
+  const bool second = chain.any_piece_holder(false);
+  worker.write_text("flags_" + std::to_string(rank),
+                    std::string(first ? "1" : "0") + (second ? "1" : "0"));
+}
+
+TEST(PlacedFoundInf, OneShardsOverflowIsEveryHoldersAndNoneIsNobodys) {
+  ParallelConfig parallel;
+  parallel.dp_shard = 2;
+  const WorkerResult result = run_workers("found_inf_2_ranks", 2, parallel);
+  ASSERT_TRUE(result.all_ok()) << result.summary();
+  EXPECT_EQ(result.read_text("flags_0"), "10");
+  EXPECT_EQ(result.read_text("flags_1"), "10");
+}
+
+TEST(PlacedFoundInf, OneRankReturnsItsOwnFlag) {
+  const at::Tensor p = at::zeros({3}).requires_grad_(true);
+  ChainedOptimizer chain;
+  chain.add_leaf(test_doubles::make_sgd({p}, 0.1), {{"p", p}});
+  EXPECT_TRUE(chain.any_piece_holder(true));
+  EXPECT_FALSE(chain.any_piece_holder(false));
+}
+
+}  // namespace
+}  // namespace mixtrain

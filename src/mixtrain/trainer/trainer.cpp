@@ -114,7 +114,10 @@ struct StepLoss {
 StepLoss accumulate_gradients(CausalLM& model, TokenDataset& data, const TrainerConfig& config,
                               int64_t accumulation_steps, TrainingOptimizer& optimizer,
                               at::Device device, StepRecorder& recorder) {
-  StepLoss total;
+  // Each micro-batch's loss and aux loss, kept on the device (float64: exact) and read once
+  // after the loop: one host synchronisation per step on a GPU, not one per micro-batch.
+  std::vector<torch::Tensor> losses;
+  losses.reserve(2 * accumulation_steps);
   for (int64_t micro = 0; micro < accumulation_steps; ++micro) {
     Batch batch = data.next_batch(config.data.micro_batch_size, config.data.seq_len);
     CausalLMOutput out;
@@ -139,8 +142,16 @@ StepLoss accumulate_gradients(CausalLM& model, TokenDataset& data, const Trainer
       recorder.add(Phase::kReduce,
                    gradient_reduce_seconds(thread_collective_stats() - comm_before));
     }
-    total.loss += loss.item<double>() / accumulation_steps;
-    total.aux_loss += out.aux_loss.item<double>() / accumulation_steps;
+    losses.push_back(loss.detach().to(torch::kDouble));
+    losses.push_back(out.aux_loss.detach().to(torch::kDouble));
+  }
+  // Summed on the host in micro-batch order, as the values were read one by one before.
+  const torch::Tensor values = torch::stack(losses).cpu();
+  const double* value = values.data_ptr<double>();
+  StepLoss total;
+  for (int64_t micro = 0; micro < accumulation_steps; ++micro) {
+    total.loss += value[2 * micro] / accumulation_steps;
+    total.aux_loss += value[2 * micro + 1] / accumulation_steps;
   }
   return total;
 }

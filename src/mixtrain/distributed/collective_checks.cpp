@@ -39,6 +39,23 @@ AllToAllShape check_all_to_all(const std::string& group, int rank, int size,
   return out;
 }
 
+void check_payload_dtype(const std::string& group, const char* op, at::ScalarType type) {
+  switch (type) {
+    case at::kFloat:
+    case at::kDouble:
+    case at::kHalf:
+    case at::kBFloat16:
+    case at::kByte:
+    case at::kChar:
+    case at::kInt:
+    case at::kLong:
+      return;
+    default:
+      throw std::invalid_argument(group + ": " + op + " does not support dtype " +
+                                  std::string(c10::toString(type)));
+  }
+}
+
 std::string first_line(const std::exception& error) {
   std::string text = error.what();
   if (const auto* c10_error = dynamic_cast<const c10::Error*>(&error)) {

@@ -23,6 +23,10 @@ AllToAllShape check_all_to_all(const std::string& group, int rank, int size,
                                const at::Tensor& input, const std::vector<int64_t>& send_counts,
                                const std::vector<int64_t>& recv_counts);
 
+// std::invalid_argument naming `group` and `op` unless `type` is a payload dtype of
+// core/collectives.h (float32/64, float16, bfloat16, uint8, int8, int32, int64).
+void check_payload_dtype(const std::string& group, const char* op, at::ScalarType type);
+
 // c10::Error::what() carries a C++ backtrace after the first line; the first line is the reason.
 std::string first_line(const std::exception& error);
 

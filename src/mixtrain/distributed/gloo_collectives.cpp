@@ -8,26 +8,6 @@
 #include "mixtrain/distributed/collective_checks.h"
 
 namespace mixtrain {
-namespace {
-
-bool gloo_dtype(at::ScalarType type) {
-  switch (type) {
-    case at::kFloat:
-    case at::kDouble:
-    case at::kHalf:
-    case at::kBFloat16:
-    case at::kByte:
-    case at::kChar:
-    case at::kInt:
-    case at::kLong:
-      return true;
-    default:
-      return false;
-  }
-}
-
-}  // namespace
-
 GlooCollectives::GlooCollectives(c10::intrusive_ptr<c10d::ProcessGroupGloo> group, std::string name,
                                  int world_rank)
     : group_(std::move(group)),
@@ -50,10 +30,7 @@ void GlooCollectives::check_input(const at::Tensor& tensor, const char* op) cons
   if (!tensor.defined() || !tensor.device().is_cpu() || !tensor.is_contiguous()) {
     throw std::invalid_argument(name_ + ": " + op + " needs a defined, contiguous CPU tensor");
   }
-  if (!gloo_dtype(tensor.scalar_type())) {
-    throw std::invalid_argument(name_ + ": " + op + " does not support dtype " +
-                                std::string(c10::toString(tensor.scalar_type())));
-  }
+  check_payload_dtype(name_, op, tensor.scalar_type());
 }
 
 void GlooCollectives::all_reduce_sum(at::Tensor& tensor) {

@@ -11,26 +11,6 @@
 #include "mixtrain/distributed/collective_checks.h"
 
 namespace mixtrain {
-namespace {
-
-bool nccl_dtype(at::ScalarType type) {
-  switch (type) {
-    case at::kFloat:
-    case at::kDouble:
-    case at::kHalf:
-    case at::kBFloat16:
-    case at::kByte:
-    case at::kChar:
-    case at::kInt:
-    case at::kLong:
-      return true;
-    default:
-      return false;
-  }
-}
-
-}  // namespace
-
 NcclGroup::NcclGroup(const c10::intrusive_ptr<c10d::Store>& store, int group_rank, int group_size,
                      c10::Device device, std::chrono::milliseconds timeout)
     : device_(device) {
@@ -91,10 +71,7 @@ at::Tensor NcclCollectives::on_device(const at::Tensor& tensor, const char* op) 
   if (!tensor.defined() || !tensor.is_contiguous()) {
     throw std::invalid_argument(name_ + ": " + op + " needs a defined, contiguous tensor");
   }
-  if (!nccl_dtype(tensor.scalar_type())) {
-    throw std::invalid_argument(name_ + ": " + op + " does not support dtype " +
-                                std::string(c10::toString(tensor.scalar_type())));
-  }
+  check_payload_dtype(name_, op, tensor.scalar_type());
   const c10::Device device = group_->device();
   if (tensor.device() == device) return tensor;
   if (tensor.device().is_cpu()) return tensor.to(device);

@@ -223,10 +223,8 @@ Trainer::Trainer(const ResolvedConfig& resolved, const DeviceMesh& mesh, const s
     optimizer_->chained().set_placements(sharded_->placements());
   }
   if (config.optimizer.swap_optimizer) {
-    // The tier follows the parameters' device (the state is made beside them).
-    const NamedParameters params = named_parameters_of(*model_);
-    const c10::Device device =
-        params.empty() ? c10::Device(c10::kCPU) : params.front().second.device();
+    // The tier follows the rank's device, where the parameters and their state are.
+    const c10::Device device = mesh_.device;
     optimizer_->chained().enable_state_swap(
         make_state_swap(config.optimizer, run_dir_, mesh_.rank, device));
     if (is_rank0)

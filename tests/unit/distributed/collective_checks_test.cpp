@@ -51,3 +51,22 @@ TEST(CollectiveChecks, FirstLineDropsTheBacktrace) {
 
 }  // namespace
 }  // namespace mixtrain
+
+namespace mixtrain {
+namespace {
+
+TEST(CollectiveChecks, PayloadDtypesAreTheContractsOnly) {
+  for (at::ScalarType type : {at::kFloat, at::kDouble, at::kHalf, at::kBFloat16, at::kByte,
+                              at::kChar, at::kInt, at::kLong}) {
+    EXPECT_NO_THROW(check_payload_dtype("dp_shard", "all_gather", type)) << type;
+  }
+  try {
+    check_payload_dtype("dp_shard", "all_gather", at::kBool);
+    FAIL() << "bool accepted";
+  } catch (const std::invalid_argument& error) {
+    EXPECT_STREQ(error.what(), "dp_shard: all_gather does not support dtype Bool");
+  }
+}
+
+}  // namespace
+}  // namespace mixtrain

@@ -19,6 +19,7 @@
 #include <string>
 
 #include "mixtrain/optim/kernels/adamw_kernel.h"
+#include "mixtrain/optim/kernels/multi_tensor_chunk.cuh"
 
 namespace mixtrain {
 namespace CUDA {
@@ -119,15 +120,7 @@ __device__ void update_range(const Scalars& s, float* p, const float* g, float* 
 
 __global__ void __launch_bounds__(kThreads) adamw_multi_tensor(const Table table) {
   const int chunk = static_cast<int>(blockIdx.x);
-  int t = 0, hi = table.count - 1;  // the last tensor whose first chunk is <= chunk
-  while (t < hi) {
-    const int mid = (t + hi + 1) / 2;
-    if (table.first_chunk[mid] <= chunk) {
-      t = mid;
-    } else {
-      hi = mid - 1;
-    }
-  }
+  const int t = tensor_of_chunk(table.first_chunk, table.count, chunk);
   const int64_t begin = static_cast<int64_t>(chunk - table.first_chunk[t]) * kAdamWCudaChunk;
   const int64_t rest = table.numel[t] - begin;
   const int64_t n = rest < kAdamWCudaChunk ? rest : kAdamWCudaChunk;

@@ -14,6 +14,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "mixtrain/optim/kernels/multi_tensor_chunk.cuh"
 #include "mixtrain/optim/kernels/sum_of_squares_kernel.h"
 
 namespace mixtrain {
@@ -59,15 +60,7 @@ __device__ double block_sum(double* sums) {
 __global__ void __launch_bounds__(kThreads) chunk_sums(const Table table, double* partials) {
   __shared__ double sums[kThreads];
   const int chunk = static_cast<int>(blockIdx.x);
-  int t = 0, hi = table.count - 1;  // the last buffer whose first chunk is <= chunk
-  while (t < hi) {
-    const int mid = (t + hi + 1) / 2;
-    if (table.first_chunk[mid] <= chunk) {
-      t = mid;
-    } else {
-      hi = mid - 1;
-    }
-  }
+  const int t = tensor_of_chunk(table.first_chunk, table.count, chunk);
   const int64_t begin = static_cast<int64_t>(chunk - table.first_chunk[t]) * kSumOfSquaresCudaChunk;
   const int64_t rest = table.numel[t] - begin;
   const int64_t end = begin + (rest < kSumOfSquaresCudaChunk ? rest : kSumOfSquaresCudaChunk);

@@ -170,6 +170,10 @@ phase_bench() {
     "$b" --out "$WORK/bench/$name.json"
     rc=$?
     echo "--- $name: exit $rc"
+    # A program that skipped (it saw no CUDA device) measured nothing: a failure on this machine.
+    if [[ $rc -eq 0 && -s $WORK/bench/$name.json ]] && grep -q '"skipped"' "$WORK/bench/$name.json"; then
+      rc=77
+    fi
     [[ $rc -eq 0 && -s $WORK/bench/$name.json ]] || { status=1; echo "$rc" >"$WORK/bench/$name.failed"; }
   done
   ((found)) || { echo "no bench_*cuda* program was built"; status=1; }

@@ -16,7 +16,12 @@ namespace mixtrain {
 // One struct for every model (config/model_sections.h says which keys each model reads; a key
 // set for a model that does not read it is refused).
 struct ModelConfig {
-  std::string name = "qwen2_moe";  // qwen2_moe | qwen2 (model/registry.h)
+  std::string name = "qwen2_moe";  // qwen2_moe | qwen3_moe | qwen2 | llama (model/registry.h)
+  // A Hugging Face config.json the architecture keys are read from ("" = the keys themselves).
+  std::string hf_config;
+  // A Hugging Face model directory whose weights initialise the model (model.safetensors or
+  // shards with model.safetensors.index.json); implies hf_config = <dir>/config.json.
+  std::string init_from;
   int64_t vocab_size = 512;
   int64_t hidden_size = 64;
   int64_t num_layers = 2;
@@ -32,6 +37,8 @@ struct ModelConfig {
   double rope_theta = 10000.0;
   double rms_norm_eps = 1e-6;
   double router_aux_loss_coef = 0.001;
+  bool attention_bias = true;   // q/k/v projections carry a bias (HF qkv_bias / attention_bias)
+  bool norm_topk_prob = false;  // MoE: renormalise the top-k routing weights to sum to 1
 };
 
 struct DataConfig {

@@ -35,6 +35,7 @@ set(MIXTRAIN_TEST_TABLE
   "tools_ckpt_command_test                   1          150      slow"    # 13.1
   "tools_cli_test                            1          120      slow"    # 11.4 (on a busy machine)
   "tools_distributed_train_test              2          150      slow"    # 12.8
+  "tools_export_hf_command_test              2          400      slow"    # 128 (busy machine; 7 trainings, 14 transformers runs)
   "tools_optim_replay_command_test           1          120"     #          9.3
   "tools_optim_replay_distributed_test       4          120      slow"    # 10.6
   "tools_optimizer_report_test               2          120"     #          9.6 (on a busy machine)

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "mixtrain/cli/ckpt_command.h"
+#include "mixtrain/cli/export_hf_command.h"
 #include "mixtrain/config/document.h"
 #include "mixtrain/config/load.h"
 #include "mixtrain/config/show.h"
@@ -241,6 +242,16 @@ int run_cli(int argc, char** argv) {
       diff->add_option("--atol", atol, "pass when every max abs difference is <= X")
           ->check(CLI::NonNegativeNumber);
 
+  std::string export_dtype = "f32", export_shard_size = "5GB";
+  CLI::App* export_hf = app.add_subcommand(
+      "export-hf",
+      "write a checkpoint as a Hugging Face model directory (config.json, safetensors)");
+  export_hf->add_option("checkpoint", ckpt_a, ckpt_help)->required();
+  export_hf->add_option("out", ckpt_b, "new (or empty) output directory")->required();
+  export_hf->add_option("--dtype", export_dtype, "bf16 or f32 (default f32)");
+  export_hf->add_option("--max-shard-size", export_shard_size,
+                        "largest safetensors file: bytes, or 5GB, 500MB, 2GiB (default 5GB)");
+
   CLI::App* version = app.add_subcommand(
       "version", "mixtrain's version and commit, LibTorch, CUDA, CPU capability, BLAS");
 
@@ -269,6 +280,9 @@ int run_cli(int argc, char** argv) {
     if (replay->parsed())
       return optim_replay_command(config_path, overrides, replay_paths, nproc, argc, argv);
     if (inspect->parsed()) return ckpt_inspect_command(ckpt_a);
+    if (export_hf->parsed()) {
+      return export_hf_command(ckpt_a, ckpt_b, export_dtype, export_shard_size);
+    }
     if (verify->parsed()) return ckpt_verify_command(ckpt_a);
     if (diff->parsed()) {
       return ckpt_diff_command(

@@ -143,6 +143,8 @@ std::vector<LeafSpec> build_leaves() {
       MIXTRAIN_LEAF("model.rope_theta", model.rope_theta),
       MIXTRAIN_LEAF("model.rms_norm_eps", model.rms_norm_eps),
       MIXTRAIN_LEAF("model.router_aux_loss_coef", model.router_aux_loss_coef),
+      MIXTRAIN_LEAF("model.attention_bias", model.attention_bias),
+      MIXTRAIN_LEAF("model.norm_topk_prob", model.norm_topk_prob),
       MIXTRAIN_LEAF("data.kind", data.kind),
       MIXTRAIN_LEAF("data.path", data.path),
       MIXTRAIN_LEAF("data.seq_len", data.seq_len),

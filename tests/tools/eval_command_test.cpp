@@ -36,7 +36,7 @@ std::vector<uint16_t> stream(size_t count, size_t offset) {
 // The tiny AdamW config on token data, seq_len 32, micro 2 x dp x accumulation = 8.
 std::string tiny(const std::string& data_dir) {
   return "--config " + source_path("configs/qwen2_moe_tiny_adamw.yaml") +
-         " --set data.kind=tokens --set data.path=" + data_dir + "/train_*.bin" +
+         " --set data.kind=tokens --set 'data.path=" + data_dir + "/train_*.bin'" +
          " --set data.seq_len=32 --set data.micro_batch_size=2 --set data.global_batch_size=8";
 }
 
@@ -117,8 +117,8 @@ TEST_F(EvalCommand, PeriodicEvalRowsThenTheCheckpointEvaluatesToTheLastRow) {
 
   // The plain line, and --max-batches 1: the first 8 windows (one global batch).
   const CommandResult line =
-      run_mixtrain("eval " + tiny(data_) + " --checkpoint " + dir_.file("run/ckpt") + " --data " +
-                   data_ + "/val_*.bin --max-batches 1");
+      run_mixtrain("eval " + tiny(data_) + " --checkpoint " + dir_.file("run/ckpt") + " --data '" +
+                   data_ + "/val_*.bin' --max-batches 1");
   ASSERT_EQ(line.exit_code, 0) << line.output;
   EXPECT_NE(line.output.find("eval_loss "), std::string::npos) << line.output;
   EXPECT_NE(line.output.find(" tokens 256 windows 8\n"), std::string::npos) << line.output;

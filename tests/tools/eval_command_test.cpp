@@ -178,6 +178,11 @@ TEST_F(EvalCommand, ArgumentErrorsExitTwo) {
             std::string::npos)
       << r.output;
 
+  // On 2 ranks every rank finds it: the launcher exits with their code.
+  r = run_mixtrain(base + ckpt + " --data " + data_ + " --set model.hidden_size=32 --nproc 2");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("the checkpoint is of another model"), std::string::npos) << r.output;
+
   r = run_mixtrain(base + " --checkpoint " + dir_.file("no_such_ckpt") + " --data " + data_);
   EXPECT_EQ(r.exit_code, 2) << r.output;
   EXPECT_NE(r.output.find("--checkpoint: "), std::string::npos) << r.output;

@@ -2,7 +2,8 @@
 // eval rows (steps 2 and 4) to metrics.jsonl and an eval series to loss.svg; `mixtrain eval` of
 // its last checkpoint gives the last eval row's loss (the same weights, windows and batches), on
 // 2 ranks too; the training losses are bitwise the same with and without periodic eval (1 and
-// 2 ranks); the argument errors exit 2 and name what is wrong.
+// 2 ranks); the argument errors exit 2 and name what is wrong; `--init-from` of a Hugging Face
+// Qwen2 gives the loss transformers computes (once model.init_from is implemented).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -62,6 +63,20 @@ class EvalCommand : public ::testing::Test {
   TempDir dir_;
   std::string data_;
 };
+
+// MIXTRAIN_PYTHON (the project's .venv) running `arguments`; output without the progress bars
+// transformers writes to stderr.
+CommandResult run_python(const std::string& arguments) {
+  ChildOptions options;
+  options.capture_output = true;
+  ChildProcess child(
+      {"/bin/sh", "-c", "exec " + std::string(MIXTRAIN_PYTHON) + " " + arguments + " 2>/dev/null"},
+      options);
+  CommandResult result;
+  result.output = child.read_output();
+  result.exit_code = exit_code_of(child.wait());
+  return result;
+}
 
 nlohmann::json last_json_line(const std::string& output) {
   const size_t end = output.find_last_not_of('\n');
@@ -207,6 +222,37 @@ TEST_F(EvalCommand, ArgumentErrorsExitTwo) {
   EXPECT_NE(r.output.find("data.eval_path: is required when train.eval_every is > 0"),
             std::string::npos)
       << r.output;
+}
+
+// transformers writes a tiny random Qwen2 (configs/qwen2_tiny.yaml's shape) and computes the
+// mean cross-entropy over the same windows in float64; mixtrain loads the directory through
+// model.init_from and evaluates in float32 on 1 and 2 ranks. Float32 logits of this model are
+// within a few 1e-7..1e-6 of the float64 ones (tests/unit/model/qwen2_test.cpp); the mean loss
+// moves by about as much, so 1e-4 absolute on a loss near log(512) = 6.2 leaves a wide margin
+// and still catches one wrong weight or window.
+TEST_F(EvalCommand, InitFromAHuggingFaceModelGivesTransformersLoss) {
+  const std::string config = "--config " + source_path("configs/qwen2_tiny.yaml");
+  const CommandResult known = run_mixtrain("config show " + source_path("configs/qwen2_tiny.yaml") +
+                                           " --set model.init_from=" + dir_.file("hf"));
+  if (known.output.find("model.init_from: unknown key") != std::string::npos) {
+    GTEST_SKIP() << "model.init_from is not a config key in this build (the HF loader)";
+  }
+  const CommandResult reference =
+      run_python(source_path("tests/python/hf_eval_reference.py") + " " + dir_.file("hf") + " 32 " +
+                 data_ + "/val_000000.bin " + data_ + "/val_000001.bin");
+  ASSERT_EQ(reference.exit_code, 0) << reference.output;
+  const double expected = std::stod(reference.output);  // its one line (stderr dropped)
+  for (const std::string nproc : {"1", "2"}) {
+    const CommandResult r =
+        run_mixtrain("eval " + config + " --set data.seq_len=32 --set data.micro_batch_size=2" +
+                     " --set data.global_batch_size=4 --init-from " + dir_.file("hf") + " --data " +
+                     data_ + " --json --nproc " + nproc);
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    const nlohmann::json result = last_json_line(r.output);
+    EXPECT_NEAR(result["eval_loss"].get<double>(), expected, 1e-4) << nproc << " rank(s)";
+    EXPECT_EQ(result["eval_tokens"], 10 * 32);
+    EXPECT_TRUE(result["step"].is_null());
+  }
 }
 
 }  // namespace

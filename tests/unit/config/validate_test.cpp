@@ -197,6 +197,20 @@ TEST(ValidateTest, DistributedTimeout) {
   expect_valid("c.yaml", "distributed:\n  timeout_s: 2.5\n");
 }
 
+TEST(ValidateTest, PeriodicEval) {
+  EXPECT_EQ(yaml_error("train:\n  eval_every: -1\n"), "train.eval_every: must be >= 0, got -1");
+  EXPECT_EQ(yaml_error("data:\n  eval_batches: -2\n"), "data.eval_batches: must be >= 0, got -2");
+  EXPECT_EQ(yaml_error("train:\n  eval_every: 5\n"),
+            "data.eval_path: is required when train.eval_every is > 0 (a file, a glob, or a "
+            "directory of val_*.bin)");
+  EXPECT_EQ(toml_error("[validation]\nfreq = 5\n"),
+            "validation.dataset_path: is required when validation.freq is > 0 (a file, a glob, "
+            "or a directory of val_*.bin)");
+  expect_valid("c.yaml", "train:\n  eval_every: 5\ndata:\n  eval_path: d/val_*.bin\n");
+  expect_valid("c.toml", "[validation]\nfreq = 5\ndataset_path = \"d\"\nsteps = 2\n");
+  expect_valid("c.yaml", "data:\n  eval_path: d\n");  // kept for `mixtrain eval`, eval off
+}
+
 TEST(ValidateTest, TrainScheduleCheckpoint) {
   EXPECT_EQ(yaml_error("train:\n  steps: 0\n"), "train.steps: must be > 0, got 0");
   EXPECT_EQ(toml_error("[training]\nsteps = -5\n"), "training.steps: must be > 0, got -5");

@@ -104,13 +104,13 @@ TEST(ExportHf, InitFromThenExportGivesTransformersTensorsBack) {
   // params hold the file's values exactly, and the export takes them.
   expect_identity_round_trip("qwen2", "--max-shard-size 4000", kMainParams, kBf16Model);
   // A bfloat16 file, exported as bf16.
-  expect_identity_round_trip("qwen2_moe", "--dtype bfloat16", "", "");
+  expect_identity_round_trip("llama", "--dtype bfloat16", "", "");
 }
 
 TEST(ExportHf, TwoRanksLoadOnlyTheirPiecesAndExportTheWhole) {
   expect_identity_round_trip("qwen2_moe", "--max-shard-size 6000", "--nproc 2",
                              "parallel:\n  dp_shard: 2\n");
-  expect_identity_round_trip("qwen2_moe", "", "--nproc 2", "parallel:\n  dp_shard: 2\n  ep: 2\n");
+  expect_identity_round_trip("qwen3_moe", "", "--nproc 2", "parallel:\n  dp_shard: 2\n  ep: 2\n");
 }
 
 // Our model's float32 logits on `ids` with the weights of HF directory `dir` (loaded by
@@ -169,7 +169,8 @@ TEST(ExportHf, TransformersLoadsTheExportWithOurLogits) {
   expect_logits_round_trip("qwen2_moe", "", "", "--dtype f32");
   expect_logits_round_trip("qwen2", "", "", "--dtype bf16 --max-shard-size 4000");
   // bf16 model with fp32 main params: the export takes the main params.
-  expect_logits_round_trip("qwen2_moe", kMainParams, kBf16Model, "--max-shard-size 5KB");
+  expect_logits_round_trip("qwen3_moe", kMainParams, kBf16Model, "--max-shard-size 5KB");
+  expect_logits_round_trip("llama", "", "", "--dtype bf16");
 }
 
 TEST(ExportHf, TwoRankInitFromTrainExportReload) {

@@ -47,6 +47,10 @@ struct DataConfig {
   int64_t seq_len = 64;
   int64_t micro_batch_size = 8;
   int64_t global_batch_size = 8;  // = micro_batch_size x accumulation steps x dp size
+  // Held-out token shards train.eval_every evaluates (trainer/evaluator.h): a file, a glob, or a
+  // directory (its val_*.bin).
+  std::string eval_path;
+  int64_t eval_batches = 0;  // evaluate the first N x global_batch_size windows; 0: all of them
 };
 
 struct LrSchedulerConfig {
@@ -62,6 +66,7 @@ struct TrainConfig {
   int64_t seed = 1234;
   double max_grad_norm = 1.0;  // <= 0 disables clipping
   int64_t log_every = 10;
+  int64_t eval_every = 0;  // evaluate data.eval_path every N steps and at the last; 0: never
   // Every log_every steps rank 0 logs where the step time went (forward, backward, gradient
   // reduce, clipping, optimizer, checkpoint, other) and metrics.jsonl gets the split per step.
   bool profile = false;

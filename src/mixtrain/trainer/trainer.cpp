@@ -39,6 +39,7 @@
 #include "mixtrain/optim/state_swap.h"
 #include "mixtrain/optim/training_optimizer.h"
 #include "mixtrain/trainer/checkpointing.h"
+#include "mixtrain/trainer/evaluator.h"
 #include "mixtrain/trainer/interrupt.h"
 #include "mixtrain/trainer/loss_plot.h"
 #include "mixtrain/trainer/metrics_writer.h"
@@ -113,12 +114,15 @@ NamedParameters named_parameters_of(const CausalLM& model) {
 // parameter with an fp32 main param is read into the main param (the file's values, exact when
 // the file is float32) and the model param is its rounding (to nearest even, as the copy-back
 // after each step); any other parameter is read into itself.
+// Without an optimizer (eval) every parameter is read into itself.
 void import_init_from(CausalLM& model, const FullyShardedModel* sharded,
-                      const TrainingOptimizer& optimizer, const std::string& dir, bool is_rank0) {
+                      const TrainingOptimizer* optimizer, const std::string& dir, bool is_rank0) {
   std::map<std::string, at::Tensor> mains;
-  for (const auto& [key, tensor] : optimizer.state_dict()) {
-    if (starts_with(key, kMainParamPrefix)) {
-      mains[key.substr(std::string(kMainParamPrefix).size())] = tensor;
+  if (optimizer != nullptr) {
+    for (const auto& [key, tensor] : optimizer->state_dict()) {
+      if (starts_with(key, kMainParamPrefix)) {
+        mains[key.substr(std::string(kMainParamPrefix).size())] = tensor;
+      }
     }
   }
   std::vector<HfImportTarget> targets;
@@ -224,6 +228,34 @@ DeviceMesh join_mesh(const TrainerConfig& config, c10::Device device) {
   return make_device_mesh(rank, config.parallel, config.distributed.timeout_s, device);
 }
 
+BuiltModel build_training_model(const TrainerConfig& config, const DeviceMesh& mesh,
+                                bool load_init_from) {
+  const c10::ScalarType model_dtype = model_dtype_of(config);
+  // Built and initialised on the CPU (the same weights on every device), then moved to the
+  // rank's device before sharding: everything after this lives there.
+  BuiltModel built;
+  built.model = build_model(config.model, config.train.seed);
+  apply_model_init_dtype(*built.model, model_dtype);
+  if (!mesh.device.is_cpu()) built.model->to(mesh.device);
+  if (mesh.rank == 0) log_info(format_model_config_block(config.model));
+  // With parallel.ep > 1, shard_model splits the routed experts over the ep group (and the
+  // model exchanges tokens with all_to_all); the rest stays FSDP / DDP.
+  // The FSDP path also serves one process whose compute dtype differs from the stored one: it
+  // casts each parameter to param_dtype in forward and delivers float32 main_grads in backward.
+  if (mesh.world_size > 1 || parse_float_dtype(config.mix_precision.param_dtype) != model_dtype) {
+    FsdpOptions fsdp;
+    fsdp.mix_precision = config.mix_precision;
+    fsdp.fp32_main_params = config.optimizer.fp32_main_params;
+    fsdp.reshard_after_forward = config.fsdp.reshard_after_forward;
+    built.sharded = shard_model(*built.model, mesh, fsdp);
+  }
+  if (load_init_from && !config.model.init_from.empty()) {
+    import_init_from(*built.model, built.sharded.get(), nullptr, config.model.init_from,
+                     mesh.rank == 0);
+  }
+  return built;
+}
+
 Trainer::Trainer(const ResolvedConfig& resolved, const DeviceMesh& mesh, const std::string& run_dir)
     : resolved_(resolved), mesh_(mesh), run_dir_(run_dir) {
   const TrainerConfig& config = resolved_.config;
@@ -241,30 +273,16 @@ Trainer::Trainer(const ResolvedConfig& resolved, const DeviceMesh& mesh, const s
 
   // fp32-main-params §6.1 build order: model, then model_init_dtype, then sharding, then the
   // optimizer.
-  // Built and initialised on the CPU (the same weights on every device), then moved to the
-  // rank's device before sharding: everything after this lives there.
-  model_ = build_model(config.model, config.train.seed);
-  apply_model_init_dtype(*model_, model_dtype);
-  if (!mesh_.device.is_cpu()) model_->to(mesh_.device);
-  if (is_rank0) log_info(format_model_config_block(config.model));
-  // With parallel.ep > 1, shard_model splits the routed experts over the ep group (and the
-  // model exchanges tokens with all_to_all); the rest stays FSDP / DDP.
-  // The FSDP path also serves one process whose compute dtype differs from the stored one: it
-  // casts each parameter to param_dtype in forward and delivers float32 main_grads in backward.
-  if (mesh_.world_size > 1 || parse_float_dtype(config.mix_precision.param_dtype) != model_dtype) {
-    FsdpOptions fsdp;
-    fsdp.mix_precision = config.mix_precision;
-    fsdp.fp32_main_params = config.optimizer.fp32_main_params;
-    fsdp.reshard_after_forward = config.fsdp.reshard_after_forward;
-    sharded_ = shard_model(*model_, mesh_, fsdp);
-  }
+  BuiltModel built = build_training_model(config, mesh_, /*load_init_from=*/false);
+  model_ = std::move(built.model);
+  sharded_ = std::move(built.sharded);
   optimizer_ = build_optimizer(named_parameters_of(*model_), config);
   if (sharded_) {
     if (config.optimizer.fp32_main_params) sharded_->set_main_grads(optimizer_.get());
     optimizer_->chained().set_placements(sharded_->placements());
   }
   if (!config.model.init_from.empty()) {
-    import_init_from(*model_, sharded_.get(), *optimizer_, config.model.init_from, is_rank0);
+    import_init_from(*model_, sharded_.get(), optimizer_.get(), config.model.init_from, is_rank0);
   }
   if (config.optimizer.swap_optimizer) {
     // The tier follows the rank's device, where the parameters and their state are.
@@ -290,6 +308,19 @@ Trainer::Trainer(const ResolvedConfig& resolved, const DeviceMesh& mesh, const s
   data_ = make_dataset(config.data, config.model.vocab_size, config.train.seed, mesh_.rank,
                        mesh_.world_size);
   if (is_rank0) log_info("data: " + data_->describe());
+  // Opened (and every file checked) before the first step: a bad eval set fails the run now.
+  if (config.train.eval_every > 0) {
+    try {
+      evaluator_ = std::make_unique<Evaluator>(
+          config.data.eval_path, config.model.vocab_size, config.data.seq_len,
+          config.data.micro_batch_size, config.data.eval_batches * config.data.global_batch_size);
+    } catch (const DataError& error) {
+      throw DataError(ConfigKey{"data.eval_path"}, error.problem());
+    }
+    if (is_rank0)
+      log_info(evaluator_->describe() + ", every " + std::to_string(config.train.eval_every) +
+               " steps");
+  }
   accumulation_steps_ =
       config.data.global_batch_size / (config.data.micro_batch_size * mesh_.world_size);
   schedule_ = std::make_unique<LrSchedule>(config.train.lr_scheduler, config.train.steps);
@@ -358,6 +389,11 @@ void Trainer::apply_update() {
         at::accelerator::getDeviceStats(mesh_.device.index()).allocated_bytes[0].peak;
   }
   completed_steps_ = pending_.step;
+}
+
+EvalResult Trainer::evaluate() {
+  if (!evaluator_) throw std::logic_error("Trainer::evaluate: train.eval_every is 0");
+  return evaluator_->evaluate(*model_, mesh_);
 }
 
 StepResult Trainer::step() {
@@ -432,6 +468,11 @@ TrainSummary run_training(const ResolvedConfig& resolved, const TrainOptions& op
                                              options.is_terminal);
   }
   std::vector<std::pair<int64_t, double>> loss_curve;
+  std::vector<std::pair<int64_t, double>> eval_curve;
+  auto eval_due = [&](int64_t step) {
+    return config.train.eval_every > 0 &&
+           (step % config.train.eval_every == 0 || step == config.train.steps);
+  };
   const double tokens_per_step =
       static_cast<double>(config.data.global_batch_size) * config.data.seq_len;
 
@@ -485,11 +526,22 @@ TrainSummary run_training(const ResolvedConfig& resolved, const TrainOptions& op
         }
       }
     }
+    // After the step's row: its tokens_per_s and profile do not count the evaluation.
+    if (eval_due(step)) {
+      const EvalResult eval = trainer.evaluate();  // collective: every rank
+      if (is_rank0) {
+        EvalMetrics eval_row{step, eval.loss(), eval.perplexity(), eval.tokens};
+        metrics->write_eval(eval_row);
+        eval_curve.emplace_back(step, eval_row.eval_loss);
+        log_info("eval at step " + std::to_string(step) + ": " + format_eval_result(eval));
+      }
+    }
   }
   trainer.wait_for_checkpoint();  // an async save finishes (or reports its error) before exit
   if (is_rank0) {
     progress->finish();
-    write_loss_svg(summary.plot_path, loss_curve, "mixtrain loss: " + config.source_file);
+    write_loss_svg(summary.plot_path, loss_curve, "mixtrain loss: " + config.source_file,
+                   eval_curve);
   }
   if (is_rank0 && config.train.profile && config.train.cpu_allocator == "caching") {
     log_info(format_cpu_allocator_stats(CachingCpuAllocator::instance().stats()));

@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <regex>
 #include <string>
 
 #include "mixtrain/checkpoint/hf_import.h"
@@ -91,6 +92,18 @@ void expect_identity_round_trip(const std::string& family, const std::string& sa
   ASSERT_EQ(e.exit_code, 0) << e.output;
   const auto want = hf_tensors(tmp.file("hf"));
   const auto got = hf_tensors(tmp.file("out"));
+  // Rank 0 logs the bytes of weights it read: all of them alone, its pieces' on two ranks.
+  uint64_t total = 0;
+  for (const auto& [name, tensor] : want) total += tensor.numel() * tensor.element_size();
+  std::smatch read;
+  ASSERT_TRUE(std::regex_search(r.output, read, std::regex("this rank read ([0-9]+) bytes")));
+  const uint64_t bytes = std::stoull(read[1].str());
+  if (flags.find("--nproc 2") == std::string::npos) {
+    EXPECT_EQ(bytes, total);
+  } else {
+    EXPECT_LT(bytes, total * 3 / 4) << "rank 0 read more than its pieces";
+    EXPECT_GT(bytes, total / 4);
+  }
   ASSERT_EQ(got.size(), want.size());
   for (const auto& [name, tensor] : want) {
     ASSERT_EQ(got.count(name), 1u) << name;

@@ -128,6 +128,8 @@ std::vector<LeafSpec> build_leaves() {
       MIXTRAIN_DERIVED_LEAF("source_file", source_file),
       MIXTRAIN_LEAF("model_init_dtype", model_init_dtype),
       MIXTRAIN_LEAF("model.name", model.name),
+      MIXTRAIN_LEAF("model.hf_config", model.hf_config),
+      MIXTRAIN_LEAF("model.init_from", model.init_from),
       MIXTRAIN_LEAF("model.vocab_size", model.vocab_size),
       MIXTRAIN_LEAF("model.hidden_size", model.hidden_size),
       MIXTRAIN_LEAF("model.num_layers", model.num_layers),

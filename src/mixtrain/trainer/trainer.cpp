@@ -6,9 +6,11 @@
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
+#include <map>
 #include <utility>
 #include <vector>
 
+#include "mixtrain/checkpoint/hf_import.h"
 #include "mixtrain/config/show.h"
 #include "mixtrain/config/startup_log.h"
 #include "mixtrain/config/validate.h"
@@ -19,6 +21,8 @@
 #include "mixtrain/core/dtype.h"
 #include "mixtrain/core/error.h"
 #include "mixtrain/core/logging.h"
+#include "mixtrain/core/param_placement.h"
+#include "mixtrain/core/text.h"
 #include "mixtrain/data/dataset.h"
 #include "mixtrain/distributed/config_agreement.h"
 #include "mixtrain/distributed/data_parallel.h"
@@ -103,6 +107,43 @@ NamedParameters named_parameters_of(const CausalLM& model) {
   NamedParameters params;
   for (const auto& item : model.named_parameters()) params.emplace_back(item.key(), item.value());
   return params;
+}
+
+// model.init_from: this rank's pieces of every parameter from the Hugging Face directory, after
+// sharding (each rank reads only its rows) and after the optimizer is built: a low-precision
+// parameter with an fp32 main param is read into the main param (the file's values, exact when
+// the file is float32) and the model param is its rounding (to nearest even, as the copy-back
+// after each step); any other parameter is read into itself.
+void import_init_from(CausalLM& model, const FullyShardedModel* sharded,
+                      const TrainingOptimizer& optimizer, const std::string& dir, bool is_rank0) {
+  std::map<std::string, at::Tensor> mains;
+  for (const auto& [key, tensor] : optimizer.state_dict()) {
+    if (starts_with(key, kMainParamPrefix)) {
+      mains[key.substr(std::string(kMainParamPrefix).size())] = tensor;
+    }
+  }
+  std::vector<HfImportTarget> targets;
+  std::vector<std::pair<at::Tensor, at::Tensor>> rounded;  // (model param, its main param)
+  for (const auto& item : model.named_parameters()) {
+    const at::Tensor& param = item.value();
+    const auto main = mains.find(item.key());
+    const at::Tensor& local = main == mains.end() ? param : main->second;
+    if (main != mains.end()) rounded.emplace_back(param, main->second);
+    targets.push_back({item.key(), local,
+                       sharded ? sharded->placement(item.key())
+                               : whole_placement(item.key(), param.sizes().vec())});
+  }
+  const HfImportStats stats = import_hf_weights(dir, targets);
+  {
+    torch::NoGradGuard no_grad;
+    for (auto& [param, main] : rounded) param.copy_(main);
+  }
+  if (is_rank0) {
+    log_info("init_from: " + std::to_string(targets.size()) + " parameters from " + dir + " (" +
+             std::to_string(stats.files) + " safetensors file(s); this rank read " +
+             std::to_string(stats.data_bytes_read) + " bytes of weights" +
+             (rounded.empty() ? "" : ", into the fp32 main params") + ")");
+  }
 }
 
 struct StepLoss {
@@ -231,6 +272,9 @@ Trainer::Trainer(const ResolvedConfig& resolved, const DeviceMesh& mesh, const s
   if (sharded_) {
     if (config.optimizer.fp32_main_params) sharded_->set_main_grads(optimizer_.get());
     optimizer_->chained().set_placements(sharded_->placements());
+  }
+  if (!config.model.init_from.empty()) {
+    import_init_from(*model_, sharded_.get(), *optimizer_, config.model.init_from, is_rank0);
   }
   if (config.optimizer.swap_optimizer) {
     // The tier follows the rank's device, where the parameters and their state are.

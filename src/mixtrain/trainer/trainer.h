@@ -2,7 +2,9 @@
 //
 // Trainer builds, in the order of fp32-main-params §6.1: model, model_init_dtype, sharding
 // (FSDP/HSDP/DDP/EP when the mesh has several ranks, or when the compute dtype differs from the
-// stored one), the optimizer stack, the data stream, and then, with checkpoint.restore_from,
+// stored one), the optimizer stack, model.init_from's Hugging Face weights into each rank's
+// pieces (checkpoint/hf_import.h; into the fp32 main params where there are, the model params
+// their rounding), the data stream, and then, with checkpoint.restore_from,
 // restores the checkpoint (model, then model_init_dtype, then optimizer; trainer/checkpointing.h).
 // One step() = micro-batches with gradient accumulation (cross-entropy + router aux loss),
 // prepare_grads, global grad-norm clipping, the scheduled LR, the optimizer step, zero_grad.

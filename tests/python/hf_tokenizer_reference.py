@@ -1,4 +1,4 @@
-"""Hugging Face `tokenizers` as the reference of mixtrain's C++ BPE tokenizer (data/bpe_tokenizer).
+r"""Hugging Face `tokenizers` as the reference of mixtrain's C++ BPE tokenizer (data/bpe_tokenizer).
 
 Run by the C++ tests (unit_data_bpe_tokenizer_test, tools_data_prepare_test) and
 bench/data_prepare.cpp through MIXTRAIN_PYTHON; not named *_oracle.py, which CMake would run as a
@@ -7,7 +7,8 @@ test of its own.
   make OUT_DIR      trains byte-level BPE tokenizers with tokenizers' BpeTrainer on a generated
                     multilingual corpus (no download): qwen2 (Qwen2's Split regex), llama3
                     (Llama-3's regex, ignore_merges), gpt2 (ByteLevel use_regex), qwen2_str (qwen2
-                    with "a b" string merges), big (qwen2 padded past 65536 ids, for uint32
+                    with "a b" string merges), regex_features (qwen2 behind Splits using \h \v ^
+                    $ \s \S and a Removed String), big (qwen2 padded past 65536 ids, for uint32
                     shards); writes OUT_DIR/<name>.json and OUT_DIR/cases.json: for every
                     tokenizer and test text (bytes, hex), the ids HF gives for
                     bytes.decode("utf-8", errors="replace") and that decoded text (hex).
@@ -52,7 +53,8 @@ FRAGMENTS = [
     "1234567890", "3.14159", "1,000,000", "2026-12-02 05:00:00", "² ³ ½ Ⅻ ⅷ", "０１２３",
     "a    b\t\t c", "\n\n\n", "   ", "\t", " \u00a0 \u3000 \u2028 \u0085 ", "zero\u200bwidth",
     "mongolian\u180eseparator", "https://example.com/path?q=1&r=2#frag", "e-mail: a.b@c.de",
-    "!!!???...", "--- *** ___", "'s 's 'S 'll 'LL", "ſ ﬅ K",
+    "!!!???...", "--- *** ___", "'s 's 'S 'll 'LL", "ſ ﬅ K", "It'ſ THE'LL", "\u180e[=\u180e",
+    "\x0b\x0c\x1c\x1d\x1e\x1f \u2029 \ufeff", "deadBEEF cafe 0x1f\nline\n",
 ]
 
 ADDED_IN_TEXT = [
@@ -106,6 +108,18 @@ def test_texts():
     texts = [f.encode() for f in FRAGMENTS + ADDED_IN_TEXT] + INVALID
     texts += [d.encode() for d in corpus(rng, 60, 1, 20)]
     texts += [" " * 1000 + "x", "a" * 3000, "\n" * 300, "日本" * 400, "", " "]
+    # Random code points, weighted to ASCII and to the whitespace characters the regex engines
+    # could disagree on; some astral and unassigned.
+    spaces = [0x9, 0xA, 0xB, 0xC, 0xD, 0x20, 0x85, 0xA0, 0x1680, 0x180E, 0x2000, 0x200A, 0x200B,
+              0x2028, 0x2029, 0x202F, 0x205F, 0x3000, 0xFEFF, 0x1C, 0x1D, 0x1E, 0x1F]
+    for _ in range(400):
+        cps = []
+        for _ in range(rng.randint(1, 30)):
+            r = rng.random()
+            cp = (rng.randint(0x20, 0x7E) if r < 0.3 else rng.choice(spaces) if r < 0.45
+                  else rng.randint(0x80, 0xFFFF) if r < 0.85 else rng.randint(0x10000, 0x10FFFF))
+            cps.append(chr(0x41 if 0xD800 <= cp <= 0xDFFF else cp))
+        texts.append("".join(cps))
     texts = [t if isinstance(t, bytes) else t.encode() for t in texts]
     # Random byte soup: fragments cut at random byte offsets and glued (invalid UTF-8 mid-text).
     for _ in range(40):
@@ -125,6 +139,15 @@ def make(out_dir):
     s = json.loads(json.dumps(specs["qwen2"]))
     s["model"]["merges"] = [" ".join(m) for m in s["model"]["merges"]]
     specs["qwen2_str"] = s
+    # Regex constructs whose Oniguruma (Ruby syntax) meaning PCRE2 must be told: \h (hex digit),
+    # \v (VT), ^ and $ (line anchors), \s and \S; a String pattern with Removed.
+    s = json.loads(json.dumps(specs["qwen2"]))
+    steps = s["pre_tokenizer"]["pretokenizers"]
+    s["pre_tokenizer"]["pretokenizers"] = [
+        {"type": "Split", "pattern": {"String": "\n\n"}, "behavior": "Removed", "invert": False},
+        {"type": "Split", "pattern": {"Regex": r"^\h+|\v|[\h\s]x|\S+$|[^\s]{7}"},
+         "behavior": "Isolated", "invert": False}] + steps
+    specs["regex_features"] = s
     big = json.loads(json.dumps(specs["qwen2"]))
     n = max(big["model"]["vocab"].values()) + 1
     n = max([n] + [t["id"] + 1 for t in big["added_tokens"]])

@@ -255,15 +255,76 @@ void BpeTokenizer::Impl::load(const nlohmann::json& root) {
   load_added(r, root);
 }
 
+namespace {
+
+// tokenizers compiles Split regexes with Oniguruma's default (Ruby) syntax. Rewritten for
+// PCRE2 where the two differ on constructs a pre-tokenizer uses (checked against tokenizers by
+// bpe_tokenizer_test): \s is Unicode White_Space (PCRE2's also has U+180E), \h a hex digit,
+// \v the VT character; ^ and $ are line anchors (PCRE2_MULTILINE, newline LF, at compile).
+// Refused rather than guessed: \w \W \b \B (Oniguruma's word class is not PCRE2's),
+// negated \S \H inside a class, and class set operations (&&).
+std::string onig_to_pcre2(const std::string& pattern, const JsonFieldReader& r,
+                          const std::string& field) {
+  // White_Space: Z, \t \n \v \f \r and NEL (PCRE2's \p{Xps} has U+180E too).
+  const std::string space = "\\p{Z}\\x{09}-\\x{0d}\\x{85}";
+  const std::string hex = "0-9a-fA-F";
+  std::string out;
+  bool in_class = false;
+  for (size_t i = 0; i < pattern.size(); ++i) {
+    const char c = pattern[i];
+    if (c == '\\' && i + 1 < pattern.size()) {
+      const char d = pattern[++i];
+      const bool negated = d == 'S' || d == 'H';
+      if (d == 's' || d == 'S' || d == 'h' || d == 'H') {
+        if (in_class && negated) {
+          r.fail(field, std::string("\\") + d + " inside a character class is not supported");
+        }
+        const std::string& set = (d == 's' || d == 'S') ? space : hex;
+        out += in_class ? set : (negated ? "[^" : "[") + set + "]";
+      } else if (d == 'v') {
+        out += "\\x{0b}";
+      } else if (d == 'w' || d == 'W' || d == 'b' || d == 'B') {
+        r.fail(field, std::string("\\") + d +
+                          " is not supported (Oniguruma's word characters are not PCRE2's)");
+      } else {
+        out += c;
+        out += d;
+      }
+      continue;
+    }
+    if (in_class && c == '&' && i + 1 < pattern.size() && pattern[i + 1] == '&') {
+      r.fail(field, "character class set operations (&&) are not supported");
+    }
+    if (!in_class && c == '[') {
+      in_class = true;
+      out += c;
+      if (i + 1 < pattern.size() && pattern[i + 1] == '^') out += pattern[++i];
+      if (i + 1 < pattern.size() && pattern[i + 1] == ']') out += pattern[++i];  // a literal ]
+      continue;
+    }
+    if (in_class && c == '[') r.fail(field, "nested character classes are not supported");
+    if (in_class && c == ']') in_class = false;
+    out += c;
+  }
+  return out;
+}
+
+}  // namespace
+
 void BpeTokenizer::Impl::add_split(const JsonFieldReader& r, const std::string& field,
-                                   const std::string& pattern, bool literal, bool removed) {
+                                   const std::string& source, bool literal, bool removed) {
   auto step = std::make_unique<SplitStep>();
   int error = 0;
   PCRE2_SIZE offset = 0;
-  const uint32_t options =
-      PCRE2_UTF | (literal ? PCRE2_LITERAL : PCRE2_UCP);  // UCP: not with LITERAL
+  const std::string pattern = literal ? source : onig_to_pcre2(source, r, field);
+  // UCP is not allowed with LITERAL.
+  const uint32_t options = PCRE2_UTF | (literal ? PCRE2_LITERAL : PCRE2_UCP | PCRE2_MULTILINE);
+  pcre2_compile_context* context = pcre2_compile_context_create(nullptr);
+  if (!context) throw std::bad_alloc();
+  pcre2_set_newline(context, PCRE2_NEWLINE_LF);
   step->code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(), options,
-                             &error, &offset, nullptr);
+                             &error, &offset, context);
+  pcre2_compile_context_free(context);
   if (!step->code) {
     PCRE2_UCHAR message[256];
     pcre2_get_error_message(error, message, sizeof(message));

@@ -105,6 +105,9 @@ TEST_F(BpeTokenizerTest, Gpt2ByteLevelRegexIsIdentical) {
 TEST_F(BpeTokenizerTest, IdsPastUint16AreIdentical) {
   expect_identical("big");
 }
+TEST_F(BpeTokenizerTest, OnigurumaRegexConstructsAndRemovedAreIdentical) {
+  expect_identical("regex_features");
+}
 
 TEST_F(BpeTokenizerTest, InvalidUtf8IsReplacedAsPythonDoes) {
   int invalid = 0;
@@ -151,6 +154,12 @@ TEST_F(BpeTokenizerTest, UnsupportedFieldsAreOneErrorNamingTheField) {
       {"/pre_tokenizer/pretokenizers/0/pattern",
        {{"Regex", "(unclosed"}},
        "pre_tokenizer.pretokenizers[0].pattern: PCRE2 cannot compile it"},
+      {"/pre_tokenizer/pretokenizers/0/pattern",
+       {{"Regex", "\\w+"}},
+       "pre_tokenizer.pretokenizers[0].pattern: \\w is not supported"},
+      {"/pre_tokenizer/pretokenizers/0/pattern",
+       {{"Regex", "[^\\S]"}},
+       "pre_tokenizer.pretokenizers[0].pattern: \\S inside a character class"},
       {"/pre_tokenizer/pretokenizers/1/add_prefix_space", true,
        "pre_tokenizer.pretokenizers[1].add_prefix_space: true is not supported"},
       {"/pre_tokenizer/pretokenizers/0/type", "Whitespace",

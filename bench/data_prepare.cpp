@@ -3,10 +3,13 @@
 //
 // A plain program. The reference script (tests/python/hf_tokenizer_reference.py, run by
 // MIXTRAIN_PYTHON) trains the test's Qwen2-style byte-level BPE (Qwen2's pre-tokenizer regex,
-// 1200 tokens) and writes a generated multilingual .jsonl corpus of about --megabytes MB (the
-// test's fragments: English, CJK, Cyrillic, Arabic, Devanagari, emoji, code; one document per
-// line). Then, R rounds (default 3), alternately (the order flips every round, so that a drift
-// in the machine's load falls on both):
+// 1200 tokens) and writes two generated .jsonl corpora of about --megabytes MB each (default
+// 10), one document per line: "fragments" (the test's multilingual fragments: English, CJK,
+// Cyrillic, Arabic, Devanagari, emoji, code; words repeat, so a word cache hits, as on real
+// text's frequent words) and "novel" (words of random syllables and random CJK ideographs,
+// nearly all distinct: the cache mostly misses and BPE merges run). Then, per corpus, R rounds
+// (default 3), alternately (the order flips every round, so that a drift in the machine's load
+// falls on both):
 //   ours: `mixtrain data prepare --tokenizer T --input corpus.jsonl --out DIR --val-fraction 0`
 //         (OMP_NUM_THREADS=1; the command is single-threaded). Its own figure: input MB / the
 //         seconds from the first document read to the last shard written (JSON parsing of every
@@ -43,7 +46,7 @@ struct Options {
   std::string python = MIXTRAIN_PYTHON;
   std::string reference =
       std::string(MIXTRAIN_SOURCE_DIR) + "/tests/python/hf_tokenizer_reference.py";
-  int megabytes = 20;
+  int megabytes = 10;
   int rounds = 3;
   std::string work_base;
   bool keep = false;
@@ -96,60 +99,65 @@ int main(int argc, char** argv) {
   require_executable(o.binary);
   const std::string work = make_work_dir(o.work_base, "bench-data-prepare");
   const std::string tokenizer = work + "/tok/qwen2.json";
-  const std::string corpus = work + "/corpus.jsonl";
   run({o.python, o.reference, "make", work + "/tok"}, work + "/make.log");
-  run({o.python, o.reference, "corpus", std::to_string(o.megabytes * 1000000), corpus},
-      work + "/corpus.log");
-
-  std::printf("bench_data_prepare: %s, corpus %s (%d MB target), tokenizer %s (1200 tokens)\n",
-              cpu_model().c_str(), corpus.c_str(), o.megabytes, tokenizer.c_str());
+  std::printf("bench_data_prepare: %s, tokenizer %s (1200 tokens), %d MB per corpus\n",
+              cpu_model().c_str(), tokenizer.c_str(), o.megabytes);
   // "data prepare: D documents, X MB in S s (R MB/s); train: D documents, T tokens, ..."
   const std::regex summary(
       R"(data prepare: (\d+) documents, [0-9.]+ MB in [0-9.e+-]+ s \(([0-9.]+) MB/s\); train: \d+ documents, (\d+) tokens)");
-  double best_ours = 0, best_hf = 0, best_hf_fast = 0;
-  long long ours_tokens = -1, hf_tokens = -1;
-  for (int round = 0; round < o.rounds; ++round) {
-    for (int side = 0; side < 2; ++side) {
-      const bool ours = (side == 0) == (round % 2 == 0);
-      if (ours) {
-        const std::string out = work + "/out" + std::to_string(round);
-        const std::string log = work + "/ours" + std::to_string(round) + ".log";
-        const double wall = run({o.binary, "data", "prepare", "--tokenizer", tokenizer, "--input",
-                                 corpus, "--out", out, "--val-fraction", "0"},
-                                log);
-        std::smatch m;
-        const std::string text = read_all(log);
-        if (!std::regex_search(text, m, summary)) fail("no summary line in " + log);
-        const double rate = std::stod(m[2]);
-        ours_tokens = std::stoll(m[3]) - std::stoll(m[1]);  // without the EOS of each document
-        best_ours = std::max(best_ours, rate);
-        std::printf("  round %d ours: %.2f MB/s (process wall %.2f s)\n", round + 1, rate, wall);
-        std::filesystem::remove_all(out);
-      } else {
-        const std::string log = work + "/hf" + std::to_string(round) + ".log";
-        run({o.python, o.reference, "bench", tokenizer, corpus}, log,
-            {{"RAYON_NUM_THREADS", "1"}, {"TOKENIZERS_PARALLELISM", "false"}});
-        const std::string text = read_all(log);
-        const size_t brace = text.rfind('{');
-        if (brace == std::string::npos) fail("no JSON in " + log);
-        const nlohmann::json j = nlohmann::json::parse(text.substr(brace));
-        const double rate = j.at("mb_per_s"), fast = j.at("fast_mb_per_s");
-        hf_tokens = j.at("tokens");
-        if (j.at("fast_tokens") != hf_tokens) fail("encode_batch_fast gave another token count");
-        best_hf = std::max(best_hf, rate);
-        best_hf_fast = std::max(best_hf_fast, fast);
-        std::printf(
-            "  round %d HF tokenizers: encode_batch %.2f MB/s, encode_batch_fast %.2f MB/s\n",
-            round + 1, rate, fast);
+  bool all_equal = true;
+  for (const std::string kind : {"fragments", "novel"}) {
+    const std::string corpus = work + "/" + kind + ".jsonl";
+    run({o.python, o.reference, "corpus", std::to_string(o.megabytes * 1000000), corpus, kind},
+        work + "/corpus.log");
+    std::printf("corpus %s:\n", kind.c_str());
+    double best_ours = 0, best_hf = 0, best_hf_fast = 0;
+    long long ours_tokens = -1, hf_tokens = -1;
+    for (int round = 0; round < o.rounds; ++round) {
+      for (int side = 0; side < 2; ++side) {
+        const bool ours = (side == 0) == (round % 2 == 0);
+        const std::string tag = kind + std::to_string(round);
+        if (ours) {
+          const std::string out = work + "/out-" + tag;
+          const std::string log = work + "/ours-" + tag + ".log";
+          const double wall = run({o.binary, "data", "prepare", "--tokenizer", tokenizer, "--input",
+                                   corpus, "--out", out, "--val-fraction", "0"},
+                                  log);
+          std::smatch m;
+          const std::string text = read_all(log);
+          if (!std::regex_search(text, m, summary)) fail("no summary line in " + log);
+          const double rate = std::stod(m[2]);
+          ours_tokens = std::stoll(m[3]) - std::stoll(m[1]);  // without each document's EOS
+          best_ours = std::max(best_ours, rate);
+          std::printf("  round %d ours: %.2f MB/s (process wall %.2f s)\n", round + 1, rate, wall);
+          std::filesystem::remove_all(out);
+        } else {
+          const std::string log = work + "/hf-" + tag + ".log";
+          run({o.python, o.reference, "bench", tokenizer, corpus}, log,
+              {{"RAYON_NUM_THREADS", "1"}, {"TOKENIZERS_PARALLELISM", "false"}});
+          const std::string text = read_all(log);
+          const size_t brace = text.rfind('{');
+          if (brace == std::string::npos) fail("no JSON in " + log);
+          const nlohmann::json j = nlohmann::json::parse(text.substr(brace));
+          const double rate = j.at("mb_per_s"), fast = j.at("fast_mb_per_s");
+          hf_tokens = j.at("tokens");
+          if (j.at("fast_tokens") != hf_tokens) fail("encode_batch_fast gave another token count");
+          best_hf = std::max(best_hf, rate);
+          best_hf_fast = std::max(best_hf_fast, fast);
+          std::printf(
+              "  round %d HF tokenizers: encode_batch %.2f MB/s, encode_batch_fast %.2f MB/s\n",
+              round + 1, rate, fast);
+        }
       }
     }
+    std::printf(
+        "  best of %d: ours %.2f MB/s; HF tokenizers encode_batch %.2f MB/s (ours / HF x%.2f), "
+        "encode_batch_fast %.2f MB/s (x%.2f)\n",
+        o.rounds, best_ours, best_hf, best_ours / best_hf, best_hf_fast, best_ours / best_hf_fast);
+    std::printf("  tokens (without EOS): ours %lld, HF %lld: %s\n", ours_tokens, hf_tokens,
+                ours_tokens == hf_tokens ? "equal" : "DIFFERENT");
+    all_equal = all_equal && ours_tokens == hf_tokens;
   }
-  std::printf(
-      "best of %d: ours %.2f MB/s; HF tokenizers encode_batch %.2f MB/s (ours / HF x%.2f), "
-      "encode_batch_fast %.2f MB/s (x%.2f)\n",
-      o.rounds, best_ours, best_hf, best_ours / best_hf, best_hf_fast, best_ours / best_hf_fast);
-  std::printf("tokens (without EOS): ours %lld, HF %lld: %s\n", ours_tokens, hf_tokens,
-              ours_tokens == hf_tokens ? "equal" : "DIFFERENT");
   keep_or_remove(work, o.keep, "bench_data_prepare: work directory kept: ");
-  return ours_tokens == hf_tokens ? 0 : 1;
+  return all_equal ? 0 : 1;
 }

@@ -18,8 +18,10 @@ test of its own.
                     (.jsonl, field "text") with encode_batch and with encode_batch_fast (no
                     offsets) on one thread (RAYON_NUM_THREADS=1, TOKENIZERS_PARALLELISM false),
                     best of 3 calls each.
-  corpus N_BYTES OUT
-                    writes a generated multilingual corpus of about N_BYTES, one document per line.
+  corpus N_BYTES OUT fragments|novel
+                    writes a generated .jsonl corpus of about N_BYTES, one document per line:
+                    the test's fragments (words repeat: a word cache hits) or novel words (random
+                    syllables and CJK ideographs: it mostly misses).
 """
 
 import json
@@ -186,12 +188,34 @@ def encode(tok_path, docs_path, out_path):
         json.dump(ids, f)
 
 
-def write_corpus(n_bytes, out_path):
+SYLLABLES = ("ka to ri mo an el us ver sch str ing tion pre con dis ment able ous qu ph th ch "
+             "ка то ри мо ан ел ус ов ск ств ни про за ся ого ать").split()
+
+
+def novel_document(rng):
+    """Words nobody repeats: 1-4 random syllables (Latin, Cyrillic) or 1-3 random CJK
+    ideographs, with digits and punctuation: most words miss a tokenizer's word cache."""
+    words = []
+    for _ in range(rng.randint(20, 200)):
+        r = rng.random()
+        if r < 0.7:
+            words.append("".join(rng.choice(SYLLABLES) for _ in range(rng.randint(1, 4))))
+        elif r < 0.85:
+            words.append("".join(chr(rng.randint(0x4E00, 0x9FFF)) for _ in range(rng.randint(1, 3))))
+        else:
+            words.append(rng.choice([str(rng.randint(0, 99999)), ",", ".", "!", "(x)", "--"]))
+    return " ".join(words)
+
+
+def write_corpus(n_bytes, out_path, kind):
     rng = random.Random(11)
     size = 0
     with open(out_path, "w", encoding="utf-8") as f:
         while size < n_bytes:
-            doc = corpus(rng, 1, 5, 40)[0].replace("\n", " ").replace("\r", " ").replace("\u2028", " ").replace("\u0085", " ")
+            if kind == "fragments":
+                doc = corpus(rng, 1, 5, 40)[0]
+            else:
+                doc = novel_document(rng)
             line = json.dumps({"text": doc}, ensure_ascii=False) + "\n"
             f.write(line)
             size += len(line.encode())
@@ -224,8 +248,8 @@ def main(argv):
         encode(argv[2], argv[3], argv[4])
     elif len(argv) == 4 and argv[1] == "bench":
         bench(argv[2], argv[3])
-    elif len(argv) == 4 and argv[1] == "corpus":
-        write_corpus(int(argv[2]), argv[3])
+    elif len(argv) == 5 and argv[1] == "corpus" and argv[4] in ("fragments", "novel"):
+        write_corpus(int(argv[2]), argv[3], argv[4])
     else:
         sys.exit(__doc__)
 

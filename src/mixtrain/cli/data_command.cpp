@@ -274,7 +274,8 @@ int data_prepare_command(const DataPrepareOptions& options) {
             << " tokens, " << train_files.size() << " files; val: " << val.documents
             << " documents, " << val.writer->tokens() << " tokens, " << val_files.size()
             << " files; " << options.out << "/prepare.json" << std::endl;
-  if (val.documents == 0) {
+  if (val.documents == 0 &&
+      (options.val_documents > 0 || (options.val_documents < 0 && options.val_fraction > 0))) {
     std::cerr << "data prepare: warning: no document was held out (no val_*.bin): raise "
                  "--val-fraction or use --val-documents N"
               << std::endl;

@@ -17,9 +17,10 @@
 //                   tokenizers assigns them on load (== "id" in every file it wrote)
 //   ignored         post_processor (BOS/EOS templates: data prepare places EOS itself),
 //                   decoder, truncation, padding: they do not change the ids of a text.
-// Regexes run on PCRE2 (UTF + UCP, JIT when available) and are iterated as the Rust onig crate
-// iterates tokenizers' Oniguruma matches (an empty match right after the previous match is
-// skipped by one character).
+// Regexes run on PCRE2 (UTF + UCP, JIT when available), rewritten first where Oniguruma's Ruby
+// syntax, which tokenizers uses, means something else (\s, \h, \v, ^, $; \w and \b refused),
+// and are iterated as the Rust onig crate iterates tokenizers' matches (an empty match right
+// after the previous match is skipped by one character).
 //
 // Input text is bytes: invalid UTF-8 is first replaced as Python's
 // bytes.decode("utf-8", errors="replace") does (each maximal ill-formed subpart becomes one

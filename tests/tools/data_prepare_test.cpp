@@ -295,7 +295,12 @@ TEST_F(DataPrepareTest, ErrorsLeaveTheOutputDirectoryAsItWas) {
   EXPECT_EQ(slurp(out + "/train_000000.bin"), "old");
   EXPECT_EQ(entries().size(), 1u);
 
-  // Flags: an unknown input kind, an unknown EOS, and both split options.
+  // A typo names the command; flags: an unknown input kind, an unknown EOS, both split options.
+  result = run_mixtrain("data prepar --tokenizer x");
+  EXPECT_EQ(result.exit_code, 2) << result.output;
+  EXPECT_NE(result.output.find("unknown command 'data prepar' (did you mean 'data prepare'?)"),
+            std::string::npos)
+      << result.output;
   spit(dir.file("notes.md"), "x");
   result = run_mixtrain("data prepare --tokenizer " + tokenizer("qwen2") + " --input " +
                         dir.file("notes.md") + " --out " + dir.file("o2"));

@@ -8,7 +8,8 @@ test of its own.
                     multilingual corpus (no download): qwen2 (Qwen2's Split regex), llama3
                     (Llama-3's regex, ignore_merges), gpt2 (ByteLevel use_regex), qwen2_str (qwen2
                     with "a b" string merges), regex_features (qwen2 behind Splits using \h \v ^
-                    $ \s \S and a Removed String), big (qwen2 padded past 65536 ids, for uint32
+                    $ \s \S and a Removed String), llama3_empty_normalizer (an empty
+                    normalizer Sequence), big (qwen2 padded past 65536 ids, for uint32
                     shards); writes OUT_DIR/<name>.json and OUT_DIR/cases.json: for every
                     tokenizer and test text (bytes, hex), the ids HF gives for
                     bytes.decode("utf-8", errors="replace") and that decoded text (hex).
@@ -151,6 +152,9 @@ def make(out_dir):
         {"type": "Split", "pattern": {"Regex": r"^\h+|\v|[\h\s]x|\S+$|[^\s]{7}"},
          "behavior": "Isolated", "invert": False}] + steps
     specs["regex_features"] = s
+    s = json.loads(json.dumps(specs["llama3"]))
+    s["normalizer"] = {"type": "Sequence", "normalizers": []}  # a no-op normalizer
+    specs["llama3_empty_normalizer"] = s
     big = json.loads(json.dumps(specs["qwen2"]))
     n = max(big["model"]["vocab"].values()) + 1
     n = max([n] + [t["id"] + 1 for t in big["added_tokens"]])

@@ -241,14 +241,19 @@ void BpeTokenizer::Impl::load(const nlohmann::json& root) {
   const JsonFieldReader r(where);
   if (!root.is_object())
     r.fail("(top level)", "must be an object, got " + std::string(root.type_name()));
-  if (const nlohmann::json* normalizer = r.optional_member(root, "normalizer");
-      normalizer && !normalizer->is_null()) {
+  // null, or a Sequence of no normalizers (a no-op some files carry).
+  const nlohmann::json* normalizer = r.optional_member(root, "normalizer");
+  const bool empty_sequence = normalizer && normalizer->is_object() &&
+                              normalizer->value("type", "") == "Sequence" &&
+                              normalizer->contains("normalizers") &&
+                              normalizer->at("normalizers") == nlohmann::json::array();
+  if (normalizer && !normalizer->is_null() && !empty_sequence) {
     const std::string type = normalizer->is_object() && normalizer->contains("type")
                                  ? normalizer->at("type").dump()
                                  : normalizer->dump();
     r.fail("normalizer", "type " + type +
-                             " is not supported (only null: mixtrain has no Unicode "
-                             "normalization tables)");
+                             " is not supported (only null or an empty Sequence: mixtrain has "
+                             "no Unicode normalization tables)");
   }
   load_pre_tokenizer(r, root);
   load_model(r, r.object(root, "model", "model"));

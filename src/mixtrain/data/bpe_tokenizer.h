@@ -4,7 +4,8 @@
 //
 // Accepted subset (docs/data.md lists it); anything else is one DataError
 // "<file>: <field>: <problem>" naming the JSON field and its value:
-//   normalizer      null (NFC and every other normalizer are refused: no Unicode tables here)
+//   normalizer      null or an empty Sequence (NFC and every other normalizer are refused: no
+//                   Unicode tables here)
 //   pre_tokenizer   ByteLevel, or Sequence of Split* then ByteLevel. Split: pattern {"Regex"} or
 //                   {"String"}, behavior Isolated or Removed, invert false. ByteLevel:
 //                   add_prefix_space false; use_regex true splits with GPT-2's regex first.

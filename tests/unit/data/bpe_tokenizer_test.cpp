@@ -108,6 +108,9 @@ TEST_F(BpeTokenizerTest, IdsPastUint16AreIdentical) {
 TEST_F(BpeTokenizerTest, OnigurumaRegexConstructsAndRemovedAreIdentical) {
   expect_identical("regex_features");
 }
+TEST_F(BpeTokenizerTest, EmptyNormalizerSequenceIsIdentical) {
+  expect_identical("llama3_empty_normalizer");
+}
 
 TEST_F(BpeTokenizerTest, InvalidUtf8IsReplacedAsPythonDoes) {
   int invalid = 0;
@@ -147,6 +150,9 @@ TEST_F(BpeTokenizerTest, UnsupportedFieldsAreOneErrorNamingTheField) {
   };
   const std::vector<Case> cases = {
       {"/normalizer", {{"type", "NFC"}}, "tok.json: normalizer: type \"NFC\" is not supported"},
+      {"/normalizer",
+       {{"type", "Sequence"}, {"normalizers", {{{"type", "NFKC"}}}}},
+       "tok.json: normalizer: type \"Sequence\" is not supported"},
       {"/pre_tokenizer/pretokenizers/0/behavior", "MergedWithPrevious",
        "pre_tokenizer.pretokenizers[0].behavior: \"MergedWithPrevious\" is not supported"},
       {"/pre_tokenizer/pretokenizers/0/invert", true,

@@ -9,10 +9,12 @@ test of its own.
                     (Llama-3's regex, ignore_merges), gpt2 (ByteLevel use_regex), qwen2_str (qwen2
                     with "a b" string merges), regex_features (qwen2 behind Splits using \h \v ^
                     $ \s \S and a Removed String), llama3_empty_normalizer (an empty
-                    normalizer Sequence), big (qwen2 padded past 65536 ids, for uint32
+                    normalizer Sequence), qwen2_nfc (normalizer NFC), big (qwen2 padded past 65536 ids, for uint32
                     shards); writes OUT_DIR/<name>.json and OUT_DIR/cases.json: for every
                     tokenizer and test text (bytes, hex), the ids HF gives for
                     bytes.decode("utf-8", errors="replace") and that decoded text (hex).
+  nfc OUT           writes OUT (JSON): random strings rich in combining marks, Hangul jamo and
+                    precomposed letters, with Python's unicodedata NFC of each (hex).
   encode TOK DOCS OUT
                     DOCS: JSON list of hex byte strings; OUT: JSON list of HF's id lists.
   bench TOK CORPUS  prints JSON {"mb_per_s": ..., "fast_mb_per_s": ...}: HF encoding CORPUS
@@ -30,6 +32,7 @@ import os
 import random
 import sys
 import time
+import unicodedata
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("RAYON_NUM_THREADS", "1")
@@ -64,6 +67,9 @@ FRAGMENTS = [
 ADDED_IN_TEXT = [
     "<|im_start|>user\nhi there<|im_end|>\n", "<|endoftext|><|endoftext|>", "<think>x</think>",
     "<|im partial", "<|im_start no end", "a<|endoftext|>b", "tool call here", "<think><|im",
+    "café! cafe\u0301! Cafe\u0301!",
+    "\u212b \u0958 a\u0302\u0323 a\u0323\u0302 \u1100\u1161\u11a8 \uac00\u11a8",
+    "\u0344 \u0f73 \u1e9b\u0323 q\u0307\u0323 \u0061\u0328\u0301 \u00c5\u0301 \u2126 \u0387",
 ]
 
 INVALID = [
@@ -100,7 +106,8 @@ def build(regex, use_split, vocab_size, seed, ignore_merges=False):
     tok.add_tokens([AddedToken("<think>", normalized=False, special=False),
                     AddedToken("</think>", normalized=False, special=False),
                     AddedToken("<|im", normalized=True, special=False),
-                    AddedToken("tool call", normalized=True, special=False)])
+                    AddedToken("tool call", normalized=True, special=False),
+                    AddedToken("cafe\u0301!", normalized=True, special=False)])
     j = json.loads(tok.to_str())
     if ignore_merges:
         j["model"]["ignore_merges"] = True
@@ -155,6 +162,9 @@ def make(out_dir):
     s = json.loads(json.dumps(specs["llama3"]))
     s["normalizer"] = {"type": "Sequence", "normalizers": []}  # a no-op normalizer
     specs["llama3_empty_normalizer"] = s
+    s = json.loads(json.dumps(specs["qwen2"]))
+    s["normalizer"] = {"type": "NFC"}  # as Qwen2's own tokenizer.json
+    specs["qwen2_nfc"] = s
     big = json.loads(json.dumps(specs["qwen2"]))
     n = max(big["model"]["vocab"].values()) + 1
     n = max([n] + [t["id"] + 1 for t in big["added_tokens"]])
@@ -181,6 +191,23 @@ def make(out_dir):
                           "ids": ids})
     with open(os.path.join(out_dir, "cases.json"), "w") as f:
         json.dump({"cases": cases}, f)
+
+
+def nfc_cases(out_path):
+    """Random strings rich in what NFC changes, and Python's unicodedata NFC of each."""
+    rng = random.Random(13)
+    pools = [range(0x41, 0x7B), range(0xC0, 0x180), range(0x300, 0x370), range(0x1100, 0x1113),
+             range(0x1161, 0x1176), range(0x11A8, 0x11C3), range(0xAC00, 0xAC40),
+             range(0x900, 0x980), range(0xF40, 0xFC0), range(0x1E00, 0x1F00), range(0x1F00, 0x2000),
+             range(0x2120, 0x2130), range(0x3099, 0x309B), range(0x304B, 0x3060),
+             range(0x1D15E, 0x1D165), range(0x10000, 0x10100), range(0x11099, 0x110B0)]
+    cases = []
+    for _ in range(3000):
+        text = "".join(chr(rng.choice(rng.choice(pools))) for _ in range(rng.randint(1, 12)))
+        cases.append({"hex": text.encode().hex(),
+                      "nfc_hex": unicodedata.normalize("NFC", text).encode().hex()})
+    with open(out_path, "w") as f:
+        json.dump({"unicode": unicodedata.unidata_version, "cases": cases}, f)
 
 
 def encode(tok_path, docs_path, out_path):
@@ -250,6 +277,8 @@ def main(argv):
         make(argv[2])
     elif len(argv) == 5 and argv[1] == "encode":
         encode(argv[2], argv[3], argv[4])
+    elif len(argv) == 3 and argv[1] == "nfc":
+        nfc_cases(argv[2])
     elif len(argv) == 4 and argv[1] == "bench":
         bench(argv[2], argv[3])
     elif len(argv) == 5 and argv[1] == "corpus" and argv[4] in ("fragments", "novel"):

@@ -275,12 +275,12 @@ TEST_F(DataPrepareTest, ErrorsLeaveTheOutputDirectoryAsItWas) {
 
   // An unsupported tokenizer: the error names the field.
   nlohmann::json spec = nlohmann::json::parse(slurp(tokenizer("qwen2")));
-  spec["normalizer"] = {{"type", "NFC"}};
-  spit(dir.file("nfc.json"), spec.dump());
-  result = run_mixtrain("data prepare --tokenizer " + dir.file("nfc.json") + " --input " +
+  spec["normalizer"] = {{"type", "NFKC"}};
+  spit(dir.file("nfkc.json"), spec.dump());
+  result = run_mixtrain("data prepare --tokenizer " + dir.file("nfkc.json") + " --input " +
                         dir.file("a.txt") + " --out " + out);
   EXPECT_EQ(result.exit_code, 1) << result.output;
-  EXPECT_NE(result.output.find("nfc.json: normalizer: type \"NFC\" is not supported"),
+  EXPECT_NE(result.output.find("nfkc.json: normalizer: type \"NFKC\" is not supported"),
             std::string::npos)
       << result.output;
   EXPECT_TRUE(entries().empty());

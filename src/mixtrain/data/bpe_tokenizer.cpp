@@ -16,6 +16,7 @@
 
 #include "mixtrain/core/error.h"
 #include "mixtrain/core/json_reader.h"
+#include "mixtrain/data/unicode_nfc.h"
 
 namespace mixtrain {
 
@@ -128,6 +129,7 @@ struct SplitStep {
 
 struct AddedToken {
   std::string content;
+  std::string pattern;  // what is matched: content, NFC'd for a normalized token under NFC
   uint32_t id;
   bool special;
 };
@@ -137,11 +139,11 @@ struct AddedToken {
 class AddedMatcher {
  public:
   void add(const AddedToken* token) {
-    const auto first = static_cast<unsigned char>(token->content[0]);
+    const auto first = static_cast<unsigned char>(token->pattern[0]);
     auto& list = by_first_[first];
     list.push_back(token);
     std::stable_sort(list.begin(), list.end(), [](const AddedToken* a, const AddedToken* b) {
-      return a->content.size() > b->content.size();
+      return a->pattern.size() > b->pattern.size();
     });
   }
   bool empty() const {
@@ -156,7 +158,7 @@ class AddedMatcher {
     for (size_t i = 0; i < text.size();) {
       const AddedToken* hit = nullptr;
       for (const AddedToken* token : by_first_[static_cast<unsigned char>(text[i])]) {
-        if (text.compare(i, token->content.size(), token->content) == 0) {
+        if (text.compare(i, token->pattern.size(), token->pattern) == 0) {
           hit = token;
           break;
         }
@@ -166,8 +168,8 @@ class AddedMatcher {
         continue;
       }
       if (start < i) piece(text.substr(start, i - start), nullptr);
-      piece(text.substr(i, hit->content.size()), hit);
-      i += hit->content.size();
+      piece(text.substr(i, hit->pattern.size()), hit);
+      i += hit->pattern.size();
       start = i;
     }
     if (start < text.size()) piece(text.substr(start), nullptr);
@@ -207,6 +209,7 @@ struct BpeTokenizer::Impl {
   std::unordered_map<uint64_t, std::pair<uint32_t, uint32_t>> merges;
   std::array<std::string, 256> byte_char;
   std::array<int64_t, 256> byte_id{};  // -1: the byte's character is not in the vocabulary
+  bool nfc = false;                    // normalizer: NFC
   bool ignore_merges = false;
   std::optional<uint32_t> unk;
   bool fuse_unk = false;
@@ -241,19 +244,30 @@ void BpeTokenizer::Impl::load(const nlohmann::json& root) {
   const JsonFieldReader r(where);
   if (!root.is_object())
     r.fail("(top level)", "must be an object, got " + std::string(root.type_name()));
-  // null, or a Sequence of no normalizers (a no-op some files carry).
-  const nlohmann::json* normalizer = r.optional_member(root, "normalizer");
-  const bool empty_sequence = normalizer && normalizer->is_object() &&
-                              normalizer->value("type", "") == "Sequence" &&
-                              normalizer->contains("normalizers") &&
-                              normalizer->at("normalizers") == nlohmann::json::array();
-  if (normalizer && !normalizer->is_null() && !empty_sequence) {
-    const std::string type = normalizer->is_object() && normalizer->contains("type")
-                                 ? normalizer->at("type").dump()
-                                 : normalizer->dump();
-    r.fail("normalizer", "type " + type +
-                             " is not supported (only null or an empty Sequence: mixtrain has "
-                             "no Unicode normalization tables)");
+  // null, NFC, or a Sequence of NFCs (none: a no-op some files carry).
+  if (const nlohmann::json* normalizer = r.optional_member(root, "normalizer");
+      normalizer && !normalizer->is_null()) {
+    std::vector<std::pair<std::string, const nlohmann::json*>> steps;
+    if (normalizer->is_object() && normalizer->value("type", "") == "Sequence") {
+      const nlohmann::json& list = r.list(
+          r.member(*normalizer, "normalizers", "normalizer.normalizers"), "normalizer.normalizers");
+      for (size_t i = 0; i < list.size(); ++i) {
+        steps.emplace_back("normalizer.normalizers[" + std::to_string(i) + "]", &list[i]);
+      }
+    } else {
+      steps.emplace_back("normalizer", normalizer);
+    }
+    for (const auto& [field, step] : steps) {
+      if (step->is_object() && step->value("type", "") == "NFC") {
+        nfc = true;
+        continue;
+      }
+      const std::string type =
+          step->is_object() && step->contains("type") ? step->at("type").dump() : step->dump();
+      r.fail(field, "type " + type +
+                        " is not supported (NFC, a Sequence of NFC, or null: mixtrain has no "
+                        "other Unicode normalization)");
+    }
   }
   load_pre_tokenizer(r, root);
   load_model(r, r.object(root, "model", "model"));
@@ -523,6 +537,8 @@ void BpeTokenizer::Impl::load_added(const JsonFieldReader& r, const nlohmann::js
     }
     token->special = flag("special", false);
     const bool normalized = flag("normalized", !token->special);  // tokenizers' default
+    // tokenizers matches a normalized token by its normalized content.
+    token->pattern = normalized && nfc ? unicode_nfc(token->content) : token->content;
     (normalized ? normalized_added : raw_added).add(token.get());
     vocab_size = std::max(vocab_size, token->id + 1);
     added.push_back(std::move(token));
@@ -703,12 +719,17 @@ void BpeTokenizer::encode(std::string_view bytes, std::vector<uint32_t>& out) {
     text = replaced;
   }
   Impl& impl = *impl_;
-  // Non-normalized added tokens first, then the normalized ones in what is left (with no
-  // normalizer the text is the same; the order of the two passes still decides overlaps).
+  // Non-normalized added tokens first, on the raw text; then each piece left is normalized
+  // and the normalized tokens are matched in it (tokenizers' extract_and_normalize).
   impl.raw_added.split(text, [&](std::string_view piece, const AddedToken* token) {
     if (token) {
       out.push_back(token->id);
       return;
+    }
+    std::string normalized;
+    if (impl.nfc) {
+      normalized = unicode_nfc(piece);
+      piece = normalized;
     }
     impl.normalized_added.split(piece, [&](std::string_view rest, const AddedToken* inner) {
       if (inner) {

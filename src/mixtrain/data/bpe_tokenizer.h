@@ -4,8 +4,8 @@
 //
 // Accepted subset (docs/data.md lists it); anything else is one DataError
 // "<file>: <field>: <problem>" naming the JSON field and its value:
-//   normalizer      null or an empty Sequence (NFC and every other normalizer are refused: no
-//                   Unicode tables here)
+//   normalizer      null, NFC (data/unicode_nfc.h), or a Sequence of NFCs (none: a no-op);
+//                   every other normalizer is refused
 //   pre_tokenizer   ByteLevel, or Sequence of Split* then ByteLevel. Split: pattern {"Regex"} or
 //                   {"String"}, behavior Isolated or Removed, invert false. ByteLevel:
 //                   add_prefix_space false; use_regex true splits with GPT-2's regex first.
@@ -14,7 +14,8 @@
 //                   prefix/suffix
 //   added_tokens    special or not, matched first (longest at the leftmost position; tokens
 //                   with normalized false before those with normalized true, as tokenizers'
-//                   AddedVocabulary does); single_word, lstrip, rstrip false; ids as
+//                   AddedVocabulary does; the normalized ones matched by their NFC
+//                   content in NFC text); single_word, lstrip, rstrip false; ids as
 //                   tokenizers assigns them on load (== "id" in every file it wrote)
 //   ignored         post_processor (BOS/EOS templates: data prepare places EOS itself),
 //                   decoder, truncation, padding: they do not change the ids of a text.

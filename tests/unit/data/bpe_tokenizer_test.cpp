@@ -111,6 +111,9 @@ TEST_F(BpeTokenizerTest, OnigurumaRegexConstructsAndRemovedAreIdentical) {
 TEST_F(BpeTokenizerTest, EmptyNormalizerSequenceIsIdentical) {
   expect_identical("llama3_empty_normalizer");
 }
+TEST_F(BpeTokenizerTest, NfcNormalizerIsIdentical) {
+  expect_identical("qwen2_nfc");
+}
 
 TEST_F(BpeTokenizerTest, InvalidUtf8IsReplacedAsPythonDoes) {
   int invalid = 0;
@@ -149,10 +152,10 @@ TEST_F(BpeTokenizerTest, UnsupportedFieldsAreOneErrorNamingTheField) {
     std::string expected;  // in the message
   };
   const std::vector<Case> cases = {
-      {"/normalizer", {{"type", "NFC"}}, "tok.json: normalizer: type \"NFC\" is not supported"},
+      {"/normalizer", {{"type", "NFKC"}}, "tok.json: normalizer: type \"NFKC\" is not supported"},
       {"/normalizer",
-       {{"type", "Sequence"}, {"normalizers", {{{"type", "NFKC"}}}}},
-       "tok.json: normalizer: type \"Sequence\" is not supported"},
+       {{"type", "Sequence"}, {"normalizers", {{{"type", "NFC"}}, {{"type", "Lowercase"}}}}},
+       "tok.json: normalizer.normalizers[1]: type \"Lowercase\" is not supported"},
       {"/pre_tokenizer/pretokenizers/0/behavior", "MergedWithPrevious",
        "pre_tokenizer.pretokenizers[0].behavior: \"MergedWithPrevious\" is not supported"},
       {"/pre_tokenizer/pretokenizers/0/invert", true,

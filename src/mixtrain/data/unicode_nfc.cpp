@@ -29,24 +29,35 @@ struct Tables {
   std::unordered_map<uint32_t, std::pair<uint32_t, uint32_t>> decomposition;
   std::unordered_map<uint32_t, uint8_t> ccc;
   std::unordered_map<uint64_t, uint32_t> composition;
-  std::vector<bool> may_change;  // by code point: decomposes, has a class, or composes second
+  // By code point: not "stable". A stable code point is its own NFC, has class 0, never
+  // composes with what precedes it, and its decomposition starts with a class-0 character, so
+  // nothing before it interacts with it or anything after it: text between two stable code
+  // points normalizes on its own.
+  std::vector<bool> needs_work;
 
-  Tables() : may_change(0x110000, false) {
-    for (const auto& d : kCanonicalDecomposition) {
-      decomposition[d.cp] = {d.first, d.second};
-      may_change[d.cp] = true;
-    }
+  Tables() : needs_work(0x110000, false) {
+    for (const auto& d : kCanonicalDecomposition) decomposition[d.cp] = {d.first, d.second};
     for (const auto& c : kCombiningClass) {
       ccc[c.cp] = static_cast<uint8_t>(c.ccc);
-      may_change[c.cp] = true;
+      needs_work[c.cp] = true;
     }
+    std::vector<bool> composite(0x110000, false);
     for (const auto& c : kComposition) {
       composition[(static_cast<uint64_t>(c.first) << 32) | c.second] = c.composite;
-      may_change[c.second] = true;
+      needs_work[c.second] = true;
+      composite[c.composite] = true;
+    }
+    std::vector<uint32_t> full;
+    for (const auto& d : kCanonicalDecomposition) {
+      full.clear();
+      decompose(d.cp, full);
+      // Not its own NFC (a singleton, an excluded or non-starter decomposition), or starting
+      // with a mark that reordering could move.
+      if (!composite[d.cp] || class_of(full[0]) != 0) needs_work[d.cp] = true;
     }
     // Hangul: a V after an L, a T after an LV syllable compose.
-    for (uint32_t v = kVBase; v < kVBase + kVCount; ++v) may_change[v] = true;
-    for (uint32_t t = kTBase + 1; t < kTBase + kTCount; ++t) may_change[t] = true;
+    for (uint32_t v = kVBase; v < kVBase + kVCount; ++v) needs_work[v] = true;
+    for (uint32_t t = kTBase + 1; t < kTBase + kTCount; ++t) needs_work[t] = true;
   }
 
   uint8_t class_of(uint32_t cp) const {
@@ -128,18 +139,10 @@ const char* unicode_nfc_version() {
   return kUnicodeVersion;
 }
 
-std::string unicode_nfc(std::string_view utf8) {
-  const Tables& t = tables();
-  bool changes = false;
-  for (size_t i = 0; i < utf8.size() && !changes;) {
-    if (static_cast<unsigned char>(utf8[i]) < 0x80) {
-      ++i;
-      continue;
-    }
-    changes = t.may_change[next_code_point(utf8, i)];
-  }
-  if (!changes) return std::string(utf8);
+namespace {
 
+// NFC of a whole text by the book: decompose, reorder, compose.
+std::string nfc_of_segment(const Tables& t, std::string_view utf8) {
   // Full canonical decomposition.
   std::vector<uint32_t> d;
   d.reserve(utf8.size());
@@ -179,6 +182,41 @@ std::string unicode_nfc(std::string_view utf8) {
   std::string result;
   result.reserve(utf8.size());
   for (uint32_t cp : out) append_utf8(cp, result);
+  return result;
+}
+
+}  // namespace
+
+std::string unicode_nfc(std::string_view utf8) {
+  const Tables& t = tables();
+  // Stable code points are copied; each stretch with work in it, from the last stable code
+  // point before it to the next one, is normalized on its own.
+  std::string result;
+  size_t copied = 0, stable = 0;
+  for (size_t i = 0; i < utf8.size();) {
+    const size_t at = i;
+    if (static_cast<unsigned char>(utf8[i]) < 0x80) {
+      stable = at;
+      ++i;
+      continue;
+    }
+    if (!t.needs_work[next_code_point(utf8, i)]) {
+      stable = at;
+      continue;
+    }
+    size_t end = i;
+    while (end < utf8.size()) {
+      size_t probe = end;
+      if (!t.needs_work[next_code_point(utf8, probe)]) break;
+      end = probe;
+    }
+    if (result.empty()) result.reserve(utf8.size());
+    result.append(utf8.substr(copied, stable - copied));
+    result += nfc_of_segment(t, utf8.substr(stable, end - stable));
+    copied = stable = i = end;
+  }
+  if (copied == 0) return std::string(utf8);
+  result.append(utf8.substr(copied));
   return result;
 }
 

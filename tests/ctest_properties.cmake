@@ -27,6 +27,8 @@ set(MIXTRAIN_TEST_TABLE
   "scenarios_rfc_case_2_2_test               2          60"      #          4.6
   "scenarios_rfc_case_2_1_scale_test        8          600      slow"    # 85 (on a busy machine; 8 ranks)
   "scenarios_rfc_case_2_4_test              2          600      slow"    # 72 (on a busy machine)
+  "unit_checkpoint_hf_import_test            1          150      slow"    # 36.6 (9 transformers runs)
+  "unit_config_hf_config_test                1          60"      #          4.5
   "tools_checkpoint_resume_test              2          150      slow"    # 14.8
   "tools_child_process_guard_test            2          60"      #          1.2
   "tools_checkpoint_save_failure_test        2          200      slow"    # 19 (on a busy machine)

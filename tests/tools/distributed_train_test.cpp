@@ -1,17 +1,19 @@
 // `mixtrain train --nproc N`: local ranks on loopback (FSDP), their agreement with one process,
-// and what happens when a rank dies.
+// what happens when a rank dies, and Qwen3-MoE under FSDP + expert parallelism with a resume.
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/wait.h>
 
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <thread>
 
 #include "support/child_process.h"
+#include "support/train_then_resume.h"
 #include "tools/cli_test_util.h"
 
 namespace mixtrain::testing {
@@ -122,6 +124,36 @@ TEST(DistributedTrain, TwoRankExpertParallelTrains) {
   EXPECT_NEAR(a[0]["grad_norm"].get<double>(), b[0]["grad_norm"].get<double>(),
               1e-3 * b[0]["grad_norm"].get<double>());
   for (const auto& row : a) EXPECT_TRUE(std::isfinite(row["loss"].get<double>()));
+}
+
+// Qwen3-MoE (configs/qwen3_moe_tiny.yaml: bfloat16 model, FP32 main params, Muon + AdamW,
+// norm_topk_prob) on two ranks, dp_shard 2 and ep 2 (2 of the 4 experts each): a run restored
+// from a checkpoint continues exactly like one run, and step 1 agrees with one process with the
+// bounds of the Qwen2-MoE test above (bfloat16 compute; the EP and FSDP reductions differ from one
+// process's only in summation order).
+TEST(DistributedTrain, Qwen3MoeFsdpExpertParallelResumes) {
+  const std::string config = source_path("configs/qwen3_moe_tiny.yaml");
+  const auto command = [&config](const std::string& dir) {
+    return "train --config " + config +
+           " --nproc 2 --set parallel.dp_shard=2 --set parallel.ep=2 --run-dir " + dir;
+  };
+  TrainThenResume runs;
+  ASSERT_NO_FATAL_FAILURE(train_then_resume(command, " --set checkpoint.interval=2", runs));
+  TempDir run;
+  CommandResult one =
+      run_mixtrain("train --config " + config + " --set train.steps=1 --run-dir " + run.path());
+  ASSERT_EQ(one.exit_code, 0) << one.output;
+  const auto a = read_metrics(runs.continuous.file("metrics.jsonl"));
+  const auto b = read_metrics(run.file("metrics.jsonl"));
+  ASSERT_EQ(b.size(), 1u);
+  EXPECT_NEAR(a[0]["loss"].get<double>(), b[0]["loss"].get<double>(),
+              1e-4 * b[0]["loss"].get<double>());
+  EXPECT_NEAR(a[0]["grad_norm"].get<double>(), b[0]["grad_norm"].get<double>(),
+              1e-3 * b[0]["grad_norm"].get<double>());
+  EXPECT_GT(a[0]["aux_loss"].get<double>(), 0.0);
+  std::printf("qwen3_moe ep=2 vs one process, step 1: loss %.9g vs %.9g, grad norm %.9g vs %.9g\n",
+              a[0]["loss"].get<double>(), b[0]["loss"].get<double>(),
+              a[0]["grad_norm"].get<double>(), b[0]["grad_norm"].get<double>());
 }
 
 }  // namespace

@@ -15,6 +15,8 @@
 
 #include "mixtrain/cli/ckpt_command.h"
 #include "mixtrain/cli/data_command.h"
+#include "mixtrain/cli/eval_command.h"
+#include "mixtrain/cli/worker_launch.h"
 #include "mixtrain/config/document.h"
 #include "mixtrain/config/load.h"
 #include "mixtrain/config/show.h"
@@ -32,40 +34,6 @@ namespace {
 
 constexpr int kExitInterrupted = 130;
 
-// argv without "--nproc N" / "--nproc=N": what each local worker runs.
-std::vector<std::string> worker_argv(int argc, char** argv) {
-  std::vector<std::string> out;
-  for (int i = 0; i < argc; ++i) {
-    const std::string arg = argv[i];
-    if (arg == "--nproc") {
-      ++i;
-      continue;
-    }
-    if (arg.rfind("--nproc=", 0) == 0) continue;
-    out.push_back(arg);
-  }
-  return out;
-}
-
-// `--nproc N` (N > 1) in the launching process: validate the config once, here, then start N
-// local workers running the same command; the workers (MIXTRAIN_LAUNCHED=1) do the work.
-bool should_launch(int nproc) {
-  return nproc > 1 && std::getenv("MIXTRAIN_LAUNCHED") == nullptr;
-}
-
-// Runs `body` on a loaded config. A UserError carrying a canonical key (thrown by a build step,
-// core/error.h) is rethrown with the key as the user wrote it and where: "<file or --set>:
-// <key>: <problem>" (config/provenance.h format_user_error); the exit code stays.
-template <typename Body>
-int in_user_dialect(const ResolvedConfig& resolved, Body&& body) {
-  try {
-    return body();
-  } catch (const UserError& error) {
-    if (error.key().empty()) throw;
-    throw UserError(format_user_error(error, resolved.provenance), error.exit_code());
-  }
-}
-
 std::string default_run_dir(const std::string& config_path) {
   return (std::filesystem::path("runs") / std::filesystem::path(config_path).stem()).string();
 }
@@ -73,51 +41,7 @@ std::string default_run_dir(const std::string& config_path) {
 int train_command(const std::string& config_path, const std::vector<std::string>& overrides,
                   std::string run_dir, int nproc, int argc, char** argv) {
   if (should_launch(nproc)) {
-    // A config without data-parallel degrees runs as N-way FSDP (torchtitan's shard degree -1).
-    // Its validation must see that degree (e.g. parallel.ep must divide dp_shard), so when the
-    // config as written fails or has dp_replicate x dp_shard = 1, it is resolved again with
-    // dp_shard = N; that resolution's error, if any, is the one reported.
-    std::vector<std::string> argv_for_workers = worker_argv(argc, argv);
-    std::optional<ResolvedConfig> as_written;
-    try {
-      as_written = load_config(config_path, overrides);
-    } catch (const ConfigError&) {
-    }
-    ResolvedConfig resolved;
-    if (as_written &&
-        as_written->config.parallel.dp_replicate * as_written->config.parallel.dp_shard != 1) {
-      resolved = *as_written;
-    } else {
-      const bool toml = std::filesystem::path(config_path).extension() == ".toml";
-      const std::string set =
-          std::string(toml ? "parallelism.data_parallel_shard_degree" : "parallel.dp_shard") + "=" +
-          std::to_string(nproc);
-      std::vector<std::string> with_shard = overrides;
-      with_shard.push_back(set);
-      resolved = load_config(config_path, with_shard);
-      argv_for_workers.push_back("--set");
-      argv_for_workers.push_back(set);
-    }
-    const int64_t world = resolved.config.parallel.dp_replicate * resolved.config.parallel.dp_shard;
-    if (world != nproc) {
-      const Provenance& spelled = resolved.provenance;
-      throw ConfigError(resolved.config.source_file + ": parallel: --nproc " +
-                        std::to_string(nproc) + " but " +
-                        spelled.user_key("parallel.dp_replicate") + " x " +
-                        spelled.user_key("parallel.dp_shard") + " = " + std::to_string(world));
-    }
-    // Devices the workers cannot have are refused once, here; each worker still probes its own.
-    if (resolved.config.train.device == "cuda") {
-      in_user_dialect(resolved, [&] {
-        try {
-          check_cuda_devices(0, nproc);
-        } catch (const std::invalid_argument& error) {
-          throw ConfigError(ConfigKey{"train.device"}, error.what());
-        }
-        return 0;
-      });
-    }
-    return launch_local_workers(nproc, argv_for_workers, resolved.config.distributed.timeout_s);
+    return launch_data_parallel_workers(config_path, overrides, nproc, argc, argv);
   }
   ResolvedConfig resolved = load_config(config_path, overrides);
   TrainOptions options;
@@ -220,6 +144,25 @@ int run_cli(int argc, char** argv) {
   replay->add_option("--out", replay_paths.out, "output: model.*, main params, optimizer state")
       ->required();
 
+  EvalCommandOptions eval_options;
+  CLI::App* eval =
+      app.add_subcommand("eval", "mean loss and perplexity over held-out token shards");
+  eval->add_option("--config", eval_options.config_path, "config file (.yaml/.yml or .toml)")
+      ->required();
+  eval->add_option("--set", eval_options.overrides, "override a key: --set a.b.c=value");
+  eval->add_option("--checkpoint", eval_options.checkpoint,
+                   "mixtrain checkpoint (step dir or dir)");
+  eval->add_option("--init-from", eval_options.init_from, "Hugging Face model directory");
+  eval->add_option("--data", eval_options.data, "token shards: file, glob, or dir (its val_*.bin)")
+      ->required();
+  eval->add_option("--nproc", eval_options.nproc, "local worker processes (data-parallel ranks)")
+      ->check(CLI::Range(1, 4096));
+  eval->add_option(
+          "--max-batches", eval_options.max_batches,
+          "evaluate N x data.global_batch_size windows (0: all; default data.eval_batches)")
+      ->check(CLI::NonNegativeNumber);
+  eval->add_flag("--json", eval_options.json, "print one JSON object instead of the line");
+
   CLI::App* config = app.add_subcommand("config", "inspect configurations");
   config->require_subcommand(1);
   CLI::App* show = config->add_subcommand("show", "print every resolved key with its source");
@@ -270,6 +213,7 @@ int run_cli(int argc, char** argv) {
     }
     if (train->parsed()) return train_command(config_path, overrides, run_dir, nproc, argc, argv);
     if (show->parsed()) return config_show_command(config_path, overrides);
+    if (eval->parsed()) return eval_command(eval_options, argc, argv);
     if (replay->parsed())
       return optim_replay_command(config_path, overrides, replay_paths, nproc, argc, argv);
     if (prepare->parsed()) return data_prepare_command(prepare_options);

@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "mixtrain/config/document.h"
+#include "mixtrain/config/hf_config.h"
 #include "mixtrain/config/schema.h"
 #include "mixtrain/config/toml_front_end.h"
 #include "mixtrain/config/toml_reader.h"
@@ -62,6 +63,8 @@ ResolvedConfig load_config(const std::string& path, const std::vector<std::strin
   } else {
     translate_toml(document, resolved.config, provenance);
   }
+  // model.hf_config / model.init_from: the architecture keys from config.json (hf_config.h).
+  apply_hf_config(resolved.config, provenance);
   validate_config(resolved.config, provenance);
 
   for (const LeafSpec& spec : canonical_leaves()) {

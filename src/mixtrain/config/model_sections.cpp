@@ -3,11 +3,11 @@
 namespace mixtrain {
 namespace {
 
-void check_qwen2_moe(const ModelConfig& m, const ModelKeyChecker& check) {
+// The keys both MoE models read.
+void check_moe(const ModelConfig& m, const ModelKeyChecker& check) {
   check.positive("model.moe_intermediate_size", m.moe_intermediate_size);
   check.positive("model.num_experts", m.num_experts);
   check.positive("model.num_experts_per_tok", m.num_experts_per_tok);
-  check.positive("model.shared_expert_intermediate_size", m.shared_expert_intermediate_size);
   check.non_negative("model.router_aux_loss_coef", m.router_aux_loss_coef);
   if (m.num_experts_per_tok > m.num_experts) {
     check.fail_value("model.num_experts_per_tok",
@@ -15,8 +15,30 @@ void check_qwen2_moe(const ModelConfig& m, const ModelKeyChecker& check) {
   }
 }
 
-void check_qwen2(const ModelConfig& m, const ModelKeyChecker& check) {
+void check_qwen2_moe(const ModelConfig& m, const ModelKeyChecker& check) {
+  check_moe(m, check);
+  check.positive("model.shared_expert_intermediate_size", m.shared_expert_intermediate_size);
+}
+
+void check_dense(const ModelConfig& m, const ModelKeyChecker& check) {
   check.positive("model.intermediate_size", m.intermediate_size);
+}
+
+void check_qwen2(const ModelConfig& m, const ModelKeyChecker& check) {
+  check_dense(m, check);
+  // HF Qwen2Attention has q/k/v biases unconditionally: a bias-free Qwen2 would not be Qwen2.
+  if (!m.attention_bias) {
+    check.fail_value("model.attention_bias",
+                     "must be true for model qwen2 (its q/k/v projections always have biases); "
+                     "model llama has bias-free attention");
+  }
+}
+
+int64_t experts_of(const ModelConfig& m) {
+  return m.num_experts;
+}
+int64_t no_experts(const ModelConfig&) {
+  return 0;
 }
 
 }  // namespace
@@ -25,13 +47,17 @@ const std::vector<ModelSection>& model_sections() {
   static const std::vector<ModelSection> sections = {
       {"qwen2_moe",
        {"model.moe_intermediate_size", "model.num_experts", "model.num_experts_per_tok",
-        "model.shared_expert_intermediate_size", "model.router_aux_loss_coef"},
+        "model.shared_expert_intermediate_size", "model.router_aux_loss_coef",
+        "model.attention_bias", "model.norm_topk_prob"},
        check_qwen2_moe,
-       [](const ModelConfig& m) { return m.num_experts; }},
-      {"qwen2",
-       {"model.intermediate_size"},
-       check_qwen2,
-       [](const ModelConfig&) { return int64_t{0}; }},
+       experts_of},
+      {"qwen3_moe",
+       {"model.moe_intermediate_size", "model.num_experts", "model.num_experts_per_tok",
+        "model.router_aux_loss_coef", "model.attention_bias", "model.norm_topk_prob"},
+       check_moe,
+       experts_of},
+      {"qwen2", {"model.intermediate_size", "model.attention_bias"}, check_qwen2, no_experts},
+      {"llama", {"model.intermediate_size", "model.attention_bias"}, check_dense, no_experts},
   };
   return sections;
 }

@@ -50,6 +50,11 @@ const std::vector<std::pair<std::string, std::string>>& renamed_keys() {
         {"checkpoint.keep_latest_k", "checkpoint.keep_last"},
         {"checkpoint.initial_load_path", "checkpoint.restore_from"},
         {"metrics.log_freq", "train.log_every"},
+        // torchtitan's [validation] section, with mixtrain's meanings (freq 0 = off, steps 0 =
+        // the whole set, in global batches).
+        {"validation.freq", "train.eval_every"},
+        {"validation.dataset_path", "data.eval_path"},
+        {"validation.steps", "data.eval_batches"},
         // torchtitan's switch for its profiler; here it turns on the per-phase step timing.
         {"profiling.enable_profiling", "train.profile"},
     };

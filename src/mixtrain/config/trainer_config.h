@@ -16,7 +16,12 @@ namespace mixtrain {
 // One struct for every model (config/model_sections.h says which keys each model reads; a key
 // set for a model that does not read it is refused).
 struct ModelConfig {
-  std::string name = "qwen2_moe";  // qwen2_moe | qwen2 (model/registry.h)
+  std::string name = "qwen2_moe";  // qwen2_moe | qwen3_moe | qwen2 | llama (model/registry.h)
+  // A Hugging Face config.json the architecture keys are read from ("" = the keys themselves).
+  std::string hf_config;
+  // A Hugging Face model directory whose weights initialise the model (model.safetensors or
+  // shards with model.safetensors.index.json); implies hf_config = <dir>/config.json.
+  std::string init_from;
   int64_t vocab_size = 512;
   int64_t hidden_size = 64;
   int64_t num_layers = 2;
@@ -32,6 +37,8 @@ struct ModelConfig {
   double rope_theta = 10000.0;
   double rms_norm_eps = 1e-6;
   double router_aux_loss_coef = 0.001;
+  bool attention_bias = true;   // q/k/v projections carry a bias (HF qkv_bias / attention_bias)
+  bool norm_topk_prob = false;  // MoE: renormalise the top-k routing weights to sum to 1
 };
 
 struct DataConfig {
@@ -40,6 +47,10 @@ struct DataConfig {
   int64_t seq_len = 64;
   int64_t micro_batch_size = 8;
   int64_t global_batch_size = 8;  // = micro_batch_size x accumulation steps x dp size
+  // Held-out token shards train.eval_every evaluates (trainer/evaluator.h): a file, a glob, or a
+  // directory (its val_*.bin).
+  std::string eval_path;
+  int64_t eval_batches = 0;  // evaluate the first N x global_batch_size windows; 0: all of them
 };
 
 struct LrSchedulerConfig {
@@ -55,6 +66,7 @@ struct TrainConfig {
   int64_t seed = 1234;
   double max_grad_norm = 1.0;  // <= 0 disables clipping
   int64_t log_every = 10;
+  int64_t eval_every = 0;  // evaluate data.eval_path every N steps and at the last; 0: never
   // Every log_every steps rank 0 logs where the step time went (forward, backward, gradient
   // reduce, clipping, optimizer, checkpoint, other) and metrics.jsonl gets the split per step.
   bool profile = false;

@@ -158,6 +158,12 @@ void check_train_and_checkpoint(const Checker& check, const TrainerConfig& c) {
   check.positive("train.steps", c.train.steps);
   check.non_negative("train.seed", c.train.seed);
   check.positive("train.log_every", c.train.log_every);
+  check.non_negative("train.eval_every", c.train.eval_every);
+  check.non_negative("data.eval_batches", c.data.eval_batches);
+  if (c.train.eval_every > 0 && c.data.eval_path.empty()) {
+    check.fail("data.eval_path", "is required when " + check.key("train.eval_every") +
+                                     " is > 0 (a file, a glob, or a directory of val_*.bin)");
+  }
   check.non_negative("train.lr_scheduler.warmup_steps", c.train.lr_scheduler.warmup_steps);
   check.one_of("train.lr_scheduler.decay", c.train.lr_scheduler.decay,
                {"constant", "linear", "cosine"});

@@ -1,6 +1,6 @@
 // Byte-level BPE from a Hugging Face tokenizer.json (GPT-2, Qwen2, Llama-3 style), encoding
 // only, giving the ids HF `tokenizers` gives for the same text
-// (tests/python/hf_tokenizer_oracle.py).
+// (tests/python/hf_tokenizer_reference.py).
 //
 // Accepted subset (docs/data.md lists it); anything else is one DataError
 // "<file>: <field>: <problem>" naming the JSON field and its value:

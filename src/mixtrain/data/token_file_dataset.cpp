@@ -124,7 +124,7 @@ TokenFileDataset::TokenFileDataset(const std::string& path, int64_t vocab_size, 
 
 TokenFileDataset::~TokenFileDataset() = default;
 
-void TokenFileDataset::append_window(int64_t index, int64_t seq_len, std::vector<int64_t>& out) {
+int64_t TokenFileDataset::epoch_windows(int64_t seq_len) {
   if (layout_seq_len_ != seq_len) {
     first_window_.clear();
     windows_per_epoch_ = 0;
@@ -138,6 +138,11 @@ void TokenFileDataset::append_window(int64_t index, int64_t seq_len, std::vector
     throw DataError("token files '" + path_ + "': no file holds " + std::to_string(seq_len + 1) +
                     " tokens (one window of seq_len + 1)");
   }
+  return windows_per_epoch_;
+}
+
+void TokenFileDataset::append_window(int64_t index, int64_t seq_len, std::vector<int64_t>& out) {
+  epoch_windows(seq_len);  // the layout for this seq_len
   const int64_t in_epoch = index % windows_per_epoch_;
   // The last shard whose first window is <= in_epoch (empty shards share their successor's).
   const auto it = std::upper_bound(first_window_.begin(), first_window_.end(), in_epoch) - 1;
@@ -158,6 +163,20 @@ Batch TokenFileDataset::next_batch(int64_t batch_size, int64_t seq_len) {
   }
   windows_consumed_ += batch_size * dp_size_;
   return batch_from_windows(rows, batch_size, seq_len);
+}
+
+Batch TokenFileDataset::windows_batch(const std::vector<int64_t>& indices, int64_t seq_len) {
+  const int64_t count = epoch_windows(seq_len);
+  std::vector<int64_t> rows;
+  rows.reserve(indices.size() * static_cast<size_t>(seq_len + 1));
+  for (const int64_t index : indices) {
+    if (index < 0 || index >= count) {
+      throw std::out_of_range("TokenFileDataset::windows_batch: window " + std::to_string(index) +
+                              " of " + std::to_string(count));
+    }
+    append_window(index, seq_len, rows);
+  }
+  return batch_from_windows(rows, static_cast<int64_t>(indices.size()), seq_len);
 }
 
 void TokenFileDataset::seek(int64_t position) {

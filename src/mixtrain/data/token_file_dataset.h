@@ -38,6 +38,12 @@ class TokenFileDataset : public TokenDataset {
   void seek(int64_t position) override;
   std::string describe() const override;
 
+  // Evaluation reads the windows of one epoch by index, without wrapping (trainer/evaluator.h).
+  // The number of windows in one epoch at seq_len; DataError when no file holds one.
+  int64_t epoch_windows(int64_t seq_len);
+  // The windows with these indices (each in [0, epoch_windows(seq_len))), one batch row each.
+  Batch windows_batch(const std::vector<int64_t>& indices, int64_t seq_len);
+
   // The files read, in stream order.
   std::vector<std::string> files() const;
   int64_t total_tokens() const;

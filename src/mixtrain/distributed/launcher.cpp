@@ -297,9 +297,14 @@ int launch_local_workers(int nproc, const std::vector<std::string>& argv, double
            std::to_string(port) + ")");
   const std::vector<WorkerOutcome> outcomes = run_worker_processes(workers, options);
   int failures = 0;
+  // The exit code every failed worker chose itself (e.g. 2 for an error all ranks agreed on),
+  // or 0 when they differ or one was ended by a signal.
+  int common_code = -1;
   for (size_t rank = 0; rank < outcomes.size(); ++rank) {
     if (outcomes[rank].ok()) continue;
     ++failures;
+    const int code = outcomes[rank].signal == 0 ? outcomes[rank].exit_code : 0;
+    common_code = common_code == -1 || common_code == code ? code : 0;
     if (outcomes[rank].stopped_by_launcher) {
       log_error("launcher: rank " + std::to_string(rank) + " " + outcomes[rank].describe() +
                 " (still running after another rank failed)");
@@ -308,7 +313,7 @@ int launch_local_workers(int nproc, const std::vector<std::string>& argv, double
   if (failures == 0) return 0;
   log_error("launcher: " + std::to_string(failures) + " of " + std::to_string(nproc) +
             " workers failed");
-  return 1;
+  return common_code > 0 ? common_code : 1;
 }
 
 }  // namespace mixtrain

@@ -22,7 +22,9 @@
 namespace mixtrain {
 
 // Starts `nproc` workers running `argv` (argv[0] is the program name shown to the worker; the
-// caller has removed --nproc), waits for all, returns 0 iff every worker exited with 0.
+// caller has removed --nproc), waits for all, returns 0 iff every worker exited with 0; else the
+// exit code every failed worker exited with when they agree (a config or checkpoint error all
+// ranks found: 2), otherwise 1.
 // `timeout_s` is distributed.timeout_s: the drain period after a failure is min(timeout_s, 2 s).
 int launch_local_workers(int nproc, const std::vector<std::string>& argv, double timeout_s);
 

@@ -69,27 +69,42 @@ torch::Tensor RMSNorm::forward(const torch::Tensor& x) {
   return access_.post_forward({"weight"}, access_.unshard("weight", weight) * h.to(input_dtype));
 }
 
-Qwen2Attention::Qwen2Attention(const ModelConfig& c, const ParamAccess& access)
+Qwen2Attention::Qwen2Attention(const ModelConfig& c, const ParamAccess& access,
+                               const AttentionOptions& options)
     : num_heads_(c.num_heads), num_key_value_heads_(c.num_kv_heads), head_dim_(c.head_dim) {
-  q_proj =
-      register_module("q_proj", std::make_shared<Linear>(c.hidden_size, c.num_heads * c.head_dim,
-                                                         true, access.child("q_proj")));
-  k_proj =
-      register_module("k_proj", std::make_shared<Linear>(c.hidden_size, c.num_kv_heads * c.head_dim,
-                                                         true, access.child("k_proj")));
-  v_proj =
-      register_module("v_proj", std::make_shared<Linear>(c.hidden_size, c.num_kv_heads * c.head_dim,
-                                                         true, access.child("v_proj")));
-  o_proj =
-      register_module("o_proj", std::make_shared<Linear>(c.num_heads * c.head_dim, c.hidden_size,
-                                                         false, access.child("o_proj")));
+  const int64_t q_width = c.num_heads * c.head_dim, kv_width = c.num_kv_heads * c.head_dim;
+  q_proj = register_module(
+      "q_proj",
+      std::make_shared<Linear>(c.hidden_size, q_width, options.qkv_bias, access.child("q_proj")));
+  k_proj = register_module(
+      "k_proj",
+      std::make_shared<Linear>(c.hidden_size, kv_width, options.qkv_bias, access.child("k_proj")));
+  v_proj = register_module(
+      "v_proj",
+      std::make_shared<Linear>(c.hidden_size, kv_width, options.qkv_bias, access.child("v_proj")));
+  o_proj = register_module(
+      "o_proj",
+      std::make_shared<Linear>(q_width, c.hidden_size, options.o_bias, access.child("o_proj")));
+  if (options.qk_norm) {
+    q_norm = register_module(
+        "q_norm", std::make_shared<RMSNorm>(c.head_dim, c.rms_norm_eps, access.child("q_norm")));
+    k_norm = register_module(
+        "k_norm", std::make_shared<RMSNorm>(c.head_dim, c.rms_norm_eps, access.child("k_norm")));
+  }
 }
 
 torch::Tensor Qwen2Attention::forward(const torch::Tensor& x, const torch::Tensor& cos,
                                       const torch::Tensor& sin) {
   const int64_t bsz = x.size(0), q_len = x.size(1);
-  auto query = q_proj->forward(x).view({bsz, q_len, num_heads_, head_dim_}).transpose(1, 2);
-  auto key = k_proj->forward(x).view({bsz, q_len, num_key_value_heads_, head_dim_}).transpose(1, 2);
+  // [B, S, heads, D]: the per-head norms act on the last dimension, before the transpose (HF).
+  auto query = q_proj->forward(x).view({bsz, q_len, num_heads_, head_dim_});
+  auto key = k_proj->forward(x).view({bsz, q_len, num_key_value_heads_, head_dim_});
+  if (q_norm) {
+    query = q_norm->forward(query);
+    key = k_norm->forward(key);
+  }
+  query = query.transpose(1, 2);
+  key = key.transpose(1, 2);
   auto value =
       v_proj->forward(x).view({bsz, q_len, num_key_value_heads_, head_dim_}).transpose(1, 2);
   query = apply_rotary_pos_emb(query, cos, sin);

@@ -3,7 +3,8 @@
 //   ParamAccess   how a module reads its parameters: through the CausalLM materializer
 //                 (causal_lm.h) under their fully qualified names, or the parameter itself;
 //   Linear, Embedding, RMSNorm (float32 normalisation, cast back, then scale), Qwen2Attention
-//   (q/k/v with bias, o without, rotary, causal GQA: attention.h), SwiGLUMLP
+//   (q/k/v and o projections with or without bias, optional per-head q/k RMSNorm, rotary,
+//   causal GQA: attention.h), SwiGLUMLP
 //   (down(silu(gate x) * up x));
 //   rotary_cos_sin / apply_rotary_pos_emb (HF layout, float32 tables);
 //   init_hf_weights (HF _init_weights with initializer_range 0.02, from a seed);
@@ -75,15 +76,27 @@ class RMSNorm : public WeightedLayer {
   double eps_;
 };
 
-// HF Qwen2Attention (eval, no cache): q/k/v projections with bias, o_proj without, rotary on q
-// and k, causal grouped-query attention with the kernel attention_kernel_for(compute dtype).
+// What distinguishes the families' attention (HF): Qwen2 / Qwen2-MoE bias q/k/v only (Qwen2
+// always, Qwen2-MoE per qkv_bias); Llama and Qwen3-MoE bias q/k/v and o alike per
+// attention_bias; Qwen3-MoE RMS-normalises each head of q and k over head_dim before rotary.
+struct AttentionOptions {
+  bool qkv_bias = true;
+  bool o_bias = false;
+  bool qk_norm = false;  // registers self_attn.q_norm / k_norm, weight [head_dim]
+};
+
+// HF Qwen2Attention / LlamaAttention / Qwen3MoeAttention (eval, no cache): q/k/v projections,
+// [q_norm, k_norm per head,] rotary on q and k, causal grouped-query attention with the kernel
+// attention_kernel_for(compute dtype), o projection. Registration order is HF's: q, k, v, o,
+// q_norm, k_norm.
 class Qwen2Attention : public torch::nn::Module {
  public:
-  Qwen2Attention(const ModelConfig& c, const ParamAccess& access);
+  Qwen2Attention(const ModelConfig& c, const ParamAccess& access, const AttentionOptions& options);
   // x [B, S, H]; cos/sin [S, D] float32.
   torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin);
 
   std::shared_ptr<Linear> q_proj, k_proj, v_proj, o_proj;
+  std::shared_ptr<RMSNorm> q_norm, k_norm;  // null unless options.qk_norm
 
  private:
   int64_t num_heads_, num_key_value_heads_, head_dim_;
@@ -130,9 +143,9 @@ void validate_qwen2_common(const ModelConfig& c);
 // The causal-LM wrapper every Qwen2-family model shares (HF *ForCausalLM): the decoder stack
 // `Model` registered as "model", then the untied lm_head (HF's order, hence named_parameters()
 // order); forward's input checks and materializer casts around them; the roles of the parts
-// every family member has. Model(config, access) has embed_tokens, layers (each with self_attn,
-// input_layernorm, post_attention_layernorm) and norm. A subclass adds its layers' MLP roles
-// and calls init_hf_weights once the tree is complete.
+// every family member has. Model(config, access, model_args...) has embed_tokens, layers (each
+// with self_attn, input_layernorm, post_attention_layernorm) and norm. A subclass adds its layers'
+// MLP roles and calls init_hf_weights once the tree is complete.
 template <typename Model>
 class Qwen2FamilyForCausalLM : public CausalLM {
  public:
@@ -142,10 +155,14 @@ class Qwen2FamilyForCausalLM : public CausalLM {
   std::shared_ptr<Linear> lm_head;
 
  protected:
-  // label names the model in forward's errors ("qwen2", "qwen2_moe").
-  Qwen2FamilyForCausalLM(const ModelConfig& c, const char* label) : config_(c), label_(label) {
+  // label names the model in forward's errors ("qwen2", "qwen2_moe", ...); model_args go to
+  // Model's constructor after (config, access).
+  template <typename... ModelArgs>
+  Qwen2FamilyForCausalLM(const ModelConfig& c, const char* label, const ModelArgs&... model_args)
+      : config_(c), label_(label) {
     const ParamAccess root{materializer_slot(), ""};
-    model = register_module("model", std::make_shared<Model>(c, root.child("model")));
+    model =
+        register_module("model", std::make_shared<Model>(c, root.child("model"), model_args...));
     lm_head = register_module("lm_head", std::make_shared<Linear>(c.hidden_size, c.vocab_size,
                                                                   false, root.child("lm_head")));
   }
@@ -172,6 +189,10 @@ class Qwen2FamilyForCausalLM : public CausalLM {
       const auto& layer = *model->layers[i];
       const std::string p = layer_prefix(i);
       assign_param_role(p + "self_attn.", *layer.self_attn, ParamRole::kAttention);
+      if (layer.self_attn->q_norm) {  // per-head q/k norms: norms, not attention projections
+        assign_param_role(p + "self_attn.q_norm.", *layer.self_attn->q_norm, ParamRole::kNorm);
+        assign_param_role(p + "self_attn.k_norm.", *layer.self_attn->k_norm, ParamRole::kNorm);
+      }
       assign_param_role(p + "input_layernorm.", *layer.input_layernorm, ParamRole::kNorm);
       assign_param_role(p + "post_attention_layernorm.", *layer.post_attention_layernorm,
                         ParamRole::kNorm);

@@ -12,10 +12,11 @@ namespace {
 
 class Qwen2DecoderLayer : public torch::nn::Module {
  public:
-  Qwen2DecoderLayer(const ModelConfig& c, const ParamAccess& access) {
+  Qwen2DecoderLayer(const ModelConfig& c, const ParamAccess& access,
+                    const AttentionOptions& attention) {
     // Registration order = HF's, so named_parameters() lists in state_dict order.
-    self_attn = register_module("self_attn",
-                                std::make_shared<Qwen2Attention>(c, access.child("self_attn")));
+    self_attn = register_module(
+        "self_attn", std::make_shared<Qwen2Attention>(c, access.child("self_attn"), attention));
     mlp = register_module("mlp", std::make_shared<SwiGLUMLP>(c.hidden_size, c.intermediate_size,
                                                              access.child("mlp")));
     input_layernorm = register_module(
@@ -40,14 +41,15 @@ class Qwen2DecoderLayer : public torch::nn::Module {
 
 class Qwen2Model : public torch::nn::Module {
  public:
-  Qwen2Model(const ModelConfig& c, const ParamAccess& access) : config_(c) {
+  Qwen2Model(const ModelConfig& c, const ParamAccess& access, const AttentionOptions& attention)
+      : config_(c) {
     embed_tokens = register_module(
         "embed_tokens",
         std::make_shared<Embedding>(c.vocab_size, c.hidden_size, access.child("embed_tokens")));
     auto list = register_module("layers", torch::nn::ModuleList());
     for (int64_t i = 0; i < c.num_layers; ++i) {
-      layers.push_back(
-          std::make_shared<Qwen2DecoderLayer>(c, access.child("layers." + std::to_string(i))));
+      layers.push_back(std::make_shared<Qwen2DecoderLayer>(
+          c, access.child("layers." + std::to_string(i)), attention));
       list->push_back(layers.back());
     }
     norm = register_module(
@@ -73,7 +75,10 @@ class Qwen2Model : public torch::nn::Module {
 
 class Qwen2ForCausalLM : public Qwen2FamilyForCausalLM<Qwen2Model> {
  public:
-  Qwen2ForCausalLM(const ModelConfig& c, uint64_t seed) : Qwen2FamilyForCausalLM(c, "qwen2") {
+  // label: "qwen2" or "llama"; they differ only in the attention's biases.
+  Qwen2ForCausalLM(const ModelConfig& c, uint64_t seed, const char* label,
+                   const AttentionOptions& attention)
+      : Qwen2FamilyForCausalLM(c, label, attention) {
     assign_common_roles();
     for (size_t i = 0; i < model->layers.size(); ++i) {
       assign_param_role(layer_prefix(i) + "mlp.", *model->layers[i]->mlp, ParamRole::kMlp);
@@ -89,12 +94,27 @@ class Qwen2ForCausalLM : public Qwen2FamilyForCausalLM<Qwen2Model> {
   }
 };
 
+void validate_dense(const ModelConfig& config) {
+  validate_qwen2_common(config);
+  require_model_key(config.intermediate_size > 0, "intermediate_size", "must be > 0");
+}
+
 }  // namespace
 
 std::shared_ptr<CausalLM> make_qwen2(const ModelConfig& config, uint64_t seed) {
-  validate_qwen2_common(config);
-  require_model_key(config.intermediate_size > 0, "intermediate_size", "must be > 0");
-  return std::make_shared<Qwen2ForCausalLM>(config, seed);
+  validate_dense(config);
+  require_model_key(config.attention_bias, "attention_bias",
+                    "must be true for qwen2 (HF Qwen2 always has q/k/v biases); use llama for "
+                    "bias-free attention");
+  return std::make_shared<Qwen2ForCausalLM>(config, seed, "qwen2",
+                                            AttentionOptions{/*qkv_bias=*/true, /*o_bias=*/false});
+}
+
+std::shared_ptr<CausalLM> make_llama(const ModelConfig& config, uint64_t seed) {
+  validate_dense(config);
+  const bool bias = config.attention_bias;
+  return std::make_shared<Qwen2ForCausalLM>(config, seed, "llama",
+                                            AttentionOptions{/*qkv_bias=*/bias, /*o_bias=*/bias});
 }
 
 }  // namespace mixtrain::qwen2

@@ -1,8 +1,13 @@
-// Dense Qwen2 (Hugging Face Qwen2ForCausalLM), built natively on LibTorch from the shared
-// Qwen2-family blocks (layers.h). Parameter names and shapes are HF's (I = intermediate_size,
-// H = hidden_size, D = head_dim):
+// The dense decoders, built natively on LibTorch from the shared Qwen2-family blocks (layers.h):
+// Qwen2 (Hugging Face Qwen2ForCausalLM) and Llama (LlamaForCausalLM), one decoder whose only
+// difference is the attention's biases: Qwen2 has q/k/v biases and none on o_proj, always (it
+// refuses attention_bias = false); Llama has biases on q/k/v and o_proj iff attention_bias
+// (HF's default is false; ours, shared by all models, is true: set it, or take it from
+// hf_config). Llama's mlp_bias (HF default false) is not offered.
+// Parameter names and shapes are HF's (I = intermediate_size, H = hidden_size, D = head_dim):
 //   model.embed_tokens.weight                                 [vocab, H]
-//   model.layers.N.self_attn.{q,k,v}_proj.{weight,bias}, o_proj.weight   (as qwen2_moe.h)
+//   model.layers.N.self_attn.{q,k,v}_proj.{weight[,bias]}, o_proj.{weight[,bias]} (as
+//   qwen2_moe.h)
 //   model.layers.N.mlp.{gate,up}_proj.weight                  [I, H]
 //   model.layers.N.mlp.down_proj.weight                       [H, I]
 //   model.layers.N.{input,post_attention}_layernorm.weight    [H]
@@ -13,8 +18,8 @@
 // tables in float32, attention softmax in float32; the MLP is SwiGLU. No router: aux_loss = 0.
 // Parameter roles (causal_lm.h): embed_tokens kEmbedding, self_attn kAttention, mlp kMlp, norms
 // kNorm, lm_head kOutputHead; no kExpert, so expert parallelism does not apply.
-// Model keys it reads: vocab_size, hidden_size, num_layers, num_heads, num_kv_heads, head_dim,
-// intermediate_size, max_seq_len, rope_theta, rms_norm_eps (docs/config.md).
+// Model keys they read: vocab_size, hidden_size, num_layers, num_heads, num_kv_heads, head_dim,
+// intermediate_size, max_seq_len, rope_theta, rms_norm_eps, attention_bias (docs/config.md).
 #pragma once
 
 #include <cstdint>
@@ -28,5 +33,6 @@ namespace mixtrain::qwen2 {
 // Builds a float32 model initialised from `seed` (init_hf_weights, layers.h). Throws
 // std::invalid_argument naming the field when the shapes cannot work.
 std::shared_ptr<CausalLM> make_qwen2(const ModelConfig& config, uint64_t seed);
+std::shared_ptr<CausalLM> make_llama(const ModelConfig& config, uint64_t seed);
 
 }  // namespace mixtrain::qwen2

@@ -12,6 +12,12 @@
 namespace mixtrain::qwen2_moe {
 namespace {
 
+// What distinguishes Qwen3-MoE from Qwen2-MoE here (the router and experts are the same code).
+struct MoeOptions {
+  AttentionOptions attention;
+  bool shared_expert = true;  // Qwen2-MoE's sigmoid-gated shared expert; Qwen3-MoE has none
+};
+
 // All routed experts as three 3-D parameters [E, out, in]; expert e is the SwiGLU MLP made of
 // slice e of each.
 class Qwen2MoeExperts : public torch::nn::Module {
@@ -152,13 +158,14 @@ class Qwen2MoeExperts : public torch::nn::Module {
 
 class Qwen2MoeSparseMoeBlock : public torch::nn::Module {
  public:
-  Qwen2MoeSparseMoeBlock(const ModelConfig& c, const ParamAccess& access)
-      : top_k_(c.num_experts_per_tok) {
+  Qwen2MoeSparseMoeBlock(const ModelConfig& c, const ParamAccess& access, bool with_shared_expert)
+      : top_k_(c.num_experts_per_tok), norm_topk_prob_(c.norm_topk_prob) {
     gate = register_module("gate", std::make_shared<Linear>(c.hidden_size, c.num_experts, false,
                                                             access.child("gate")));
     experts = register_module("experts", std::make_shared<Qwen2MoeExperts>(
                                              c.num_experts, c.hidden_size, c.moe_intermediate_size,
                                              access.child("experts")));
+    if (!with_shared_expert) return;
     shared_expert = register_module(
         "shared_expert",
         std::make_shared<SwiGLUMLP>(c.hidden_size, c.shared_expert_intermediate_size,
@@ -172,32 +179,34 @@ class Qwen2MoeSparseMoeBlock : public torch::nn::Module {
   std::pair<torch::Tensor, torch::Tensor> forward(const torch::Tensor& x) {
     const auto hidden = x.reshape({-1, x.size(-1)});
     auto router_logits = gate->forward(hidden);
-    const auto probs = torch::softmax(router_logits, 1, torch::kFloat32);
-    auto [routing_weights, selected_experts] = probs.topk(top_k_, -1);
-    // norm_topk_prob = false: the top-k probabilities are used as they are.
+    auto [routing_weights, selected_experts] = route_top_k(router_logits, top_k_, norm_topk_prob_);
     routing_weights = routing_weights.to(hidden.scalar_type());
     auto out = experts->forward(hidden, selected_experts, routing_weights);
-    out =
-        out + torch::sigmoid(shared_expert_gate->forward(hidden)) * shared_expert->forward(hidden);
+    if (shared_expert) {
+      out = out +
+            torch::sigmoid(shared_expert_gate->forward(hidden)) * shared_expert->forward(hidden);
+    }
     return {out.view(x.sizes()), router_logits};
   }
 
   std::shared_ptr<Linear> gate;
   std::shared_ptr<Qwen2MoeExperts> experts;
-  std::shared_ptr<SwiGLUMLP> shared_expert;
-  std::shared_ptr<Linear> shared_expert_gate;
+  std::shared_ptr<SwiGLUMLP> shared_expert;    // null without a shared expert
+  std::shared_ptr<Linear> shared_expert_gate;  // null without a shared expert
 
  private:
   int64_t top_k_;
+  bool norm_topk_prob_;
 };
 
 class Qwen2MoeDecoderLayer : public torch::nn::Module {
  public:
-  Qwen2MoeDecoderLayer(const ModelConfig& c, const ParamAccess& access) {
+  Qwen2MoeDecoderLayer(const ModelConfig& c, const ParamAccess& access, const MoeOptions& options) {
     // Registration order = HF's, so named_parameters() lists in state_dict order.
-    self_attn = register_module("self_attn",
-                                std::make_shared<Qwen2Attention>(c, access.child("self_attn")));
-    mlp = register_module("mlp", std::make_shared<Qwen2MoeSparseMoeBlock>(c, access.child("mlp")));
+    self_attn = register_module("self_attn", std::make_shared<Qwen2Attention>(
+                                                 c, access.child("self_attn"), options.attention));
+    mlp = register_module("mlp", std::make_shared<Qwen2MoeSparseMoeBlock>(c, access.child("mlp"),
+                                                                          options.shared_expert));
     input_layernorm = register_module(
         "input_layernorm",
         std::make_shared<RMSNorm>(c.hidden_size, c.rms_norm_eps, access.child("input_layernorm")));
@@ -221,14 +230,15 @@ class Qwen2MoeDecoderLayer : public torch::nn::Module {
 
 class Qwen2MoeModel : public torch::nn::Module {
  public:
-  Qwen2MoeModel(const ModelConfig& c, const ParamAccess& access) : config_(c) {
+  Qwen2MoeModel(const ModelConfig& c, const ParamAccess& access, const MoeOptions& options)
+      : config_(c) {
     embed_tokens = register_module(
         "embed_tokens",
         std::make_shared<Embedding>(c.vocab_size, c.hidden_size, access.child("embed_tokens")));
     auto list = register_module("layers", torch::nn::ModuleList());
     for (int64_t i = 0; i < c.num_layers; ++i) {
-      layers.push_back(
-          std::make_shared<Qwen2MoeDecoderLayer>(c, access.child("layers." + std::to_string(i))));
+      layers.push_back(std::make_shared<Qwen2MoeDecoderLayer>(
+          c, access.child("layers." + std::to_string(i)), options));
       list->push_back(layers.back());
     }
     norm = register_module(
@@ -261,8 +271,10 @@ class Qwen2MoeModel : public torch::nn::Module {
 
 class Qwen2MoeForCausalLM : public Qwen2FamilyForCausalLM<Qwen2MoeModel> {
  public:
-  Qwen2MoeForCausalLM(const ModelConfig& c, uint64_t seed)
-      : Qwen2FamilyForCausalLM(c, "qwen2_moe") {
+  // label: "qwen2_moe" or "qwen3_moe".
+  Qwen2MoeForCausalLM(const ModelConfig& c, uint64_t seed, const char* label,
+                      const MoeOptions& options)
+      : Qwen2FamilyForCausalLM(c, label, options) {
     // Each module's parameters get the role of the module (causal_lm.h), from the module tree.
     assign_common_roles();
     for (size_t i = 0; i < model->layers.size(); ++i) {
@@ -270,6 +282,7 @@ class Qwen2MoeForCausalLM : public Qwen2FamilyForCausalLM<Qwen2MoeModel> {
       const std::string p = layer_prefix(i) + "mlp.";
       assign_param_role(p + "gate.", *mlp.gate, ParamRole::kRouter);
       assign_param_role(p + "experts.", *mlp.experts, ParamRole::kExpert);
+      if (!mlp.shared_expert) continue;
       assign_param_role(p + "shared_expert.", *mlp.shared_expert, ParamRole::kMlp);
       assign_param_role(p + "shared_expert_gate.", *mlp.shared_expert_gate, ParamRole::kRouter);
     }
@@ -287,7 +300,8 @@ class Qwen2MoeForCausalLM : public Qwen2FamilyForCausalLM<Qwen2MoeModel> {
   }
 };
 
-void validate(const ModelConfig& c) {
+// The checks both MoE models need.
+void validate_moe(const ModelConfig& c) {
   validate_qwen2_common(c);
   require_model_key(c.moe_intermediate_size > 0, "moe_intermediate_size", "must be > 0");
   require_model_key(c.num_experts > 0, "num_experts", "must be > 0");
@@ -295,15 +309,35 @@ void validate(const ModelConfig& c) {
                     "num_experts_per_tok",
                     "must be in [1, num_experts = " + std::to_string(c.num_experts) + "], got " +
                         std::to_string(c.num_experts_per_tok));
-  require_model_key(c.shared_expert_intermediate_size > 0, "shared_expert_intermediate_size",
-                    "must be > 0");
 }
 
 }  // namespace
 
 std::shared_ptr<CausalLM> make_qwen2_moe(const ModelConfig& config, uint64_t seed) {
-  validate(config);
-  return std::make_shared<Qwen2MoeForCausalLM>(config, seed);
+  validate_moe(config);
+  require_model_key(config.shared_expert_intermediate_size > 0, "shared_expert_intermediate_size",
+                    "must be > 0");
+  MoeOptions options;
+  options.attention = {/*qkv_bias=*/config.attention_bias, /*o_bias=*/false};
+  return std::make_shared<Qwen2MoeForCausalLM>(config, seed, "qwen2_moe", options);
+}
+
+std::shared_ptr<CausalLM> make_qwen3_moe(const ModelConfig& config, uint64_t seed) {
+  validate_moe(config);
+  MoeOptions options;
+  options.attention = {/*qkv_bias=*/config.attention_bias, /*o_bias=*/config.attention_bias,
+                       /*qk_norm=*/true};
+  options.shared_expert = false;
+  return std::make_shared<Qwen2MoeForCausalLM>(config, seed, "qwen3_moe", options);
+}
+
+std::pair<torch::Tensor, torch::Tensor> route_top_k(const torch::Tensor& router_logits,
+                                                    int64_t top_k, bool norm_topk_prob) {
+  const auto probs = torch::softmax(router_logits, -1, torch::kFloat32);
+  auto [weights, indices] = probs.topk(top_k, -1);
+  // w_i / sum_j w_j over the k chosen, in float32 (HF divides before its cast).
+  if (norm_topk_prob) weights = weights / weights.sum(-1, /*keepdim=*/true);
+  return {weights, indices};
 }
 
 torch::Tensor load_balancing_loss(const std::vector<torch::Tensor>& router_logits,

@@ -11,7 +11,9 @@ namespace mixtrain {
 const std::vector<ModelEntry>& model_registry() {
   static const std::vector<ModelEntry> models = {
       {"qwen2_moe", qwen2_moe::make_qwen2_moe},
+      {"qwen3_moe", qwen2_moe::make_qwen3_moe},
       {"qwen2", qwen2::make_qwen2},
+      {"llama", qwen2::make_llama},
   };
   return models;
 }

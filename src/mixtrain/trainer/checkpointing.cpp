@@ -49,10 +49,11 @@ std::string fqn_of(const std::string& key) {
 // Where this rank's `local` piece of `key` sits in the global tensor: a parameter's FSDP rows
 // or expert slice (its optimizer state and main param alike), whole otherwise; 0-dim state
 // (step counters) is the same on every rank.
-LocalChunk place(const CheckpointParts& parts, const std::string& key, const at::Tensor& local) {
+LocalChunk place(const FullyShardedModel* sharded, const std::string& key,
+                 const at::Tensor& local) {
   LocalChunk chunk{key, local, local.sizes().vec(), std::vector<int64_t>(local.dim(), 0)};
-  if (local.dim() == 0 || parts.sharded == nullptr) return chunk;
-  const ParamPlacement& placement = parts.sharded->placement(fqn_of(key));
+  if (local.dim() == 0 || sharded == nullptr) return chunk;
+  const ParamPlacement& placement = sharded->placement(fqn_of(key));
   chunk.global_shape = placement.global_shape;
   chunk.offsets[0] = placement.offset;
   return chunk;
@@ -171,10 +172,33 @@ std::string metadata_path(const RestorePlan& plan) {
   return (std::filesystem::path(plan.dir) / kCheckpointMetadataFile).string();
 }
 
+// Whether the checkpoint is of this model: its recorded config against `resolved`'s leaves.
+void plan_config(const ResolvedConfig& resolved, RestorePlan& plan) {
+  if (!plan.saved.unread_parts.count("config")) {
+    const json current_config = config_json(resolved);
+    for (const auto& [key, value] : current_config.items()) {
+      const auto recorded = plan.saved.config.find(key);
+      const std::string before =
+          recorded != plan.saved.config.end() ? recorded->second : "(absent)";
+      if (before == value.get<std::string>()) continue;
+      const std::string line =
+          key + ": " + before + " in the checkpoint, " + value.get<std::string>() + " now";
+      // A model.* key the model does not read (another model's section, or a key added since
+      // the checkpoint was written) says nothing about the architecture.
+      if (is_model_key(key) && model_reads_key(resolved.config.model.name, key)) {
+        plan.problems.push_back("the checkpoint is of another model: " + line);
+        plan.another_model = true;
+      } else {
+        plan.config_changes.push_back(line);
+      }
+    }
+  }
+}
+
 // The non-tensor state, checked completely (checkpoint_state.h); the data position checked by
 // the dataset itself: seek() refuses a position it cannot resume at before it changes
 // anything, and the current position is put back at once. Then whether the checkpoint is of
-// this model (its recorded config) and holds what the restore needs.
+// this model (plan_config) and holds what the restore needs.
 void plan_training_state(const CheckpointParts& parts, bool restore_optimizer, RestorePlan& plan) {
   const std::string where = metadata_path(plan);
   plan.saved = read_training_state(plan.reader->metadata(), where, plan.problems);
@@ -189,24 +213,7 @@ void plan_training_state(const CheckpointParts& parts, bool restore_optimizer, R
     }
   }
 
-  if (!saved.unread_parts.count("config")) {
-    const json current_config = config_json(parts.resolved);
-    for (const auto& [key, value] : current_config.items()) {
-      const auto recorded = saved.config.find(key);
-      const std::string before = recorded != saved.config.end() ? recorded->second : "(absent)";
-      if (before == value.get<std::string>()) continue;
-      const std::string line =
-          key + ": " + before + " in the checkpoint, " + value.get<std::string>() + " now";
-      // A model.* key the model does not read (another model's section, or a key added since
-      // the checkpoint was written) says nothing about the architecture.
-      if (is_model_key(key) && model_reads_key(parts.resolved.config.model.name, key)) {
-        plan.problems.push_back("the checkpoint is of another model: " + line);
-        plan.another_model = true;
-      } else {
-        plan.config_changes.push_back(line);
-      }
-    }
-  }
+  plan_config(parts.resolved, plan);
   if (restore_optimizer && !saved.unread_parts.count("optimizer") && !saved.optimizer_saved) {
     // The remedy in the dialect of the config being run (TOML's key is the negation).
     const std::string model_only = parts.resolved.config.dialect == "toml"
@@ -219,10 +226,10 @@ void plan_training_state(const CheckpointParts& parts, bool restore_optimizer, R
 }
 
 // Every model tensor's value, and the keys the model does not have.
-void plan_model(const CheckpointParts& parts, RestorePlan& plan) {
+void plan_model(const CausalLM& live, const FullyShardedModel* sharded, RestorePlan& plan) {
   CheckpointReader& reader = *plan.reader;
   const CheckpointMetadata& metadata = reader.metadata();
-  const auto model = model_tensors(parts.model);
+  const auto model = model_tensors(live);
   for (const auto& [key, tensor] : model) {
     // A float32 parameter saved by a run with a bfloat16/float16 model and fp32 main params: its
     // exact value is that main param, not the rounded model param.
@@ -231,7 +238,7 @@ void plan_model(const CheckpointParts& parts, RestorePlan& plan) {
     if (tensor.scalar_type() == at::kFloat && reader.contains(main_key) &&
         saved != metadata.tensors.end() && saved->second.dtype != at::kFloat) {
       std::map<std::string, at::Tensor> read;
-      read_piece(reader, place(parts, main_key, tensor.detach()), DtypeRule::kExact, read,
+      read_piece(reader, place(sharded, main_key, tensor.detach()), DtypeRule::kExact, read,
                  plan.problems);
       if (read.count(main_key) != 0) plan.model_values[key] = read.at(main_key);
       plan.main_params_as_model.insert(main_key);
@@ -239,7 +246,7 @@ void plan_model(const CheckpointParts& parts, RestorePlan& plan) {
     }
     // The model is saved in its model dtype and converted by model_init_dtype (fp32-main-params
     // §6.2).
-    read_piece(reader, place(parts, key, tensor.detach()), DtypeRule::kAny, plan.model_values,
+    read_piece(reader, place(sharded, key, tensor.detach()), DtypeRule::kAny, plan.model_values,
                plan.problems);
   }
   for (const auto& [key, saved] : metadata.tensors) {
@@ -273,7 +280,7 @@ void plan_optimizer(const CheckpointParts& parts, RestorePlan& plan) {
     const std::string fqn = fqn_of(key);
     const bool is_count = !is_main && chained.contains(fqn) &&
                           chained.leaf_of(fqn).is_count_field(key.substr(key.rfind('.') + 1));
-    read_piece(reader, place(parts, key, tensor),
+    read_piece(reader, place(parts.sharded, key, tensor),
                is_main    ? DtypeRule::kExact
                : is_count ? DtypeRule::kCount
                           : DtypeRule::kOptimizerState,
@@ -324,6 +331,19 @@ void plan_optimizer(const CheckpointParts& parts, RestorePlan& plan) {
   }
 }
 
+// The model's values, then model_init_dtype (fp32-main-params §6.2).
+void apply_model_values(CausalLM& model, const TrainerConfig& config, const RestorePlan& plan) {
+  {
+    c10::NoGradGuard no_grad;
+    for (const auto& [key, tensor] : model_tensors(model)) {
+      tensor.detach().copy_(plan.model_values.at(key));
+    }
+  }
+  if (config.model_init_dtype) {
+    apply_model_init_dtype(model, parse_float_dtype(*config.model_init_dtype));
+  }
+}
+
 // Changes everything, in the order of fp32-main-params §6.2; every value was checked by the plan.
 void apply_restore(const CheckpointParts& parts, bool restore_optimizer, RestorePlan& plan,
                    std::vector<std::string>& group_changes) {
@@ -331,15 +351,7 @@ void apply_restore(const CheckpointParts& parts, bool restore_optimizer, Restore
   if (restore_optimizer) {
     group_changes = parts.optimizer.chained().apply_param_groups(std::move(plan.groups));
   }
-  {
-    c10::NoGradGuard no_grad;
-    for (const auto& [key, tensor] : model_tensors(parts.model)) {
-      tensor.detach().copy_(plan.model_values.at(key));
-    }
-  }
-  if (config.model_init_dtype) {
-    apply_model_init_dtype(parts.model, parse_float_dtype(*config.model_init_dtype));
-  }
+  apply_model_values(parts.model, config, plan);
   const SavedTrainingState& saved = plan.saved;
   if (restore_optimizer) {
     parts.optimizer.load_state_dict(
@@ -361,6 +373,19 @@ void apply_restore(const CheckpointParts& parts, bool restore_optimizer, Restore
   }
 }
 
+// The step directory and its reader; a rank that fails here fails alone only if the others
+// fail too (they read the same files), so agree.
+void open_checkpoint(const std::string& restore_from, const DeviceMesh& mesh, RestorePlan& plan) {
+  plan.dir = restore_from;
+  try {
+    plan.dir = resolve_step_dir(restore_from);
+    plan.reader = std::make_unique<CheckpointReader>(plan.dir);
+  } catch (const std::exception& error) {
+    plan.problems.push_back(error.what());
+  }
+  agree_or_throw(mesh, plan.dir, plan.problems);
+}
+
 }  // namespace
 
 SaveRequest make_save_request(const CheckpointParts& parts, int64_t step) {
@@ -369,12 +394,12 @@ SaveRequest make_save_request(const CheckpointParts& parts, int64_t step) {
   request.step = step;
   request.mesh = CheckpointMesh{parts.mesh.dp_replicate, parts.mesh.dp_shard, parts.mesh.ep};
   for (const auto& [key, tensor] : model_tensors(parts.model)) {
-    request.chunks.push_back(place(parts, key, tensor.detach()));
+    request.chunks.push_back(place(parts.sharded, key, tensor.detach()));
   }
   const bool with_optimizer = config.checkpoint.save_optimizer;
   if (with_optimizer) {
     for (const auto& [key, tensor] : parts.optimizer.state_dict()) {
-      request.chunks.push_back(place(parts, key, tensor));
+      request.chunks.push_back(place(parts.sharded, key, tensor));
     }
   }
 
@@ -405,17 +430,9 @@ SaveRequest make_save_request(const CheckpointParts& parts, int64_t step) {
 int64_t restore_checkpoint(const CheckpointParts& parts, const std::string& restore_from,
                            bool restore_optimizer) {
   // Plan: read and check everything, collecting every problem, changing nothing. Opening the
-  // metadata and files comes first (nothing can be planned without them); a rank that fails
-  // there fails alone only if the others fail too (they read the same files), so agree.
+  // metadata and files comes first (nothing can be planned without them).
   RestorePlan plan;
-  plan.dir = restore_from;
-  try {
-    plan.dir = resolve_step_dir(restore_from);
-    plan.reader = std::make_unique<CheckpointReader>(plan.dir);
-  } catch (const std::exception& error) {
-    plan.problems.push_back(error.what());
-  }
-  agree_or_throw(parts.mesh, plan.dir, plan.problems);
+  open_checkpoint(restore_from, parts.mesh, plan);
   plan_training_state(parts, restore_optimizer, plan);
 
   // fp32-main-params §9.2: the optimizer state must exist so that it can be checked and filled in
@@ -427,7 +444,7 @@ int64_t restore_checkpoint(const CheckpointParts& parts, const std::string& rest
     // The tensors of another model (or of a checkpoint without the optimizer state asked
     // for) would each differ as a consequence: the plan names the cause only.
     if (!plan.another_model) {
-      plan_model(parts, plan);
+      plan_model(parts.model, parts.sharded, plan);
       if (restore_optimizer && plan.saved.optimizer_saved) plan_optimizer(parts, plan);
     }
     // Agree: every rank's plan is good before any rank changes anything.
@@ -482,6 +499,28 @@ int64_t restore_checkpoint(const CheckpointParts& parts, const std::string& rest
     }
   }
   return step;
+}
+
+int64_t restore_model_weights(CausalLM& model, FullyShardedModel* sharded,
+                              const ResolvedConfig& resolved, const DeviceMesh& mesh,
+                              const std::string& restore_from) {
+  RestorePlan plan;
+  open_checkpoint(restore_from, mesh, plan);
+  plan.saved = read_training_state(plan.reader->metadata(), metadata_path(plan), plan.problems);
+  plan_config(resolved, plan);
+  if (!plan.another_model) plan_model(model, sharded, plan);
+  agree_or_throw(mesh, plan.dir, plan.problems);
+  apply_model_values(model, resolved.config, plan);
+  if (mesh.rank == 0) {
+    log_info("checkpoint: model weights of step " + std::to_string(plan.saved.step) + " from " +
+             plan.dir + " (saved by " + std::to_string(plan.reader->metadata().world_size) +
+             " rank(s), read on " + std::to_string(mesh.world_size) + ")" +
+             (plan.main_params_as_model.empty()
+                  ? ""
+                  : "; " + std::to_string(plan.main_params_as_model.size()) +
+                        " float32 parameters from its fp32 main params (exact)"));
+  }
+  return plan.saved.step;
 }
 
 }  // namespace mixtrain

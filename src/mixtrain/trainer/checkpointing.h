@@ -55,4 +55,13 @@ SaveRequest make_save_request(const CheckpointParts& parts, int64_t step);
 int64_t restore_checkpoint(const CheckpointParts& parts, const std::string& restore_from,
                            bool restore_optimizer);
 
+// The model's weights only (`mixtrain eval`): the same plan, agree, apply for the model tensors
+// (fp32 main params as the values of float32 parameters when the checkpoint has them, then
+// model_init_dtype), after the same checks that the checkpoint is of this model and its state is
+// whole; no optimizer, data position or RNG. Returns the checkpoint's step. Collective over
+// mesh.world; one DataError naming the checkpoint and every problem.
+int64_t restore_model_weights(CausalLM& model, FullyShardedModel* sharded,
+                              const ResolvedConfig& resolved, const DeviceMesh& mesh,
+                              const std::string& restore_from);
+
 }  // namespace mixtrain

@@ -22,6 +22,8 @@ constexpr double kBottom = 420;  // room for x tick labels and the "step" label
 // Above this many points the polyline keeps, per pixel column, only the lowest and highest
 // point: the picture is the same, and a long run does not produce a many-megabyte file.
 constexpr size_t kMaxPlainPoints = 4000;
+constexpr const char* kTrainColor = "#1f77b4";
+constexpr const char* kEvalColor = "#ff7f0e";
 
 std::string fmt(const char* format, double value) {
   char buf[64];
@@ -135,21 +137,51 @@ std::vector<std::pair<double, double>> decimate(const std::vector<std::pair<doub
   return out;
 }
 
-}  // namespace
-
-std::string render_loss_svg(const std::vector<std::pair<int64_t, double>>& points,
-                            const std::string& title) {
+std::vector<std::pair<double, double>> finite_points(
+    const std::vector<std::pair<int64_t, double>>& points) {
   std::vector<std::pair<double, double>> finite;
   finite.reserve(points.size());
   for (const auto& [step, loss] : points) {
     if (std::isfinite(loss)) finite.emplace_back(static_cast<double>(step), loss);
   }
+  return finite;
+}
+
+// A series' polyline, with a dot on every point when `dots` (or when it has one point: a
+// one-point polyline draws nothing).
+std::string series_svg(const std::vector<std::pair<double, double>>& pixels, const char* color,
+                       bool dots) {
+  std::string s = "<polyline fill=\"none\" stroke=\"" + std::string(color) +
+                  "\" stroke-width=\"1.5\" points=\"";
+  for (size_t i = 0; i < pixels.size(); ++i) {
+    if (i) s += ' ';
+    s += fmt("%.2f", pixels[i].first) + "," + fmt("%.2f", pixels[i].second);
+  }
+  s += "\"/>\n";
+  if (dots || pixels.size() == 1) {
+    for (const auto& [x, y] : pixels) {
+      s += "<circle cx=\"" + fmt("%.2f", x) + "\" cy=\"" + fmt("%.2f", y) + "\" r=\"3\" fill=\"" +
+           color + "\"/>\n";
+    }
+  }
+  return s;
+}
+
+}  // namespace
+
+std::string render_loss_svg(const std::vector<std::pair<int64_t, double>>& points,
+                            const std::string& title,
+                            const std::vector<std::pair<int64_t, double>>& eval_points) {
+  const std::vector<std::pair<double, double>> finite = finite_points(points);
+  const std::vector<std::pair<double, double>> eval = finite_points(eval_points);
 
   double x_lo = 0, x_hi = 1, y_lo = 0, y_hi = 1;
-  if (!finite.empty()) {
+  if (!finite.empty() || !eval.empty()) {
     x_lo = y_lo = std::numeric_limits<double>::infinity();
     x_hi = y_hi = -std::numeric_limits<double>::infinity();
-    for (const auto& [x, y] : finite) {
+    std::vector<std::pair<double, double>> all = finite;
+    all.insert(all.end(), eval.begin(), eval.end());
+    for (const auto& [x, y] : all) {
       x_lo = std::min(x_lo, x);
       x_hi = std::max(x_hi, x);
       y_lo = std::min(y_lo, y);
@@ -213,25 +245,31 @@ std::string render_loss_svg(const std::vector<std::pair<int64_t, double>>& point
   s += "<path d=\"M" + fmt("%.0f", kLeft) + " " + fmt("%.0f", kTop) + " V" + fmt("%.0f", kBottom) +
        " H" + fmt("%.0f", kRight) + "\" fill=\"none\" stroke=\"#333\" stroke-width=\"1\"/>\n";
 
-  if (finite.empty()) {
+  if (finite.empty() && eval.empty()) {
     s += "<text x=\"" + fmt("%.1f", (kLeft + kRight) / 2) + "\" y=\"" +
          fmt("%.1f", (kTop + kBottom) / 2) + "\" text-anchor=\"middle\" fill=\"#888\">" +
          "no data</text>\n";
-  } else {
+  }
+  if (!finite.empty()) {
     std::vector<std::pair<double, double>> pixels;
     pixels.reserve(finite.size());
     for (const auto& [x, y] : finite) pixels.emplace_back(px(x), py(y));
-    pixels = decimate(pixels);
-    s += "<polyline fill=\"none\" stroke=\"#1f77b4\" stroke-width=\"1.5\" points=\"";
-    for (size_t i = 0; i < pixels.size(); ++i) {
-      if (i) s += ' ';
-      s += fmt("%.2f", pixels[i].first) + "," + fmt("%.2f", pixels[i].second);
-    }
-    s += "\"/>\n";
-    // A one-point polyline draws nothing; mark the point so the picture is not empty.
-    if (pixels.size() == 1) {
-      s += "<circle cx=\"" + fmt("%.2f", pixels[0].first) + "\" cy=\"" +
-           fmt("%.2f", pixels[0].second) + "\" r=\"3\" fill=\"#1f77b4\"/>\n";
+    s += series_svg(decimate(pixels), kTrainColor, /*dots=*/false);
+  }
+  if (!eval.empty()) {
+    std::vector<std::pair<double, double>> pixels;
+    for (const auto& [x, y] : eval) pixels.emplace_back(px(x), py(y));
+    s += series_svg(decimate(pixels), kEvalColor, /*dots=*/true);
+    // The legend, top right inside the plot area.
+    const double x = kRight - 70;
+    for (int row = 0; row < 2; ++row) {
+      const double y = kTop + 15 + 16 * row;
+      const char* color = row == 0 ? kTrainColor : kEvalColor;
+      s += "<line x1=\"" + fmt("%.0f", x) + "\" y1=\"" + fmt("%.0f", y - 4) + "\" x2=\"" +
+           fmt("%.0f", x + 20) + "\" y2=\"" + fmt("%.0f", y - 4) + "\" stroke=\"" + color +
+           "\" stroke-width=\"2\"/>\n";
+      s += "<text x=\"" + fmt("%.0f", x + 26) + "\" y=\"" + fmt("%.0f", y) + "\" fill=\"#333\">" +
+           (row == 0 ? "train" : "eval") + "</text>\n";
     }
   }
   s += "</svg>\n";
@@ -239,8 +277,9 @@ std::string render_loss_svg(const std::vector<std::pair<int64_t, double>>& point
 }
 
 void write_loss_svg(const std::string& path, const std::vector<std::pair<int64_t, double>>& points,
-                    const std::string& title) {
-  const std::string svg = render_loss_svg(points, title);
+                    const std::string& title,
+                    const std::vector<std::pair<int64_t, double>>& eval_points) {
+  const std::string svg = render_loss_svg(points, title, eval_points);
   // Same directory as the target so rename() is atomic (no cross-filesystem copy); the pid
   // keeps two processes writing the same picture from sharing a temporary file.
   AtomicFile file(path, path + ".tmp." + std::to_string(::getpid()));

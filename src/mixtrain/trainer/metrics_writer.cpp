@@ -50,6 +50,15 @@ std::string metrics_json_line(const StepMetrics& m) {
   return j.dump();
 }
 
+std::string metrics_json_line(const EvalMetrics& m) {
+  nlohmann::ordered_json j;
+  j["step"] = m.step;
+  j["eval_loss"] = finite_or_null(m.eval_loss);
+  j["eval_ppl"] = finite_or_null(m.eval_ppl);
+  j["eval_tokens"] = m.eval_tokens;
+  return j.dump();
+}
+
 MetricsWriter::MetricsWriter(const std::string& run_dir, int64_t resumed_step) {
   std::filesystem::path dir =
       run_dir.empty() ? std::filesystem::path(".") : std::filesystem::path(run_dir);
@@ -80,6 +89,10 @@ MetricsWriter::MetricsWriter(const std::string& run_dir, int64_t resumed_step) {
 }
 
 void MetricsWriter::write(const StepMetrics& metrics) {
+  append(metrics_json_line(metrics) + "\n");
+}
+
+void MetricsWriter::write_eval(const EvalMetrics& metrics) {
   append(metrics_json_line(metrics) + "\n");
 }
 

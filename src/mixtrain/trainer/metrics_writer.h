@@ -3,6 +3,8 @@
 // One JSON object per step, keys in this order: step, loss, grad_norm, lr, tokens_per_s,
 // elapsed_s, aux_loss, loss_scale, skipped_steps; with a profile (train.profile) also
 // forward_s, backward_s, reduce_s, clip_s, optimizer_s, checkpoint_s, step_s (step_profile.h).
+// An evaluation (train.eval_every) adds its own row after its step's row: step, eval_loss,
+// eval_ppl, eval_tokens (trainer/evaluator.h); readers tell the two kinds apart by the keys.
 // A non-finite value (a NaN loss, an infinite grad norm) is written as null so every line
 // stays valid JSON. Each line is flushed to the kernel before write() returns, so a Ctrl-C or a
 // crash of the process loses nothing already written (a power loss may; we do not fsync per
@@ -35,12 +37,20 @@ struct StepMetrics {
   std::optional<StepTimes> profile = std::nullopt;  // train.profile: this step's split
 };
 
+struct EvalMetrics {
+  int64_t step = 0;  // the training step after which the model was evaluated
+  double eval_loss = 0.0;
+  double eval_ppl = 0.0;
+  int64_t eval_tokens = 0;
+};
+
 class MetricsWriter {
  public:
   explicit MetricsWriter(const std::string& run_dir, int64_t resumed_step = 0);
 
   // Appends one line and flushes it; throws UserError if the line cannot be written.
   void write(const StepMetrics& metrics);
+  void write_eval(const EvalMetrics& metrics);
 
   // <run_dir>/metrics.jsonl
   const std::string& path() const { return path_; }
@@ -54,5 +64,6 @@ class MetricsWriter {
 
 // One metrics line (no trailing newline); exposed so tests and tools share the exact format.
 std::string metrics_json_line(const StepMetrics& metrics);
+std::string metrics_json_line(const EvalMetrics& metrics);
 
 }  // namespace mixtrain

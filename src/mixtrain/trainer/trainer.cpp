@@ -6,9 +6,11 @@
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
+#include <map>
 #include <utility>
 #include <vector>
 
+#include "mixtrain/checkpoint/hf_import.h"
 #include "mixtrain/config/show.h"
 #include "mixtrain/config/startup_log.h"
 #include "mixtrain/config/validate.h"
@@ -19,6 +21,8 @@
 #include "mixtrain/core/dtype.h"
 #include "mixtrain/core/error.h"
 #include "mixtrain/core/logging.h"
+#include "mixtrain/core/param_placement.h"
+#include "mixtrain/core/text.h"
 #include "mixtrain/data/dataset.h"
 #include "mixtrain/distributed/config_agreement.h"
 #include "mixtrain/distributed/data_parallel.h"
@@ -35,6 +39,7 @@
 #include "mixtrain/optim/state_swap.h"
 #include "mixtrain/optim/training_optimizer.h"
 #include "mixtrain/trainer/checkpointing.h"
+#include "mixtrain/trainer/evaluator.h"
 #include "mixtrain/trainer/interrupt.h"
 #include "mixtrain/trainer/loss_plot.h"
 #include "mixtrain/trainer/metrics_writer.h"
@@ -102,6 +107,43 @@ NamedParameters named_parameters_of(const CausalLM& model) {
   NamedParameters params;
   for (const auto& item : model.named_parameters()) params.emplace_back(item.key(), item.value());
   return params;
+}
+
+// model.init_from: this rank's pieces of every parameter from the Hugging Face directory, after
+// sharding (each rank reads only its rows) and after the optimizer is built: a low-precision
+// parameter with an fp32 main param is read into the main param (the file's values, exact when
+// the file is float32) and the model param is its rounding (to nearest even, as the copy-back
+// after each step); any other parameter is read into itself.
+void import_init_from(CausalLM& model, const FullyShardedModel* sharded,
+                      const TrainingOptimizer& optimizer, const std::string& dir, bool is_rank0) {
+  std::map<std::string, at::Tensor> mains;
+  for (const auto& [key, tensor] : optimizer.state_dict()) {
+    if (starts_with(key, kMainParamPrefix)) {
+      mains[key.substr(std::string(kMainParamPrefix).size())] = tensor;
+    }
+  }
+  std::vector<HfImportTarget> targets;
+  std::vector<std::pair<at::Tensor, at::Tensor>> rounded;  // (model param, its main param)
+  for (const auto& item : model.named_parameters()) {
+    const at::Tensor& param = item.value();
+    const auto main = mains.find(item.key());
+    const at::Tensor& local = main == mains.end() ? param : main->second;
+    if (main != mains.end()) rounded.emplace_back(param, main->second);
+    targets.push_back({item.key(), local,
+                       sharded ? sharded->placement(item.key())
+                               : whole_placement(item.key(), param.sizes().vec())});
+  }
+  const HfImportStats stats = import_hf_weights(dir, targets);
+  {
+    torch::NoGradGuard no_grad;
+    for (auto& [param, main] : rounded) param.copy_(main);
+  }
+  if (is_rank0) {
+    log_info("init_from: " + std::to_string(targets.size()) + " parameters from " + dir + " (" +
+             std::to_string(stats.files) + " safetensors file(s); this rank read " +
+             std::to_string(stats.data_bytes_read) + " bytes of weights" +
+             (rounded.empty() ? "" : ", into the fp32 main params") + ")");
+  }
 }
 
 struct StepLoss {
@@ -183,6 +225,29 @@ DeviceMesh join_mesh(const TrainerConfig& config, c10::Device device) {
   return make_device_mesh(rank, config.parallel, config.distributed.timeout_s, device);
 }
 
+BuiltModel build_training_model(const TrainerConfig& config, const DeviceMesh& mesh) {
+  const c10::ScalarType model_dtype = model_dtype_of(config);
+  // Built and initialised on the CPU (the same weights on every device), then moved to the
+  // rank's device before sharding: everything after this lives there.
+  BuiltModel built;
+  built.model = build_model(config.model, config.train.seed);
+  apply_model_init_dtype(*built.model, model_dtype);
+  if (!mesh.device.is_cpu()) built.model->to(mesh.device);
+  if (mesh.rank == 0) log_info(format_model_config_block(config.model));
+  // With parallel.ep > 1, shard_model splits the routed experts over the ep group (and the
+  // model exchanges tokens with all_to_all); the rest stays FSDP / DDP.
+  // The FSDP path also serves one process whose compute dtype differs from the stored one: it
+  // casts each parameter to param_dtype in forward and delivers float32 main_grads in backward.
+  if (mesh.world_size > 1 || parse_float_dtype(config.mix_precision.param_dtype) != model_dtype) {
+    FsdpOptions fsdp;
+    fsdp.mix_precision = config.mix_precision;
+    fsdp.fp32_main_params = config.optimizer.fp32_main_params;
+    fsdp.reshard_after_forward = config.fsdp.reshard_after_forward;
+    built.sharded = shard_model(*built.model, mesh, fsdp);
+  }
+  return built;
+}
+
 Trainer::Trainer(const ResolvedConfig& resolved, const DeviceMesh& mesh, const std::string& run_dir)
     : resolved_(resolved), mesh_(mesh), run_dir_(run_dir) {
   const TrainerConfig& config = resolved_.config;
@@ -200,27 +265,16 @@ Trainer::Trainer(const ResolvedConfig& resolved, const DeviceMesh& mesh, const s
 
   // fp32-main-params §6.1 build order: model, then model_init_dtype, then sharding, then the
   // optimizer.
-  // Built and initialised on the CPU (the same weights on every device), then moved to the
-  // rank's device before sharding: everything after this lives there.
-  model_ = build_model(config.model, config.train.seed);
-  apply_model_init_dtype(*model_, model_dtype);
-  if (!mesh_.device.is_cpu()) model_->to(mesh_.device);
-  if (is_rank0) log_info(format_model_config_block(config.model));
-  // With parallel.ep > 1, shard_model splits the routed experts over the ep group (and the
-  // model exchanges tokens with all_to_all); the rest stays FSDP / DDP.
-  // The FSDP path also serves one process whose compute dtype differs from the stored one: it
-  // casts each parameter to param_dtype in forward and delivers float32 main_grads in backward.
-  if (mesh_.world_size > 1 || parse_float_dtype(config.mix_precision.param_dtype) != model_dtype) {
-    FsdpOptions fsdp;
-    fsdp.mix_precision = config.mix_precision;
-    fsdp.fp32_main_params = config.optimizer.fp32_main_params;
-    fsdp.reshard_after_forward = config.fsdp.reshard_after_forward;
-    sharded_ = shard_model(*model_, mesh_, fsdp);
-  }
+  BuiltModel built = build_training_model(config, mesh_);
+  model_ = std::move(built.model);
+  sharded_ = std::move(built.sharded);
   optimizer_ = build_optimizer(named_parameters_of(*model_), config);
   if (sharded_) {
     if (config.optimizer.fp32_main_params) sharded_->set_main_grads(optimizer_.get());
     optimizer_->chained().set_placements(sharded_->placements());
+  }
+  if (!config.model.init_from.empty()) {
+    import_init_from(*model_, sharded_.get(), *optimizer_, config.model.init_from, is_rank0);
   }
   if (config.optimizer.swap_optimizer) {
     // The tier follows the rank's device, where the parameters and their state are.
@@ -246,6 +300,19 @@ Trainer::Trainer(const ResolvedConfig& resolved, const DeviceMesh& mesh, const s
   data_ = make_dataset(config.data, config.model.vocab_size, config.train.seed, mesh_.rank,
                        mesh_.world_size);
   if (is_rank0) log_info("data: " + data_->describe());
+  // Opened (and every file checked) before the first step: a bad eval set fails the run now.
+  if (config.train.eval_every > 0) {
+    try {
+      evaluator_ = std::make_unique<Evaluator>(
+          config.data.eval_path, config.model.vocab_size, config.data.seq_len,
+          config.data.micro_batch_size, config.data.eval_batches * config.data.global_batch_size);
+    } catch (const DataError& error) {
+      throw DataError(ConfigKey{"data.eval_path"}, error.problem());
+    }
+    if (is_rank0)
+      log_info(evaluator_->describe() + ", every " + std::to_string(config.train.eval_every) +
+               " steps");
+  }
   accumulation_steps_ =
       config.data.global_batch_size / (config.data.micro_batch_size * mesh_.world_size);
   schedule_ = std::make_unique<LrSchedule>(config.train.lr_scheduler, config.train.steps);
@@ -314,6 +381,11 @@ void Trainer::apply_update() {
         at::accelerator::getDeviceStats(mesh_.device.index()).allocated_bytes[0].peak;
   }
   completed_steps_ = pending_.step;
+}
+
+EvalResult Trainer::evaluate() {
+  if (!evaluator_) throw std::logic_error("Trainer::evaluate: train.eval_every is 0");
+  return evaluator_->evaluate(*model_, mesh_);
 }
 
 StepResult Trainer::step() {
@@ -388,6 +460,11 @@ TrainSummary run_training(const ResolvedConfig& resolved, const TrainOptions& op
                                              options.is_terminal);
   }
   std::vector<std::pair<int64_t, double>> loss_curve;
+  std::vector<std::pair<int64_t, double>> eval_curve;
+  auto eval_due = [&](int64_t step) {
+    return config.train.eval_every > 0 &&
+           (step % config.train.eval_every == 0 || step == config.train.steps);
+  };
   const double tokens_per_step =
       static_cast<double>(config.data.global_batch_size) * config.data.seq_len;
 
@@ -441,11 +518,22 @@ TrainSummary run_training(const ResolvedConfig& resolved, const TrainOptions& op
         }
       }
     }
+    // After the step's row: its tokens_per_s and profile do not count the evaluation.
+    if (eval_due(step)) {
+      const EvalResult eval = trainer.evaluate();  // collective: every rank
+      if (is_rank0) {
+        EvalMetrics eval_row{step, eval.loss(), eval.perplexity(), eval.tokens};
+        metrics->write_eval(eval_row);
+        eval_curve.emplace_back(step, eval_row.eval_loss);
+        log_info("eval at step " + std::to_string(step) + ": " + format_eval_result(eval));
+      }
+    }
   }
   trainer.wait_for_checkpoint();  // an async save finishes (or reports its error) before exit
   if (is_rank0) {
     progress->finish();
-    write_loss_svg(summary.plot_path, loss_curve, "mixtrain loss: " + config.source_file);
+    write_loss_svg(summary.plot_path, loss_curve, "mixtrain loss: " + config.source_file,
+                   eval_curve);
   }
   if (is_rank0 && config.train.profile && config.train.cpu_allocator == "caching") {
     log_info(format_cpu_allocator_stats(CachingCpuAllocator::instance().stats()));

@@ -2,7 +2,9 @@
 //
 // Trainer builds, in the order of fp32-main-params §6.1: model, model_init_dtype, sharding
 // (FSDP/HSDP/DDP/EP when the mesh has several ranks, or when the compute dtype differs from the
-// stored one), the optimizer stack, the data stream, and then, with checkpoint.restore_from,
+// stored one), the optimizer stack, model.init_from's Hugging Face weights into each rank's
+// pieces (checkpoint/hf_import.h; into the fp32 main params where there are, the model params
+// their rounding), the data stream, and then, with checkpoint.restore_from,
 // restores the checkpoint (model, then model_init_dtype, then optimizer; trainer/checkpointing.h).
 // One step() = micro-batches with gradient accumulation (cross-entropy + router aux loss),
 // prepare_grads, global grad-norm clipping, the scheduled LR, the optimizer step, zero_grad.
@@ -13,7 +15,11 @@
 // saves checkpoints every checkpoint.interval steps and at the last step, and writes (rank 0)
 // <run_dir>/metrics.jsonl (one JSON object per step, flushed per line) and loss.svg (at the
 // end, also after Ctrl-C). With train.profile it adds each step's phase times (step_profile.h)
-// to metrics.jsonl and logs their average every train.log_every steps.
+// to metrics.jsonl and logs their average every train.log_every steps. With train.eval_every
+// it evaluates data.eval_path (trainer/evaluator.h) every eval_every steps and at the last one,
+// after that step's row, and rank 0 adds an eval row (metrics_writer.h) and the eval series of
+// loss.svg; the evaluation reads neither the RNG nor the training data, so the training run is
+// the same with and without it.
 #pragma once
 
 #include <cstdint>
@@ -22,6 +28,7 @@
 
 #include "mixtrain/config/load.h"
 #include "mixtrain/distributed/device_mesh.h"
+#include "mixtrain/trainer/evaluator.h"
 #include "mixtrain/trainer/step_recorder.h"
 
 namespace mixtrain {
@@ -32,6 +39,17 @@ class TrainingOptimizer;
 class TokenDataset;
 class LrSchedule;
 class CheckpointSaver;
+
+// The model as the trainer builds it (fp32-main-params §6.1): built and initialised on the CPU
+// from config.model and train.seed, model_init_dtype applied, moved to mesh.device, then sharded
+// (FSDP / HSDP / DDP, expert parallelism with parallel.ep > 1) when the mesh has several ranks or
+// the compute dtype (mix_precision.param_dtype) differs from the stored one; sharded is null
+// otherwise. `mixtrain eval` builds its model with it too.
+struct BuiltModel {
+  std::shared_ptr<CausalLM> model;
+  std::shared_ptr<FullyShardedModel> sharded;
+};
+BuiltModel build_training_model(const TrainerConfig& config, const DeviceMesh& mesh);
 
 struct StepResult {
   int64_t step = 0;        // the step just computed (1-based)
@@ -56,6 +74,10 @@ class Trainer {
   // backward, reduce, clip (and its prepare_grads into optimizer); apply_update() adds the
   // optimizer step; save_checkpoint() after it adds checkpoint. step_s is run_training's to fill.
   const StepTimes& last_step_times() const { return recorder_.times(); }
+
+  // The eval loss of the current model over data.eval_path (train.eval_every > 0 only;
+  // std::logic_error otherwise). Collective over the mesh.
+  EvalResult evaluate();
 
   // Steps completed (restored ones included).
   int64_t completed_steps() const { return completed_steps_; }
@@ -82,6 +104,7 @@ class Trainer {
   std::unique_ptr<TokenDataset> data_;
   std::unique_ptr<LrSchedule> schedule_;
   std::unique_ptr<CheckpointSaver> saver_;
+  std::unique_ptr<Evaluator> evaluator_;  // train.eval_every > 0
   int64_t accumulation_steps_ = 1;
   int64_t completed_steps_ = 0;
   StepResult pending_;     // compute_gradients' result until apply_update

@@ -17,19 +17,21 @@ TEST(SchemaTest, KeysAreUniqueAndCoverEveryField) {
   for (const LeafSpec& spec : canonical_leaves()) {
     EXPECT_TRUE(keys.insert(spec.key).second) << "duplicate " << spec.key;
   }
-  // Fields of trainer_config.h: dialect, source_file, model_init_dtype (3); model (16);
-  // data (5); train (7: device, steps, seed, max_grad_norm, log_every, profile, cpu_allocator)
-  // + lr_scheduler (3); parallel (3); distributed (1); checkpoint (7);
-  // optimizer target, fp32_main_params, routing, swap_optimizer, swap_merge_buckets, swap_dir,
-  // swap_bucket_mb (7); adamw (4); muon (14); sgd (5); mix_precision (4); fsdp (1).
-  EXPECT_EQ(keys.size(), 3u + 16 + 5 + 7 + 3 + 3 + 1 + 7 + 7 + 4 + 14 + 5 + 4 + 1);
+  // Fields of trainer_config.h: dialect, source_file, model_init_dtype (3); model (20);
+  // data (7: kind, path, seq_len, micro/global batch, eval_path, eval_batches); train (8: device,
+  // steps, seed, max_grad_norm, log_every, eval_every, profile, cpu_allocator) + lr_scheduler (3);
+  // parallel (3); distributed (1); checkpoint (7); optimizer target, fp32_main_params, routing,
+  // swap_optimizer, swap_merge_buckets, swap_dir, swap_bucket_mb (7); adamw (4); muon (14); sgd
+  // (5); mix_precision (4); fsdp (1).
+  EXPECT_EQ(keys.size(), 3u + 20 + 7 + 8 + 3 + 3 + 1 + 7 + 7 + 4 + 14 + 5 + 4 + 1);
   for (const char* key :
        {"model_init_dtype", "optimizer._target_", "optimizer.fp32_main_params",
         "optimizer.muon_config.muon_ns_coefficients", "optimizer.adamw_config.adamw_betas",
         "fsdp_config.mix_precision.reduce_dtype", "train.lr_scheduler.min_lr_ratio",
         "checkpoint.restore_optimizer", "optimizer.swap_merge_buckets", "distributed.timeout_s",
         "optimizer.muon_config.muon_communication_dtype", "fsdp_config.reshard_after_forward",
-        "optimizer.swap_dir", "optimizer.swap_bucket_mb", "train.profile"}) {
+        "optimizer.swap_dir", "optimizer.swap_bucket_mb", "train.profile", "train.eval_every",
+        "data.eval_path", "data.eval_batches"}) {
     EXPECT_NE(find_canonical_leaf(key), nullptr) << key;
   }
   EXPECT_EQ(find_canonical_leaf("optimizer.muon_config"), nullptr);

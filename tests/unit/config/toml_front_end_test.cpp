@@ -176,8 +176,12 @@ TEST(TomlFrontEndTest, TrainingParallelismCheckpointMetricsModel) {
       "async_mode = \"async\"\ninitial_load_path = \"/old/step-00000010\"\n"
       "initial_load_model_only = false\n"
       "[metrics]\nlog_freq = 3\n[model]\nnum_layers = 3\nrope_theta = 5e5\n"
-      "[comm]\ntrain_timeout_seconds = 7.5\n");
+      "[comm]\ntrain_timeout_seconds = 7.5\n"
+      "[validation]\nfreq = 4\ndataset_path = \"/d/val\"\nsteps = 3\n");
   const TrainerConfig& c = t.config;
+  EXPECT_EQ(c.train.eval_every, 4);
+  EXPECT_EQ(c.data.eval_path, "/d/val");
+  EXPECT_EQ(c.data.eval_batches, 3);
   EXPECT_EQ(c.distributed.timeout_s, 7.5);
   EXPECT_EQ(t.provenance.source("distributed.timeout_s"), ValueSource::kFile);
   EXPECT_EQ(c.train.steps, 30);

@@ -85,8 +85,8 @@ TEST(ValidateTest, ModelShape) {
   EXPECT_EQ(yaml_error("model:\n  head_dim: 15\n"),
             "model.head_dim: must be even (rotary embeddings), got 15");
   EXPECT_EQ(yaml_error("model:\n  rms_norm_eps: 0\n"), "model.rms_norm_eps: must be > 0, got 0");
-  EXPECT_EQ(yaml_error("model:\n  name: llama\n"),
-            "model.name: must be one of qwen2_moe, qwen2, got 'llama'");
+  EXPECT_EQ(yaml_error("model:\n  name: mixtral\n"),
+            "model.name: must be one of qwen2_moe, qwen3_moe, qwen2, llama, got 'mixtral'");
 }
 
 TEST(ValidateTest, DataAndBatch) {
@@ -160,12 +160,55 @@ TEST(ValidateTest, DenseQwen2Section) {
             "parallel.ep: must be 1 for model qwen2 (it has no routed experts), got 2");
 }
 
+// qwen3_moe and llama share their families' sections; attention_bias and norm_topk_prob are
+// keys of the models that honour them, and qwen2 refuses bias-free attention.
+TEST(ValidateTest, Qwen3MoeLlamaAndAttentionKeys) {
+  expect_valid("c.yaml",
+               "model:\n  name: qwen3_moe\n  attention_bias: false\n  norm_topk_prob: true\n");
+  expect_valid("c.toml", "[model]\nname = \"qwen3_moe\"\nnum_experts = 8\nnorm_topk_prob = true\n");
+  expect_valid("c.yaml", "model:\n  norm_topk_prob: true\n  attention_bias: false\n");
+  expect_valid("c.yaml",
+               "model:\n  name: llama\n  attention_bias: false\n  intermediate_size: 96\n");
+  expect_valid("c.yaml", "model:\n  name: qwen2\n  attention_bias: true\n");
+  EXPECT_EQ(yaml_error("model:\n  name: qwen2\n  attention_bias: false\n"),
+            "model.attention_bias: must be true for model qwen2 (its q/k/v projections always "
+            "have biases); model llama has bias-free attention, got false");
+  EXPECT_EQ(yaml_error("model:\n  name: qwen3_moe\n  shared_expert_intermediate_size: 8\n"),
+            "model.shared_expert_intermediate_size: is not a key of model qwen3_moe (it belongs "
+            "to qwen2_moe); remove it or set model.name: qwen2_moe");
+  EXPECT_EQ(yaml_error("model:\n  name: llama\n  norm_topk_prob: true\n"),
+            "model.norm_topk_prob: is not a key of model llama (it belongs to qwen2_moe); "
+            "remove it or set model.name: qwen2_moe");
+  EXPECT_EQ(yaml_error("model:\n  name: qwen3_moe\n  num_experts_per_tok: 5\n"),
+            "model.num_experts_per_tok: must be <= model.num_experts (4), got 5");
+  EXPECT_EQ(yaml_error("model:\n  name: llama\nparallel:\n  ep: 2\n  dp_shard: 2\n"
+                       "data:\n  global_batch_size: 16\n"),
+            "parallel.ep: must be 1 for model llama (it has no routed experts), got 2");
+  expect_valid("c.yaml",
+               "model:\n  name: qwen3_moe\nparallel:\n  ep: 2\n  dp_shard: 2\n"
+               "data:\n  global_batch_size: 16\n");
+}
+
 TEST(ValidateTest, DistributedTimeout) {
   EXPECT_EQ(yaml_error("distributed:\n  timeout_s: 0\n"),
             "distributed.timeout_s: must be > 0, got 0");
   EXPECT_EQ(toml_error("[comm]\ntrain_timeout_seconds = -1.5\n"),
             "comm.train_timeout_seconds: must be > 0, got -1.5");
   expect_valid("c.yaml", "distributed:\n  timeout_s: 2.5\n");
+}
+
+TEST(ValidateTest, PeriodicEval) {
+  EXPECT_EQ(yaml_error("train:\n  eval_every: -1\n"), "train.eval_every: must be >= 0, got -1");
+  EXPECT_EQ(yaml_error("data:\n  eval_batches: -2\n"), "data.eval_batches: must be >= 0, got -2");
+  EXPECT_EQ(yaml_error("train:\n  eval_every: 5\n"),
+            "data.eval_path: is required when train.eval_every is > 0 (a file, a glob, or a "
+            "directory of val_*.bin)");
+  EXPECT_EQ(toml_error("[validation]\nfreq = 5\n"),
+            "validation.dataset_path: is required when validation.freq is > 0 (a file, a glob, "
+            "or a directory of val_*.bin)");
+  expect_valid("c.yaml", "train:\n  eval_every: 5\ndata:\n  eval_path: d/val_*.bin\n");
+  expect_valid("c.toml", "[validation]\nfreq = 5\ndataset_path = \"d\"\nsteps = 2\n");
+  expect_valid("c.yaml", "data:\n  eval_path: d\n");  // kept for `mixtrain eval`, eval off
 }
 
 TEST(ValidateTest, TrainScheduleCheckpoint) {
@@ -409,8 +452,8 @@ TEST(ValidateTest, ChecksMovedFromTheBuildersSpeakTheUsersDialect) {
             "parallelism.expert_parallel_degree: must be > 0, got 0");
   EXPECT_EQ(toml_error("[model]\nnum_experts_per_tok = 5\n"),
             "model.num_experts_per_tok: must be <= model.num_experts (4), got 5");
-  EXPECT_EQ(toml_error("[model]\nname = \"llama\"\n"),
-            "model.name: must be one of qwen2_moe, qwen2, got 'llama'");
+  EXPECT_EQ(toml_error("[model]\nname = \"mixtral\"\n"),
+            "model.name: must be one of qwen2_moe, qwen3_moe, qwen2, llama, got 'mixtral'");
   EXPECT_EQ(toml_error("[training]\ndataset = \"web\"\n"),
             "training.dataset: must be one of synthetic, tokens, got 'web'");
 }

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -115,6 +116,20 @@ TEST_F(TokenFileDatasetTest, GoodFileWindowsEqualTheTokensWritten) {
   // Windows 9, 10, 11 (the last starts at 88 and ends at token 96), then window 12 wraps to 0.
   expect_rows(data.next_batch(4, 8), tokens, {72, 80, 88, 0}, 8);
   EXPECT_EQ(data.position(), 13);
+}
+
+// Evaluation's access: one epoch's window count and windows by index, never wrapping.
+TEST_F(TokenFileDatasetTest, WindowsByIndexWithinOneEpoch) {
+  const auto tokens = ramp(100, 0, 512);
+  write_shard(path("good.bin"), shard_of(tokens));
+  TokenFileDataset data(path("good.bin"), 512, 0, 1);
+  EXPECT_EQ(data.epoch_windows(8), 12);  // (100 - 1) / 8
+  EXPECT_EQ(data.epoch_windows(33), 3);  // (100 - 1) / 33
+  expect_rows(data.windows_batch({11, 0, 5}, 8), tokens, {88, 0, 40}, 8);
+  EXPECT_EQ(data.position(), 0);  // the training cursor does not move
+  EXPECT_THROW(data.windows_batch({12}, 8), std::out_of_range);
+  EXPECT_THROW(data.windows_batch({-1}, 8), std::out_of_range);
+  EXPECT_THROW(data.epoch_windows(100), DataError);  // no window of 101 tokens
 }
 
 TEST_F(TokenFileDatasetTest, SeekReproducesTheStream) {

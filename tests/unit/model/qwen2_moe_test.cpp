@@ -1,22 +1,31 @@
-// Tiny Qwen2-MoE: parameter names/shapes (HF), init, forward/backward, causality, determinism,
-// rotary helpers, the load-balancing loss against hand computation, and a float64 dense
-// reference forward written independently here (per-head loops, pair-wise rotation, dense experts).
+// The MoE decoders. Tiny Qwen2-MoE: parameter names/shapes (HF), init, forward/backward,
+// causality, determinism, rotary helpers, the load-balancing loss against hand computation, and a
+// float64 dense reference forward written independently here (per-head loops, pair-wise rotation,
+// dense experts). Qwen3-MoE: names/shapes/roles, and for both: the router against HF's TopKRouter,
+// and logits, loss (with aux loss) and every gradient against transformers (support/hf_parity.h).
 #include "mixtrain/model/qwen2_moe.h"
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <gtest/gtest.h>
 
 #include <torch/torch.h>
+
+#include "support/hf_parity.h"
 #include "support/tiny_model_config.h"
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
 #include <map>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "mixtrain/core/safetensors.h"
 #include "mixtrain/model/init_dtype.h"
+#include "mixtrain/model/registry.h"
 
 namespace mixtrain {
 namespace {
@@ -468,6 +477,114 @@ TEST(Qwen2Moe, Float16ModelCanBeBuiltAndConverted) {
   apply_model_init_dtype(*model, torch::kFloat16);
   for (auto& item : model->named_parameters()) {
     EXPECT_EQ(item.value().scalar_type(), torch::kFloat16) << item.key();
+  }
+}
+
+ModelConfig tiny_qwen3_moe(bool attention_bias, bool norm_topk_prob) {
+  auto c = tiny_config();
+  c.name = "qwen3_moe";
+  c.attention_bias = attention_bias;
+  c.norm_topk_prob = norm_topk_prob;
+  return c;
+}
+
+TEST(Qwen3Moe, ParameterNamesShapesAndRolesMatchHuggingFace) {
+  const auto c = tiny_qwen3_moe(/*attention_bias=*/true, /*norm_topk_prob=*/true);
+  const int64_t V = c.vocab_size, H = c.hidden_size, D = c.head_dim, E = c.num_experts;
+  const int64_t I = c.moe_intermediate_size, Q = c.num_heads * D, KV = c.num_kv_heads * D;
+  std::vector<std::pair<std::string, std::vector<int64_t>>> expected = {
+      {"model.embed_tokens.weight", {V, H}}};
+  for (int n = 0; n < 2; ++n) {
+    const std::string p = "model.layers." + std::to_string(n) + ".";
+    const std::vector<std::pair<std::string, std::vector<int64_t>>> layer = {
+        {"self_attn.q_proj.weight", {Q, H}},  {"self_attn.q_proj.bias", {Q}},
+        {"self_attn.k_proj.weight", {KV, H}}, {"self_attn.k_proj.bias", {KV}},
+        {"self_attn.v_proj.weight", {KV, H}}, {"self_attn.v_proj.bias", {KV}},
+        {"self_attn.o_proj.weight", {H, Q}},  {"self_attn.o_proj.bias", {H}},
+        {"self_attn.q_norm.weight", {D}},     {"self_attn.k_norm.weight", {D}},
+        {"mlp.gate.weight", {E, H}},          {"mlp.experts.gate_proj", {E, I, H}},
+        {"mlp.experts.up_proj", {E, I, H}},   {"mlp.experts.down_proj", {E, H, I}},
+        {"input_layernorm.weight", {H}},      {"post_attention_layernorm.weight", {H}}};
+    for (const auto& [name, shape] : layer) expected.push_back({p + name, shape});
+  }
+  expected.push_back({"model.norm.weight", {H}});
+  expected.push_back({"lm_head.weight", {V, H}});
+  const auto model = build_model(c, 1);
+  const auto named = model->named_parameters();
+  ASSERT_EQ(named.size(), expected.size());
+  for (size_t i = 0; i < expected.size(); ++i) {
+    EXPECT_EQ(named[i].key(), expected[i].first) << "position " << i;
+    EXPECT_EQ(named[i].value().sizes().vec(), expected[i].second) << expected[i].first;
+  }
+  EXPECT_EQ(model->param_role("model.layers.0.self_attn.q_norm.weight"), ParamRole::kNorm);
+  EXPECT_EQ(model->param_role("model.layers.1.self_attn.k_norm.weight"), ParamRole::kNorm);
+  EXPECT_EQ(model->param_role("model.layers.1.self_attn.o_proj.bias"), ParamRole::kAttention);
+  EXPECT_EQ(model->param_role("model.layers.0.mlp.gate.weight"), ParamRole::kRouter);
+  EXPECT_EQ(model->param_role("model.layers.0.mlp.experts.down_proj"), ParamRole::kExpert);
+  // Without attention_bias (HF's default) no projection has a bias.
+  for (const auto& item : build_model(tiny_qwen3_moe(false, false), 1)->named_parameters()) {
+    EXPECT_EQ(item.key().find(".bias"), std::string::npos) << item.key();
+  }
+}
+
+// HF's TopKRouter of both families, with and without norm_topk_prob (tests/python/hf_parity.py
+// router), and ours (the gate's linear, then route_top_k) on the same random hidden states and
+// weight.
+TEST(MoeRouter, TopKChoicesAndWeightsMatchTransformers) {
+  std::string dir = (std::filesystem::temp_directory_path() / "hf_router.XXXXXX").string();
+  ASSERT_NE(mkdtemp(dir.data()), nullptr);
+  const int64_t top_k = 3;
+  {
+    std::ofstream json(dir + "/case.json");
+    json << "{\"seed\": 4, \"tokens\": 50, \"hidden\": 24, \"experts\": 7, \"top_k\": " << top_k
+         << "}\n";
+  }
+  const std::string command = std::string("'") + MIXTRAIN_PYTHON + "' '" + MIXTRAIN_SOURCE_DIR +
+                              "/tests/python/hf_parity.py' router '" + dir + "/case.json' '" + dir +
+                              "'";
+  ASSERT_EQ(std::system(command.c_str()), 0) << command;
+  std::map<std::string, torch::Tensor> hf;
+  for (const auto& [name, t] : read_safetensors(dir + "/router.safetensors").tensors) hf[name] = t;
+  std::filesystem::remove_all(dir);
+
+  const auto logits = at::linear(hf.at("hidden"), hf.at("weight"));
+  for (const char* family : {"qwen2_moe", "qwen3_moe"}) {
+    for (const bool norm : {false, true}) {
+      const std::string key = std::string(family) + (norm ? ".norm" : ".plain");
+      const auto [weights, indices] = qwen2_moe::route_top_k(logits, top_k, norm);
+      // The oracle checked that the top-k + 1 probabilities of every token are > 1e-4 apart, so
+      // the choice and its order are exact; the weights are float32 softmax values of the same
+      // float32 logits (up to GEMM summation order, ~1e-7 relative), hence 1e-6.
+      EXPECT_TRUE(torch::equal(indices, hf.at(key + ".indices"))) << key;
+      EXPECT_TRUE(torch::allclose(weights, hf.at(key + ".scores"), /*rtol=*/1e-6, /*atol=*/1e-7))
+          << key;
+      const auto sums = weights.sum(-1);
+      if (norm) {
+        EXPECT_TRUE(torch::allclose(sums, torch::ones_like(sums), 1e-6, 1e-6)) << key;
+      } else {
+        EXPECT_TRUE((sums < 1.0 - 1e-3).all().item<bool>()) << key;  // 3 of 7 < the whole
+      }
+    }
+  }
+}
+
+TEST(Qwen2Moe, LogitsLossAndGradientsMatchTransformers) {
+  auto c = tiny_config();
+  c.router_aux_loss_coef = 0.05;  // large enough that the aux-loss term moves the gradients
+  const auto r = test_support::run_hf_parity(c, 21, 2, 13);
+  if (HasFailure()) return;
+  test_support::expect_hf_parity(r, "qwen2_moe");
+}
+
+TEST(Qwen3Moe, LogitsLossAndGradientsMatchTransformers) {
+  // HF's defaults (no attention bias, no renormalisation), then both switched on.
+  for (const bool on : {false, true}) {
+    auto c = tiny_qwen3_moe(/*attention_bias=*/on, /*norm_topk_prob=*/on);
+    c.router_aux_loss_coef = 0.05;
+    const auto r = test_support::run_hf_parity(c, 22, 2, 13);
+    if (HasFailure()) return;
+    test_support::expect_hf_parity(r,
+                                   on ? "qwen3_moe (attention_bias, norm_topk_prob)" : "qwen3_moe");
   }
 }
 

@@ -1,24 +1,18 @@
-// Dense Qwen2: parameter names/shapes (HF's), roles, registry entry, and the forward logits
-// against Hugging Face transformers' Qwen2ForCausalLM (tests/python/hf_qwen2_forward.py) run in
-// float64 on the same weights.
+// The dense decoders, Qwen2 and Llama: parameter names/shapes (HF's), roles, registry entry, and
+// logits, loss and every gradient against Hugging Face transformers' Qwen2ForCausalLM and
+// LlamaForCausalLM run in float64 on the same weights (tests/support/hf_parity.h).
 #include "mixtrain/model/qwen2.h"
 
-#include <ATen/CPUGeneratorImpl.h>
 #include <gtest/gtest.h>
-#include <stdlib.h>
 #include <torch/torch.h>
 
-#include <cmath>
-#include <cstdlib>
-#include <filesystem>
-#include <fstream>
 #include <stdexcept>
 #include <string>
 #include <utility>
 #include <vector>
 
-#include "mixtrain/core/safetensors.h"
 #include "mixtrain/model/registry.h"
+#include "support/hf_parity.h"
 
 namespace mixtrain {
 namespace {
@@ -104,82 +98,61 @@ TEST(Qwen2, ImpossibleShapesAreInvalidArgumentsNamingTheField) {
   }
 }
 
-// Weights far from the HF init (zero biases, unit norms) so every parameter moves the logits:
-// a dropped bias or norm scale, or a mixed-up projection, changes them by O(1).
-void randomize(torch::nn::Module& model, uint64_t seed) {
-  auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
-  torch::NoGradGuard no_grad;
-  for (auto& item : model.named_parameters()) {
-    auto& p = item.value();
-    const std::string& name = item.key();
-    if (name.size() > 5 && name.compare(name.size() - 5, 5, ".bias") == 0) {
-      p.normal_(0.0, 0.3, gen);
-    } else if (p.dim() == 1) {  // norm scales
-      p.normal_(1.0, 0.2, gen);
-    } else if (name == "model.embed_tokens.weight") {
-      p.normal_(0.0, 1.0, gen);
-    } else {
-      p.normal_(0.0, 1.0 / std::sqrt(double(p.size(1))), gen);
+TEST(Qwen2, RefusesBiasFreeAttention) {
+  auto c = tiny_dense();
+  c.attention_bias = false;  // HF Qwen2 has q/k/v biases unconditionally
+  try {
+    build_model(c, 1);
+    ADD_FAILURE() << "no std::invalid_argument";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("attention_bias must be true for qwen2"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
+ModelConfig tiny_llama(bool attention_bias) {
+  auto c = tiny_dense();
+  c.name = "llama";
+  c.attention_bias = attention_bias;
+  return c;
+}
+
+// Llama is the dense decoder with attention_bias on q/k/v and o alike (HF LlamaAttention).
+TEST(Llama, AttentionBiasesFollowTheKey) {
+  for (const bool bias : {false, true}) {
+    const auto model = build_model(tiny_llama(bias), 1);
+    const auto params = model->named_parameters();
+    for (const char* proj : {"q_proj", "k_proj", "v_proj", "o_proj"}) {
+      const std::string name = std::string("model.layers.1.self_attn.") + proj + ".bias";
+      EXPECT_EQ(params.find(name) != nullptr, bias) << name;
     }
+    EXPECT_EQ(params.size(), size_t(3 + 2 * (9 + (bias ? 4 : 0))));
+    EXPECT_EQ(params["model.layers.0.self_attn.o_proj.weight"].sizes().vec(),
+              (std::vector<int64_t>{24, 32}));
+    if (bias) {
+      EXPECT_EQ(params["model.layers.0.self_attn.o_proj.bias"].sizes().vec(),
+                (std::vector<int64_t>{24}));
+      EXPECT_EQ(model->param_role("model.layers.0.self_attn.o_proj.bias"), ParamRole::kAttention);
+    }
+    EXPECT_EQ(model->param_role("model.layers.0.mlp.up_proj.weight"), ParamRole::kMlp);
+    const auto out = model->forward(torch::zeros({1, 4}, torch::kInt64));
+    EXPECT_EQ(out.aux_loss.item<float>(), 0.0f);
   }
 }
 
-std::string temp_dir() {
-  std::string pattern = (std::filesystem::temp_directory_path() / "qwen2_test.XXXXXX").string();
-  if (mkdtemp(pattern.data()) == nullptr) throw std::runtime_error("mkdtemp failed");
-  return pattern;
+TEST(Qwen2, LogitsLossAndGradientsMatchTransformers) {
+  const auto r = test_support::run_hf_parity(tiny_dense(), 11, 2, 13);
+  if (HasFailure()) return;
+  test_support::expect_hf_parity(r, "qwen2");
 }
 
-TEST(Qwen2, LogitsMatchTransformersQwen2ForCausalLM) {
-  const auto c = tiny_dense();
-  const auto model = build_model(c, 7);
-  randomize(*model, 11);
-  auto gen = at::make_generator<at::CPUGeneratorImpl>(5);
-  const auto ids = torch::randint(c.vocab_size, {2, 13}, gen, torch::kInt64);
-  torch::Tensor ours;
-  {
-    torch::NoGradGuard no_grad;
-    ours = model->forward(ids).logits.to(torch::kFloat64);
+TEST(Llama, LogitsLossAndGradientsMatchTransformers) {
+  for (const bool bias : {false, true}) {
+    const auto r = test_support::run_hf_parity(tiny_llama(bias), 12, 2, 13);
+    if (HasFailure()) return;
+    test_support::expect_hf_parity(r, bias ? "llama (attention_bias)" : "llama");
   }
-
-  const std::string dir = temp_dir();
-  NamedTensors weights;
-  for (const auto& item : model->named_parameters()) {
-    weights.emplace_back(item.key(), item.value().detach());
-  }
-  write_safetensors(dir + "/weights.safetensors", weights);
-  write_safetensors(dir + "/ids.safetensors", {{"input_ids", ids}});
-  {
-    std::ofstream json(dir + "/config.json");
-    json << "{\"vocab_size\": " << c.vocab_size << ", \"hidden_size\": " << c.hidden_size
-         << ", \"num_layers\": " << c.num_layers << ", \"num_heads\": " << c.num_heads
-         << ", \"num_kv_heads\": " << c.num_kv_heads << ", \"head_dim\": " << c.head_dim
-         << ", \"intermediate_size\": " << c.intermediate_size
-         << ", \"max_seq_len\": " << c.max_seq_len << ", \"rope_theta\": " << c.rope_theta
-         << ", \"rms_norm_eps\": " << c.rms_norm_eps << "}\n";
-  }
-  const std::string command = std::string("'") + MIXTRAIN_PYTHON + "' '" + MIXTRAIN_SOURCE_DIR +
-                              "/tests/python/hf_qwen2_forward.py' '" + dir + "/config.json' '" +
-                              dir + "/weights.safetensors' '" + dir + "/ids.safetensors' '" + dir +
-                              "/logits.safetensors'";
-  ASSERT_EQ(std::system(command.c_str()), 0) << command;
-  const auto reference = read_safetensors(dir + "/logits.safetensors").tensors.at(0).second;
-  std::filesystem::remove_all(dir);
-
-  ASSERT_EQ(reference.sizes(), ours.sizes());
-  // Ours runs in float32 (flash attention, float32 GEMMs), the reference in float64: the
-  // difference is float32 rounding only. Unit roundoff u = 2^-24 = 6e-8; a logit is the end of
-  // ~20 sequential rounded ops (2 layers of norm, 3 projections, attention, MLP, then norm and
-  // lm_head), each a dot product of at most 32 terms, so a few 1e-7 to 1e-6 of the logits'
-  // scale (measured when written: 1.2e-6 at max |logit| 3.3, i.e. 3.6e-7 relative). The bound,
-  // 1e-5 of the scale, is ~30x that. Deliberate changes to the HF model with these weights
-  // move the logits by far more (measured when written, as a fraction of the scale: one
-  // layer's q bias zeroed 0.21, one norm scale set to ones 0.19, rope_theta x10 0.09).
-  const double scale = reference.abs().max().item<double>();
-  const double max_error = (ours - reference).abs().max().item<double>();
-  EXPECT_GT(scale, 1.0);
-  EXPECT_LE(max_error, 1e-5 * scale) << "max |ours - HF| " << max_error << ", max |HF| " << scale;
-  std::printf("qwen2 vs transformers: max |ours - HF| = %.3g, max |HF| = %.3g\n", max_error, scale);
 }
 
 }  // namespace

@@ -77,7 +77,7 @@ TEST(ModelRegistry, UnknownNameIsAConfigErrorNamingTheKey) {
     build_model(c, 1);
   } catch (const ConfigError& e) {
     EXPECT_EQ(e.key(), "model.name");
-    EXPECT_EQ(e.problem(), "unknown model 'llama_moe' (known: qwen2_moe, qwen2)");
+    EXPECT_EQ(e.problem(), "unknown model 'llama_moe' (known: qwen2_moe, qwen3_moe, qwen2, llama)");
   }
 }
 
@@ -111,6 +111,17 @@ TEST(ModelRegistry, BuildsDenseQwen2ByName) {
   EXPECT_EQ(params.find("model.layers.0.mlp.experts.gate_proj"), nullptr);
 }
 
+TEST(ModelRegistry, BuildsQwen3MoeAndLlamaByName) {
+  for (const char* name : {"qwen3_moe", "llama"}) {
+    auto c = small_config();
+    c.name = name;
+    auto model = build_model(c, 1);
+    EXPECT_EQ(model->config().name, name);
+    const auto out = model->forward(torch::zeros({1, 4}, torch::kInt64));
+    EXPECT_EQ(out.logits.sizes().vec(), (std::vector<int64_t>{1, 4, 50})) << name;
+  }
+}
+
 // config/ cannot see the registry (it sits below model/), so its per-model sections are a
 // second list: both must name the same models in the same order.
 TEST(ModelRegistry, ConfigSectionsNameTheSameModels) {
@@ -119,7 +130,7 @@ TEST(ModelRegistry, ConfigSectionsNameTheSameModels) {
   EXPECT_EQ(sections, registered_model_names());
 }
 
-// Every parameter of every registered model has a role, and exactly the MoE model has experts.
+// Every parameter of every registered model has a role, and exactly the MoE models have experts.
 TEST(ModelRegistry, EveryParameterHasARole) {
   for (const auto& name : registered_model_names()) {
     auto c = small_config();
@@ -127,7 +138,8 @@ TEST(ModelRegistry, EveryParameterHasARole) {
     const auto model = build_model(c, 1);
     int experts = 0;
     for (const auto& item : model->named_parameters()) experts += model->is_expert(item.key());
-    EXPECT_EQ(experts, name == "qwen2_moe" ? 3 * c.num_layers : 0) << name;
+    const bool moe = name == "qwen2_moe" || name == "qwen3_moe";
+    EXPECT_EQ(experts, moe ? 3 * c.num_layers : 0) << name;
   }
 }
 

@@ -1,6 +1,7 @@
 // Loss plot: the SVG has a title, tick labels and one polyline through the finite points at
-// hand-computed pixel positions; degenerate inputs do not divide by zero; the file is written
-// atomically and failures name the path without leaving a temporary file.
+// hand-computed pixel positions, and eval points as a second series with a legend; degenerate
+// inputs do not divide by zero; the file is written atomically and failures name the path without
+// leaving a temporary file.
 #include "mixtrain/trainer/loss_plot.h"
 
 #include <gtest/gtest.h>
@@ -108,6 +109,34 @@ TEST(LossPlotRender, ConstantZeroLoss) {
   EXPECT_EQ(polyline_points(svg), (std::vector<std::string>{"80.00,235.00", "770.00,235.00"}));
   EXPECT_TRUE(has_tick_label(svg, "-1.0"));
   EXPECT_TRUE(has_tick_label(svg, "1.0"));
+}
+
+// The eval series shares the axes: train (0, 1) .. (10, 2) spans the plot area as above, so the
+// eval points (5, 1.5) and (10, 1.2) sit at x 80 + 0.5 x 690 = 425, 770 and y 420 - 0.5 x 370 =
+// 235, 420 - 0.2 x 370 = 346; each gets a dot, and the legend names both series.
+TEST(LossPlotRender, EvalPointsAreASecondSeriesWithDotsAndALegend) {
+  const std::string svg = render_loss_svg({{0, 1.0}, {10, 2.0}}, "run", {{5, 1.5}, {10, 1.2}});
+  expect_well_formed(svg);
+  const size_t eval_at = svg.find("<polyline fill=\"none\" stroke=\"#ff7f0e\"");
+  ASSERT_NE(eval_at, std::string::npos) << svg;
+  EXPECT_EQ(polyline_points(svg.substr(0, eval_at)),
+            (std::vector<std::string>{"80.00,420.00", "770.00,50.00"}));
+  EXPECT_EQ(polyline_points(svg.substr(eval_at)),
+            (std::vector<std::string>{"425.00,235.00", "770.00,346.00"}));
+  EXPECT_NE(svg.find("<circle cx=\"425.00\" cy=\"235.00\" r=\"3\" fill=\"#ff7f0e\""),
+            std::string::npos);
+  EXPECT_NE(svg.find("<circle cx=\"770.00\" cy=\"346.00\" r=\"3\" fill=\"#ff7f0e\""),
+            std::string::npos);
+  EXPECT_TRUE(has_tick_label(svg, "train"));
+  EXPECT_TRUE(has_tick_label(svg, "eval"));
+  // Without eval points: one series, no legend.
+  EXPECT_FALSE(has_tick_label(render_loss_svg({{0, 1.0}, {10, 2.0}}, "run"), "train"));
+}
+
+// Eval points widen the axes like train points: an eval loss above every train loss stays in.
+TEST(LossPlotRender, EvalPointsWidenTheAxes) {
+  const std::string svg = render_loss_svg({{0, 1.0}, {10, 2.0}}, "run", {{10, 3.0}});
+  EXPECT_TRUE(has_tick_label(svg, "3.0")) << svg;
 }
 
 TEST(LossPlotRender, SinglePointIsCentredAndMarked) {

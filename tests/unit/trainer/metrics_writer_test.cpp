@@ -74,6 +74,14 @@ TEST_F(MetricsWriterTest, KeysKeepTheDocumentedOrder) {
             "\"elapsed_s\":2.0,\"aux_loss\":0.0,\"loss_scale\":32768.0,\"skipped_steps\":2}");
 }
 
+TEST_F(MetricsWriterTest, EvalRowsHaveTheirOwnKeysInOrder) {
+  EXPECT_EQ(metrics_json_line(EvalMetrics{4, 2.5, 12.25, 320}),
+            "{\"step\":4,\"eval_loss\":2.5,\"eval_ppl\":12.25,\"eval_tokens\":320}");
+  EXPECT_EQ(metrics_json_line(EvalMetrics{4, std::numeric_limits<double>::quiet_NaN(),
+                                          std::numeric_limits<double>::infinity(), 0}),
+            "{\"step\":4,\"eval_loss\":null,\"eval_ppl\":null,\"eval_tokens\":0}");
+}
+
 TEST_F(MetricsWriterTest, NonFiniteValuesAreWrittenAsNull) {
   const double nan = std::numeric_limits<double>::quiet_NaN();
   const double inf = std::numeric_limits<double>::infinity();

@@ -1,0 +1,364 @@
+#include "mixtrain/config/hf_config.h"
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <sstream>
+
+#include "mixtrain/config/model_sections.h"
+#include "mixtrain/core/error.h"
+#include "mixtrain/core/printable.h"
+
+namespace mixtrain {
+namespace {
+
+using json = nlohmann::json;
+
+// Field reads of one config.json; every failure is "<path>: <field>: <problem>".
+class HfReader {
+ public:
+  HfReader(std::string path, const json& root) : path_(std::move(path)), root_(root) {}
+
+  [[noreturn]] void fail(const std::string& field, const std::string& problem) const {
+    throw ConfigError(path_ + ": " + field + ": " + problem);
+  }
+  // Absent and null read alike: HF writes null for "use the default".
+  const json* find(const std::string& field) const {
+    const auto it = root_.find(field);
+    return it == root_.end() || it->is_null() ? nullptr : &*it;
+  }
+  const json& require(const std::string& field) const {
+    const json* value = find(field);
+    if (value == nullptr) fail(field, "missing (mixtrain reads it; transformers writes it)");
+    return *value;
+  }
+  int64_t positive_int(const std::string& field, const json& value) const {
+    if (!value.is_number_integer() || value.get<int64_t>() <= 0) {
+      fail(field, "must be an integer > 0, got " + printable(value.dump()));
+    }
+    return value.get<int64_t>();
+  }
+  int64_t positive_int(const std::string& field) const {
+    return positive_int(field, require(field));
+  }
+  double number(const std::string& field, const json& value) const {
+    if (!value.is_number() || !std::isfinite(value.get<double>())) {
+      fail(field, "must be a finite number, got " + printable(value.dump()));
+    }
+    return value.get<double>();
+  }
+  bool boolean(const std::string& field, bool absent) const {
+    const json* value = find(field);
+    if (value == nullptr) return absent;
+    if (!value->is_boolean()) fail(field, "must be true or false, got " + printable(value->dump()));
+    return value->get<bool>();
+  }
+  // A field whose only supported value is `supported` (absent is the supported default).
+  void only(const std::string& field, const json& supported, const std::string& why) const {
+    const json* value = find(field);
+    if (value != nullptr && *value != supported) {
+      fail(field, printable(value->dump()) + " is not supported (mixtrain supports " +
+                      supported.dump() + ": " + why + ")");
+    }
+  }
+
+ private:
+  std::string path_;
+  const json& root_;
+};
+
+json read_json_file(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) throw ConfigError(path + ": cannot read the Hugging Face config.json");
+  std::stringstream text;
+  text << in.rdbuf();
+  json root;
+  try {
+    root = json::parse(text.str());
+  } catch (const json::parse_error& error) {
+    throw ConfigError(path + ": not valid JSON: " + printable(error.what()));
+  }
+  if (!root.is_object()) throw ConfigError(path + ": must be a JSON object");
+  return root;
+}
+
+// Default rotary embeddings, from either spelling: transformers 5's rope_parameters
+// {rope_type, rope_theta}, or 4.x's top-level rope_theta and rope_scaling (null = default).
+double read_rope_theta(const HfReader& r, std::string& field) {
+  double theta = 10000.0;  // every family's class default
+  field = "default: 10000";
+  if (const json* top = r.find("rope_theta")) {
+    theta = r.number("rope_theta", *top);
+    field = "rope_theta";
+  }
+  for (const char* name : {"rope_parameters", "rope_scaling"}) {
+    const json* rope = r.find(name);
+    if (rope == nullptr) continue;
+    if (!rope->is_object()) r.fail(name, "must be an object, got " + printable(rope->dump()));
+    for (const auto& [key, value] : rope->items()) {
+      const std::string at = std::string(name) + "." + key;
+      if (key == "rope_type" || key == "type") {
+        if (value != "default") {
+          r.fail(at, printable(value.dump()) +
+                         " is not supported (mixtrain has default rotary embeddings only)");
+        }
+      } else if (key == "rope_theta") {
+        theta = r.number(at, value);
+        field = at;
+      } else {
+        r.fail(at,
+               "is not supported (mixtrain's rotary embeddings take rope_type default and "
+               "rope_theta only)");
+      }
+    }
+  }
+  if (!(theta > 0)) r.fail(field, "must be > 0");
+  return theta;
+}
+
+void refuse_unsupported(const HfReader& r) {
+  r.only("tie_word_embeddings", false, "lm_head is its own parameter");
+  r.only("hidden_act", "silu", "SwiGLU with SiLU");
+  r.only("attention_dropout", 0.0, "no dropout");
+  r.only("use_sliding_window", false, "full attention in every layer");
+  r.only("mlp_bias", false, "the MLP projections have no bias");
+  r.only("pretraining_tp", 1, "unsplit projections");
+  if (r.find("quantization_config") != nullptr) {
+    r.fail("quantization_config", "quantized checkpoints are not supported");
+  }
+  if (const json* types = r.find("layer_types")) {
+    if (!types->is_array()) r.fail("layer_types", "must be a list");
+    for (size_t i = 0; i < types->size(); ++i) {
+      if ((*types)[i] != "full_attention") {
+        r.fail("layer_types[" + std::to_string(i) + "]",
+               printable((*types)[i].dump()) +
+                   " is not supported (mixtrain has full_attention layers only)");
+      }
+    }
+  }
+}
+
+void refuse_unsupported_moe(const HfReader& r) {
+  r.only("decoder_sparse_step", 1, "every layer is a MoE layer");
+  if (const json* dense = r.find("mlp_only_layers")) {
+    if (!dense->is_array() || !dense->empty()) {
+      r.fail("mlp_only_layers", printable(dense->dump()) +
+                                    " is not supported (every layer is a MoE layer: must be [])");
+    }
+  }
+}
+
+// The config.json field of a model.* key, per family, for the fields that are one HF field.
+struct Plain {
+  const char* key;
+  const char* hf_field;
+  bool architecture;
+};
+
+}  // namespace
+
+HfModelConfig read_hf_config(const std::string& path) {
+  const json root = read_json_file(path);
+  const HfReader r(path, root);
+  HfModelConfig out;
+  ModelConfig& m = out.model;
+  auto add = [&](const std::string& key, const std::string& hf_field, bool architecture = true) {
+    out.fields.push_back({key, hf_field, architecture});
+  };
+
+  const json& type = r.require("model_type");
+  if (type != "qwen2_moe" && type != "qwen3_moe" && type != "qwen2" && type != "llama") {
+    r.fail("model_type",
+           printable(type.dump()) +
+               " is not supported (mixtrain builds qwen2_moe, qwen3_moe, qwen2, llama)");
+  }
+  m.name = type.get<std::string>();
+  const bool moe = m.name == "qwen2_moe" || m.name == "qwen3_moe";
+  add("model.name", "model_type");
+  refuse_unsupported(r);
+  if (moe) refuse_unsupported_moe(r);
+
+  m.vocab_size = r.positive_int("vocab_size");
+  add("model.vocab_size", "vocab_size");
+  m.hidden_size = r.positive_int("hidden_size");
+  add("model.hidden_size", "hidden_size");
+  m.num_layers = r.positive_int("num_hidden_layers");
+  add("model.num_layers", "num_hidden_layers");
+  m.num_heads = r.positive_int("num_attention_heads");
+  add("model.num_heads", "num_attention_heads");
+  if (const json* kv = r.find("num_key_value_heads")) {
+    m.num_kv_heads = r.positive_int("num_key_value_heads", *kv);
+    add("model.num_kv_heads", "num_key_value_heads");
+  } else {  // HF: multi-head attention
+    m.num_kv_heads = m.num_heads;
+    add("model.num_kv_heads", "default: num_attention_heads");
+  }
+  if (const json* head_dim = r.find("head_dim")) {
+    m.head_dim = r.positive_int("head_dim", *head_dim);
+    add("model.head_dim", "head_dim");
+  } else {  // HF: hidden_size // num_attention_heads
+    if (m.hidden_size % m.num_heads != 0) {
+      r.fail("head_dim", "missing, and hidden_size " + std::to_string(m.hidden_size) +
+                             " is not a multiple of num_attention_heads " +
+                             std::to_string(m.num_heads));
+    }
+    m.head_dim = m.hidden_size / m.num_heads;
+    add("model.head_dim", "default: hidden_size / num_attention_heads");
+  }
+  m.max_seq_len = r.positive_int("max_position_embeddings");
+  add("model.max_seq_len", "max_position_embeddings", false);
+  std::string rope_field;
+  m.rope_theta = read_rope_theta(r, rope_field);
+  add("model.rope_theta", rope_field);
+  m.rms_norm_eps = r.number("rms_norm_eps", r.require("rms_norm_eps"));
+  add("model.rms_norm_eps", "rms_norm_eps");
+
+  if (m.name == "qwen2" || m.name == "llama") {
+    m.intermediate_size = r.positive_int("intermediate_size");
+    add("model.intermediate_size", "intermediate_size");
+  }
+  if (m.name == "qwen2") {  // Qwen2's q/k/v always carry a bias (no config field)
+    m.attention_bias = true;
+    add("model.attention_bias", "default: true (qwen2)");
+  } else if (m.name == "qwen2_moe") {
+    m.attention_bias = r.boolean("qkv_bias", true);
+    add("model.attention_bias", r.find("qkv_bias") ? "qkv_bias" : "default: true (qwen2_moe)");
+  } else {
+    m.attention_bias = r.boolean("attention_bias", false);
+    add("model.attention_bias", r.find("attention_bias") ? "attention_bias" : "default: false");
+  }
+  if (moe) {
+    // transformers 5 names Qwen3-MoE's expert count num_local_experts; 4.x num_experts.
+    std::string experts_field = "num_experts";
+    if (m.name == "qwen3_moe" && r.find("num_local_experts") != nullptr) {
+      experts_field = "num_local_experts";
+      const json* old = r.find("num_experts");
+      if (old != nullptr && *old != root.at("num_local_experts")) {
+        r.fail("num_experts", printable(old->dump()) + " disagrees with num_local_experts " +
+                                  root.at("num_local_experts").dump());
+      }
+    }
+    m.num_experts = r.positive_int(experts_field);
+    add("model.num_experts", experts_field);
+    m.num_experts_per_tok = r.positive_int("num_experts_per_tok");
+    add("model.num_experts_per_tok", "num_experts_per_tok");
+    m.moe_intermediate_size = r.positive_int("moe_intermediate_size");
+    add("model.moe_intermediate_size", "moe_intermediate_size");
+    m.norm_topk_prob = r.boolean("norm_topk_prob", false);
+    add("model.norm_topk_prob", r.find("norm_topk_prob") ? "norm_topk_prob" : "default: false");
+    if (const json* coef = r.find("router_aux_loss_coef")) {
+      m.router_aux_loss_coef = r.number("router_aux_loss_coef", *coef);
+      add("model.router_aux_loss_coef", "router_aux_loss_coef", false);
+    }
+  }
+  if (m.name == "qwen2_moe") {
+    m.shared_expert_intermediate_size = r.positive_int("shared_expert_intermediate_size");
+    add("model.shared_expert_intermediate_size", "shared_expert_intermediate_size");
+  }
+  return out;
+}
+
+std::string implied_hf_config_path(const ModelConfig& model) {
+  if (!model.hf_config.empty()) return model.hf_config;
+  if (!model.init_from.empty()) return model.init_from + "/config.json";
+  return "";
+}
+
+void apply_hf_config(TrainerConfig& config, Provenance& provenance) {
+  ModelConfig& model = config.model;
+  const std::string path = implied_hf_config_path(model);
+  if (path.empty()) return;
+  if (model.hf_config.empty()) {
+    model.hf_config = path;
+    provenance.sources["model.hf_config"] = ValueSource::kDerived;
+    provenance.notes["model.hf_config"] = "model.init_from";
+  }
+  if (!model.init_from.empty()) {
+    const std::string& dir = model.init_from;
+    if (!std::filesystem::exists(dir + "/model.safetensors") &&
+        !std::filesystem::exists(dir + "/model.safetensors.index.json")) {
+      throw ConfigError(provenance.origin_of("model.init_from") + ": " +
+                        provenance.user_key("model.init_from") + ": " + dir +
+                        " has neither model.safetensors nor model.safetensors.index.json");
+    }
+  }
+  const HfModelConfig hf = read_hf_config(path);
+  const auto set_by_user = [&](const std::string& key) {
+    const ValueSource source = provenance.source(key);
+    return source == ValueSource::kFile || source == ValueSource::kOverride;
+  };
+  for (const HfField& field : hf.fields) {
+    if (field.architecture && set_by_user(field.key)) {
+      throw ConfigError(provenance.origin_of(field.key) + ": " + provenance.user_key(field.key) +
+                        ": is set, but model.hf_config (" + path +
+                        ") defines the architecture; remove the key (config.json's " +
+                        field.hf_field + " gives it)");
+    }
+  }
+  ModelConfig merged = hf.model;
+  merged.hf_config = model.hf_config;
+  merged.init_from = model.init_from;
+  bool aux_from_file = false;
+  for (const HfField& field : hf.fields) {
+    aux_from_file |= field.key == "model.router_aux_loss_coef";
+    if (!field.architecture && set_by_user(field.key)) continue;  // the user's value wins
+    // A key this model does not read (another family's) is left unmarked.
+    if (!model_reads_key(merged.name, field.key)) continue;
+    provenance.sources[field.key] = ValueSource::kDerived;
+    provenance.notes[field.key] = path + ": " + field.hf_field;
+  }
+  if (set_by_user("model.max_seq_len")) merged.max_seq_len = model.max_seq_len;
+  if (!aux_from_file || set_by_user("model.router_aux_loss_coef")) {
+    merged.router_aux_loss_coef = model.router_aux_loss_coef;
+  }
+  model = merged;
+}
+
+json hf_config_json(const ModelConfig& m, const std::string& dtype) {
+  const bool moe = m.name == "qwen2_moe" || m.name == "qwen3_moe";
+  const char* architecture = m.name == "qwen2_moe"   ? "Qwen2MoeForCausalLM"
+                             : m.name == "qwen3_moe" ? "Qwen3MoeForCausalLM"
+                             : m.name == "qwen2"     ? "Qwen2ForCausalLM"
+                             : m.name == "llama"     ? "LlamaForCausalLM"
+                                                     : nullptr;
+  if (architecture == nullptr) {
+    throw std::invalid_argument("hf_config_json: no Hugging Face model type for model '" + m.name +
+                                "'");
+  }
+  json j;
+  j["architectures"] = json::array({architecture});
+  j["model_type"] = m.name;
+  j["vocab_size"] = m.vocab_size;
+  j["hidden_size"] = m.hidden_size;
+  j["num_hidden_layers"] = m.num_layers;
+  j["num_attention_heads"] = m.num_heads;
+  j["num_key_value_heads"] = m.num_kv_heads;
+  j["head_dim"] = m.head_dim;
+  j["max_position_embeddings"] = m.max_seq_len;
+  j["rms_norm_eps"] = m.rms_norm_eps;
+  j["rope_parameters"] = {{"rope_type", "default"}, {"rope_theta", m.rope_theta}};
+  j["hidden_act"] = "silu";
+  j["tie_word_embeddings"] = false;
+  j["attention_dropout"] = 0.0;
+  j["dtype"] = dtype;
+  if (m.name != "llama") j["use_sliding_window"] = false;
+  if (m.name == "qwen2" || m.name == "llama") j["intermediate_size"] = m.intermediate_size;
+  if (m.name == "qwen2_moe") j["qkv_bias"] = m.attention_bias;
+  if (m.name == "qwen3_moe" || m.name == "llama") j["attention_bias"] = m.attention_bias;
+  if (m.name == "llama") j["mlp_bias"] = false;
+  if (moe) {
+    j[m.name == "qwen3_moe" ? "num_local_experts" : "num_experts"] = m.num_experts;
+    j["num_experts_per_tok"] = m.num_experts_per_tok;
+    j["moe_intermediate_size"] = m.moe_intermediate_size;
+    j["norm_topk_prob"] = m.norm_topk_prob;
+    j["router_aux_loss_coef"] = m.router_aux_loss_coef;
+    j["decoder_sparse_step"] = 1;
+    j["mlp_only_layers"] = json::array();
+  }
+  if (m.name == "qwen2_moe")
+    j["shared_expert_intermediate_size"] = m.shared_expert_intermediate_size;
+  return j;
+}
+
+}  // namespace mixtrain

@@ -1,0 +1,58 @@
+// Hugging Face config.json <-> ModelConfig (docs/config.md, "Hugging Face models").
+//
+// read_hf_config maps the config.json of model_type qwen2_moe, qwen3_moe, qwen2 or llama (what
+// transformers' save_pretrained writes, 4.x and 5.x spellings) onto the model.* keys. Every
+// field the mapping reads is checked (type and range), and every field that would change the
+// model into one we do not build is refused unless it has the one value we support:
+// tie_word_embeddings true, rope_type / rope_scaling other than default, hidden_act other than
+// silu, mlp_bias true, pretraining_tp != 1, attention_dropout != 0, use_sliding_window true or a
+// layer_types entry other than full_attention, decoder_sparse_step != 1, a non-empty
+// mlp_only_layers, a quantization_config. Fields that do not change the model (token ids,
+// dtype, initializer_range, use_cache, ...) are ignored. Each problem is one ConfigError
+// "<path>: <field>: <problem>".
+//
+// apply_hf_config runs in load_config between the front end and validation: with model.hf_config
+// set (or implied: model.init_from DIR sets it to DIR/config.json) it writes the keys of
+// hf_config_fields into the TrainerConfig and records them as derived from the file. An
+// architecture key also set by the user is refused; max_seq_len and router_aux_loss_coef are
+// training choices, so a value the user set wins over the file's.
+//
+// hf_config_json is the reverse, for export: a config.json transformers loads as the same
+// model (model_type, architectures, every field read_hf_config reads, with the supported
+// values of the refused ones).
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include <string>
+#include <vector>
+
+#include "mixtrain/config/provenance.h"
+#include "mixtrain/config/trainer_config.h"
+
+namespace mixtrain {
+
+// One model.* key filled from config.json.
+struct HfField {
+  std::string key;       // canonical key, "model.num_layers"
+  std::string hf_field;  // where it came from, "num_hidden_layers" (or "default: ..." )
+  bool architecture;     // true: the user may not set it too
+};
+
+struct HfModelConfig {
+  ModelConfig model;  // the architecture fields, max_seq_len and router_aux_loss_coef set
+  std::vector<HfField> fields;
+};
+
+HfModelConfig read_hf_config(const std::string& path);
+
+// The config.json path a config implies: model.hf_config, else <model.init_from>/config.json,
+// else "".
+std::string implied_hf_config_path(const ModelConfig& model);
+
+void apply_hf_config(TrainerConfig& config, Provenance& provenance);
+
+// `dtype`: the "dtype" field written ("bfloat16", "float32"), what the weights are stored in.
+nlohmann::json hf_config_json(const ModelConfig& model, const std::string& dtype);
+
+}  // namespace mixtrain

@@ -1,0 +1,202 @@
+"""Hugging Face transformers as the reference of mixtrain's model families, for the parity tests in
+tests/unit/model/qwen2_test.cpp (qwen2, llama) and qwen2_moe_test.cpp (qwen2_moe, qwen3_moe).
+(Not named *_oracle.py: CTest runs those on their own; this one is called by the C++ tests.)
+
+Usage:
+  hf_parity.py model CASE_JSON DIR
+    CASE_JSON: {"family": "qwen2" | "llama" | "qwen2_moe" | "qwen3_moe", "seed": int,
+                "batch": int, "seq": int, "keys": {mixtrain's model.* keys, as in ModelConfig}}
+    Builds the family's *ForCausalLM from a config made of those keys (no hub), draws random
+    weights from the seed (far from HF's init: biases N(0, 0.3^2), norm scales N(1, 0.2^2),
+    embeddings N(0, 1), matrices N(0, 1/in)), rounds them to float32 and writes
+      DIR/config.json + DIR/model.safetensors   save_pretrained, float32 (the layout HF writes:
+                                                MoE experts per expert, experts.E.*_proj.weight)
+      DIR/reference.safetensors                 input_ids int64 [batch, seq] and, in float64:
+                                                logits [batch, seq, vocab], loss (scalar),
+                                                aux_loss (scalar, MoE; float32)
+      DIR/grads/model.safetensors               float64: the gradient of every tensor of
+                                                DIR/model.safetensors, under its name (so the
+                                                per-expert 2-D grads are in the saved layout too)
+    The reference runs in float64 on the float32 weights (exactly representable), eager attention,
+    labels = input_ids: loss = HF ForCausalLM's loss (mean cross entropy of logits[:, :-1] against
+    ids[:, 1:]) + router_aux_loss_coef * aux_loss (output_router_logits=True; MoE only), as HF
+    computes it but with the cross entropy in float64 (HF's is in float32; checked equal to
+    1e-6), and HF's aux loss (float32-accurate: HF sums the router probabilities in float32). It fails unless every token's k-th and (k+1)-th router probabilities differ by more
+    than 1e-4, ~100x the float32 rounding of a probability here (a few 1e-7 to 1e-6), so float32
+    cannot choose other experts than the float64 reference.
+  hf_parity.py router CASE_JSON DIR
+    CASE_JSON: {"seed", "tokens", "hidden", "experts", "top_k"}
+    Runs Qwen2MoeTopKRouter and Qwen3MoeTopKRouter, each with norm_topk_prob false and true, on the
+    same random hidden states [T, H] and weight [E, H] (float32) and writes DIR/router.safetensors:
+    hidden, weight, and "<family>.<plain|norm>.scores" [T, k] float32 and ".indices" [T, k] int64
+    as HF returns them. Fails unless the top-k + 1 probabilities of every token are > 1e-4 apart.
+Exits 1 with a message when transformers is missing (scripts/python-requirements.txt).
+"""
+
+import json
+import os
+import sys
+
+
+def imports():
+    try:
+        import torch
+        import transformers
+        from safetensors.torch import load_file, save_file
+    except ImportError as error:
+        sys.exit(f"FAIL: {sys.executable} cannot import {error.name!r}: run `make setup` "
+                 "(scripts/python-requirements.txt pins transformers)")
+    return torch, transformers, load_file, save_file
+
+
+def hf_config(transformers, family, k):
+    common = dict(
+        vocab_size=k["vocab_size"], hidden_size=k["hidden_size"],
+        num_hidden_layers=k["num_layers"], num_attention_heads=k["num_heads"],
+        num_key_value_heads=k["num_kv_heads"], head_dim=k["head_dim"],
+        max_position_embeddings=k["max_seq_len"],
+        rope_parameters={"rope_type": "default", "rope_theta": k["rope_theta"]},
+        rms_norm_eps=k["rms_norm_eps"], tie_word_embeddings=False, attention_dropout=0.0,
+        hidden_act="silu")
+    moe = dict(moe_intermediate_size=k["moe_intermediate_size"], num_experts=k["num_experts"],
+               num_experts_per_tok=k["num_experts_per_tok"], norm_topk_prob=k["norm_topk_prob"],
+               router_aux_loss_coef=k["router_aux_loss_coef"], decoder_sparse_step=1,
+               mlp_only_layers=[], output_router_logits=True)
+    if family == "qwen2":
+        if not k["attention_bias"]:
+            sys.exit("FAIL: Qwen2 always has q/k/v biases")
+        return transformers.Qwen2ForCausalLM, transformers.Qwen2Config(
+            intermediate_size=k["intermediate_size"], use_sliding_window=False, **common)
+    if family == "llama":
+        return transformers.LlamaForCausalLM, transformers.LlamaConfig(
+            intermediate_size=k["intermediate_size"], attention_bias=k["attention_bias"],
+            mlp_bias=False, **common)
+    if family == "qwen2_moe":
+        return transformers.Qwen2MoeForCausalLM, transformers.Qwen2MoeConfig(
+            shared_expert_intermediate_size=k["shared_expert_intermediate_size"],
+            qkv_bias=k["attention_bias"], use_sliding_window=False, **moe, **common)
+    if family == "qwen3_moe":
+        return transformers.Qwen3MoeForCausalLM, transformers.Qwen3MoeConfig(
+            attention_bias=k["attention_bias"], use_sliding_window=False, **moe, **common)
+    sys.exit(f"FAIL: unknown family {family!r}")
+
+
+def randomize(torch, model, generator):
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith(".bias"):
+                p.normal_(0.0, 0.3, generator=generator)
+            elif p.dim() == 1:  # norm scales
+                p.normal_(1.0, 0.2, generator=generator)
+            elif name == "model.embed_tokens.weight":
+                p.normal_(0.0, 1.0, generator=generator)
+            else:  # [out, in] or [E, out, in]
+                p.normal_(0.0, p.size(-1) ** -0.5, generator=generator)
+
+
+def in_memory(params, name, moe_intermediate):
+    """The in-memory parameter tensor behind saved name `name`: the parameter itself, or, for a
+    per-expert name model.layers.N.mlp.experts.E.{gate,up,down}_proj.weight, slice E of the 3-D
+    parameter (gate_up_proj [E, 2I, H] holds gate in rows [0, I) and up in [I, 2I), as HF's
+    forward chunks it). Returns (parameter, index) to apply to the parameter or its grad."""
+    if name in params:
+        return params[name], (slice(None),)
+    parts = name.split(".")
+    prefix, expert, proj = ".".join(parts[:-3]), int(parts[-3]), parts[-2]
+    if proj == "down_proj":
+        return params[prefix + ".down_proj"], (expert,)
+    rows = slice(0, moe_intermediate) if proj == "gate_proj" else slice(moe_intermediate, None)
+    return params[prefix + ".gate_up_proj"], (expert, rows)
+
+
+def run_model(case, out_dir):
+    torch, transformers, load_file, save_file = imports()
+    k = case["keys"]
+    cls, config = hf_config(transformers, case["family"], k)
+    config._attn_implementation = "eager"
+    config._experts_implementation = "eager"  # the loop over experts; grouped_mm has no float64
+    generator = torch.Generator().manual_seed(case["seed"])
+    model = cls(config).to(torch.float32)
+    randomize(torch, model, generator)
+    model.save_pretrained(out_dir, safe_serialization=True)
+    saved = load_file(os.path.join(out_dir, "model.safetensors"))
+
+    model = model.to(torch.float64)
+    ids = torch.randint(k["vocab_size"], (case["batch"], case["seq"]), generator=generator)
+    is_moe = case["family"].endswith("_moe")
+    out = model(input_ids=ids, labels=ids, output_router_logits=is_moe) if is_moe else \
+        model(input_ids=ids, labels=ids)
+    if is_moe:
+        top = torch.stack([torch.softmax(r.detach(), -1).topk(k["num_experts_per_tok"] + 1, -1)
+                           .values for r in out.router_logits])
+        margin = float((top[..., -2] - top[..., -1]).min())
+        if margin <= 1e-4:
+            sys.exit(f"FAIL: seed {case['seed']}: a router top-k margin of {margin:.3g} <= 1e-4; "
+                     "float32 could choose other experts: pick another seed")
+        print(f"router top-k margin {margin:.3g}")
+    # HF's ForCausalLMLoss casts the logits to float32 and its load-balancing loss sums the router
+    # probabilities in float32: out.loss is float32-accurate. The reference loss (and the
+    # gradients) use the same formula with the cross entropy in float64, checked against HF's.
+    vocab = k["vocab_size"]
+    loss = torch.nn.functional.cross_entropy(out.logits[:, :-1].reshape(-1, vocab),
+                                             ids[:, 1:].reshape(-1))
+    if is_moe:
+        loss = loss + config.router_aux_loss_coef * out.aux_loss
+    if abs(float(loss) - float(out.loss)) > 1e-6 * abs(float(out.loss)):
+        sys.exit(f"FAIL: float64 loss {float(loss)!r} is not HF's {float(out.loss)!r}")
+    loss.backward()
+    result = {"input_ids": ids, "logits": out.logits.detach().contiguous(),
+              "loss": loss.detach()}
+    if is_moe:
+        result["aux_loss"] = out.aux_loss.detach()
+    params = dict(model.named_parameters())
+    grads = {}
+    for name, weight in saved.items():
+        param, index = in_memory(params, name, k.get("moe_intermediate_size"))
+        # The saved tensor is the in-memory slice: checks the layout in_memory assumes.
+        if not torch.equal(param.detach()[index], weight.to(torch.float64)):
+            sys.exit(f"FAIL: saved {name} is not the in-memory tensor assumed here")
+        grads[name] = param.grad[index].contiguous()
+    save_file(result, os.path.join(out_dir, "reference.safetensors"))
+    os.makedirs(os.path.join(out_dir, "grads"))
+    save_file(grads, os.path.join(out_dir, "grads", "model.safetensors"))
+
+
+def run_router(case, out_dir):
+    torch, transformers, _, save_file = imports()
+    generator = torch.Generator().manual_seed(case["seed"])
+    hidden = torch.randn(case["tokens"], case["hidden"], generator=generator)
+    weight = torch.randn(case["experts"], case["hidden"], generator=generator) * case["hidden"] ** -0.5
+    result = {"hidden": hidden, "weight": weight}
+    models = transformers.models
+    for family, config_cls, router_cls in (
+            ("qwen2_moe", transformers.Qwen2MoeConfig, models.qwen2_moe.modeling_qwen2_moe.Qwen2MoeTopKRouter),
+            ("qwen3_moe", transformers.Qwen3MoeConfig, models.qwen3_moe.modeling_qwen3_moe.Qwen3MoeTopKRouter)):
+        for norm in (False, True):
+            config = config_cls(hidden_size=case["hidden"], num_experts=case["experts"],
+                                num_experts_per_tok=case["top_k"], norm_topk_prob=norm)
+            router = router_cls(config)
+            with torch.no_grad():
+                router.weight.copy_(weight)
+                logits, scores, indices = router(hidden)
+            key = f"{family}.{'norm' if norm else 'plain'}"
+            result[key + ".scores"] = scores.contiguous()
+            result[key + ".indices"] = indices.contiguous()
+    top = torch.softmax(logits.double(), -1).topk(case["top_k"] + 1, -1).values
+    margin = float((top[:, :-1] - top[:, 1:]).min())
+    if margin <= 1e-4:
+        sys.exit(f"FAIL: seed {case['seed']}: router probabilities within {margin:.3g}: not "
+                 "ties-free, pick another seed")
+    save_file(result, os.path.join(out_dir, "router.safetensors"))
+
+
+def main():
+    if len(sys.argv) != 4 or sys.argv[1] not in ("model", "router"):
+        sys.exit(__doc__)
+    with open(sys.argv[2], encoding="utf-8") as f:
+        case = json.load(f)
+    (run_model if sys.argv[1] == "model" else run_router)(case, sys.argv[3])
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,206 @@
+// Parity with Hugging Face transformers for the model tests (qwen2_test.cpp: qwen2, llama;
+// qwen2_moe_test.cpp: qwen2_moe, qwen3_moe). tests/python/hf_parity.py builds the family tiny
+// with random weights, save_pretrained()s it and writes float64 logits, loss (with the router
+// aux loss) and every saved tensor's gradient; run_hf_parity builds our model from the saved
+// config.json (config/hf_config.h: read_hf_config), loads the weights, and the gradients into
+// float64 tensors of our shapes, through the product's loader (checkpoint/hf_import.h:
+// import_hf_weights, which stacks HF's per-expert 2-D tensors into our [E, out, in]), runs our
+// float32 forward and backward, and returns both sides for expect_hf_parity to compare.
+#pragma once
+
+#include <gtest/gtest.h>
+#include <stdlib.h>
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include "mixtrain/checkpoint/hf_import.h"
+#include "mixtrain/config/hf_config.h"
+#include "mixtrain/core/param_placement.h"
+#include "mixtrain/core/safetensors.h"
+#include "mixtrain/model/registry.h"
+
+namespace mixtrain::test_support {
+
+// Loads DIR's model.safetensors through import_hf_weights into `tensors` (whole tensors, one
+// rank), named as our parameters.
+inline void import_whole(const std::string& dir,
+                         const std::map<std::string, torch::Tensor>& tensors) {
+  std::vector<HfImportTarget> targets;
+  for (const auto& [name, t] : tensors) {
+    targets.push_back({name, t, whole_placement(name, t.sizes().vec())});
+  }
+  import_hf_weights(dir, targets);
+}
+
+struct HfParity {
+  // Ours (float32, widened to float64) and HF's (float64) on the same weights and tokens.
+  torch::Tensor logits, hf_logits;
+  double loss = 0, hf_loss = 0;
+  double aux_loss = 0, hf_aux_loss = 0;                  // MoE only
+  std::map<std::string, torch::Tensor> grads, hf_grads;  // our parameter names
+};
+
+// Runs tests/python/hf_parity.py for `c` (model.name = the family) with the given seed and
+// shape, builds our model from the config.json it saved (checking that its keys are c's), loads
+// the weights and HF's gradients, and computes our side. Fails the test (gtest
+// assertion in the caller's scope: check HasFatalFailure) when the oracle fails.
+inline HfParity run_hf_parity(const ModelConfig& c, int seed, int batch, int seq) {
+  std::string dir = (std::filesystem::temp_directory_path() / "hf_parity.XXXXXX").string();
+  if (mkdtemp(dir.data()) == nullptr) throw std::runtime_error("mkdtemp failed");
+  {
+    std::ofstream json(dir + "/case.json");
+    json.precision(17);
+    json << "{\"family\": \"" << c.name << "\", \"seed\": " << seed << ", \"batch\": " << batch
+         << ", \"seq\": " << seq << ", \"keys\": {\"vocab_size\": " << c.vocab_size
+         << ", \"hidden_size\": " << c.hidden_size << ", \"num_layers\": " << c.num_layers
+         << ", \"num_heads\": " << c.num_heads << ", \"num_kv_heads\": " << c.num_kv_heads
+         << ", \"head_dim\": " << c.head_dim << ", \"intermediate_size\": " << c.intermediate_size
+         << ", \"moe_intermediate_size\": " << c.moe_intermediate_size
+         << ", \"num_experts\": " << c.num_experts
+         << ", \"num_experts_per_tok\": " << c.num_experts_per_tok
+         << ", \"shared_expert_intermediate_size\": " << c.shared_expert_intermediate_size
+         << ", \"max_seq_len\": " << c.max_seq_len << ", \"rope_theta\": " << c.rope_theta
+         << ", \"rms_norm_eps\": " << c.rms_norm_eps
+         << ", \"router_aux_loss_coef\": " << c.router_aux_loss_coef
+         << ", \"attention_bias\": " << (c.attention_bias ? "true" : "false")
+         << ", \"norm_topk_prob\": " << (c.norm_topk_prob ? "true" : "false") << "}}\n";
+  }
+  const std::string command = std::string("'") + MIXTRAIN_PYTHON + "' '" + MIXTRAIN_SOURCE_DIR +
+                              "/tests/python/hf_parity.py' model '" + dir + "/case.json' '" + dir +
+                              "'";
+  HfParity r;
+  if (std::system(command.c_str()) != 0) {
+    ADD_FAILURE() << "failed: " << command;
+    return r;
+  }
+  std::map<std::string, torch::Tensor> ref;
+  for (const auto& [name, t] : read_safetensors(dir + "/reference.safetensors").tensors) {
+    ref[name] = t;
+  }
+  // Our model from HF's config.json: its keys must be the ones the oracle was given.
+  const ModelConfig loaded = read_hf_config(dir + "/config.json").model;
+  EXPECT_EQ(loaded.name, c.name);
+  std::vector<std::tuple<const char*, double, double>> keys = {
+      {"vocab_size", c.vocab_size, loaded.vocab_size},
+      {"hidden_size", c.hidden_size, loaded.hidden_size},
+      {"num_layers", c.num_layers, loaded.num_layers},
+      {"num_heads", c.num_heads, loaded.num_heads},
+      {"num_kv_heads", c.num_kv_heads, loaded.num_kv_heads},
+      {"head_dim", c.head_dim, loaded.head_dim},
+      {"rope_theta", c.rope_theta, loaded.rope_theta},
+      {"rms_norm_eps", c.rms_norm_eps, loaded.rms_norm_eps},
+      {"max_seq_len", c.max_seq_len, loaded.max_seq_len},
+      {"attention_bias", c.attention_bias, loaded.attention_bias}};
+  const bool moe = c.name == "qwen2_moe" || c.name == "qwen3_moe";
+  if (moe) {
+    keys.insert(keys.end(),
+                {{"moe_intermediate_size", c.moe_intermediate_size, loaded.moe_intermediate_size},
+                 {"num_experts", c.num_experts, loaded.num_experts},
+                 {"num_experts_per_tok", c.num_experts_per_tok, loaded.num_experts_per_tok},
+                 {"norm_topk_prob", c.norm_topk_prob, loaded.norm_topk_prob},
+                 {"router_aux_loss_coef", c.router_aux_loss_coef, loaded.router_aux_loss_coef}});
+  } else {
+    keys.emplace_back("intermediate_size", c.intermediate_size, loaded.intermediate_size);
+  }
+  if (c.name == "qwen2_moe") {
+    keys.emplace_back("shared_expert_intermediate_size", c.shared_expert_intermediate_size,
+                      loaded.shared_expert_intermediate_size);
+  }
+  for (const auto& [key, ours, theirs] : keys) EXPECT_EQ(ours, theirs) << key;
+  auto model = build_model(loaded, 1);
+  std::map<std::string, torch::Tensor> params, hf_grads;
+  for (auto& item : model->named_parameters()) {
+    params[item.key()] = item.value().detach();
+    hf_grads[item.key()] = torch::zeros_like(item.value(), torch::kFloat64);
+  }
+  import_whole(dir, params);
+  import_whole(dir + "/grads", hf_grads);
+  std::filesystem::remove_all(dir);
+  const auto ids = ref.at("input_ids");
+  const auto out = model->forward(ids);
+  // HF ForCausalLM with labels = input_ids: position t predicts token t + 1.
+  const int64_t s = ids.size(1), vocab = out.logits.size(-1);
+  const auto ce = torch::nn::functional::cross_entropy(
+      out.logits.narrow(1, 0, s - 1).reshape({-1, vocab}), ids.narrow(1, 1, s - 1).reshape({-1}));
+  const auto loss = moe ? ce + loaded.router_aux_loss_coef * out.aux_loss : ce;
+  loss.backward();
+
+  r.logits = out.logits.detach().to(torch::kFloat64);
+  r.hf_logits = ref.at("logits");
+  r.loss = loss.item<double>();
+  r.hf_loss = ref.at("loss").item<double>();
+  if (moe) {
+    r.aux_loss = out.aux_loss.item<double>();
+    r.hf_aux_loss = ref.at("aux_loss").item<double>();
+  }
+  for (const auto& item : model->named_parameters()) {
+    r.grads[item.key()] = item.value().grad().to(torch::kFloat64);
+  }
+  r.hf_grads = std::move(hf_grads);
+  return r;
+}
+
+// max |ours - HF| over one tensor, and max |HF|.
+inline std::pair<double, double> max_error_and_scale(const torch::Tensor& ours,
+                                                     const torch::Tensor& hf) {
+  return {(ours - hf).abs().max().item<double>(), hf.abs().max().item<double>()};
+}
+
+// The tolerances of every family's parity test. Ours runs in float32, HF in float64 on the same
+// (float32-exact) weights, so the differences are float32 rounding, u = 2^-24 = 6e-8 per op:
+//   logits: ~20 sequential rounded ops per logit (2 layers of norm, projections, attention, MLP
+//     or experts, final norm, lm_head), dot products of <= 32 terms: a few 1e-7 of the logits'
+//     scale (measured when written: 2.2e-7 to 4.8e-7 over the six cases); bound 1e-5;
+//   loss: a mean over the tokens of such quantities (measured when written: 6e-9 to 8e-8
+//     relative); bound 1e-6 relative. aux loss: HF's is float32-accurate (it sums the router
+//     probabilities in float32) and ours is float32: measured equal; bound 1e-6 relative;
+//   gradients: backward doubles the chain, and a gradient summing terms of both signs loses
+//     relative precision to cancellation; each tensor is held to 2e-5 of its own max |HF grad|
+//     (measured: worst tensor 1.6e-6 of its own scale) plus 1e-7 of the largest gradient of all
+//     parameters (an expert that saw few tokens has a small gradient whose error still carries
+//     the rounding of the shared activations).
+// A wrong formula moves these by far more: a dropped bias, norm scale or rotary base changes the
+// logits by 0.1 to 0.2 of their scale (measured for qwen2 when its logits test was written), a
+// wrongly chosen expert by O(1) of its tokens' logits, and a missing aux-loss term the loss by
+// router_aux_loss_coef * aux (0.05 * ~2 here).
+inline void expect_hf_parity(const HfParity& r, const std::string& label) {
+  ASSERT_TRUE(r.logits.defined());
+  ASSERT_EQ(r.logits.sizes(), r.hf_logits.sizes());
+  const auto [logit_error, logit_scale] = max_error_and_scale(r.logits, r.hf_logits);
+  EXPECT_GT(logit_scale, 1.0);
+  EXPECT_LE(logit_error, 1e-5 * logit_scale) << label << " logits";
+  EXPECT_LE(std::abs(r.loss - r.hf_loss), 1e-6 * std::abs(r.hf_loss)) << label << " loss";
+  EXPECT_LE(std::abs(r.aux_loss - r.hf_aux_loss), 1e-6 * std::abs(r.hf_aux_loss))
+      << label << " aux loss";
+  double largest = 0;
+  for (const auto& [name, g] : r.hf_grads)
+    largest = std::max(largest, g.abs().max().item<double>());
+  double worst = 0;  // max over tensors of error / own scale, for the log line
+  ASSERT_EQ(r.grads.size(), r.hf_grads.size());
+  for (const auto& [name, hf] : r.hf_grads) {
+    const auto [error, scale] = max_error_and_scale(r.grads.at(name), hf);
+    EXPECT_LE(error, 2e-5 * scale + 1e-7 * largest)
+        << label << " grad " << name << ": max |ours - HF| " << error << ", max |HF| " << scale;
+    if (scale > 0) worst = std::max(worst, error / scale);
+  }
+  std::printf(
+      "%s vs transformers: logits max err %.3g (max |logit| %.3g), loss %.9g (err %.2g), aux "
+      "%.9g (err %.2g), %zu grads: worst max err / max |grad| %.3g (largest grad %.3g)\n",
+      label.c_str(), logit_error, logit_scale, r.hf_loss, std::abs(r.loss - r.hf_loss),
+      r.hf_aux_loss, std::abs(r.aux_loss - r.hf_aux_loss), r.grads.size(), worst, largest);
+}
+
+}  // namespace mixtrain::test_support

@@ -1,0 +1,249 @@
+// config.json -> ModelConfig for each family transformers writes (tests/python/hf_models.py
+// config), every refusal, model.hf_config / model.init_from in load_config (derived keys, the
+// conflict rule, `config show`'s source), and the reverse mapping read back.
+#include "mixtrain/config/hf_config.h"
+
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "mixtrain/config/load.h"
+#include "temp_config.h"
+
+namespace mixtrain {
+namespace {
+
+using json = nlohmann::json;
+using testing::config_error_of;
+using testing::TempDir;
+
+// transformers' config.json of the tiny FAMILY, written once per test run by
+// tests/python/hf_models.py (importing transformers takes seconds).
+json transformers_config(const TempDir&, const std::string& family) {
+  static const TempDir written;
+  static const bool ran = [] {
+    const std::string command = std::string("'") + MIXTRAIN_PYTHON + "' '" + MIXTRAIN_SOURCE_DIR +
+                                "/tests/python/hf_models.py' config '" + written.path() + "'";
+    EXPECT_EQ(std::system(command.c_str()), 0) << command;
+    return true;
+  }();
+  (void)ran;
+  std::ifstream in(written.path() + "/" + family + "/config.json");
+  return json::parse(in);
+}
+
+std::string write_json(const TempDir& dir, const std::string& name, const json& value) {
+  return dir.write(name, value.dump(2));
+}
+
+// The tiny sizes hf_models.py gives every family (its COMMON table).
+void expect_common(const ModelConfig& m) {
+  EXPECT_EQ(m.vocab_size, 61);
+  EXPECT_EQ(m.hidden_size, 24);
+  EXPECT_EQ(m.num_layers, 2);
+  EXPECT_EQ(m.num_heads, 4);
+  EXPECT_EQ(m.num_kv_heads, 2);
+  EXPECT_EQ(m.head_dim, 8);
+  EXPECT_EQ(m.max_seq_len, 64);
+  EXPECT_EQ(m.rope_theta, 5000.0);
+  EXPECT_EQ(m.rms_norm_eps, 1e-6);
+}
+
+TEST(HfConfig, ReadsEveryFamilyTransformersWrites) {
+  TempDir dir;
+  {
+    const ModelConfig m =
+        read_hf_config(write_json(dir, "a.json", transformers_config(dir, "qwen2_moe"))).model;
+    EXPECT_EQ(m.name, "qwen2_moe");
+    expect_common(m);
+    EXPECT_EQ(m.moe_intermediate_size, 12);
+    EXPECT_EQ(m.shared_expert_intermediate_size, 20);
+    EXPECT_EQ(m.num_experts, 4);
+    EXPECT_EQ(m.num_experts_per_tok, 2);
+    EXPECT_FALSE(m.norm_topk_prob);
+    EXPECT_TRUE(m.attention_bias);  // qkv_bias
+    EXPECT_EQ(m.router_aux_loss_coef, 0.01);
+  }
+  {
+    const ModelConfig m =
+        read_hf_config(write_json(dir, "b.json", transformers_config(dir, "qwen3_moe"))).model;
+    EXPECT_EQ(m.name, "qwen3_moe");
+    expect_common(m);
+    EXPECT_EQ(m.moe_intermediate_size, 12);
+    EXPECT_EQ(m.num_experts, 4);  // num_local_experts in transformers 5
+    EXPECT_TRUE(m.norm_topk_prob);
+    EXPECT_FALSE(m.attention_bias);
+  }
+  {
+    const ModelConfig m =
+        read_hf_config(write_json(dir, "c.json", transformers_config(dir, "qwen2"))).model;
+    EXPECT_EQ(m.name, "qwen2");
+    expect_common(m);
+    EXPECT_EQ(m.intermediate_size, 20);
+    EXPECT_TRUE(m.attention_bias);
+  }
+  {
+    const ModelConfig m =
+        read_hf_config(write_json(dir, "d.json", transformers_config(dir, "llama"))).model;
+    EXPECT_EQ(m.name, "llama");
+    expect_common(m);
+    EXPECT_EQ(m.intermediate_size, 20);
+    EXPECT_FALSE(m.attention_bias);
+  }
+}
+
+// transformers 4.x spellings: top-level rope_theta with rope_scaling null, no head_dim, no
+// num_key_value_heads.
+TEST(HfConfig, ReadsTheOlderSpellings) {
+  TempDir dir;
+  json c = transformers_config(dir, "qwen2");
+  c.erase("rope_parameters");
+  c.erase("head_dim");
+  c.erase("num_key_value_heads");
+  c["rope_theta"] = 1e6;
+  c["rope_scaling"] = nullptr;
+  const ModelConfig m = read_hf_config(write_json(dir, "c.json", c)).model;
+  EXPECT_EQ(m.rope_theta, 1e6);
+  EXPECT_EQ(m.head_dim, 6);  // 24 / 4
+  EXPECT_EQ(m.num_kv_heads, 4);
+}
+
+TEST(HfConfig, RefusesEveryUnsupportedValueNamingFileAndField) {
+  TempDir dir;
+  const json qwen2_moe = transformers_config(dir, "qwen2_moe");
+  const json llama = transformers_config(dir, "llama");
+  struct Case {
+    const json* base;
+    std::string field;
+    json value;
+    std::string says;
+  };
+  const std::vector<Case> cases = {
+      {&qwen2_moe, "tie_word_embeddings", true, "true is not supported"},
+      {&qwen2_moe, "hidden_act", "gelu", "\"gelu\" is not supported"},
+      {&qwen2_moe, "use_sliding_window", true, "true is not supported"},
+      {&qwen2_moe, "attention_dropout", 0.1, "is not supported"},
+      {&qwen2_moe, "decoder_sparse_step", 2, "2 is not supported"},
+      {&qwen2_moe, "mlp_only_layers", json::array({1}), "[1] is not supported"},
+      {&qwen2_moe, "model_type", "mixtral", "\"mixtral\" is not supported"},
+      {&qwen2_moe, "vocab_size", 0, "must be an integer > 0, got 0"},
+      {&qwen2_moe, "hidden_size", "24", "must be an integer > 0"},
+      {&qwen2_moe, "quantization_config", json::object({{"bits", 4}}), "not supported"},
+      {&llama, "mlp_bias", true, "true is not supported"},
+      {&llama, "pretraining_tp", 2, "2 is not supported"},
+  };
+  for (const Case& c : cases) {
+    json changed = *c.base;
+    changed[c.field] = c.value;
+    const std::string path = write_json(dir, "x.json", changed);
+    const std::string message = config_error_of([&] { read_hf_config(path); });
+    EXPECT_EQ(message.find(path + ": " + c.field + ": "), 0u) << message;
+    EXPECT_NE(message.find(c.says), std::string::npos) << message;
+  }
+  json rope = qwen2_moe;
+  rope["rope_parameters"]["rope_type"] = "yarn";
+  std::string path = write_json(dir, "r.json", rope);
+  EXPECT_NE(config_error_of([&] {
+              read_hf_config(path);
+            }).find(path + ": rope_parameters.rope_type: \"yarn\" is not supported"),
+            std::string::npos);
+  json layers = qwen2_moe;
+  layers["layer_types"][1] = "sliding_attention";
+  path = write_json(dir, "l.json", layers);
+  EXPECT_NE(config_error_of([&] {
+              read_hf_config(path);
+            }).find(path + ": layer_types[1]: \"sliding_attention\" is not supported"),
+            std::string::npos);
+  json missing = qwen2_moe;
+  missing.erase("num_experts");
+  path = write_json(dir, "m.json", missing);
+  EXPECT_NE(config_error_of([&] { read_hf_config(path); }).find(path + ": num_experts: missing"),
+            std::string::npos);
+  path = dir.write("bad.json", "{\"model_type\": ");
+  EXPECT_NE(config_error_of([&] { read_hf_config(path); }).find(path + ": not valid JSON"),
+            std::string::npos);
+}
+
+TEST(HfConfig, LoadConfigTakesTheArchitectureFromConfigJson) {
+  TempDir dir;
+  const std::string hf = write_json(dir, "config.json", transformers_config(dir, "qwen2_moe"));
+  const std::string yaml = dir.write(
+      "run.yaml", "model:\n  hf_config: " + hf + "\n  max_seq_len: 32\ndata:\n  seq_len: 16\n");
+  const ResolvedConfig resolved = load_config(yaml, {});
+  const ModelConfig& m = resolved.config.model;
+  EXPECT_EQ(m.hidden_size, 24);
+  EXPECT_EQ(m.max_seq_len, 32);  // the user's value wins for this training key
+  EXPECT_EQ(m.router_aux_loss_coef, 0.01);
+  const ResolvedLeaf* layers = resolved.leaf("model.num_layers");
+  ASSERT_NE(layers, nullptr);
+  EXPECT_EQ(layers->value, "2");
+  EXPECT_EQ(layers->source, ValueSource::kDerived);
+  EXPECT_EQ(layers->origin, hf + ": num_hidden_layers");
+  EXPECT_EQ(resolved.leaf("model.max_seq_len")->source, ValueSource::kFile);
+
+  // An architecture key set as well is refused, naming the key and the file that defines it.
+  const std::string both =
+      dir.write("both.yaml", "model:\n  hf_config: " + hf + "\n  hidden_size: 32\n");
+  const std::string message = config_error_of([&] { load_config(both, {}); });
+  EXPECT_EQ(message.find(both + ": model.hidden_size: is set, but model.hf_config (" + hf +
+                         ") defines the architecture"),
+            0u)
+      << message;
+  const std::string by_set = config_error_of([&] { load_config(yaml, {"model.num_layers=3"}); });
+  EXPECT_EQ(by_set.find("--set: model.num_layers: is set"), 0u) << by_set;
+}
+
+TEST(HfConfig, InitFromImpliesItsConfigJson) {
+  TempDir dir;
+  std::filesystem::create_directories(dir.path() + "/model");
+  write_json(dir, "model/config.json", transformers_config(dir, "qwen2"));
+  const std::string yaml = dir.write(
+      "run.yaml", "model:\n  init_from: " + dir.path() + "/model\ndata:\n  seq_len: 16\n");
+  // No weights yet: refused before anything is built.
+  std::string message = config_error_of([&] { load_config(yaml, {}); });
+  EXPECT_NE(message.find("has neither model.safetensors nor model.safetensors.index.json"),
+            std::string::npos)
+      << message;
+  dir.write("model/model.safetensors", "");
+  const ResolvedConfig resolved = load_config(yaml, {});
+  EXPECT_EQ(resolved.config.model.name, "qwen2");
+  EXPECT_EQ(resolved.config.model.hf_config, dir.path() + "/model/config.json");
+  EXPECT_EQ(resolved.leaf("model.hf_config")->source, ValueSource::kDerived);
+  EXPECT_EQ(resolved.leaf("model.hf_config")->origin, "model.init_from");
+}
+
+// hf_config_json's output, read back, is the same model (and transformers loads it: the export
+// round trip in tests/tools/export_hf_command_test.cpp).
+TEST(HfConfig, WrittenConfigReadsBackAsTheSameModel) {
+  TempDir dir;
+  for (const char* family : {"qwen2_moe", "qwen3_moe", "qwen2", "llama"}) {
+    const ModelConfig original =
+        read_hf_config(write_json(dir, "in.json", transformers_config(dir, family))).model;
+    const ModelConfig back =
+        read_hf_config(write_json(dir, "out.json", hf_config_json(original, "float32"))).model;
+    EXPECT_EQ(back.name, original.name);
+    EXPECT_EQ(back.vocab_size, original.vocab_size);
+    EXPECT_EQ(back.hidden_size, original.hidden_size);
+    EXPECT_EQ(back.num_layers, original.num_layers);
+    EXPECT_EQ(back.num_heads, original.num_heads);
+    EXPECT_EQ(back.num_kv_heads, original.num_kv_heads);
+    EXPECT_EQ(back.head_dim, original.head_dim);
+    EXPECT_EQ(back.intermediate_size, original.intermediate_size);
+    EXPECT_EQ(back.moe_intermediate_size, original.moe_intermediate_size);
+    EXPECT_EQ(back.num_experts, original.num_experts);
+    EXPECT_EQ(back.num_experts_per_tok, original.num_experts_per_tok);
+    EXPECT_EQ(back.shared_expert_intermediate_size, original.shared_expert_intermediate_size);
+    EXPECT_EQ(back.max_seq_len, original.max_seq_len);
+    EXPECT_EQ(back.rope_theta, original.rope_theta);
+    EXPECT_EQ(back.rms_norm_eps, original.rms_norm_eps);
+    EXPECT_EQ(back.router_aux_loss_coef, original.router_aux_loss_coef);
+    EXPECT_EQ(back.attention_bias, original.attention_bias);
+    EXPECT_EQ(back.norm_topk_prob, original.norm_topk_prob);
+  }
+}
+
+}  // namespace
+}  // namespace mixtrain

@@ -33,6 +33,7 @@ set(MIXTRAIN_TEST_TABLE
   "tools_child_process_guard_test            2          60"      #          1.2
   "tools_checkpoint_save_failure_test        2          200      slow"    # 19 (on a busy machine)
   "tools_ckpt_command_test                   1          150      slow"    # 13.1
+  "tools_data_prepare_test                   1          90"      #          9.0 (loaded machine; 12 runs of the binary)
   "tools_cli_test                            1          120      slow"    # 11.4 (on a busy machine)
   "tools_distributed_train_test              2          150      slow"    # 12.8
   "tools_optim_replay_command_test           1          120"     #          9.3

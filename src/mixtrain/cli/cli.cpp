@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "mixtrain/cli/ckpt_command.h"
+#include "mixtrain/cli/data_command.h"
 #include "mixtrain/cli/eval_command.h"
 #include "mixtrain/cli/worker_launch.h"
 #include "mixtrain/config/document.h"
@@ -184,6 +185,9 @@ int run_cli(int argc, char** argv) {
       diff->add_option("--atol", atol, "pass when every max abs difference is <= X")
           ->check(CLI::NonNegativeNumber);
 
+  DataPrepareOptions prepare_options;
+  CLI::App* prepare = add_data_command(app, prepare_options);
+
   CLI::App* version = app.add_subcommand(
       "version", "mixtrain's version and commit, LibTorch, CUDA, CPU capability, BLAS");
 
@@ -212,6 +216,7 @@ int run_cli(int argc, char** argv) {
     if (eval->parsed()) return eval_command(eval_options, argc, argv);
     if (replay->parsed())
       return optim_replay_command(config_path, overrides, replay_paths, nproc, argc, argv);
+    if (prepare->parsed()) return data_prepare_command(prepare_options);
     if (inspect->parsed()) return ckpt_inspect_command(ckpt_a);
     if (verify->parsed()) return ckpt_verify_command(ckpt_a);
     if (diff->parsed()) {

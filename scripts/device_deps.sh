@@ -12,7 +12,7 @@
 #   lib/              static libraries where Debian ships them; else the shared library with
 #                     its soname links (Google Benchmark, SLEEF)
 #   lib/cmake/<pkg>/  CMake package configs written here, relative to their own location
-#   lib/pkgconfig/    SLEEF's and xxHash's .pc files, relative to their own location
+#   lib/pkgconfig/    SLEEF's, xxHash's and PCRE2's .pc files, relative to their own location
 #   README.md         what is in it and from which package version
 # Rebuilt from scratch on every run; fails if a package is missing or the folder outgrows
 # MAX_MIB (the device tool carries 64 MiB in all, the source tree included).
@@ -27,7 +27,7 @@ SYSLIB=/usr/lib/$MULTIARCH
 # Packages whose headers travel. libsleef-dev's sleef.h does not: nothing of ours includes it
 # and the torch wheel ships its own, which must not be shadowed.
 HEADER_PACKAGES=(libyaml-cpp-dev libtoml11-dev nlohmann-json3-dev libcli11-dev libxxhash-dev
-                 libgtest-dev libgmock-dev libbenchmark-dev libgloo-dev)
+                 libgtest-dev libgmock-dev libbenchmark-dev libgloo-dev libpcre2-dev)
 ALL_PACKAGES=("${HEADER_PACKAGES[@]}" libsleef-dev)
 
 die() {
@@ -60,7 +60,7 @@ for p in "${HEADER_PACKAGES[@]}"; do
 done
 
 # --- libraries ----------------------------------------------------------------------------------
-for a in libyaml-cpp.a libxxhash.a libgtest.a libgtest_main.a libgmock.a libgmock_main.a \
+for a in libyaml-cpp.a libxxhash.a libpcre2-8.a libgtest.a libgtest_main.a libgmock.a libgmock_main.a \
          libbenchmark_main.a; do
   cp "$SYSLIB/$a" "$DEPS/lib/"
 done
@@ -79,7 +79,7 @@ copy_shared libbenchmark  # Debian ships no libbenchmark.a
 copy_shared libsleef      # nor libsleef.a
 
 # --- pkg-config files, relocated: the prefix is two folders above the .pc file -------------------
-for pc in sleef libxxhash; do
+for pc in sleef libxxhash libpcre2-8; do
   sed -E -e 's|^prefix=.*|prefix=${pcfiledir}/../..|' \
          -e 's|^exec_prefix=.*|exec_prefix=${prefix}|' \
          -e 's|^libdir=.*|libdir=${prefix}/lib|' \
@@ -180,6 +180,7 @@ bytes=$(du -sb "$DEPS" | cut -f1)
       nlohmann-json3-dev) what="headers (header-only), lib/cmake/nlohmann_json" ;;
       libcli11-dev) what="headers (header-only), lib/cmake/CLI11" ;;
       libxxhash-dev) what="headers, libxxhash.a, lib/pkgconfig/libxxhash.pc" ;;
+      libpcre2-dev) what="headers, libpcre2-8.a, lib/pkgconfig/libpcre2-8.pc" ;;
       libgtest-dev) what="headers, libgtest.a, libgtest_main.a, lib/cmake/GTest" ;;
       libgmock-dev) what="headers, libgmock.a, libgmock_main.a (in lib/cmake/GTest)" ;;
       libbenchmark-dev) what="headers, libbenchmark.so.* (no .a shipped), libbenchmark_main.a, lib/cmake/benchmark" ;;

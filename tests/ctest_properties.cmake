@@ -33,6 +33,7 @@ set(MIXTRAIN_TEST_TABLE
   "tools_child_process_guard_test            2          60"      #          1.2
   "tools_checkpoint_save_failure_test        2          200      slow"    # 19 (on a busy machine)
   "tools_ckpt_command_test                   1          150      slow"    # 13.1
+  "tools_data_prepare_test                   1          90"      #          9.0 (loaded machine; 12 runs of the binary)
   "tools_cli_test                            1          120      slow"    # 11.4 (on a busy machine)
   "tools_distributed_train_test              2          150      slow"    # 12.8
   "tools_export_hf_command_test              2          400      slow"    # 122-128 (busy machine; 8 trainings, 16 transformers runs)
@@ -41,6 +42,7 @@ set(MIXTRAIN_TEST_TABLE
   "tools_optimizer_report_test               2          120"     #          9.6 (on a busy machine)
   "tools_swap_optimizer_test                 2          300      slow"    # 25.0
   "tools_train_command_test                  2          150      slow"    # 13.8
+  "tools_readme_walkthrough_test             2          300      slow"    # measured below
   "python_adamw_oracle                       1          300      slow"    # 31 (alone)
   "python_muon_oracle                        1          210      slow"    # 11-21 (alone)
   "python_sgd_oracle                         1          180      slow"    # 17.5 (loaded machine)

@@ -13,8 +13,10 @@ Usage:
                                                 MoE experts per expert, experts.E.*_proj.weight)
       DIR/reference.safetensors                 input_ids int64 [batch, seq] and, in float64:
                                                 logits [batch, seq, vocab], loss (scalar),
-                                                aux_loss (scalar, MoE), and "grad.<name>" for every
-                                                name of model.safetensors (per-expert 2-D grads)
+                                                aux_loss (scalar, MoE; float32)
+      DIR/grads/model.safetensors               float64: the gradient of every tensor of
+                                                DIR/model.safetensors, under its name (so the
+                                                per-expert 2-D grads are in the saved layout too)
     The reference runs in float64 on the float32 weights (exactly representable), eager attention,
     labels = input_ids: loss = HF ForCausalLM's loss (mean cross entropy of logits[:, :-1] against
     ids[:, 1:]) + router_aux_loss_coef * aux_loss (output_router_logits=True; MoE only), as HF
@@ -148,13 +150,16 @@ def run_model(case, out_dir):
     if is_moe:
         result["aux_loss"] = out.aux_loss.detach()
     params = dict(model.named_parameters())
+    grads = {}
     for name, weight in saved.items():
         param, index = in_memory(params, name, k.get("moe_intermediate_size"))
         # The saved tensor is the in-memory slice: checks the layout in_memory assumes.
         if not torch.equal(param.detach()[index], weight.to(torch.float64)):
             sys.exit(f"FAIL: saved {name} is not the in-memory tensor assumed here")
-        result["grad." + name] = param.grad[index].contiguous()
+        grads[name] = param.grad[index].contiguous()
     save_file(result, os.path.join(out_dir, "reference.safetensors"))
+    os.makedirs(os.path.join(out_dir, "grads"))
+    save_file(grads, os.path.join(out_dir, "grads", "model.safetensors"))
 
 
 def run_router(case, out_dir):

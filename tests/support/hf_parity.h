@@ -1,12 +1,11 @@
 // Parity with Hugging Face transformers for the model tests (qwen2_test.cpp: qwen2, llama;
 // qwen2_moe_test.cpp: qwen2_moe, qwen3_moe). tests/python/hf_parity.py builds the family tiny
 // with random weights, save_pretrained()s it and writes float64 logits, loss (with the router
-// aux loss) and every saved tensor's gradient; run_hf_parity loads the saved weights into our
-// float32 model (hf_to_ours: HF's per-expert 2-D tensors stacked into our [E, out, in]), runs
-// forward and backward, and returns both sides for the test to compare.
-// This is a test-support loader of model.safetensors (one file, no index), not the product's
-// model.init_from loader: it checks that every saved name maps to one of our parameters with
-// our shape and that every parameter is covered.
+// aux loss) and every saved tensor's gradient; run_hf_parity builds our model from the saved
+// config.json (config/hf_config.h: read_hf_config), loads the weights, and the gradients into
+// float64 tensors of our shapes, through the product's loader (checkpoint/hf_import.h:
+// import_hf_weights, which stacks HF's per-expert 2-D tensors into our [E, out, in]), runs our
+// float32 forward and backward, and returns both sides for expect_hf_parity to compare.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -21,58 +20,29 @@
 #include <fstream>
 #include <map>
 #include <memory>
-#include <set>
 #include <stdexcept>
 #include <string>
+#include <tuple>
+#include <utility>
+#include <vector>
 
+#include "mixtrain/checkpoint/hf_import.h"
+#include "mixtrain/config/hf_config.h"
+#include "mixtrain/core/param_placement.h"
 #include "mixtrain/core/safetensors.h"
 #include "mixtrain/model/registry.h"
 
 namespace mixtrain::test_support {
 
-// HF's saved tensors (`prefix` stripped from their names) as our parameters: a name we have is
-// taken as it is; our expert tensor P = "...mlp.experts.<proj>" [E, out, in] is the stack of
-// "...mlp.experts.<e>.<proj>.weight", e = 0..E-1. Throws std::runtime_error naming the key for
-// a missing, unused or mis-shaped tensor.
-inline std::map<std::string, torch::Tensor> hf_to_ours(const NamedTensors& saved,
-                                                       const CausalLM& model,
-                                                       const std::string& prefix = "") {
-  std::map<std::string, torch::Tensor> hf;
-  for (const auto& [name, t] : saved) {
-    if (name.rfind(prefix, 0) == 0) hf[name.substr(prefix.size())] = t;
+// Loads DIR's model.safetensors through import_hf_weights into `tensors` (whole tensors, one
+// rank), named as our parameters.
+inline void import_whole(const std::string& dir,
+                         const std::map<std::string, torch::Tensor>& tensors) {
+  std::vector<HfImportTarget> targets;
+  for (const auto& [name, t] : tensors) {
+    targets.push_back({name, t, whole_placement(name, t.sizes().vec())});
   }
-  std::set<std::string> used;
-  std::map<std::string, torch::Tensor> ours;
-  for (const auto& item : model.named_parameters()) {
-    const std::string& name = item.key();
-    torch::Tensor t;
-    if (hf.count(name) != 0) {
-      t = hf.at(name);
-      used.insert(name);
-    } else if (model.is_expert(name)) {
-      const auto dot = name.rfind('.');
-      std::vector<torch::Tensor> slices;
-      for (int64_t e = 0; e < item.value().size(0); ++e) {
-        const std::string key =
-            name.substr(0, dot) + "." + std::to_string(e) + name.substr(dot) + ".weight";
-        if (hf.count(key) == 0) throw std::runtime_error("missing " + prefix + key);
-        slices.push_back(hf.at(key));
-        used.insert(key);
-      }
-      t = torch::stack(slices);
-    } else {
-      throw std::runtime_error("missing " + prefix + name);
-    }
-    if (t.sizes() != item.value().sizes()) {
-      throw std::runtime_error(prefix + name + ": shape " + c10::str(t.sizes()) + ", ours " +
-                               c10::str(item.value().sizes()));
-    }
-    ours[name] = t;
-  }
-  for (const auto& [name, t] : hf) {
-    if (used.count(name) == 0) throw std::runtime_error("unused " + prefix + name);
-  }
-  return ours;
+  import_hf_weights(dir, targets);
 }
 
 struct HfParity {
@@ -84,7 +54,8 @@ struct HfParity {
 };
 
 // Runs tests/python/hf_parity.py for `c` (model.name = the family) with the given seed and
-// shape, loads its weights into build_model(c) and computes our side. Fails the test (gtest
+// shape, builds our model from the config.json it saved (checking that its keys are c's), loads
+// the weights and HF's gradients, and computes our side. Fails the test (gtest
 // assertion in the caller's scope: check HasFatalFailure) when the oracle fails.
 inline HfParity run_hf_parity(const ModelConfig& c, int seed, int batch, int seq) {
   std::string dir = (std::filesystem::temp_directory_path() / "hf_parity.XXXXXX").string();
@@ -115,26 +86,56 @@ inline HfParity run_hf_parity(const ModelConfig& c, int seed, int batch, int seq
     ADD_FAILURE() << "failed: " << command;
     return r;
   }
-  const auto reference = read_safetensors(dir + "/reference.safetensors").tensors;
-  const auto saved = read_safetensors(dir + "/model.safetensors").tensors;
-  std::filesystem::remove_all(dir);
   std::map<std::string, torch::Tensor> ref;
-  for (const auto& [name, t] : reference) ref[name] = t;
-
-  auto model = build_model(c, 1);
-  {
-    torch::NoGradGuard no_grad;
-    const auto weights = hf_to_ours(saved, *model);
-    for (auto& item : model->named_parameters()) item.value().copy_(weights.at(item.key()));
+  for (const auto& [name, t] : read_safetensors(dir + "/reference.safetensors").tensors) {
+    ref[name] = t;
   }
+  // Our model from HF's config.json: its keys must be the ones the oracle was given.
+  const ModelConfig loaded = read_hf_config(dir + "/config.json").model;
+  EXPECT_EQ(loaded.name, c.name);
+  std::vector<std::tuple<const char*, double, double>> keys = {
+      {"vocab_size", c.vocab_size, loaded.vocab_size},
+      {"hidden_size", c.hidden_size, loaded.hidden_size},
+      {"num_layers", c.num_layers, loaded.num_layers},
+      {"num_heads", c.num_heads, loaded.num_heads},
+      {"num_kv_heads", c.num_kv_heads, loaded.num_kv_heads},
+      {"head_dim", c.head_dim, loaded.head_dim},
+      {"rope_theta", c.rope_theta, loaded.rope_theta},
+      {"rms_norm_eps", c.rms_norm_eps, loaded.rms_norm_eps},
+      {"max_seq_len", c.max_seq_len, loaded.max_seq_len},
+      {"attention_bias", c.attention_bias, loaded.attention_bias}};
+  const bool moe = c.name == "qwen2_moe" || c.name == "qwen3_moe";
+  if (moe) {
+    keys.insert(keys.end(),
+                {{"moe_intermediate_size", c.moe_intermediate_size, loaded.moe_intermediate_size},
+                 {"num_experts", c.num_experts, loaded.num_experts},
+                 {"num_experts_per_tok", c.num_experts_per_tok, loaded.num_experts_per_tok},
+                 {"norm_topk_prob", c.norm_topk_prob, loaded.norm_topk_prob},
+                 {"router_aux_loss_coef", c.router_aux_loss_coef, loaded.router_aux_loss_coef}});
+  } else {
+    keys.emplace_back("intermediate_size", c.intermediate_size, loaded.intermediate_size);
+  }
+  if (c.name == "qwen2_moe") {
+    keys.emplace_back("shared_expert_intermediate_size", c.shared_expert_intermediate_size,
+                      loaded.shared_expert_intermediate_size);
+  }
+  for (const auto& [key, ours, theirs] : keys) EXPECT_EQ(ours, theirs) << key;
+  auto model = build_model(loaded, 1);
+  std::map<std::string, torch::Tensor> params, hf_grads;
+  for (auto& item : model->named_parameters()) {
+    params[item.key()] = item.value().detach();
+    hf_grads[item.key()] = torch::zeros_like(item.value(), torch::kFloat64);
+  }
+  import_whole(dir, params);
+  import_whole(dir + "/grads", hf_grads);
+  std::filesystem::remove_all(dir);
   const auto ids = ref.at("input_ids");
   const auto out = model->forward(ids);
   // HF ForCausalLM with labels = input_ids: position t predicts token t + 1.
   const int64_t s = ids.size(1), vocab = out.logits.size(-1);
   const auto ce = torch::nn::functional::cross_entropy(
       out.logits.narrow(1, 0, s - 1).reshape({-1, vocab}), ids.narrow(1, 1, s - 1).reshape({-1}));
-  const bool moe = ref.count("aux_loss") != 0;
-  const auto loss = moe ? ce + c.router_aux_loss_coef * out.aux_loss : ce;
+  const auto loss = moe ? ce + loaded.router_aux_loss_coef * out.aux_loss : ce;
   loss.backward();
 
   r.logits = out.logits.detach().to(torch::kFloat64);
@@ -148,7 +149,7 @@ inline HfParity run_hf_parity(const ModelConfig& c, int seed, int batch, int seq
   for (const auto& item : model->named_parameters()) {
     r.grads[item.key()] = item.value().grad().to(torch::kFloat64);
   }
-  r.hf_grads = hf_to_ours(reference, *model, "grad.");
+  r.hf_grads = std::move(hf_grads);
   return r;
 }
 

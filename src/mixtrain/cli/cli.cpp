@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "mixtrain/cli/ckpt_command.h"
+#include "mixtrain/cli/data_command.h"
 #include "mixtrain/cli/eval_command.h"
 #include "mixtrain/cli/export_hf_command.h"
 #include "mixtrain/cli/worker_launch.h"
@@ -185,6 +186,8 @@ int run_cli(int argc, char** argv) {
       diff->add_option("--atol", atol, "pass when every max abs difference is <= X")
           ->check(CLI::NonNegativeNumber);
 
+  DataPrepareOptions prepare_options;
+  CLI::App* prepare = add_data_command(app, prepare_options);
   std::string export_dtype = "f32", export_shard_size = "5GB";
   CLI::App* export_hf = app.add_subcommand(
       "export-hf",
@@ -223,6 +226,7 @@ int run_cli(int argc, char** argv) {
     if (eval->parsed()) return eval_command(eval_options, argc, argv);
     if (replay->parsed())
       return optim_replay_command(config_path, overrides, replay_paths, nproc, argc, argv);
+    if (prepare->parsed()) return data_prepare_command(prepare_options);
     if (inspect->parsed()) return ckpt_inspect_command(ckpt_a);
     if (export_hf->parsed()) {
       return export_hf_command(ckpt_a, ckpt_b, export_dtype, export_shard_size);

@@ -22,8 +22,14 @@ struct TokenFileDataset::Shard {
   std::string path;
   void* map = MAP_FAILED;
   size_t map_bytes = 0;
-  const uint16_t* tokens = nullptr;
+  const char* tokens = nullptr;  // `count` tokens of `width` bytes
+  int64_t width = 2;
   int64_t count = 0;
+
+  int64_t token(int64_t i) const {
+    if (width == 2) return reinterpret_cast<const uint16_t*>(tokens)[i];
+    return reinterpret_cast<const uint32_t*>(tokens)[i];
+  }
 
   ~Shard() {
     if (map != MAP_FAILED) munmap(map, map_bytes);
@@ -75,13 +81,16 @@ std::unique_ptr<TokenFileDataset::Shard> TokenFileDataset::open_shard(const std:
     throw DataError(path + ": bad magic " + std::to_string(header[0]) + " (expected " +
                     std::to_string(TokenFileDataset::kMagic) + ": not an llm.c token shard)");
   }
-  if (header[1] != TokenFileDataset::kVersion) {
+  if (header[1] != TokenFileDataset::kVersionUint16 &&
+      header[1] != TokenFileDataset::kVersionUint32) {
     throw DataError(path + ": unsupported version " + std::to_string(header[1]) + " (expected " +
-                    std::to_string(TokenFileDataset::kVersion) + ")");
+                    std::to_string(TokenFileDataset::kVersionUint16) + ": uint16 tokens, or " +
+                    std::to_string(TokenFileDataset::kVersionUint32) + ": uint32 tokens)");
   }
+  shard->width = header[1] == TokenFileDataset::kVersionUint16 ? 2 : 4;
   const int64_t count = header[2];
   if (count < 0) throw DataError(path + ": negative token count " + std::to_string(count));
-  const int64_t expected = TokenFileDataset::kHeaderBytes + 2 * count;
+  const int64_t expected = TokenFileDataset::kHeaderBytes + shard->width * count;
   if (size < expected) {
     throw DataError(path + ": truncated: the header declares " + std::to_string(count) +
                     " tokens (" + std::to_string(expected) + " bytes) but the file has " +
@@ -92,11 +101,10 @@ std::unique_ptr<TokenFileDataset::Shard> TokenFileDataset::open_shard(const std:
                     std::to_string(count) + " tokens the header declares");
   }
   shard->count = count;
-  shard->tokens = reinterpret_cast<const uint16_t*>(static_cast<const char*>(shard->map) +
-                                                    TokenFileDataset::kHeaderBytes);
+  shard->tokens = static_cast<const char*>(shard->map) + TokenFileDataset::kHeaderBytes;
   for (int64_t i = 0; i < count; ++i) {
-    if (shard->tokens[i] >= vocab_size) {
-      throw DataError(path + ": token " + std::to_string(shard->tokens[i]) + " at index " +
+    if (shard->token(i) >= vocab_size) {
+      throw DataError(path + ": token " + std::to_string(shard->token(i)) + " at index " +
                       std::to_string(i) + " is >= the vocabulary size " +
                       std::to_string(vocab_size));
     }
@@ -139,8 +147,8 @@ void TokenFileDataset::append_window(int64_t index, int64_t seq_len, std::vector
   // The last shard whose first window is <= in_epoch (empty shards share their successor's).
   const auto it = std::upper_bound(first_window_.begin(), first_window_.end(), in_epoch) - 1;
   const Shard& shard = *shards_[static_cast<size_t>(it - first_window_.begin())];
-  const uint16_t* start = shard.tokens + (in_epoch - *it) * seq_len;
-  out.insert(out.end(), start, start + seq_len + 1);
+  const int64_t start = (in_epoch - *it) * seq_len;
+  for (int64_t i = start; i <= start + seq_len; ++i) out.push_back(shard.token(i));
 }
 
 Batch TokenFileDataset::next_batch(int64_t batch_size, int64_t seq_len) {

@@ -1,11 +1,13 @@
 // data.kind = tokens: llm.c binary token shards.
 //
-// Shard format: a header of 256 little-endian int32 (magic 20240520, version 1, token count,
-// the rest unused), then `count` uint16 little-endian tokens; nothing else. data.path is a
-// file or a glob (matches sorted by name). Every file is validated when the dataset is
-// opened (memory-mapped read-only): bad magic, bad version, size != 1024 + 2 * count
-// (truncated or trailing bytes) and any token >= vocab_size are DataErrors naming the file
-// (and the token index); an empty glob is a DataError naming the pattern.
+// Shard format: a header of 256 little-endian int32 (magic 20240520, version, token count,
+// the rest unused), then `count` little-endian tokens; nothing else. Version 1 (llm.c's):
+// uint16 tokens; version 2 (ours, for vocabularies past 65536): uint32 tokens. `mixtrain data
+// prepare` writes them (data/token_shard_writer.h). data.path is a file or a glob (matches
+// sorted by name); files of both versions may be mixed. Every file is validated when the
+// dataset is opened (memory-mapped read-only): bad magic, bad version, size != 1024 + width *
+// count (truncated or trailing bytes) and any token >= vocab_size are DataErrors naming the
+// file (and the token index); an empty glob is a DataError naming the pattern.
 //
 // Windows (dataset.h) never straddle two files: a file of n tokens holds (n - 1) / seq_len
 // windows, the tail after the last one is skipped, and after the last file the stream wraps
@@ -24,7 +26,8 @@ namespace mixtrain {
 class TokenFileDataset : public TokenDataset {
  public:
   static constexpr int32_t kMagic = 20240520;
-  static constexpr int32_t kVersion = 1;
+  static constexpr int32_t kVersionUint16 = 1;
+  static constexpr int32_t kVersionUint32 = 2;
   static constexpr int64_t kHeaderBytes = 256 * 4;
 
   TokenFileDataset(const std::string& path, int64_t vocab_size, int64_t dp_rank, int64_t dp_size);

@@ -1,5 +1,5 @@
-// llm.c token shards: good files are read window by window exactly as written; every kind of
-// malformed file is a DataError that names the file.
+// llm.c token shards (version 1: uint16, version 2: uint32 tokens): good files are read window
+// by window exactly as written; every kind of malformed file is a DataError that names the file.
 #include "mixtrain/data/token_file_dataset.h"
 
 #include <ATen/ATen.h>
@@ -23,10 +23,10 @@ namespace fs = std::filesystem;
 struct ShardSpec {
   int32_t magic = 20240520;
   int32_t version = 1;
-  int64_t declared_count = -1;  // -1: tokens.size()
-  std::vector<uint16_t> tokens;
-  int64_t drop_bytes = 0;   // cut from the end (truncated file)
-  int64_t extra_bytes = 0;  // appended after the tokens
+  int64_t declared_count = -1;   // -1: tokens.size()
+  std::vector<uint32_t> tokens;  // written as uint16 for version 1, uint32 otherwise
+  int64_t drop_bytes = 0;        // cut from the end (truncated file)
+  int64_t extra_bytes = 0;       // appended after the tokens
 };
 
 // Writes the header and tokens byte by byte in little-endian order.
@@ -41,9 +41,9 @@ void write_shard(const std::string& path, const ShardSpec& spec) {
   put32(8,
         static_cast<int32_t>(spec.declared_count >= 0 ? spec.declared_count
                                                       : static_cast<int64_t>(spec.tokens.size())));
-  for (uint16_t t : spec.tokens) {
-    bytes.push_back(static_cast<unsigned char>(t & 0xff));
-    bytes.push_back(static_cast<unsigned char>(t >> 8));
+  const int width = spec.version == 1 ? 2 : 4;
+  for (uint32_t t : spec.tokens) {
+    for (int k = 0; k < width; ++k) bytes.push_back(static_cast<unsigned char>(t >> (8 * k)));
   }
   bytes.resize(bytes.size() - static_cast<size_t>(spec.drop_bytes));
   bytes.insert(bytes.end(), static_cast<size_t>(spec.extra_bytes), 0);
@@ -52,15 +52,16 @@ void write_shard(const std::string& path, const ShardSpec& spec) {
             static_cast<std::streamsize>(bytes.size()));
 }
 
-ShardSpec shard_of(std::vector<uint16_t> tokens) {
+ShardSpec shard_of(std::vector<uint32_t> tokens, int32_t version = 1) {
   ShardSpec s;
   s.tokens = std::move(tokens);
+  s.version = version;
   return s;
 }
 
-std::vector<uint16_t> ramp(int64_t n, int64_t start, int64_t modulo) {
-  std::vector<uint16_t> t;
-  for (int64_t i = 0; i < n; ++i) t.push_back(static_cast<uint16_t>((start + i) % modulo));
+std::vector<uint32_t> ramp(int64_t n, int64_t start, int64_t modulo) {
+  std::vector<uint32_t> t;
+  for (int64_t i = 0; i < n; ++i) t.push_back(static_cast<uint32_t>((start + i) % modulo));
   return t;
 }
 
@@ -92,7 +93,7 @@ class TokenFileDatasetTest : public ::testing::Test {
 
 // Row r of the batch must be tokens[start + r * seq_len, ... + seq_len] (inputs: first
 // seq_len of them, labels: last seq_len).
-void expect_rows(const Batch& batch, const std::vector<uint16_t>& tokens,
+void expect_rows(const Batch& batch, const std::vector<uint32_t>& tokens,
                  const std::vector<int64_t>& starts, int64_t seq_len) {
   ASSERT_EQ(batch.input_ids.size(0), static_cast<int64_t>(starts.size()));
   for (size_t r = 0; r < starts.size(); ++r) {
@@ -193,11 +194,34 @@ TEST_F(TokenFileDatasetTest, BadMagicNamesTheFile) {
 
 TEST_F(TokenFileDatasetTest, BadVersionNamesTheFile) {
   ShardSpec bad = shard_of(ramp(10, 0, 512));
-  bad.version = 2;
+  bad.version = 3;
   write_shard(path("version.bin"), bad);
   const std::string message = error_for(path("version.bin"));
   EXPECT_NE(message.find(path("version.bin")), std::string::npos) << message;
-  EXPECT_NE(message.find("version 2"), std::string::npos) << message;
+  EXPECT_NE(message.find("version 3"), std::string::npos) << message;
+}
+
+// Version 2: uint32 tokens past uint16's range, read exactly; mixed with version 1 in a glob.
+TEST_F(TokenFileDatasetTest, Version2TokensPastUint16AreReadExactly) {
+  const auto wide = ramp(50, 65530, 200000);  // 65530 .. 65579: both sides of 65536
+  write_shard(path("m_00.bin"), shard_of(wide, 2));
+  const auto narrow = ramp(30, 7, 512);
+  write_shard(path("m_01.bin"), shard_of(narrow, 1));
+  TokenFileDataset data(path("m_*.bin"), 70000, 0, 1);
+  EXPECT_EQ(data.total_tokens(), 80);
+  // seq_len 7: (50 - 1) / 7 = 7 windows in the first file, (30 - 1) / 7 = 4 in the second.
+  expect_rows(data.next_batch(7, 7), wide, {0, 7, 14, 21, 28, 35, 42}, 7);
+  expect_rows(data.next_batch(4, 7), narrow, {0, 7, 14, 21}, 7);
+  // A version-2 token >= vocab_size, and a version-2 file cut mid-token.
+  std::string message = error_for(path("m_00.bin"), 65560);
+  EXPECT_NE(message.find("token 65560 at index 30"), std::string::npos) << message;
+  ShardSpec cut = shard_of(wide, 2);
+  cut.drop_bytes = 2;
+  write_shard(path("cut.bin"), cut);
+  message = error_for(path("cut.bin"), 70000);
+  EXPECT_NE(message.find("declares 50 tokens (1224 bytes) but the file has 1222"),
+            std::string::npos)
+      << message;
 }
 
 TEST_F(TokenFileDatasetTest, OutOfVocabTokenNamesFileAndIndex) {

@@ -27,7 +27,7 @@ set(MIXTRAIN_TEST_TABLE
   "scenarios_rfc_case_2_2_test               2          60"      #          4.6
   "scenarios_rfc_case_2_1_scale_test        8          600      slow"    # 85 (on a busy machine; 8 ranks)
   "scenarios_rfc_case_2_4_test              2          600      slow"    # 72 (on a busy machine)
-  "unit_checkpoint_hf_import_test            1          150      slow"    # 36.6 (9 transformers runs)
+  "unit_checkpoint_hf_import_test            1          150      slow"    # 42 (busy machine; 10 transformers runs)
   "unit_config_hf_config_test                1          60"      #          4.5
   "tools_checkpoint_resume_test              2          150      slow"    # 14.8
   "tools_child_process_guard_test            2          60"      #          1.2
@@ -36,6 +36,7 @@ set(MIXTRAIN_TEST_TABLE
   "tools_data_prepare_test                   1          90"      #          9.0 (loaded machine; 12 runs of the binary)
   "tools_cli_test                            1          120      slow"    # 11.4 (on a busy machine)
   "tools_distributed_train_test              2          150      slow"    # 12.8
+  "tools_export_hf_command_test              2          400      slow"    # 122-128 (busy machine; 8 trainings, 16 transformers runs)
   "tools_optim_replay_command_test           1          120"     #          9.3
   "tools_optim_replay_distributed_test       4          120      slow"    # 10.6
   "tools_optimizer_report_test               2          120"     #          9.6 (on a busy machine)

@@ -22,8 +22,8 @@ TEST(Cli, TypoedCommandNamesTheNearestCommand) {
   EXPECT_EQ(r.exit_code, 2) << r.output;
   EXPECT_TRUE(contains(r.output, "mixtrain: unknown command 'trian' (did you mean 'train'?)"))
       << r.output;
-  EXPECT_TRUE(
-      contains(r.output, "commands: train, optim-replay, eval, config, ckpt, data, version"))
+  EXPECT_TRUE(contains(
+      r.output, "commands: train, optim-replay, eval, config, ckpt, data, export-hf, version"))
       << r.output;
   EXPECT_FALSE(contains(r.output, "A subcommand is required")) << r.output;
 }

@@ -16,6 +16,7 @@
 #include "mixtrain/cli/ckpt_command.h"
 #include "mixtrain/cli/data_command.h"
 #include "mixtrain/cli/eval_command.h"
+#include "mixtrain/cli/export_hf_command.h"
 #include "mixtrain/cli/worker_launch.h"
 #include "mixtrain/config/document.h"
 #include "mixtrain/config/load.h"
@@ -187,6 +188,15 @@ int run_cli(int argc, char** argv) {
 
   DataPrepareOptions prepare_options;
   CLI::App* prepare = add_data_command(app, prepare_options);
+  std::string export_dtype = "f32", export_shard_size = "5GB";
+  CLI::App* export_hf = app.add_subcommand(
+      "export-hf",
+      "write a checkpoint as a Hugging Face model directory (config.json, safetensors)");
+  export_hf->add_option("checkpoint", ckpt_a, ckpt_help)->required();
+  export_hf->add_option("out", ckpt_b, "new (or empty) output directory")->required();
+  export_hf->add_option("--dtype", export_dtype, "bf16 or f32 (default f32)");
+  export_hf->add_option("--max-shard-size", export_shard_size,
+                        "largest safetensors file: bytes, or 5GB, 500MB, 2GiB (default 5GB)");
 
   CLI::App* version = app.add_subcommand(
       "version", "mixtrain's version and commit, LibTorch, CUDA, CPU capability, BLAS");
@@ -218,6 +228,9 @@ int run_cli(int argc, char** argv) {
       return optim_replay_command(config_path, overrides, replay_paths, nproc, argc, argv);
     if (prepare->parsed()) return data_prepare_command(prepare_options);
     if (inspect->parsed()) return ckpt_inspect_command(ckpt_a);
+    if (export_hf->parsed()) {
+      return export_hf_command(ckpt_a, ckpt_b, export_dtype, export_shard_size);
+    }
     if (verify->parsed()) return ckpt_verify_command(ckpt_a);
     if (diff->parsed()) {
       return ckpt_diff_command(

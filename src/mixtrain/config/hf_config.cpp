@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "mixtrain/config/model_sections.h"
+#include "mixtrain/config/schema.h"
 #include "mixtrain/core/error.h"
 #include "mixtrain/core/printable.h"
 
@@ -288,21 +289,14 @@ void apply_hf_config(TrainerConfig& config, Provenance& provenance) {
     const ValueSource source = provenance.source(key);
     return source == ValueSource::kFile || source == ValueSource::kOverride;
   };
-  for (const HfField& field : hf.fields) {
-    if (field.architecture && set_by_user(field.key)) {
-      throw ConfigError(provenance.origin_of(field.key) + ": " + provenance.user_key(field.key) +
-                        ": is set, but model.hf_config (" + path +
-                        ") defines the architecture; remove the key (config.json's " +
-                        field.hf_field + " gives it)");
-    }
-  }
   ModelConfig merged = hf.model;
   merged.hf_config = model.hf_config;
   merged.init_from = model.init_from;
   bool aux_from_file = false;
   for (const HfField& field : hf.fields) {
     aux_from_file |= field.key == "model.router_aux_loss_coef";
-    if (!field.architecture && set_by_user(field.key)) continue;  // the user's value wins
+    // The user's value: a training key's wins; an architecture key's is checked below.
+    if (set_by_user(field.key)) continue;
     // A key this model does not read (another family's) is left unmarked.
     if (!model_reads_key(merged.name, field.key)) continue;
     provenance.sources[field.key] = ValueSource::kDerived;
@@ -311,6 +305,23 @@ void apply_hf_config(TrainerConfig& config, Provenance& provenance) {
   if (set_by_user("model.max_seq_len")) merged.max_seq_len = model.max_seq_len;
   if (!aux_from_file || set_by_user("model.router_aux_loss_coef")) {
     merged.router_aux_loss_coef = model.router_aux_loss_coef;
+  }
+  // An architecture key the user set as well must say what config.json says (a full config
+  // may keep its model section); a different value is refused.
+  TrainerConfig from_file = config;
+  from_file.model = merged;
+  for (const HfField& field : hf.fields) {
+    const LeafSpec* leaf = find_canonical_leaf(field.key);
+    if (!field.architecture || !set_by_user(field.key) || leaf == nullptr) continue;
+    const std::string given = leaf->format(config), file_value = leaf->format(from_file);
+    if (given != file_value) {
+      throw ConfigError(provenance.origin_of(field.key) + ": " + provenance.user_key(field.key) +
+                        ": is " + given + ", but model.hf_config (" + path + ") says " +
+                        file_value + " (" + field.hf_field +
+                        "); remove the key (config.json defines the architecture) or make it "
+                        "agree");
+    }
+    provenance.notes[field.key] = "agrees with " + path + ": " + field.hf_field;
   }
   model = merged;
 }

@@ -14,8 +14,9 @@
 // apply_hf_config runs in load_config between the front end and validation: with model.hf_config
 // set (or implied: model.init_from DIR sets it to DIR/config.json) it writes the keys of
 // hf_config_fields into the TrainerConfig and records them as derived from the file. An
-// architecture key also set by the user is refused; max_seq_len and router_aux_loss_coef are
-// training choices, so a value the user set wins over the file's.
+// architecture key also set by the user must have the file's value (a different one is refused,
+// naming both); max_seq_len and router_aux_loss_coef are training choices, so a value the user
+// set wins over the file's.
 //
 // hf_config_json is the reverse, for export: a config.json transformers loads as the same
 // model (model_type, architectures, every field read_hf_config reads, with the supported
@@ -36,7 +37,7 @@ namespace mixtrain {
 struct HfField {
   std::string key;       // canonical key, "model.num_layers"
   std::string hf_field;  // where it came from, "num_hidden_layers" (or "default: ..." )
-  bool architecture;     // true: the user may not set it too
+  bool architecture;     // true: a value the user sets too must agree
 };
 
 struct HfModelConfig {

@@ -114,12 +114,15 @@ NamedParameters named_parameters_of(const CausalLM& model) {
 // parameter with an fp32 main param is read into the main param (the file's values, exact when
 // the file is float32) and the model param is its rounding (to nearest even, as the copy-back
 // after each step); any other parameter is read into itself.
+// Without an optimizer (eval) every parameter is read into itself.
 void import_init_from(CausalLM& model, const FullyShardedModel* sharded,
-                      const TrainingOptimizer& optimizer, const std::string& dir, bool is_rank0) {
+                      const TrainingOptimizer* optimizer, const std::string& dir, bool is_rank0) {
   std::map<std::string, at::Tensor> mains;
-  for (const auto& [key, tensor] : optimizer.state_dict()) {
-    if (starts_with(key, kMainParamPrefix)) {
-      mains[key.substr(std::string(kMainParamPrefix).size())] = tensor;
+  if (optimizer != nullptr) {
+    for (const auto& [key, tensor] : optimizer->state_dict()) {
+      if (starts_with(key, kMainParamPrefix)) {
+        mains[key.substr(std::string(kMainParamPrefix).size())] = tensor;
+      }
     }
   }
   std::vector<HfImportTarget> targets;
@@ -225,7 +228,8 @@ DeviceMesh join_mesh(const TrainerConfig& config, c10::Device device) {
   return make_device_mesh(rank, config.parallel, config.distributed.timeout_s, device);
 }
 
-BuiltModel build_training_model(const TrainerConfig& config, const DeviceMesh& mesh) {
+BuiltModel build_training_model(const TrainerConfig& config, const DeviceMesh& mesh,
+                                bool load_init_from) {
   const c10::ScalarType model_dtype = model_dtype_of(config);
   // Built and initialised on the CPU (the same weights on every device), then moved to the
   // rank's device before sharding: everything after this lives there.
@@ -244,6 +248,10 @@ BuiltModel build_training_model(const TrainerConfig& config, const DeviceMesh& m
     fsdp.fp32_main_params = config.optimizer.fp32_main_params;
     fsdp.reshard_after_forward = config.fsdp.reshard_after_forward;
     built.sharded = shard_model(*built.model, mesh, fsdp);
+  }
+  if (load_init_from && !config.model.init_from.empty()) {
+    import_init_from(*built.model, built.sharded.get(), nullptr, config.model.init_from,
+                     mesh.rank == 0);
   }
   return built;
 }
@@ -265,7 +273,7 @@ Trainer::Trainer(const ResolvedConfig& resolved, const DeviceMesh& mesh, const s
 
   // fp32-main-params §6.1 build order: model, then model_init_dtype, then sharding, then the
   // optimizer.
-  BuiltModel built = build_training_model(config, mesh_);
+  BuiltModel built = build_training_model(config, mesh_, /*load_init_from=*/false);
   model_ = std::move(built.model);
   sharded_ = std::move(built.sharded);
   optimizer_ = build_optimizer(named_parameters_of(*model_), config);
@@ -274,7 +282,7 @@ Trainer::Trainer(const ResolvedConfig& resolved, const DeviceMesh& mesh, const s
     optimizer_->chained().set_placements(sharded_->placements());
   }
   if (!config.model.init_from.empty()) {
-    import_init_from(*model_, sharded_.get(), *optimizer_, config.model.init_from, is_rank0);
+    import_init_from(*model_, sharded_.get(), optimizer_.get(), config.model.init_from, is_rank0);
   }
   if (config.optimizer.swap_optimizer) {
     // The tier follows the rank's device, where the parameters and their state are.

@@ -44,12 +44,15 @@ class CheckpointSaver;
 // from config.model and train.seed, model_init_dtype applied, moved to mesh.device, then sharded
 // (FSDP / HSDP / DDP, expert parallelism with parallel.ep > 1) when the mesh has several ranks or
 // the compute dtype (mix_precision.param_dtype) differs from the stored one; sharded is null
-// otherwise. `mixtrain eval` builds its model with it too.
+// otherwise. With load_init_from and model.init_from set, the Hugging Face weights are then read
+// into each rank's pieces (the Trainer passes false and loads them after building the optimizer,
+// into the fp32 main params where there are). `mixtrain eval` builds its model with it too.
 struct BuiltModel {
   std::shared_ptr<CausalLM> model;
   std::shared_ptr<FullyShardedModel> sharded;
 };
-BuiltModel build_training_model(const TrainerConfig& config, const DeviceMesh& mesh);
+BuiltModel build_training_model(const TrainerConfig& config, const DeviceMesh& mesh,
+                                bool load_init_from = true);
 
 struct StepResult {
   int64_t step = 0;        // the step just computed (1-based)

@@ -92,12 +92,14 @@ uint64_t bytes_of(const NamedTensors& tensors) {
 
 TEST(HfImport, PerExpertLayoutOfSavePretrainedLoadsBitForBit) {
   TempDir tmp;
-  const NamedTensors reference = save_hf(tmp, "m", "qwen2_moe");
-  Pieces pieces = pieces_of(reference, at::kFloat);
-  const HfImportStats stats = import_hf_weights(tmp.path() + "/m", pieces.targets);
-  expect_equal_bits(pieces, reference, at::kFloat);
-  EXPECT_EQ(stats.files, 1);
-  EXPECT_EQ(stats.data_bytes_read, bytes_of(reference));  // every byte once
+  for (const std::string family : {"qwen2_moe", "qwen3_moe"}) {
+    const NamedTensors reference = save_hf(tmp, family, family);
+    Pieces pieces = pieces_of(reference, at::kFloat);
+    const HfImportStats stats = import_hf_weights(tmp.path() + "/" + family, pieces.targets);
+    expect_equal_bits(pieces, reference, at::kFloat);
+    EXPECT_EQ(stats.files, 1);
+    EXPECT_EQ(stats.data_bytes_read, bytes_of(reference));  // every byte once
+  }
 }
 
 TEST(HfImport, ShardsWithAnIndexAndEveryDtypeConversion) {
@@ -112,7 +114,7 @@ TEST(HfImport, ShardsWithAnIndexAndEveryDtypeConversion) {
     EXPECT_GT(stats.files, 2);
     expect_equal_bits(pieces, reference, dtype);  // bf16 -> f32 exact; -> f16 as torch rounds
   }
-  const NamedTensors f16 = save_hf(tmp, "h", "qwen2", "--dtype float16");
+  const NamedTensors f16 = save_hf(tmp, "h", "llama", "--dtype float16");
   Pieces pieces = pieces_of(f16, at::kBFloat16);
   import_hf_weights(tmp.path() + "/h", pieces.targets);
   expect_equal_bits(pieces, f16, at::kBFloat16);

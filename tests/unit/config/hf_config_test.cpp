@@ -184,16 +184,26 @@ TEST(HfConfig, LoadConfigTakesTheArchitectureFromConfigJson) {
   EXPECT_EQ(layers->origin, hf + ": num_hidden_layers");
   EXPECT_EQ(resolved.leaf("model.max_seq_len")->source, ValueSource::kFile);
 
-  // An architecture key set as well is refused, naming the key and the file that defines it.
+  // An architecture key set as well must agree; a different value is refused, naming the key,
+  // both values and the file that defines it.
+  const std::string same = dir.write(
+      "same.yaml", "model:\n  hf_config: " + hf + "\n  hidden_size: 24\n  name: qwen2_moe\n");
+  const ResolvedConfig agreed = load_config(same, {});
+  EXPECT_EQ(agreed.leaf("model.hidden_size")->source, ValueSource::kFile);
+  EXPECT_EQ(agreed.leaf("model.hidden_size")->origin, "agrees with " + hf + ": hidden_size");
   const std::string both =
       dir.write("both.yaml", "model:\n  hf_config: " + hf + "\n  hidden_size: 32\n");
   const std::string message = config_error_of([&] { load_config(both, {}); });
-  EXPECT_EQ(message.find(both + ": model.hidden_size: is set, but model.hf_config (" + hf +
-                         ") defines the architecture"),
-            0u)
-      << message;
+  EXPECT_EQ(message, both + ": model.hidden_size: is 32, but model.hf_config (" + hf +
+                         ") says 24 (hidden_size); remove the key (config.json defines the "
+                         "architecture) or make it agree");
   const std::string by_set = config_error_of([&] { load_config(yaml, {"model.num_layers=3"}); });
-  EXPECT_EQ(by_set.find("--set: model.num_layers: is set"), 0u) << by_set;
+  EXPECT_EQ(by_set.find("--set: model.num_layers: is 3, but model.hf_config"), 0u) << by_set;
+  const std::string name = config_error_of([&] { load_config(yaml, {"model.name=qwen2"}); });
+  EXPECT_EQ(name.find("--set: model.name: is qwen2, but model.hf_config (" + hf +
+                      ") says qwen2_moe (model_type)"),
+            0u)
+      << name;
 }
 
 TEST(HfConfig, InitFromImpliesItsConfigJson) {

@@ -24,14 +24,26 @@ TEST(SchemaTest, KeysAreUniqueAndCoverEveryField) {
   // swap_optimizer, swap_merge_buckets, swap_dir, swap_bucket_mb (7); adamw (4); muon (14); sgd
   // (5); mix_precision (4); fsdp (1).
   EXPECT_EQ(keys.size(), 3u + 20 + 7 + 8 + 3 + 3 + 1 + 7 + 7 + 4 + 14 + 5 + 4 + 1);
-  for (const char* key :
-       {"model_init_dtype", "optimizer._target_", "optimizer.fp32_main_params",
-        "optimizer.muon_config.muon_ns_coefficients", "optimizer.adamw_config.adamw_betas",
-        "fsdp_config.mix_precision.reduce_dtype", "train.lr_scheduler.min_lr_ratio",
-        "checkpoint.restore_optimizer", "optimizer.swap_merge_buckets", "distributed.timeout_s",
-        "optimizer.muon_config.muon_communication_dtype", "fsdp_config.reshard_after_forward",
-        "optimizer.swap_dir", "optimizer.swap_bucket_mb", "train.profile", "train.eval_every",
-        "data.eval_path", "data.eval_batches"}) {
+  for (const char* key : {"model_init_dtype",
+                          "optimizer._target_",
+                          "optimizer.fp32_main_params",
+                          "optimizer.muon_config.muon_ns_coefficients",
+                          "optimizer.adamw_config.adamw_betas",
+                          "fsdp_config.mix_precision.reduce_dtype",
+                          "train.lr_scheduler.min_lr_ratio",
+                          "checkpoint.restore_optimizer",
+                          "optimizer.swap_merge_buckets",
+                          "distributed.timeout_s",
+                          "optimizer.muon_config.muon_communication_dtype",
+                          "fsdp_config.reshard_after_forward",
+                          "optimizer.swap_dir",
+                          "optimizer.swap_bucket_mb",
+                          "train.profile",
+                          "train.eval_every",
+                          "data.eval_path",
+                          "data.eval_batches",
+                          "model.hf_config",
+                          "model.init_from"}) {
     EXPECT_NE(find_canonical_leaf(key), nullptr) << key;
   }
   EXPECT_EQ(find_canonical_leaf("optimizer.muon_config"), nullptr);

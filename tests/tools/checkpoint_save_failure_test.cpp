@@ -37,13 +37,6 @@ namespace {
 
 namespace fs = std::filesystem;
 
-std::string read_text(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream text;
-  text << in.rdbuf();
-  return text.str();
-}
-
 bool contains(const std::string& text, const std::string& fragment) {
   return text.find(fragment) != std::string::npos;
 }

@@ -2,10 +2,12 @@
 // exit code, and make throw-away directories.
 #pragma once
 
+#include <cstdint>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -53,6 +55,25 @@ inline nlohmann::json without_timing(nlohmann::json row) {
 
 inline std::string source_path(const std::string& relative) {
   return std::string(MIXTRAIN_SOURCE_DIR) + "/" + relative;
+}
+
+// A whole file as a string ("" when it cannot be read).
+inline std::string read_text(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+// A valid llm.c shard (256 int32 header: magic 20240520, version 1, count; uint16 tokens).
+inline void write_token_shard(const std::string& path, const std::vector<uint16_t>& tokens) {
+  std::vector<int32_t> header(256, 0);
+  header[0] = 20240520;
+  header[1] = 1;
+  header[2] = static_cast<int32_t>(tokens.size());
+  std::ofstream out(path, std::ios::binary);
+  out.write(reinterpret_cast<const char*>(header.data()), header.size() * sizeof(int32_t));
+  out.write(reinterpret_cast<const char*>(tokens.data()), tokens.size() * sizeof(uint16_t));
 }
 
 class TempDir {

@@ -17,16 +17,6 @@
 namespace mixtrain::testing {
 namespace {
 
-void write_token_shard(const std::string& path, const std::vector<uint16_t>& tokens) {
-  std::vector<int32_t> header(256, 0);
-  header[0] = 20240520;
-  header[1] = 1;
-  header[2] = static_cast<int32_t>(tokens.size());
-  std::ofstream out(path, std::ios::binary);
-  out.write(reinterpret_cast<const char*>(header.data()), header.size() * sizeof(int32_t));
-  out.write(reinterpret_cast<const char*>(tokens.data()), tokens.size() * sizeof(uint16_t));
-}
-
 // A learnable stream (token i+1 follows from token i) over the config's vocabulary of 512.
 std::vector<uint16_t> stream(size_t count, size_t offset) {
   std::vector<uint16_t> tokens(count);

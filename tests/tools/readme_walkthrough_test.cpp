@@ -22,13 +22,6 @@ namespace {
 
 namespace fs = std::filesystem;
 
-std::string read_text(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream text;
-  text << in.rdbuf();
-  return text.str();
-}
-
 // The first ```sh block after the marker line.
 std::string walkthrough_block(const std::string& readme) {
   const auto marker = readme.find("<!-- walkthrough:");

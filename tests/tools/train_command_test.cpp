@@ -251,17 +251,6 @@ TEST(TrainCommand, ProfileSplitsTheStepInTheLogAndTheMetrics) {
   }
 }
 
-// A valid llm.c shard (256 int32 header: magic 20240520, version 1, count; uint16 tokens).
-void write_token_shard(const std::string& path, const std::vector<uint16_t>& tokens) {
-  std::vector<int32_t> header(256, 0);
-  header[0] = 20240520;
-  header[1] = 1;
-  header[2] = static_cast<int32_t>(tokens.size());
-  std::ofstream out(path, std::ios::binary);
-  out.write(reinterpret_cast<const char*>(header.data()), header.size() * sizeof(int32_t));
-  out.write(reinterpret_cast<const char*>(tokens.data()), tokens.size() * sizeof(uint16_t));
-}
-
 TEST(TrainCommand, TrainsOnATokenShard) {
   TempDir run;
   std::vector<uint16_t> tokens(5000);

@@ -5,8 +5,7 @@ every model is built from a config with random weights.
 Usage:
   hf_models.py config DIR
       DIR/FAMILY/config.json as transformers writes it for each tiny FAMILY (qwen2_moe, qwen3_moe,
-      qwen2, llama), and DIR/llama3/config.json: the tiny llama with Llama 3.1's rope scaling
-      (LLAMA3_ROPE).
+      qwen2, llama, llama3: llama with llama3 rope scaling).
   hf_models.py save FAMILY DIR REFERENCE [--dtype float32|bfloat16|float16] [--max-shard-size N]
                     [--layout per-expert|fused] [--seed S] [--max-position P]
       save_pretrained of a random tiny FAMILY model into DIR (per-expert experts, as transformers
@@ -53,13 +52,17 @@ FAMILIES = {
               dict(intermediate_size=20, use_sliding_window=False)),
     "llama": ("LlamaConfig", "LlamaForCausalLM",
               dict(intermediate_size=20, attention_bias=False, mlp_bias=False)),
+    # Llama 3.1's rope scaling (factor 8, low_freq_factor 1, high_freq_factor 4) with the original
+    # context shrunk to 100, so head_dim 8's wavelengths 2 pi theta^(2i/8) = 6.3 (theta 10000),
+    # 63, 628, 6283 fall in all three bands (kept < 25, smoothed, divided > 100) and the scaling
+    # moves the logits of a short sequence.
+    "llama3": ("LlamaConfig", "LlamaForCausalLM",
+               dict(intermediate_size=20, attention_bias=False, mlp_bias=False,
+                    rope_parameters={"rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0,
+                                     "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                     "original_max_position_embeddings": 100},
+                    max_position_embeddings=128)),
 }
-
-# Llama 3.1's rotary scaling and context as its config.json gives them (meta-llama/Llama-3.1-8B).
-LLAMA3_ROPE = dict(rope_parameters={"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0,
-                                    "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                                    "original_max_position_embeddings": 8192},
-                   max_position_embeddings=131072)
 
 
 def make_config(family, max_position=None):
@@ -150,9 +153,6 @@ def main():
     if args.command == "config":
         for family in FAMILIES:
             make_config(family).save_pretrained(os.path.join(args.dir, family))
-        config_class, _, extra = FAMILIES["llama"]
-        getattr(transformers, config_class)(**dict(COMMON, **extra, **LLAMA3_ROPE)).save_pretrained(
-            os.path.join(args.dir, "llama3"))
     elif args.command == "save":
         save(args)
     else:

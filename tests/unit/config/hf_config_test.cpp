@@ -121,12 +121,23 @@ void expect_llama31_rope(const ModelConfig& m) {
   EXPECT_EQ(m.max_seq_len, 131072);
 }
 
-// Llama 3.1's rope scaling as transformers 5 writes it (rope_parameters), as 4.x did
-// (top-level rope_theta, rope_scaling with "type" or "rope_type"), and transformers' fallbacks
-// for original_max_position_embeddings (top level first, else max_position_embeddings).
+// Llama 3.1's rope scaling as its config.json gives it (transformers 5's rope_parameters), as
+// 4.x wrote it (top-level rope_theta, rope_scaling with "type" or "rope_type"), and
+// transformers' fallbacks for original_max_position_embeddings (top level first, else
+// max_position_embeddings).
 TEST(HfConfig, ReadsLlama3RopeScaling) {
   TempDir dir;
-  const json llama3 = transformers_config(dir, "llama3");
+  const ModelConfig tiny =
+      read_hf_config(write_json(dir, "tiny.json", transformers_config(dir, "llama3"))).model;
+  EXPECT_EQ(tiny.rope_scaling, "llama3");  // hf_models.py's llama3: shrunk original context
+  EXPECT_EQ(tiny.rope_original_max_seq_len, 100);
+  EXPECT_EQ(tiny.rope_scaling_factor, 8.0);
+  json llama3 = transformers_config(dir, "llama");
+  llama3["rope_parameters"] = {
+      {"rope_type", "llama3"},   {"rope_theta", 500000.0},
+      {"factor", 8.0},           {"low_freq_factor", 1.0},
+      {"high_freq_factor", 4.0}, {"original_max_position_embeddings", 8192}};
+  llama3["max_position_embeddings"] = 131072;
   const HfModelConfig read = read_hf_config(write_json(dir, "a.json", llama3));
   expect_llama31_rope(read.model);
   const auto origin = [&](const HfModelConfig& hf, const std::string& key) {
@@ -295,7 +306,7 @@ TEST(HfConfig, LoadConfigTakesLlama3RopeFromConfigJson) {
       "run.yaml", "model:\n  hf_config: " + hf + "\n  max_seq_len: 32\ndata:\n  seq_len: 16\n");
   const ResolvedConfig resolved = load_config(yaml, {});
   EXPECT_EQ(resolved.config.model.rope_scaling, "llama3");
-  EXPECT_EQ(resolved.config.model.rope_original_max_seq_len, 8192);
+  EXPECT_EQ(resolved.config.model.rope_original_max_seq_len, 100);  // not max_seq_len
   EXPECT_EQ(resolved.config.model.max_seq_len, 32);
   const ResolvedLeaf* factor = resolved.leaf("model.rope_scaling_factor");
   ASSERT_NE(factor, nullptr);

@@ -50,6 +50,11 @@ DEFAULTS = {
     "model.shared_expert_intermediate_size": 128,
     "model.max_seq_len": 256,
     "model.rope_theta": 10000.0,
+    "model.rope_scaling": "none",
+    "model.rope_scaling_factor": 8.0,
+    "model.rope_low_freq_factor": 1.0,
+    "model.rope_high_freq_factor": 4.0,
+    "model.rope_original_max_seq_len": 8192,
     "model.rms_norm_eps": 1e-6,
     "model.router_aux_loss_coef": 0.001,
     "data.seq_len": 64,
@@ -187,4 +192,6 @@ def load_config(path):
         raise ConfigError(f"{path}: train.device must be cpu or cuda")
     if config["model.name"] != "qwen2_moe":
         raise ConfigError(f"{path}: model.name: only qwen2_moe")
+    if config["model.rope_scaling"] != "none":
+        raise ConfigError(f"{path}: model.rope_scaling: the twin has unscaled rotary embeddings")
     return config

@@ -5,7 +5,7 @@ every model is built from a config with random weights.
 Usage:
   hf_models.py config DIR
       DIR/FAMILY/config.json as transformers writes it for each tiny FAMILY (qwen2_moe, qwen3_moe,
-      qwen2, llama).
+      qwen2, llama, llama3: llama with llama3 rope scaling).
   hf_models.py save FAMILY DIR REFERENCE [--dtype float32|bfloat16|float16] [--max-shard-size N]
                     [--layout per-expert|fused] [--seed S] [--max-position P]
       save_pretrained of a random tiny FAMILY model into DIR (per-expert experts, as transformers
@@ -52,6 +52,16 @@ FAMILIES = {
               dict(intermediate_size=20, use_sliding_window=False)),
     "llama": ("LlamaConfig", "LlamaForCausalLM",
               dict(intermediate_size=20, attention_bias=False, mlp_bias=False)),
+    # Llama 3.1's rope scaling (factor 8, low_freq_factor 1, high_freq_factor 4) with the original
+    # context shrunk to 100, so head_dim 8's wavelengths 2 pi theta^(2i/8) = 6.3 (theta 10000),
+    # 63, 628, 6283 fall in all three bands (kept < 25, smoothed, divided > 100) and the scaling
+    # moves the logits of a short sequence.
+    "llama3": ("LlamaConfig", "LlamaForCausalLM",
+               dict(intermediate_size=20, attention_bias=False, mlp_bias=False,
+                    rope_parameters={"rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0,
+                                     "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                     "original_max_position_embeddings": 100},
+                    max_position_embeddings=128)),
 }
 
 

@@ -6,6 +6,9 @@ Usage:
   hf_parity.py model CASE_JSON DIR
     CASE_JSON: {"family": "qwen2" | "llama" | "qwen2_moe" | "qwen3_moe", "seed": int,
                 "batch": int, "seq": int, "keys": {mixtrain's model.* keys, as in ModelConfig}}
+    With keys.rope_scaling llama3 the config's rope_parameters are llama3's, and the run fails
+    unless dropping the scaling (same weights, default rope) moves the logits by >= 1e-2 of
+    their max |logit|.
     Builds the family's *ForCausalLM from a config made of those keys (no hub), draws random
     weights from the seed (far from HF's init: biases N(0, 0.3^2), norm scales N(1, 0.2^2),
     embeddings N(0, 1), matrices N(0, 1/in)), rounds them to float32 and writes
@@ -49,13 +52,24 @@ def imports():
     return torch, transformers, load_file, save_file
 
 
-def hf_config(transformers, family, k):
+def rope_parameters(k, scaled=True):
+    """transformers 5's rope_parameters for the keys: default, or llama3 with its four fields."""
+    rope = {"rope_type": "default", "rope_theta": k["rope_theta"]}
+    if scaled and k["rope_scaling"] == "llama3":
+        rope.update(rope_type="llama3", factor=k["rope_scaling_factor"],
+                    low_freq_factor=k["rope_low_freq_factor"],
+                    high_freq_factor=k["rope_high_freq_factor"],
+                    original_max_position_embeddings=k["rope_original_max_seq_len"])
+    return rope
+
+
+def hf_config(transformers, family, k, scaled=True):
     common = dict(
         vocab_size=k["vocab_size"], hidden_size=k["hidden_size"],
         num_hidden_layers=k["num_layers"], num_attention_heads=k["num_heads"],
         num_key_value_heads=k["num_kv_heads"], head_dim=k["head_dim"],
         max_position_embeddings=k["max_seq_len"],
-        rope_parameters={"rope_type": "default", "rope_theta": k["rope_theta"]},
+        rope_parameters=rope_parameters(k, scaled),
         rms_norm_eps=k["rms_norm_eps"], tie_word_embeddings=False, attention_dropout=0.0,
         hidden_act="silu")
     moe = dict(moe_intermediate_size=k["moe_intermediate_size"], num_experts=k["num_experts"],
@@ -134,6 +148,21 @@ def run_model(case, out_dir):
             sys.exit(f"FAIL: seed {case['seed']}: a router top-k margin of {margin:.3g} <= 1e-4; "
                      "float32 could choose other experts: pick another seed")
         print(f"router top-k margin {margin:.3g}")
+    if k["rope_scaling"] != "none":
+        # The same weights without the scaling: the case must move the logits, or it would not
+        # test the scaled frequencies (float32 parity is a few 1e-7 of the logits' scale).
+        plain_cls, plain_config = hf_config(transformers, case["family"], k, scaled=False)
+        plain_config._attn_implementation = "eager"
+        plain = plain_cls(plain_config).to(torch.float64)
+        plain.load_state_dict(model.state_dict())
+        with torch.no_grad():
+            moved = float((plain(input_ids=ids).logits - out.logits).abs().max())
+        scale = float(out.logits.detach().abs().max())
+        print(f"rope scaling {k['rope_scaling']} moves the logits by up to {moved:.3g} "
+              f"(max |logit| {scale:.3g})")
+        if moved < 1e-2 * scale:
+            sys.exit(f"FAIL: rope scaling moves the logits by only {moved:.3g}: the case does "
+                     "not exercise the scaled frequencies")
     # HF's ForCausalLMLoss casts the logits to float32 and its load-balancing loss sums the router
     # probabilities in float32: out.loss is float32-accurate. The reference loss (and the
     # gradients) use the same formula with the cross entropy in float64, checked against HF's.

@@ -1,4 +1,5 @@
-// Parity with Hugging Face transformers for the model tests (qwen2_test.cpp: qwen2, llama;
+// Parity with Hugging Face transformers for the model tests (qwen2_test.cpp: qwen2, llama, llama
+// with llama3 rope scaling;
 // qwen2_moe_test.cpp: qwen2_moe, qwen3_moe). tests/python/hf_parity.py builds the family tiny
 // with random weights, save_pretrained()s it and writes float64 logits, loss (with the router
 // aux loss) and every saved tensor's gradient; run_hf_parity builds our model from the saved
@@ -73,6 +74,11 @@ inline HfParity run_hf_parity(const ModelConfig& c, int seed, int batch, int seq
          << ", \"num_experts_per_tok\": " << c.num_experts_per_tok
          << ", \"shared_expert_intermediate_size\": " << c.shared_expert_intermediate_size
          << ", \"max_seq_len\": " << c.max_seq_len << ", \"rope_theta\": " << c.rope_theta
+         << ", \"rope_scaling\": \"" << c.rope_scaling
+         << "\", \"rope_scaling_factor\": " << c.rope_scaling_factor
+         << ", \"rope_low_freq_factor\": " << c.rope_low_freq_factor
+         << ", \"rope_high_freq_factor\": " << c.rope_high_freq_factor
+         << ", \"rope_original_max_seq_len\": " << c.rope_original_max_seq_len
          << ", \"rms_norm_eps\": " << c.rms_norm_eps
          << ", \"router_aux_loss_coef\": " << c.router_aux_loss_coef
          << ", \"attention_bias\": " << (c.attention_bias ? "true" : "false")
@@ -104,6 +110,15 @@ inline HfParity run_hf_parity(const ModelConfig& c, int seed, int batch, int seq
       {"rms_norm_eps", c.rms_norm_eps, loaded.rms_norm_eps},
       {"max_seq_len", c.max_seq_len, loaded.max_seq_len},
       {"attention_bias", c.attention_bias, loaded.attention_bias}};
+  EXPECT_EQ(loaded.rope_scaling, c.rope_scaling);
+  if (c.rope_scaling == "llama3") {
+    keys.insert(keys.end(),
+                {{"rope_scaling_factor", c.rope_scaling_factor, loaded.rope_scaling_factor},
+                 {"rope_low_freq_factor", c.rope_low_freq_factor, loaded.rope_low_freq_factor},
+                 {"rope_high_freq_factor", c.rope_high_freq_factor, loaded.rope_high_freq_factor},
+                 {"rope_original_max_seq_len", static_cast<double>(c.rope_original_max_seq_len),
+                  static_cast<double>(loaded.rope_original_max_seq_len)}});
+  }
   const bool moe = c.name == "qwen2_moe" || c.name == "qwen3_moe";
   if (moe) {
     keys.insert(keys.end(),
@@ -163,7 +178,8 @@ inline std::pair<double, double> max_error_and_scale(const torch::Tensor& ours,
 // (float32-exact) weights, so the differences are float32 rounding, u = 2^-24 = 6e-8 per op:
 //   logits: ~20 sequential rounded ops per logit (2 layers of norm, projections, attention, MLP
 //     or experts, final norm, lm_head), dot products of <= 32 terms: a few 1e-7 of the logits'
-//     scale (measured when written: 2.2e-7 to 4.8e-7 over the six cases); bound 1e-5;
+//     scale (measured when written: 2.2e-7 to 4.8e-7 over the six cases;
+//     the llama3 rope-scaled llama 3.1e-7); bound 1e-5;
 //   loss: a mean over the tokens of such quantities (measured when written: 6e-9 to 8e-8
 //     relative); bound 1e-6 relative. aux loss: HF's is float32-accurate (it sums the router
 //     probabilities in float32) and ours is float32: measured equal; bound 1e-6 relative;
@@ -173,7 +189,8 @@ inline std::pair<double, double> max_error_and_scale(const torch::Tensor& ours,
 //     parameters (an expert that saw few tokens has a small gradient whose error still carries
 //     the rounding of the shared activations).
 // A wrong formula moves these by far more: a dropped bias, norm scale or rotary base changes the
-// logits by 0.1 to 0.2 of their scale (measured for qwen2 when its logits test was written), a
+// logits by 0.1 to 0.2 of their scale (measured for qwen2 when its logits test was written),
+// dropping the llama3 rope scaling by 0.33 (1.07 of 3.23, measured by the oracle), a
 // wrongly chosen expert by O(1) of its tokens' logits, and a missing aux-loss term the loss by
 // router_aux_loss_coef * aux (0.05 * ~2 here).
 inline void expect_hf_parity(const HfParity& r, const std::string& label) {

@@ -3,7 +3,9 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <limits>
+#include <map>
 #include <sstream>
 
 #include "mixtrain/config/model_sections.h"
@@ -84,38 +86,80 @@ json read_json_file(const std::string& path) {
   return root;
 }
 
-// Default rotary embeddings, from either spelling: transformers 5's rope_parameters
-// {rope_type, rope_theta}, or 4.x's top-level rope_theta and rope_scaling (null = default).
-double read_rope_theta(const HfReader& r, std::string& field) {
-  double theta = 10000.0;  // every family's class default
-  field = "default: 10000";
+// Rotary embeddings, from either spelling: transformers 5's rope_parameters {rope_type,
+// rope_theta, ...}, or 4.x's top-level rope_theta and rope_scaling {type or rope_type, ...}
+// (null = default; transformers 5.24 still reads it). rope_type default or llama3; llama3's
+// factor, low_freq_factor and high_freq_factor are required, original_max_position_embeddings
+// comes, as transformers' standardize_rope_params takes it, from the top level first, then the
+// rope dict, then max_position_embeddings. Fills m.rope_* (m.max_seq_len already read).
+void read_rope(const HfReader& r, ModelConfig& m,
+               const std::function<void(const std::string&, const std::string&)>& add) {
+  m.rope_theta = 10000.0;  // every family's class default
+  std::string theta_field = "default: 10000";
   if (const json* top = r.find("rope_theta")) {
-    theta = r.number("rope_theta", *top);
-    field = "rope_theta";
+    m.rope_theta = r.number("rope_theta", *top);
+    theta_field = "rope_theta";
   }
+  std::string type = "default", type_field = "default: no rope_type";
+  std::map<std::string, std::pair<std::string, json>> params;  // llama3's: name -> (field, value)
   for (const char* name : {"rope_parameters", "rope_scaling"}) {
     const json* rope = r.find(name);
     if (rope == nullptr) continue;
     if (!rope->is_object()) r.fail(name, "must be an object, got " + printable(rope->dump()));
     for (const auto& [key, value] : rope->items()) {
       const std::string at = std::string(name) + "." + key;
-      if (key == "rope_type" || key == "type") {
-        if (value != "default") {
+      if (key == "rope_type" || (key == "type" && !rope->contains("rope_type"))) {
+        if (value != "default" && value != "llama3") {
           r.fail(at, printable(value.dump()) +
-                         " is not supported (mixtrain has default rotary embeddings only)");
+                         " is not supported (mixtrain's rotary embeddings are default or llama3)");
         }
+        type = value.get<std::string>();
+        type_field = at;
       } else if (key == "rope_theta") {
-        theta = r.number(at, value);
-        field = at;
-      } else {
+        m.rope_theta = r.number(at, value);
+        theta_field = at;
+      } else if (key == "factor" || key == "low_freq_factor" || key == "high_freq_factor" ||
+                 key == "original_max_position_embeddings") {
+        params[key] = {at, value};
+      } else if (key != "type") {
         r.fail(at,
-               "is not supported (mixtrain's rotary embeddings take rope_type default and "
-               "rope_theta only)");
+               "is not supported (mixtrain's rotary embeddings take rope_type, rope_theta "
+               "and llama3's factor, low_freq_factor, high_freq_factor, "
+               "original_max_position_embeddings)");
       }
     }
   }
-  if (!(theta > 0)) r.fail(field, "must be > 0");
-  return theta;
+  if (!(m.rope_theta > 0)) r.fail(theta_field, "must be > 0");
+  add("model.rope_theta", theta_field);
+  m.rope_scaling = type == "llama3" ? "llama3" : "none";
+  add("model.rope_scaling", type_field);
+  if (type == "default") {
+    if (!params.empty()) {
+      const auto& [key, entry] = *params.begin();
+      r.fail(entry.first, "is not a parameter of rope_type default (only llama3 has it)");
+    }
+    return;
+  }
+  const auto factor = [&](const std::string& key, double& into, const std::string& canonical) {
+    const auto it = params.find(key);
+    if (it == params.end()) r.fail(type_field, "llama3 needs " + key + " (missing)");
+    into = r.number(it->second.first, it->second.second);
+    add(canonical, it->second.first);
+  };
+  factor("factor", m.rope_scaling_factor, "model.rope_scaling_factor");
+  factor("low_freq_factor", m.rope_low_freq_factor, "model.rope_low_freq_factor");
+  factor("high_freq_factor", m.rope_high_freq_factor, "model.rope_high_freq_factor");
+  const auto original = params.find("original_max_position_embeddings");
+  if (const json* top = r.find("original_max_position_embeddings")) {
+    m.rope_original_max_seq_len = r.positive_int("original_max_position_embeddings", *top);
+    add("model.rope_original_max_seq_len", "original_max_position_embeddings");
+  } else if (original != params.end()) {
+    m.rope_original_max_seq_len = r.positive_int(original->second.first, original->second.second);
+    add("model.rope_original_max_seq_len", original->second.first);
+  } else {
+    m.rope_original_max_seq_len = m.max_seq_len;
+    add("model.rope_original_max_seq_len", "default: max_position_embeddings");
+  }
 }
 
 void refuse_unsupported(const HfReader& r) {
@@ -209,9 +253,7 @@ HfModelConfig read_hf_config(const std::string& path) {
   }
   m.max_seq_len = r.positive_int("max_position_embeddings");
   add("model.max_seq_len", "max_position_embeddings", false);
-  std::string rope_field;
-  m.rope_theta = read_rope_theta(r, rope_field);
-  add("model.rope_theta", rope_field);
+  read_rope(r, m, [&](const std::string& key, const std::string& field) { add(key, field); });
   m.rms_norm_eps = r.number("rms_norm_eps", r.require("rms_norm_eps"));
   add("model.rms_norm_eps", "rms_norm_eps");
 
@@ -348,7 +390,16 @@ json hf_config_json(const ModelConfig& m, const std::string& dtype) {
   j["head_dim"] = m.head_dim;
   j["max_position_embeddings"] = m.max_seq_len;
   j["rms_norm_eps"] = m.rms_norm_eps;
-  j["rope_parameters"] = {{"rope_type", "default"}, {"rope_theta", m.rope_theta}};
+  if (m.rope_scaling == "llama3") {
+    j["rope_parameters"] = {{"rope_type", "llama3"},
+                            {"rope_theta", m.rope_theta},
+                            {"factor", m.rope_scaling_factor},
+                            {"low_freq_factor", m.rope_low_freq_factor},
+                            {"high_freq_factor", m.rope_high_freq_factor},
+                            {"original_max_position_embeddings", m.rope_original_max_seq_len}};
+  } else {
+    j["rope_parameters"] = {{"rope_type", "default"}, {"rope_theta", m.rope_theta}};
+  }
   j["hidden_act"] = "silu";
   j["tie_word_embeddings"] = false;
   j["attention_dropout"] = 0.0;

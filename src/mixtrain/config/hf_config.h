@@ -4,7 +4,7 @@
 // transformers' save_pretrained writes, 4.x and 5.x spellings) onto the model.* keys. Every
 // field the mapping reads is checked (type and range), and every field that would change the
 // model into one we do not build is refused unless it has the one value we support:
-// tie_word_embeddings true, rope_type / rope_scaling other than default, hidden_act other than
+// tie_word_embeddings true, rope_type other than default or llama3, hidden_act other than
 // silu, mlp_bias true, pretraining_tp != 1, attention_dropout != 0, use_sliding_window true or a
 // layer_types entry other than full_attention, decoder_sparse_step != 1, a non-empty
 // mlp_only_layers, a quantization_config. Fields that do not change the model (token ids,

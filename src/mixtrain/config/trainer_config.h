@@ -35,6 +35,14 @@ struct ModelConfig {
   int64_t shared_expert_intermediate_size = 128;
   int64_t max_seq_len = 256;
   double rope_theta = 10000.0;
+  // Rotary frequency scaling (model/layers.h rotary_inv_freq): "none", or "llama3" (Llama 3.1's
+  // long-context scheme). The four keys below apply only with llama3; their defaults are
+  // Llama 3.1's values.
+  std::string rope_scaling = "none";
+  double rope_scaling_factor = 8.0;
+  double rope_low_freq_factor = 1.0;
+  double rope_high_freq_factor = 4.0;
+  int64_t rope_original_max_seq_len = 8192;  // HF original_max_position_embeddings
   double rms_norm_eps = 1e-6;
   double router_aux_loss_coef = 0.001;
   bool attention_bias = true;   // q/k/v projections carry a bias (HF qkv_bias / attention_bias)

@@ -3,6 +3,7 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <torch/torch.h>
 
+#include <cmath>
 #include <stdexcept>
 
 #include "mixtrain/core/text.h"
@@ -131,17 +132,50 @@ torch::Tensor SwiGLUMLP::forward(const torch::Tensor& x) {
   return down_proj->forward(torch::silu(gate_proj->forward(x)) * up_proj->forward(x));
 }
 
-std::pair<torch::Tensor, torch::Tensor> rotary_cos_sin(int64_t seq_len, int64_t head_dim,
-                                                       double rope_theta, torch::Device device) {
+torch::Tensor rotary_inv_freq(const ModelConfig& c) {
   // float32 throughout, as HF (which disables autocast for this): bf16 angles would be wrong by
   // whole radians at long positions.
-  const auto exponents = torch::arange(0, head_dim, 2, torch::kInt64).to(torch::kFloat32) /
-                         static_cast<float>(head_dim);
-  const auto inv_freq = 1.0 / torch::pow(rope_theta, exponents);
+  const auto exponents = torch::arange(0, c.head_dim, 2, torch::kInt64).to(torch::kFloat32) /
+                         static_cast<float>(c.head_dim);
+  const auto inv_freq = 1.0 / torch::pow(c.rope_theta, exponents);
+  if (c.rope_scaling != "llama3") return inv_freq;
+  // HF's expressions op for op (python's `s / t` is t.reciprocal() * s, `1 - t` is rsub).
+  const double factor = c.rope_scaling_factor, low_factor = c.rope_low_freq_factor,
+               high_factor = c.rope_high_freq_factor;
+  const double old_len = static_cast<double>(c.rope_original_max_seq_len);
+  const double low_wavelen = old_len / low_factor, high_wavelen = old_len / high_factor;
+  const auto wavelen = inv_freq.reciprocal() * (2 * M_PI);
+  const auto scaled = torch::where(wavelen > low_wavelen, inv_freq / factor, inv_freq);
+  const auto smooth = (wavelen.reciprocal() * old_len - low_factor) / (high_factor - low_factor);
+  const auto smoothed = torch::rsub(smooth, 1) * scaled / factor + smooth * scaled;
+  const auto medium =
+      (wavelen < high_wavelen).logical_not() * (wavelen > low_wavelen).logical_not();
+  return torch::where(medium, smoothed, scaled);
+}
+
+namespace {
+std::pair<torch::Tensor, torch::Tensor> rotary_tables(int64_t seq_len,
+                                                      const torch::Tensor& inv_freq,
+                                                      torch::Device device) {
   const auto positions = torch::arange(seq_len, torch::kInt64).to(torch::kFloat32);
   const auto freqs = torch::outer(positions, inv_freq);
   const auto emb = torch::cat({freqs, freqs}, -1);
   return {emb.cos().to(device), emb.sin().to(device)};
+}
+}  // namespace
+
+std::pair<torch::Tensor, torch::Tensor> rotary_cos_sin(int64_t seq_len, const ModelConfig& c,
+                                                       torch::Device device) {
+  return rotary_tables(seq_len, rotary_inv_freq(c), device);
+}
+
+std::pair<torch::Tensor, torch::Tensor> rotary_cos_sin(int64_t seq_len, int64_t head_dim,
+                                                       double rope_theta, torch::Device device) {
+  ModelConfig c;
+  c.head_dim = head_dim;
+  c.rope_theta = rope_theta;
+  c.rope_scaling = "none";
+  return rotary_cos_sin(seq_len, c, device);
 }
 
 torch::Tensor apply_rotary_pos_emb(const torch::Tensor& x, const torch::Tensor& cos,
@@ -191,6 +225,15 @@ void validate_qwen2_common(const ModelConfig& c) {
       "must be even and > 0 (rotary embeddings rotate pairs), got " + std::to_string(c.head_dim));
   require_model_key(c.max_seq_len > 0, "max_seq_len", "must be > 0");
   require_model_key(c.rope_theta > 0, "rope_theta", "must be > 0");
+  require_model_key(c.rope_scaling == "none" || c.rope_scaling == "llama3", "rope_scaling",
+                    "must be none or llama3, got " + c.rope_scaling);
+  if (c.rope_scaling == "llama3") {
+    require_model_key(c.rope_scaling_factor > 0, "rope_scaling_factor", "must be > 0");
+    require_model_key(c.rope_low_freq_factor > 0, "rope_low_freq_factor", "must be > 0");
+    require_model_key(c.rope_high_freq_factor > c.rope_low_freq_factor, "rope_high_freq_factor",
+                      "must be > rope_low_freq_factor");
+    require_model_key(c.rope_original_max_seq_len > 0, "rope_original_max_seq_len", "must be > 0");
+  }
   require_model_key(c.rms_norm_eps > 0, "rms_norm_eps", "must be > 0");
 }
 

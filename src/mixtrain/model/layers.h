@@ -111,9 +111,21 @@ class SwiGLUMLP : public torch::nn::Module {
   std::shared_ptr<Linear> gate_proj, up_proj, down_proj;
 };
 
+// Rotary inverse frequencies [head_dim / 2], float32: inv_freq_i = theta^(-2i/head_dim), then,
+// with model.rope_scaling llama3, Llama 3.1's adjustment (HF _compute_llama3_parameters), with
+// wavelen = 2 pi / inv_freq and L = rope_original_max_seq_len:
+//   wavelen < L / high_freq_factor: inv_freq;  wavelen > L / low_freq_factor: inv_freq / factor;
+//   between: (1 - s) inv_freq / factor + s inv_freq,
+//   s = (L / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor).
+// The same float32 tensor ops as HF, so the tables agree to float32 rounding.
+torch::Tensor rotary_inv_freq(const ModelConfig& c);
+
 // Rotary tables for positions 0..seq_len-1, float32 [seq_len, head_dim], HF layout:
-// inv_freq_i = theta^(-2i/head_dim), angle = pos * inv_freq, both halves repeat the angles.
-// Computed on the CPU and placed on `device`: every device gets bitwise the same tables.
+// angle = pos * inv_freq, both halves repeat the angles. Computed on the CPU and placed on
+// `device`: every device gets bitwise the same tables. The (head_dim, rope_theta) form is the
+// unscaled one.
+std::pair<torch::Tensor, torch::Tensor> rotary_cos_sin(int64_t seq_len, const ModelConfig& c,
+                                                       torch::Device device = torch::kCPU);
 std::pair<torch::Tensor, torch::Tensor> rotary_cos_sin(int64_t seq_len, int64_t head_dim,
                                                        double rope_theta,
                                                        torch::Device device = torch::kCPU);

@@ -58,8 +58,7 @@ class Qwen2Model : public torch::nn::Module {
 
   // input_ids [B, S] -> final hidden states [B, S, H]
   torch::Tensor forward(const torch::Tensor& input_ids) {
-    auto [cos, sin] =
-        rotary_cos_sin(input_ids.size(1), config_.head_dim, config_.rope_theta, input_ids.device());
+    auto [cos, sin] = rotary_cos_sin(input_ids.size(1), config_, input_ids.device());
     auto h = embed_tokens->forward(input_ids);
     for (auto& layer : layers) h = layer->forward(h, cos, sin);
     return norm->forward(h);

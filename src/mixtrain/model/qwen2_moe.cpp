@@ -248,8 +248,7 @@ class Qwen2MoeModel : public torch::nn::Module {
   // -> (final hidden states [B, S, H], router logits of every layer)
   std::pair<torch::Tensor, std::vector<torch::Tensor>> forward(const torch::Tensor& input_ids) {
     const int64_t seq_len = input_ids.size(1);
-    auto [cos, sin] =
-        rotary_cos_sin(seq_len, config_.head_dim, config_.rope_theta, input_ids.device());
+    auto [cos, sin] = rotary_cos_sin(seq_len, config_, input_ids.device());
     auto h = embed_tokens->forward(input_ids);
     std::vector<torch::Tensor> router_logits;
     router_logits.reserve(layers.size());

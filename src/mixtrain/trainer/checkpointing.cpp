@@ -15,6 +15,7 @@
 
 #include "mixtrain/checkpoint/storage.h"
 #include "mixtrain/config/model_sections.h"
+#include "mixtrain/config/schema.h"
 #include "mixtrain/core/dtype.h"
 #include "mixtrain/core/error.h"
 #include "mixtrain/core/logging.h"
@@ -183,9 +184,14 @@ void plan_config(const ResolvedConfig& resolved, RestorePlan& plan) {
       if (before == value.get<std::string>()) continue;
       const std::string line =
           key + ": " + before + " in the checkpoint, " + value.get<std::string>() + " now";
-      // A model.* key the model does not read (another model's section, or a key added since
-      // the checkpoint was written) says nothing about the architecture.
-      if (is_model_key(key) && model_reads_key(resolved.config.model.name, key)) {
+      // A model.* key the model does not read (another model's section), or one added since
+      // the checkpoint was written (absent there) that has its default now (e.g. the rope
+      // scaling keys: none), says nothing about the architecture.
+      const LeafSpec* leaf = find_canonical_leaf(key);
+      const bool newer_at_default = recorded == plan.saved.config.end() && leaf != nullptr &&
+                                    value.get<std::string>() == leaf->format(TrainerConfig{});
+      if (is_model_key(key) && model_reads_key(resolved.config.model.name, key) &&
+          !newer_at_default) {
         plan.problems.push_back("the checkpoint is of another model: " + line);
         plan.another_model = true;
       } else {

@@ -111,6 +111,97 @@ TEST(HfConfig, ReadsTheOlderSpellings) {
   EXPECT_EQ(m.num_kv_heads, 4);
 }
 
+void expect_llama31_rope(const ModelConfig& m) {
+  EXPECT_EQ(m.rope_scaling, "llama3");
+  EXPECT_EQ(m.rope_theta, 500000.0);
+  EXPECT_EQ(m.rope_scaling_factor, 8.0);
+  EXPECT_EQ(m.rope_low_freq_factor, 1.0);
+  EXPECT_EQ(m.rope_high_freq_factor, 4.0);
+  EXPECT_EQ(m.rope_original_max_seq_len, 8192);
+  EXPECT_EQ(m.max_seq_len, 131072);
+}
+
+// Llama 3.1's rope scaling as its config.json gives it (transformers 5's rope_parameters), as
+// 4.x wrote it (top-level rope_theta, rope_scaling with "type" or "rope_type"), and
+// transformers' fallbacks for original_max_position_embeddings (top level first, else
+// max_position_embeddings).
+TEST(HfConfig, ReadsLlama3RopeScaling) {
+  TempDir dir;
+  const ModelConfig tiny =
+      read_hf_config(write_json(dir, "tiny.json", transformers_config(dir, "llama3"))).model;
+  EXPECT_EQ(tiny.rope_scaling, "llama3");  // hf_models.py's llama3: shrunk original context
+  EXPECT_EQ(tiny.rope_original_max_seq_len, 100);
+  EXPECT_EQ(tiny.rope_scaling_factor, 8.0);
+  json llama3 = transformers_config(dir, "llama");
+  llama3["rope_parameters"] = {
+      {"rope_type", "llama3"},   {"rope_theta", 500000.0},
+      {"factor", 8.0},           {"low_freq_factor", 1.0},
+      {"high_freq_factor", 4.0}, {"original_max_position_embeddings", 8192}};
+  llama3["max_position_embeddings"] = 131072;
+  const HfModelConfig read = read_hf_config(write_json(dir, "a.json", llama3));
+  expect_llama31_rope(read.model);
+  const auto origin = [&](const HfModelConfig& hf, const std::string& key) {
+    for (const HfField& f : hf.fields)
+      if (f.key == key) return f.hf_field;
+    return std::string("(absent)");
+  };
+  EXPECT_EQ(origin(read, "model.rope_scaling"), "rope_parameters.rope_type");
+  EXPECT_EQ(origin(read, "model.rope_original_max_seq_len"),
+            "rope_parameters.original_max_position_embeddings");
+  // The plain llama (rope_type default): no scaling, and no scaling parameter among the fields;
+  // without any rope object, the default.
+  json plain_json = transformers_config(dir, "llama");
+  const HfModelConfig plain = read_hf_config(write_json(dir, "p.json", plain_json));
+  EXPECT_EQ(plain.model.rope_scaling, "none");
+  EXPECT_EQ(origin(plain, "model.rope_scaling"), "rope_parameters.rope_type");
+  EXPECT_EQ(origin(plain, "model.rope_scaling_factor"), "(absent)");
+  plain_json.erase("rope_parameters");
+  const HfModelConfig bare = read_hf_config(write_json(dir, "b.json", plain_json));
+  EXPECT_EQ(bare.model.rope_scaling, "none");
+  EXPECT_EQ(origin(bare, "model.rope_scaling"), "default: no rope_type");
+
+  for (const char* type_key : {"type", "rope_type"}) {
+    json old = llama3;
+    json scaling = old["rope_parameters"];
+    scaling.erase("rope_type");
+    scaling.erase("rope_theta");
+    scaling[type_key] = "llama3";
+    old.erase("rope_parameters");
+    old["rope_scaling"] = scaling;
+    old["rope_theta"] = 500000.0;
+    const HfModelConfig m = read_hf_config(write_json(dir, "old.json", old));
+    expect_llama31_rope(m.model);
+    EXPECT_EQ(origin(m, "model.rope_scaling"), std::string("rope_scaling.") + type_key);
+  }
+  json fallback = llama3;
+  fallback["rope_parameters"].erase("original_max_position_embeddings");
+  EXPECT_EQ(read_hf_config(write_json(dir, "f.json", fallback)).model.rope_original_max_seq_len,
+            131072);
+  fallback["original_max_position_embeddings"] = 4096;
+  fallback["rope_parameters"]["original_max_position_embeddings"] = 8192;
+  EXPECT_EQ(read_hf_config(write_json(dir, "t.json", fallback)).model.rope_original_max_seq_len,
+            4096);
+
+  // Refusals name the field: a missing llama3 parameter, a llama3 parameter without llama3.
+  json missing = llama3;
+  missing["rope_parameters"].erase("low_freq_factor");
+  std::string path = write_json(dir, "m.json", missing);
+  EXPECT_EQ(config_error_of([&] { read_hf_config(path); }),
+            path + ": rope_parameters.rope_type: llama3 needs low_freq_factor (missing)");
+  json stray = transformers_config(dir, "llama");
+  stray["rope_parameters"]["factor"] = 8.0;
+  path = write_json(dir, "s.json", stray);
+  EXPECT_EQ(config_error_of([&] { read_hf_config(path); }),
+            path +
+                ": rope_parameters.factor: is not a parameter of rope_type default (only "
+                "llama3 has it)");
+  json text = llama3;
+  text["rope_parameters"]["factor"] = "8";
+  path = write_json(dir, "x.json", text);
+  EXPECT_EQ(config_error_of([&] { read_hf_config(path); }),
+            path + ": rope_parameters.factor: must be a finite number, got \"8\"");
+}
+
 TEST(HfConfig, RefusesEveryUnsupportedValueNamingFileAndField) {
   TempDir dir;
   const json qwen2_moe = transformers_config(dir, "qwen2_moe");
@@ -206,6 +297,29 @@ TEST(HfConfig, LoadConfigTakesTheArchitectureFromConfigJson) {
       << name;
 }
 
+// The rope keys come from config.json like the other architecture keys, and survive a user's
+// max_seq_len (the original context is the file's).
+TEST(HfConfig, LoadConfigTakesLlama3RopeFromConfigJson) {
+  TempDir dir;
+  const std::string hf = write_json(dir, "config.json", transformers_config(dir, "llama3"));
+  const std::string yaml = dir.write(
+      "run.yaml", "model:\n  hf_config: " + hf + "\n  max_seq_len: 32\ndata:\n  seq_len: 16\n");
+  const ResolvedConfig resolved = load_config(yaml, {});
+  EXPECT_EQ(resolved.config.model.rope_scaling, "llama3");
+  EXPECT_EQ(resolved.config.model.rope_original_max_seq_len, 100);  // not max_seq_len
+  EXPECT_EQ(resolved.config.model.max_seq_len, 32);
+  const ResolvedLeaf* factor = resolved.leaf("model.rope_scaling_factor");
+  ASSERT_NE(factor, nullptr);
+  EXPECT_EQ(factor->source, ValueSource::kDerived);
+  EXPECT_EQ(factor->origin, hf + ": rope_parameters.factor");
+  const std::string message =
+      config_error_of([&] { load_config(yaml, {"model.rope_scaling=none"}); });
+  EXPECT_EQ(message.find("--set: model.rope_scaling: is none, but model.hf_config (" + hf +
+                         ") says llama3 (rope_parameters.rope_type)"),
+            0u)
+      << message;
+}
+
 TEST(HfConfig, InitFromImpliesItsConfigJson) {
   TempDir dir;
   std::filesystem::create_directories(dir.path() + "/model");
@@ -229,7 +343,7 @@ TEST(HfConfig, InitFromImpliesItsConfigJson) {
 // round trip in tests/tools/export_hf_command_test.cpp).
 TEST(HfConfig, WrittenConfigReadsBackAsTheSameModel) {
   TempDir dir;
-  for (const char* family : {"qwen2_moe", "qwen3_moe", "qwen2", "llama"}) {
+  for (const char* family : {"qwen2_moe", "qwen3_moe", "qwen2", "llama", "llama3"}) {
     const ModelConfig original =
         read_hf_config(write_json(dir, "in.json", transformers_config(dir, family))).model;
     const ModelConfig back =
@@ -248,6 +362,11 @@ TEST(HfConfig, WrittenConfigReadsBackAsTheSameModel) {
     EXPECT_EQ(back.shared_expert_intermediate_size, original.shared_expert_intermediate_size);
     EXPECT_EQ(back.max_seq_len, original.max_seq_len);
     EXPECT_EQ(back.rope_theta, original.rope_theta);
+    EXPECT_EQ(back.rope_scaling, original.rope_scaling);
+    EXPECT_EQ(back.rope_scaling_factor, original.rope_scaling_factor);
+    EXPECT_EQ(back.rope_low_freq_factor, original.rope_low_freq_factor);
+    EXPECT_EQ(back.rope_high_freq_factor, original.rope_high_freq_factor);
+    EXPECT_EQ(back.rope_original_max_seq_len, original.rope_original_max_seq_len);
     EXPECT_EQ(back.rms_norm_eps, original.rms_norm_eps);
     EXPECT_EQ(back.router_aux_loss_coef, original.router_aux_loss_coef);
     EXPECT_EQ(back.attention_bias, original.attention_bias);

@@ -189,6 +189,30 @@ TEST(ValidateTest, Qwen3MoeLlamaAndAttentionKeys) {
                "data:\n  global_batch_size: 16\n");
 }
 
+// Every model reads the rope keys; the four llama3 parameters mean nothing without the scaling.
+TEST(ValidateTest, RopeScaling) {
+  expect_valid("c.yaml",
+               "model:\n  name: llama\n  rope_scaling: llama3\n  rope_scaling_factor: 32\n"
+               "  rope_original_max_seq_len: 64\n");
+  expect_valid("c.toml",
+               "[model]\nname = \"qwen2\"\nrope_scaling = \"llama3\"\n"
+               "rope_low_freq_factor = 2.0\n");
+  EXPECT_EQ(yaml_error("model:\n  rope_scaling: yarn\n"),
+            "model.rope_scaling: must be one of none, llama3, got 'yarn'");
+  EXPECT_EQ(yaml_error("model:\n  rope_scaling_factor: 4\n"),
+            "model.rope_scaling_factor: applies only with model.rope_scaling: llama3 (it is "
+            "none); remove it or set the scaling");
+  EXPECT_EQ(error_in("c.yaml", "model:\n  name: qwen2\n", {"model.rope_original_max_seq_len=128"}),
+            "--set: model.rope_original_max_seq_len: applies only with model.rope_scaling: llama3 "
+            "(it is none); remove it or set the scaling");
+  EXPECT_EQ(yaml_error("model:\n  rope_scaling: llama3\n  rope_scaling_factor: 0\n"),
+            "model.rope_scaling_factor: must be > 0, got 0");
+  EXPECT_EQ(yaml_error("model:\n  rope_scaling: llama3\n  rope_high_freq_factor: 1\n"),
+            "model.rope_high_freq_factor: must be > model.rope_low_freq_factor (1.000000), got 1");
+  EXPECT_EQ(yaml_error("model:\n  rope_scaling: llama3\n  rope_original_max_seq_len: -1\n"),
+            "model.rope_original_max_seq_len: must be > 0, got -1");
+}
+
 TEST(ValidateTest, DistributedTimeout) {
   EXPECT_EQ(yaml_error("distributed:\n  timeout_s: 0\n"),
             "distributed.timeout_s: must be > 0, got 0");

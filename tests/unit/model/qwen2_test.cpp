@@ -1,16 +1,19 @@
 // The dense decoders, Qwen2 and Llama: parameter names/shapes (HF's), roles, registry entry, and
 // logits, loss and every gradient against Hugging Face transformers' Qwen2ForCausalLM and
-// LlamaForCausalLM run in float64 on the same weights (tests/support/hf_parity.h).
+// LlamaForCausalLM (also with Llama 3.1's rope scaling) run in float64 on the same weights
+// (tests/support/hf_parity.h).
 #include "mixtrain/model/qwen2.h"
 
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <cmath>
 #include <stdexcept>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "mixtrain/model/layers.h"
 #include "mixtrain/model/registry.h"
 #include "support/hf_parity.h"
 
@@ -152,6 +155,58 @@ TEST(Llama, LogitsLossAndGradientsMatchTransformers) {
     const auto r = test_support::run_hf_parity(tiny_llama(bias), 12, 2, 13);
     if (HasFailure()) return;
     test_support::expect_hf_parity(r, bias ? "llama (attention_bias)" : "llama");
+  }
+}
+
+// Llama 3.1's rope scaling (factor 8, low_freq_factor 1, high_freq_factor 4) with the original
+// context shrunk to 100 so that head_dim 8's four wavelengths 2 pi theta^(2i/8) = 6.3, 63, 628,
+// 6283 fall in all three bands: 6.3 < 100/4 kept, 63 between 25 and 100 smoothed, 628 and 6283
+// > 100 divided by 8. The oracle fails unless the scaling moves HF's logits by >= 1e-2 of their
+// scale, so this case tests the scaled frequencies, not only the key plumbing.
+TEST(Llama, Llama3RopeScalingMatchesTransformers) {
+  auto c = tiny_llama(false);
+  c.max_seq_len = 128;
+  c.rope_scaling = "llama3";
+  c.rope_scaling_factor = 8.0;
+  c.rope_low_freq_factor = 1.0;
+  c.rope_high_freq_factor = 4.0;
+  c.rope_original_max_seq_len = 100;
+  const auto r = test_support::run_hf_parity(c, 13, 2, 32);
+  if (HasFailure()) return;
+  test_support::expect_hf_parity(r, "llama (llama3 rope scaling)");
+}
+
+// The scaled frequencies against the formula evaluated here in float64 (the three bands written
+// out), to float32 rounding: ours are float32 (as HF's), a few
+// ulps (1e-7 relative) from float64; bound 1e-6 relative. No scaling leaves them unchanged.
+TEST(Llama, Llama3InverseFrequenciesFollowTheBands) {
+  auto c = tiny_llama(false);
+  c.rope_theta = 10000.0;
+  c.rope_scaling = "llama3";
+  c.rope_scaling_factor = 8.0;
+  c.rope_low_freq_factor = 1.0;
+  c.rope_high_freq_factor = 4.0;
+  c.rope_original_max_seq_len = 100;
+  const auto ours = rotary_inv_freq(c);
+  ASSERT_EQ(ours.scalar_type(), torch::kFloat32);
+  ASSERT_EQ(ours.numel(), 4);
+  const double pi = 3.14159265358979323846;
+  for (int64_t i = 0; i < 4; ++i) {
+    const double f = std::pow(10000.0, -2.0 * i / 8.0), wavelen = 2 * pi / f;
+    double expected = f;  // wavelen < 100 / 4
+    if (wavelen > 100.0) {
+      expected = f / 8.0;
+    } else if (wavelen >= 25.0) {
+      const double s = (100.0 / wavelen - 1.0) / (4.0 - 1.0);
+      expected = (1 - s) * f / 8.0 + s * f;
+    }
+    EXPECT_NEAR(ours[i].item<double>(), expected, 1e-6 * expected) << i;
+  }
+  c.rope_scaling = "none";
+  const auto plain = rotary_inv_freq(c);
+  for (int64_t i = 0; i < 4; ++i) {
+    const double f = std::pow(10000.0, -2.0 * i / 8.0);
+    EXPECT_NEAR(plain[i].item<double>(), f, 1e-6 * f) << i;
   }
 }
 

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <xxhash.h>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -14,6 +15,7 @@
 #include <nlohmann/json.hpp>
 #include <random>
 
+#include "mixtrain/checkpoint/metadata.h"
 #include "mixtrain/core/error.h"
 #include "mixtrain/data/dataset.h"
 #include "mixtrain/trainer/checkpoint_state.h"
@@ -205,6 +207,27 @@ std::string edited_copy(const std::string& saved, const std::string& dst,
   edit(json);
   test_support::rewrite_metadata(dst, json);
   return dst;
+}
+
+// A checkpoint written before the rope scaling keys existed (state.config without them)
+// restores while they have their defaults; with llama3 scaling it is another model.
+TEST_F(CheckpointingTest, KeysNewerThanTheCheckpointCountOnlyAwayFromTheirDefaults) {
+  const std::string old = edited_copy(saved_, (dir_ / "old").string(), [](nlohmann::json& j) {
+    nlohmann::json& config = j["state"]["config"];
+    for (const char* key :
+         {"model.rope_scaling", "model.rope_scaling_factor", "model.rope_low_freq_factor",
+          "model.rope_high_freq_factor", "model.rope_original_max_seq_len"}) {
+      ASSERT_EQ(config.erase(key), 1u) << key;
+    }
+    const std::string text = config.dump();  // the hash checkpoint_state.cpp checks
+    j["state"]["config_hash"] = format_xxh3_64(XXH3_64bits(text.data(), text.size()));
+  });
+  CheckpointParts parts{trainer_->model(), trainer_->sharded(),  trainer_->optimizer(),
+                        trainer_->data(),  trainer_->resolved(), trainer_->mesh()};
+  EXPECT_EQ(restore_checkpoint(parts, old, true), 1);
+  trainer_ = make_trainer({"model.rope_scaling=llama3"});
+  expect_refused(old,
+                 {"another model", "model.rope_scaling: (absent) in the checkpoint, llama3 now"});
 }
 
 // Every non-tensor field malformed (wrong type, out of range, cut short, missing) is refused

@@ -3,6 +3,8 @@
 #include <cstdint>
 #include <cstdio>
 
+#include "mixtrain/core/utf8.h"
+
 namespace mixtrain {
 namespace {
 
@@ -12,35 +14,6 @@ void escape(std::string& out, unsigned char byte) {
   out += buffer;
 }
 
-// Length of the well-formed UTF-8 sequence starting at text[i] (fp32-main-params §3629 / Unicode
-// table 3-7), 0 if there is none.
-size_t sequence_length(std::string_view text, size_t i) {
-  const auto at = [&](size_t k) { return static_cast<unsigned char>(text[i + k]); };
-  const unsigned char lead = at(0);
-  size_t length;
-  unsigned char low = 0x80, high = 0xbf;  // allowed range of the second byte
-  if (lead < 0x80) return 1;
-  if (lead >= 0xc2 && lead <= 0xdf) {
-    length = 2;
-  } else if (lead >= 0xe0 && lead <= 0xef) {
-    length = 3;
-    if (lead == 0xe0) low = 0xa0;   // no overlong forms
-    if (lead == 0xed) high = 0x9f;  // no surrogates
-  } else if (lead >= 0xf0 && lead <= 0xf4) {
-    length = 4;
-    if (lead == 0xf0) low = 0x90;   // no overlong forms
-    if (lead == 0xf4) high = 0x8f;  // nothing above U+10FFFF
-  } else {
-    return 0;
-  }
-  if (i + length > text.size()) return 0;
-  if (at(1) < low || at(1) > high) return 0;
-  for (size_t k = 2; k < length; ++k) {
-    if (at(k) < 0x80 || at(k) > 0xbf) return 0;
-  }
-  return length;
-}
-
 }  // namespace
 
 std::string printable(std::string_view text, bool keep_newlines) {
@@ -48,7 +21,7 @@ std::string printable(std::string_view text, bool keep_newlines) {
   out.reserve(text.size());
   for (size_t i = 0; i < text.size();) {
     const auto byte = static_cast<unsigned char>(text[i]);
-    const size_t length = sequence_length(text, i);
+    const size_t length = utf8_sequence_length(text, i);
     const bool control = byte < 0x20 || byte == 0x7f;
     // U+0080-U+009F is 0xc2 0x80-0x9f.
     const bool c1 = length == 2 && byte == 0xc2 && static_cast<unsigned char>(text[i + 1]) < 0xa0;

@@ -16,6 +16,7 @@
 
 #include "mixtrain/core/error.h"
 #include "mixtrain/core/json_reader.h"
+#include "mixtrain/core/utf8.h"
 #include "mixtrain/data/unicode_nfc.h"
 
 namespace mixtrain {
@@ -24,38 +25,6 @@ namespace mixtrain {
 
 namespace {
 
-// Length of a well-formed sequence starting at bytes[i], or 0 when bytes[i..] starts with an
-// ill-formed one; `subpart` is then the length of its maximal subpart (>= 1): the lead byte and
-// the continuation bytes that were still valid (Unicode 3.9, U+FFFD substitution of maximal
-// subparts; what Python's decoder replaces by one U+FFFD).
-size_t utf8_sequence(std::string_view bytes, size_t i, size_t& subpart) {
-  const auto b = static_cast<unsigned char>(bytes[i]);
-  subpart = 1;
-  if (b < 0x80) return 1;
-  size_t need;
-  unsigned char lo = 0x80, hi = 0xBF;  // range of the first continuation byte
-  if (b >= 0xC2 && b <= 0xDF) {
-    need = 1;
-  } else if (b >= 0xE0 && b <= 0xEF) {
-    need = 2;
-    if (b == 0xE0) lo = 0xA0;  // no overlong forms
-    if (b == 0xED) hi = 0x9F;  // no surrogates
-  } else if (b >= 0xF0 && b <= 0xF4) {
-    need = 3;
-    if (b == 0xF0) lo = 0x90;  // no overlong forms
-    if (b == 0xF4) hi = 0x8F;  // nothing above U+10FFFF
-  } else {
-    return 0;  // 0x80-0xC1, 0xF5-0xFF never start a sequence
-  }
-  for (size_t k = 1; k <= need; ++k) {
-    if (i + k >= bytes.size()) return 0;
-    const auto c = static_cast<unsigned char>(bytes[i + k]);
-    if (k == 1 ? (c < lo || c > hi) : (c < 0x80 || c > 0xBF)) return 0;
-    subpart = k + 1;
-  }
-  return need + 1;
-}
-
 bool valid_utf8(std::string_view bytes) {
   size_t subpart;
   for (size_t i = 0; i < bytes.size();) {
@@ -63,7 +32,7 @@ bool valid_utf8(std::string_view bytes) {
       ++i;
       continue;
     }
-    const size_t n = utf8_sequence(bytes, i, subpart);
+    const size_t n = utf8_sequence_length(bytes, i, &subpart);
     if (n == 0) return false;
     i += n;
   }
@@ -96,7 +65,7 @@ std::string utf8_replace_invalid(std::string_view bytes) {
   out.reserve(bytes.size());
   size_t subpart;
   for (size_t i = 0; i < bytes.size();) {
-    const size_t n = utf8_sequence(bytes, i, subpart);
+    const size_t n = utf8_sequence_length(bytes, i, &subpart);
     if (n > 0) {
       out.append(bytes.data() + i, n);
       i += n;

@@ -66,4 +66,12 @@ std::string first_line(const std::exception& error) {
   return text;
 }
 
+int64_t check_broadcast(const std::string& group, int rank, int size, int root, int64_t nbytes) {
+  if (root < 0 || root >= size) {
+    throw std::invalid_argument(group + ": broadcast root " + std::to_string(root) +
+                                " out of range");
+  }
+  return rank == root ? (size - 1) * nbytes : 0;
+}
+
 }  // namespace mixtrain

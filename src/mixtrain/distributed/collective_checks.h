@@ -23,6 +23,11 @@ AllToAllShape check_all_to_all(const std::string& group, int rank, int size,
                                const at::Tensor& input, const std::vector<int64_t>& send_counts,
                                const std::vector<int64_t>& recv_counts);
 
+// A broadcast from `root` of a tensor of `nbytes` on rank `rank` of `size`: std::invalid_argument
+// naming `group` for a root out of range; else the bytes charged to this rank (core/collectives.h:
+// the root's tensor reaches the size - 1 peers, charged to the root; 0 elsewhere).
+int64_t check_broadcast(const std::string& group, int rank, int size, int root, int64_t nbytes);
+
 // std::invalid_argument naming `group` and `op` unless `type` is a payload dtype of
 // core/collectives.h (float32/64, float16, bfloat16, uint8, int8, int32, int64).
 void check_payload_dtype(const std::string& group, const char* op, at::ScalarType type);

@@ -114,14 +114,9 @@ at::Tensor GlooCollectives::all_to_all(const at::Tensor& input,
 
 void GlooCollectives::broadcast(at::Tensor& tensor, int root) {
   check_input(tensor, "broadcast");
-  if (root < 0 || root >= size_) {
-    throw std::invalid_argument(name_ + ": broadcast root " + std::to_string(root) +
-                                " out of range");
-  }
-  // The root's tensor reaches the n-1 peers; charged to the root.
   CollectiveCallRecord record(
       CollectiveOp::kBroadcast,
-      rank_ == root ? (size_ - 1) * static_cast<int64_t>(tensor.nbytes()) : 0);
+      check_broadcast(name_, rank_, size_, root, static_cast<int64_t>(tensor.nbytes())));
   std::vector<at::Tensor> tensors = {tensor};
   c10d::BroadcastOptions options;
   options.rootRank = root;

@@ -155,14 +155,9 @@ at::Tensor NcclCollectives::all_to_all(const at::Tensor& input,
 
 void NcclCollectives::broadcast(at::Tensor& tensor, int root) {
   at::Tensor data = on_device(tensor, "broadcast");
-  if (root < 0 || root >= size_) {
-    throw std::invalid_argument(name_ + ": broadcast root " + std::to_string(root) +
-                                " out of range");
-  }
-  // The root's tensor reaches the n-1 peers; charged to the root.
   CollectiveCallRecord record(
       CollectiveOp::kBroadcast,
-      rank_ == root ? (size_ - 1) * static_cast<int64_t>(data.nbytes()) : 0);
+      check_broadcast(name_, rank_, size_, root, static_cast<int64_t>(data.nbytes())));
   std::vector<at::Tensor> tensors = {data};
   c10d::BroadcastOptions options;
   options.rootRank = root;

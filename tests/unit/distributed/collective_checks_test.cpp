@@ -68,5 +68,21 @@ TEST(CollectiveChecks, PayloadDtypesAreTheContractsOnly) {
   }
 }
 
+TEST(CollectiveChecks, BroadcastIsChargedToItsRootAndRefusesAnOutOfRangeRoot) {
+  // 4 ranks, root 1, 100 bytes: the root sends its tensor to 3 peers, the others send nothing.
+  EXPECT_EQ(check_broadcast("world", 1, 4, 1, 100), 300);
+  EXPECT_EQ(check_broadcast("world", 0, 4, 1, 100), 0);
+  EXPECT_EQ(check_broadcast("world", 3, 4, 1, 100), 0);
+  for (int root : {-1, 4}) {
+    try {
+      check_broadcast("world", 0, 4, root, 100);
+      FAIL() << "root " << root << " accepted";
+    } catch (const std::invalid_argument& error) {
+      EXPECT_EQ(std::string(error.what()),
+                "world: broadcast root " + std::to_string(root) + " out of range");
+    }
+  }
+}
+
 }  // namespace
 }  // namespace mixtrain

@@ -9,7 +9,7 @@
 #include "mixtrain/core/param_placement.h"
 #include "mixtrain/optim/chained_optimizer.h"
 #include "support/multiprocess.h"
-#include "support/test_sgd.h"
+#include "support/placed_chain.h"
 
 namespace mixtrain {
 namespace {
@@ -20,21 +20,8 @@ using testing::WorkerResult;
 MIXTRAIN_WORKER(found_inf_2_ranks) {
   DeviceMesh mesh = worker.make_mesh();
   const int rank = mesh.rank;
-  const at::Tensor shard = at::zeros({2, 3}).requires_grad_(true);
-  const at::Tensor replicated = at::zeros({5}).requires_grad_(true);
-  ChainedOptimizer chain;
-  chain.add_leaf(test_doubles::make_sgd({shard, replicated}, 0.1),
-                 {{"shard", shard}, {"replicated", replicated}});
-  ParamPlacement dim0 = whole_placement("shard", {4, 3});
-  dim0.kind = ParamPlacement::Kind::kDim0Shard;
-  dim0.offset = 2 * rank;
-  dim0.rows = 2;
-  dim0.shard_group = mesh.dp_shard_group;
-  dim0.replicate_group = mesh.dp_replicate_group;
-  ParamPlacement rep = whole_placement("replicated", {5});
-  rep.kind = ParamPlacement::Kind::kReplicated;
-  rep.replicate_group = mesh.world;
-  chain.set_placements({dim0, rep});
+  const auto placed = testing::make_placed_chain(mesh);
+  ChainedOptimizer& chain = placed->chain;
   // Only rank 1's rows overflowed: both ranks learn it; no rank: neither does.
   const bool first = chain.any_piece_holder(rank == 1);
   const bool second = chain.any_piece_holder(false);

@@ -15,7 +15,7 @@
 #include "mixtrain/core/param_placement.h"
 #include "mixtrain/optim/chained_optimizer.h"
 #include "support/multiprocess.h"
-#include "support/test_sgd.h"
+#include "support/placed_chain.h"
 
 namespace mixtrain {
 namespace {
@@ -41,21 +41,10 @@ MIXTRAIN_WORKER(placed_clip_2_ranks) {
   const at::Tensor full_shard_grad = at::randn({4, 3});
   const at::Tensor replicated_grad = at::randn({5}) * 4;
 
-  const at::Tensor shard = at::zeros({2, 3}).requires_grad_(true);
-  const at::Tensor replicated = at::zeros({5}).requires_grad_(true);
-  ChainedOptimizer chain;
-  chain.add_leaf(test_doubles::make_sgd({shard, replicated}, 0.1),
-                 {{"shard", shard}, {"replicated", replicated}});
-  ParamPlacement dim0 = whole_placement("shard", {4, 3});
-  dim0.kind = ParamPlacement::Kind::kDim0Shard;
-  dim0.offset = 2 * rank;
-  dim0.rows = 2;
-  dim0.shard_group = mesh.dp_shard_group;
-  dim0.replicate_group = mesh.dp_replicate_group;  // one rank: no HSDP copies
-  ParamPlacement rep = whole_placement("replicated", {5});
-  rep.kind = ParamPlacement::Kind::kReplicated;
-  rep.replicate_group = mesh.world;
-  chain.set_placements({dim0, rep});
+  const auto placed = testing::make_placed_chain(mesh);
+  const at::Tensor& shard = placed->shard;
+  const at::Tensor& replicated = placed->replicated;
+  ChainedOptimizer& chain = placed->chain;
   shard.mutable_grad() = full_shard_grad.narrow(0, 2 * rank, 2).clone();
   replicated.mutable_grad() = replicated_grad.clone();
 

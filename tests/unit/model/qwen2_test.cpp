@@ -158,19 +158,25 @@ TEST(Llama, LogitsLossAndGradientsMatchTransformers) {
   }
 }
 
+// tiny_llama with Llama 3.1's rope scaling factors and the original context shrunk to 100.
+ModelConfig tiny_llama3() {
+  auto c = tiny_llama(false);
+  c.rope_scaling = "llama3";
+  c.rope_scaling_factor = 8.0;
+  c.rope_low_freq_factor = 1.0;
+  c.rope_high_freq_factor = 4.0;
+  c.rope_original_max_seq_len = 100;
+  return c;
+}
+
 // Llama 3.1's rope scaling (factor 8, low_freq_factor 1, high_freq_factor 4) with the original
 // context shrunk to 100 so that head_dim 8's four wavelengths 2 pi theta^(2i/8) = 6.3, 63, 628,
 // 6283 fall in all three bands: 6.3 < 100/4 kept, 63 between 25 and 100 smoothed, 628 and 6283
 // > 100 divided by 8. The oracle fails unless the scaling moves HF's logits by >= 1e-2 of their
 // scale, so this case tests the scaled frequencies, not only the key plumbing.
 TEST(Llama, Llama3RopeScalingMatchesTransformers) {
-  auto c = tiny_llama(false);
+  auto c = tiny_llama3();
   c.max_seq_len = 128;
-  c.rope_scaling = "llama3";
-  c.rope_scaling_factor = 8.0;
-  c.rope_low_freq_factor = 1.0;
-  c.rope_high_freq_factor = 4.0;
-  c.rope_original_max_seq_len = 100;
   const auto r = test_support::run_hf_parity(c, 13, 2, 32);
   if (HasFailure()) return;
   test_support::expect_hf_parity(r, "llama (llama3 rope scaling)");
@@ -180,13 +186,8 @@ TEST(Llama, Llama3RopeScalingMatchesTransformers) {
 // out), to float32 rounding: ours are float32 (as HF's), a few
 // ulps (1e-7 relative) from float64; bound 1e-6 relative. No scaling leaves them unchanged.
 TEST(Llama, Llama3InverseFrequenciesFollowTheBands) {
-  auto c = tiny_llama(false);
+  auto c = tiny_llama3();
   c.rope_theta = 10000.0;
-  c.rope_scaling = "llama3";
-  c.rope_scaling_factor = 8.0;
-  c.rope_low_freq_factor = 1.0;
-  c.rope_high_freq_factor = 4.0;
-  c.rope_original_max_seq_len = 100;
   const auto ours = rotary_inv_freq(c);
   ASSERT_EQ(ours.scalar_type(), torch::kFloat32);
   ASSERT_EQ(ours.numel(), 4);

@@ -41,6 +41,17 @@ int64_t no_experts(const ModelConfig&) {
   return 0;
 }
 
+// Column-parallel MLP widths (the routed experts are not split over tp).
+std::vector<std::pair<std::string, int64_t>> dense_tp_sizes(const ModelConfig& m) {
+  return {{"model.intermediate_size", m.intermediate_size}};
+}
+std::vector<std::pair<std::string, int64_t>> shared_expert_tp_sizes(const ModelConfig& m) {
+  return {{"model.shared_expert_intermediate_size", m.shared_expert_intermediate_size}};
+}
+std::vector<std::pair<std::string, int64_t>> no_tp_sizes(const ModelConfig&) {
+  return {};
+}
+
 }  // namespace
 
 const std::vector<ModelSection>& model_sections() {
@@ -50,14 +61,24 @@ const std::vector<ModelSection>& model_sections() {
         "model.shared_expert_intermediate_size", "model.router_aux_loss_coef",
         "model.attention_bias", "model.norm_topk_prob"},
        check_qwen2_moe,
-       experts_of},
+       experts_of,
+       shared_expert_tp_sizes},
       {"qwen3_moe",
        {"model.moe_intermediate_size", "model.num_experts", "model.num_experts_per_tok",
         "model.router_aux_loss_coef", "model.attention_bias", "model.norm_topk_prob"},
        check_moe,
-       experts_of},
-      {"qwen2", {"model.intermediate_size", "model.attention_bias"}, check_qwen2, no_experts},
-      {"llama", {"model.intermediate_size", "model.attention_bias"}, check_dense, no_experts},
+       experts_of,
+       no_tp_sizes},
+      {"qwen2",
+       {"model.intermediate_size", "model.attention_bias"},
+       check_qwen2,
+       no_experts,
+       dense_tp_sizes},
+      {"llama",
+       {"model.intermediate_size", "model.attention_bias"},
+       check_dense,
+       no_experts,
+       dense_tp_sizes},
   };
   return sections;
 }

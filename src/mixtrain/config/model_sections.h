@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "mixtrain/config/trainer_config.h"
@@ -34,6 +35,9 @@ struct ModelSection {
   std::function<void(const ModelConfig&, const ModelKeyChecker&)> check;
   // Routed experts (parallel.ep must divide it); 0 for a dense model (parallel.ep must be 1).
   std::function<int64_t(const ModelConfig&)> routed_experts;
+  // Tensor parallelism: this model's own keys whose sizes are split over parallel.tp (beyond
+  // the common num_heads, num_kv_heads, vocab_size), each with its value; tp must divide each.
+  std::function<std::vector<std::pair<std::string, int64_t>>(const ModelConfig&)> tp_split_sizes;
 };
 
 // In model/registry.cpp's order.

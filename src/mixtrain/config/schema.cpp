@@ -173,6 +173,8 @@ std::vector<LeafSpec> build_leaves() {
       MIXTRAIN_LEAF("parallel.dp_shard", parallel.dp_shard),
       MIXTRAIN_LEAF("parallel.dp_replicate", parallel.dp_replicate),
       MIXTRAIN_LEAF("parallel.ep", parallel.ep),
+      MIXTRAIN_LEAF("parallel.cp", parallel.cp),
+      MIXTRAIN_LEAF("parallel.tp", parallel.tp),
       MIXTRAIN_LEAF("distributed.timeout_s", distributed.timeout_s),
       MIXTRAIN_LEAF("checkpoint.dir", checkpoint.dir),
       MIXTRAIN_LEAF("checkpoint.interval", checkpoint.interval),

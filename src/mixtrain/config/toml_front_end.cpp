@@ -45,6 +45,8 @@ const std::vector<std::pair<std::string, std::string>>& renamed_keys() {
         {"parallelism.data_parallel_replicate_degree", "parallel.dp_replicate"},
         {"parallelism.data_parallel_shard_degree", "parallel.dp_shard"},
         {"parallelism.expert_parallel_degree", "parallel.ep"},
+        {"parallelism.context_parallel_degree", "parallel.cp"},
+        {"parallelism.tensor_parallel_degree", "parallel.tp"},
         {"comm.train_timeout_seconds", "distributed.timeout_s"},
         {"checkpoint.interval", "checkpoint.interval"},
         {"checkpoint.keep_latest_k", "checkpoint.keep_last"},

@@ -84,10 +84,17 @@ struct TrainConfig {
   LrSchedulerConfig lr_scheduler;
 };
 
+// The mesh is dp_replicate x dp_shard x cp x tp (world = the product), experts over ep inside
+// dp_shard (distributed/device_mesh.h).
 struct ParallelConfig {
   int64_t dp_shard = 1;
   int64_t dp_replicate = 1;
   int64_t ep = 1;
+  int64_t cp = 1;  // context parallelism: the sequence split over cp ranks
+  int64_t tp = 1;  // tensor parallelism (Megatron layout)
+
+  int64_t dp_size() const { return dp_replicate * dp_shard; }  // data-parallel batches
+  int64_t world_size() const { return dp_replicate * dp_shard * cp * tp; }
 };
 
 struct DistributedConfig {

@@ -154,6 +154,32 @@ void check_data_and_parallel(const Checker& check, const TrainerConfig& c) {
   }
   check.positive("data.micro_batch_size", c.data.micro_batch_size);
   check.positive("data.global_batch_size", c.data.global_batch_size);
+  check.positive("parallel.cp", c.parallel.cp);
+  check.positive("parallel.tp", c.parallel.tp);
+  // Context parallelism cuts each sequence into 2 x cp chunks (rank i holds chunks i and
+  // 2cp-1-i: every rank gets the same share of the causal attention work).
+  if (c.data.seq_len % (2 * c.parallel.cp) != 0) {
+    check.fail_value("data.seq_len", "must be a multiple of 2 x " + check.key("parallel.cp") +
+                                         " = " + std::to_string(2 * c.parallel.cp) +
+                                         " (each context-parallel rank holds two chunks)");
+  }
+  // Tensor parallelism splits heads, the vocabulary and the MLP widths evenly.
+  if (c.parallel.tp > 1) {
+    std::vector<std::pair<std::string, int64_t>> split = {
+        {"model.num_heads", c.model.num_heads},
+        {"model.num_kv_heads", c.model.num_kv_heads},
+        {"model.vocab_size", c.model.vocab_size}};
+    for (const auto& extra : find_model_section(c.model.name)->tp_split_sizes(c.model)) {
+      split.push_back(extra);
+    }
+    for (const auto& [key, size] : split) {
+      if (size % c.parallel.tp != 0) {
+        check.fail_value("parallel.tp", "must divide " + check.key(key) + " (" +
+                                            std::to_string(size) +
+                                            "): tensor parallelism splits it evenly");
+      }
+    }
+  }
   const int64_t dp_size = c.parallel.dp_shard * c.parallel.dp_replicate;
   const int64_t per_step = c.data.micro_batch_size * dp_size;
   if (c.data.global_batch_size % per_step != 0) {

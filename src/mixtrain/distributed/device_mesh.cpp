@@ -110,18 +110,22 @@ MeshLayout mesh_layout(int rank, int world_size, const ParallelConfig& parallel)
   const int64_t replicate = parallel.dp_replicate;
   const int64_t shard = parallel.dp_shard;
   const int64_t ep = parallel.ep;
+  const int64_t cp = parallel.cp;
+  const int64_t tp = parallel.tp;
   // validate_config and join_mesh refuse these first in the user's keys; here they are the
   // layout's invariants.
-  if (replicate < 1 || shard < 1 || ep < 1) {
+  if (replicate < 1 || shard < 1 || ep < 1 || cp < 1 || tp < 1) {
     throw std::invalid_argument("mesh_layout: degrees must be >= 1, got replicate " +
                                 std::to_string(replicate) + ", shard " + std::to_string(shard) +
-                                ", ep " + std::to_string(ep));
+                                ", ep " + std::to_string(ep) + ", cp " + std::to_string(cp) +
+                                ", tp " + std::to_string(tp));
   }
-  if (replicate * shard != world_size) {
-    throw std::invalid_argument("mesh_layout: replicate x shard = " + std::to_string(replicate) +
-                                " x " + std::to_string(shard) + " = " +
-                                std::to_string(replicate * shard) + " must equal the world size " +
-                                std::to_string(world_size));
+  if (parallel.world_size() != world_size) {
+    throw std::invalid_argument(
+        "mesh_layout: replicate x shard x cp x tp = " + std::to_string(replicate) + " x " +
+        std::to_string(shard) + " x " + std::to_string(cp) + " x " + std::to_string(tp) + " = " +
+        std::to_string(parallel.world_size()) + " must equal the world size " +
+        std::to_string(world_size));
   }
   if (shard % ep != 0) {
     throw std::invalid_argument("mesh_layout: ep " + std::to_string(ep) +
@@ -130,19 +134,24 @@ MeshLayout mesh_layout(int rank, int world_size, const ParallelConfig& parallel)
   if (rank < 0 || rank >= world_size) {
     throw std::invalid_argument("mesh_layout: rank " + std::to_string(rank) + " out of range");
   }
-  const int row = static_cast<int>(rank / shard);
-  const int column = static_cast<int>(rank % shard);
-  const int block = static_cast<int>(column / ep);
-  const int position = static_cast<int>(column % ep);
+  const int64_t t = rank % tp, c = (rank / tp) % cp, s = (rank / (tp * cp)) % shard,
+                i = rank / (tp * cp * shard);
+  const int64_t block = s / ep, position = s % ep;
+  auto at = [&](int64_t ri, int64_t si, int64_t ci, int64_t ti) {
+    return static_cast<int>(((ri * shard + si) * cp + ci) * tp + ti);
+  };
   MeshLayout layout;
   for (int r = 0; r < world_size; ++r) layout.world.push_back(r);
-  for (int j = 0; j < shard; ++j) layout.dp_shard.push_back(static_cast<int>(row * shard + j));
-  for (int i = 0; i < replicate; ++i)
-    layout.dp_replicate.push_back(static_cast<int>(i * shard + column));
-  for (int k = 0; k < ep; ++k) layout.ep.push_back(static_cast<int>(row * shard + block * ep + k));
-  for (int i = 0; i < replicate; ++i) {
-    for (int b = 0; b < shard / ep; ++b) {
-      layout.expert_dp.push_back(static_cast<int>(i * shard + b * ep + position));
+  for (int64_t sj = 0; sj < shard; ++sj) {
+    for (int64_t cj = 0; cj < cp; ++cj) layout.dp_shard.push_back(at(i, sj, cj, t));
+  }
+  for (int64_t ri = 0; ri < replicate; ++ri) layout.dp_replicate.push_back(at(ri, s, c, t));
+  for (int64_t cj = 0; cj < cp; ++cj) layout.cp.push_back(at(i, s, cj, t));
+  for (int64_t tj = 0; tj < tp; ++tj) layout.tp.push_back(at(i, s, c, tj));
+  for (int64_t k = 0; k < ep; ++k) layout.ep.push_back(at(i, block * ep + k, c, t));
+  for (int64_t ri = 0; ri < replicate; ++ri) {
+    for (int64_t b = 0; b < shard / ep; ++b) {
+      for (int64_t cj = 0; cj < cp; ++cj) layout.expert_dp.push_back(at(ri, b * ep + position, cj, t));
     }
   }
   return layout;
@@ -156,6 +165,8 @@ DeviceMesh make_single_process_mesh(c10::Device device) {
   mesh.dp_replicate_group = make_local_collectives("dp_replicate");
   mesh.ep_group = make_local_collectives("ep");
   mesh.expert_dp_group = make_local_collectives("expert_dp");
+  mesh.cp_group = make_local_collectives("cp");
+  mesh.tp_group = make_local_collectives("tp");
   mesh.background = make_local_collectives("background");
   return mesh;
 }
@@ -173,6 +184,8 @@ DeviceMesh make_device_mesh(const RankInfo& info, const ParallelConfig& parallel
   mesh.dp_replicate = parallel.dp_replicate;
   mesh.dp_shard = parallel.dp_shard;
   mesh.ep = parallel.ep;
+  mesh.cp = parallel.cp;
+  mesh.tp = parallel.tp;
   mesh.device = device;
   if (info.world_size == 1) {
     DeviceMesh single = make_single_process_mesh();
@@ -181,6 +194,8 @@ DeviceMesh make_device_mesh(const RankInfo& info, const ParallelConfig& parallel
     mesh.dp_replicate_group = single.dp_replicate_group;
     mesh.ep_group = single.ep_group;
     mesh.expert_dp_group = single.expert_dp_group;
+    mesh.cp_group = single.cp_group;
+    mesh.tp_group = single.tp_group;
     mesh.background = single.background;
     return mesh;
   }
@@ -258,6 +273,8 @@ DeviceMesh make_device_mesh(const RankInfo& info, const ParallelConfig& parallel
   mesh.dp_replicate_group = make_compute_group("dp_replicate", layout.dp_replicate);
   mesh.ep_group = make_compute_group("ep", layout.ep);
   mesh.expert_dp_group = make_compute_group("expert_dp", layout.expert_dp);
+  mesh.cp_group = make_compute_group("cp", layout.cp);
+  mesh.tp_group = make_compute_group("tp", layout.tp);
   mesh.background = make_group("background", layout.world, /*own_connection=*/true);
   return mesh;
 }

@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "mixtrain/config/trainer_config.h"
+#include "mixtrain/model/attention.h"
 
 namespace mixtrain {
 
@@ -71,6 +72,56 @@ class ExpertDispatcher {
                                       const DispatchedTokens& dispatched) = 0;
 };
 
+// Tensor parallelism (distributed/tensor_parallel.h; Megatron-LM's layout): a tp group of
+// tp_size() ranks computes one model, each holding a slice of the split parameters (the model
+// says which: CausalLM::tp_dim). Column-parallel linears (q/k/v, gate/up, lm_head) hold rows
+// [tp_rank() * out/tp, (tp_rank()+1) * out/tp) of the weight (and bias) and produce that slice of
+// the features; row-parallel ones (o, down) hold the same columns of the weight, consume that
+// slice and sum their partial outputs over the group (their bias, whole on every rank, is added
+// once, after the sum). The vocabulary-parallel embedding holds rows of the table and sums the
+// rows found; lm_head's logits stay split over the vocabulary (cross_entropy never gathers
+// them). Every other parameter is whole on every tp rank and sees the same values there.
+class TensorParallelHooks {
+ public:
+  virtual ~TensorParallelHooks() = default;
+  virtual int64_t tp_size() const = 0;
+  virtual int64_t tp_rank() const = 0;
+  // Megatron's f: identity forward; backward sums the gradient over the tp group.
+  virtual torch::Tensor copy_to_tp(const torch::Tensor& x) = 0;
+  // Megatron's g: forward sums over the tp group (in float32, cast back to x's dtype);
+  // identity backward.
+  virtual torch::Tensor reduce_from_tp(const torch::Tensor& x) = 0;
+  // Per-token cross-entropy -log softmax(logits)[label] of the full-vocabulary logits whose
+  // slice [tp_rank() * V/tp, (tp_rank()+1) * V/tp) this rank holds: local_logits [N, V/tp]
+  // (float32), labels int64 [N] (global ids) -> float32 [N], the same on every tp rank;
+  // differentiable in local_logits. No rank holds the full logits.
+  virtual torch::Tensor vocab_parallel_cross_entropy(const torch::Tensor& local_logits,
+                                                     const torch::Tensor& labels) = 0;
+};
+
+// Context parallelism (distributed/context_parallel.h): a cp group of cp_size() ranks shares
+// one batch of sequences, each rank holding 2 of its 2 x cp equal chunks along the sequence:
+// chunks cp_rank() and 2 cp - 1 - cp_rank(), in that order (causal load balance: every rank gets
+// the same attention work). The model's input_ids are those tokens only; positions, attention
+// and the router's batch statistics are over the whole sequence.
+class ContextParallelHooks {
+ public:
+  virtual ~ContextParallelHooks() = default;
+  virtual int64_t cp_size() const = 0;
+  virtual int64_t cp_rank() const = 0;
+  // The global positions of this rank's local_seq tokens, int64 [local_seq] (CPU).
+  virtual torch::Tensor positions(int64_t local_seq) const = 0;
+  // Causal grouped-query attention (attention.h's contract) of this rank's queries over the
+  // keys and values of the whole sequence: q [B, Hq, S_local, D], k/v [B, Hkv, S_local, D] in
+  // this rank's token order -> [B, Hq, S_local, D]; differentiable in q, k, v (the gradients
+  // of other ranks' keys and values travel back to them).
+  virtual torch::Tensor attention(const torch::Tensor& q, const torch::Tensor& k,
+                                  const torch::Tensor& v, AttentionKernel kernel) = 0;
+  // The sum of x over the cp group (float32/float64); backward sums the gradients over the
+  // group too (every rank's loss uses the sum).
+  virtual torch::Tensor all_reduce_sum(const torch::Tensor& x) = 0;
+};
+
 // The hooks a model's forward calls, named after torch FSDP2's unshard / post-forward reshard.
 // Contract the model keeps: every parameter use goes through unshard(name, param); a module
 // calls post_forward(names, output) once its forward has made its last use of the tensors
@@ -95,6 +146,9 @@ class ParameterMaterializer {
   // Expert parallelism: the dispatcher of the routed experts, or nullptr when this rank holds
   // every expert (the model then computes as it always did).
   virtual ExpertDispatcher* expert_dispatcher() { return nullptr; }
+  // Tensor / context parallelism, or nullptr without (tp = 1 / cp = 1).
+  virtual TensorParallelHooks* tensor_parallel() { return nullptr; }
+  virtual ContextParallelHooks* context_parallel() { return nullptr; }
 };
 
 enum class ParamRole {
@@ -119,6 +173,10 @@ class CausalLM : public torch::nn::Module {
   ParamRole param_role(const std::string& name) const;
   // Whether `name` is a routed-expert tensor (role kExpert; expert dim 0).
   bool is_expert(const std::string& name) const { return param_role(name) == ParamRole::kExpert; }
+  // Tensor parallelism: the dim along which parameter `name` is split over the tp group (0:
+  // column-parallel weights and biases, the vocabulary of embed_tokens and lm_head; 1:
+  // row-parallel weights), or -1 when every tp rank holds it whole.
+  int64_t tp_dim(const std::string& name) const;
 
   // Installs (or, with nullptr, removes) the materializer every later forward uses. The model
   // holds it (shared), so the autograd graphs it builds stay valid while the model lives.
@@ -133,6 +191,10 @@ class CausalLM : public torch::nn::Module {
   // Gives every parameter of `module` (registered under `prefix`, e.g. "model.layers.0.mlp.")
   // the role `role`; a model calls it from its constructor for each of its modules.
   void assign_param_role(const std::string& prefix, torch::nn::Module& module, ParamRole role);
+  // Splits the parameters of `module` (registered under `prefix`) over tp along `dim` (tp_dim);
+  // with `weight_only`, only its ".weight" (a row-parallel linear's bias stays whole).
+  void assign_tp_dim(const std::string& prefix, torch::nn::Module& module, int64_t dim,
+                     bool weight_only = false);
 
   // Shared with the model's submodules, which read it at every forward (so installing a
   // materializer after construction reaches all of them).
@@ -142,6 +204,14 @@ class CausalLM : public torch::nn::Module {
  private:
   MaterializerSlot materializer_ = std::make_shared<std::shared_ptr<ParameterMaterializer>>();
   std::map<std::string, ParamRole> roles_;
+  std::map<std::string, int64_t> tp_dims_;  // absent: -1
 };
+
+// The mean over tokens of the next-token cross-entropy of `logits` [.., V or V/tp] against
+// `labels` (int64, the same leading shape), in float32: torch's cross_entropy, or with tensor
+// parallelism the vocabulary-parallel one of the model's materializer. per_token: the [N]
+// losses instead of their mean.
+torch::Tensor causal_lm_cross_entropy(const CausalLM& model, const torch::Tensor& logits,
+                                      const torch::Tensor& labels, bool per_token = false);
 
 }  // namespace mixtrain

@@ -33,6 +33,16 @@ ExpertDispatcher* ParamAccess::expert_dispatcher() const {
   return m ? m->expert_dispatcher() : nullptr;
 }
 
+TensorParallelHooks* ParamAccess::tensor_parallel() const {
+  const auto& m = *slot;
+  return m ? m->tensor_parallel() : nullptr;
+}
+
+ContextParallelHooks* ParamAccess::context_parallel() const {
+  const auto& m = *slot;
+  return m ? m->context_parallel() : nullptr;
+}
+
 WeightedLayer::WeightedLayer(at::IntArrayRef weight_shape, ParamAccess access)
     : access_(std::move(access)) {
   weight = register_parameter("weight", torch::empty(weight_shape));
@@ -72,7 +82,10 @@ torch::Tensor RMSNorm::forward(const torch::Tensor& x) {
 
 Qwen2Attention::Qwen2Attention(const ModelConfig& c, const ParamAccess& access,
                                const AttentionOptions& options)
-    : num_heads_(c.num_heads), num_key_value_heads_(c.num_kv_heads), head_dim_(c.head_dim) {
+    : num_heads_(c.num_heads),
+      num_key_value_heads_(c.num_kv_heads),
+      head_dim_(c.head_dim),
+      access_(access) {
   const int64_t q_width = c.num_heads * c.head_dim, kv_width = c.num_kv_heads * c.head_dim;
   q_proj = register_module(
       "q_proj",
@@ -112,7 +125,11 @@ torch::Tensor Qwen2Attention::forward(const torch::Tensor& x, const torch::Tenso
   key = apply_rotary_pos_emb(key, cos, sin);
   // LibTorch's flash kernel in float32, HF's eager one in bf16/fp16, where flash's backward
   // makes forward + backward up to 3.1x slower on this CPU (bench/README.md, attention_bench).
-  auto attn_output = causal_attention(query, key, value, attention_kernel_for(query.scalar_type()));
+  // With context parallelism the keys and values of the other ranks' chunks take part too.
+  const AttentionKernel kernel = attention_kernel_for(query.scalar_type());
+  ContextParallelHooks* cp = access_.context_parallel();
+  auto attn_output = cp != nullptr ? cp->attention(query, key, value, kernel)
+                                   : causal_attention(query, key, value, kernel);
   attn_output = attn_output.transpose(1, 2).reshape({bsz, q_len, num_heads_ * head_dim_});
   return o_proj->forward(attn_output);
 }
@@ -176,6 +193,18 @@ std::pair<torch::Tensor, torch::Tensor> rotary_cos_sin(int64_t seq_len, int64_t 
   c.rope_theta = rope_theta;
   c.rope_scaling = "none";
   return rotary_cos_sin(seq_len, c, device);
+}
+
+std::pair<torch::Tensor, torch::Tensor> decoder_rotary(const torch::Tensor& input_ids,
+                                                       const ModelConfig& c,
+                                                       const ParamAccess& access) {
+  const int64_t seq_len = input_ids.size(1);
+  ContextParallelHooks* cp = access.context_parallel();
+  if (cp == nullptr) return rotary_cos_sin(seq_len, c, input_ids.device());
+  auto [cos, sin] = rotary_cos_sin(seq_len * cp->cp_size(), c);
+  const torch::Tensor rows = cp->positions(seq_len);
+  return {cos.index_select(0, rows).to(input_ids.device()),
+          sin.index_select(0, rows).to(input_ids.device())};
 }
 
 torch::Tensor apply_rotary_pos_emb(const torch::Tensor& x, const torch::Tensor& cos,

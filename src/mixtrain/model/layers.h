@@ -38,6 +38,8 @@ struct ParamAccess {
   torch::Tensor post_forward(const std::vector<std::string>& local_names,
                              const torch::Tensor& output) const;
   ExpertDispatcher* expert_dispatcher() const;
+  TensorParallelHooks* tensor_parallel() const;    // nullptr without tensor parallelism
+  ContextParallelHooks* context_parallel() const;  // nullptr without context parallelism
 };
 
 // A layer whose parameters are `weight` (registered first, left uninitialised for
@@ -100,6 +102,7 @@ class Qwen2Attention : public torch::nn::Module {
 
  private:
   int64_t num_heads_, num_key_value_heads_, head_dim_;
+  ParamAccess access_;
 };
 
 // SwiGLU MLP without biases: down(silu(gate x) * up x) (HF Qwen2MLP; Qwen2-MoE's shared expert).
@@ -129,6 +132,13 @@ std::pair<torch::Tensor, torch::Tensor> rotary_cos_sin(int64_t seq_len, const Mo
 std::pair<torch::Tensor, torch::Tensor> rotary_cos_sin(int64_t seq_len, int64_t head_dim,
                                                        double rope_theta,
                                                        torch::Device device = torch::kCPU);
+
+// The decoder's rotary tables for input_ids [B, S]: positions 0..S-1, or with context
+// parallelism (access.context_parallel()) the global positions of this rank's tokens, as rows of
+// the whole sequence's tables (so every position gets the single-process bits).
+std::pair<torch::Tensor, torch::Tensor> decoder_rotary(const torch::Tensor& input_ids,
+                                                       const ModelConfig& c,
+                                                       const ParamAccess& access);
 
 // x * cos + rotate_half(x) * sin for x [batch, heads, seq, head_dim]; cos/sin [seq, head_dim]
 // are cast to x's dtype (as HF).
@@ -191,6 +201,11 @@ class Qwen2FamilyForCausalLM : public CausalLM {
     auto out = lm_head->forward(hidden);
     const auto& materializer = parameter_materializer();
     return materializer ? materializer->cast_forward_output(out) : out;
+  }
+
+  ContextParallelHooks* context_parallel() const {
+    const auto& materializer = parameter_materializer();
+    return materializer ? materializer->context_parallel() : nullptr;
   }
 
   static std::string layer_prefix(size_t i) { return "model.layers." + std::to_string(i) + "."; }

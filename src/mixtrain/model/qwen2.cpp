@@ -42,7 +42,7 @@ class Qwen2DecoderLayer : public torch::nn::Module {
 class Qwen2Model : public torch::nn::Module {
  public:
   Qwen2Model(const ModelConfig& c, const ParamAccess& access, const AttentionOptions& attention)
-      : config_(c) {
+      : config_(c), access_(access) {
     embed_tokens = register_module(
         "embed_tokens",
         std::make_shared<Embedding>(c.vocab_size, c.hidden_size, access.child("embed_tokens")));
@@ -58,7 +58,7 @@ class Qwen2Model : public torch::nn::Module {
 
   // input_ids [B, S] -> final hidden states [B, S, H]
   torch::Tensor forward(const torch::Tensor& input_ids) {
-    auto [cos, sin] = rotary_cos_sin(input_ids.size(1), config_, input_ids.device());
+    auto [cos, sin] = decoder_rotary(input_ids, config_, access_);
     auto h = embed_tokens->forward(input_ids);
     for (auto& layer : layers) h = layer->forward(h, cos, sin);
     return norm->forward(h);
@@ -70,6 +70,7 @@ class Qwen2Model : public torch::nn::Module {
 
  private:
   ModelConfig config_;
+  ParamAccess access_;
 };
 
 class Qwen2ForCausalLM : public Qwen2FamilyForCausalLM<Qwen2Model> {

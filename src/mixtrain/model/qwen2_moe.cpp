@@ -231,7 +231,7 @@ class Qwen2MoeDecoderLayer : public torch::nn::Module {
 class Qwen2MoeModel : public torch::nn::Module {
  public:
   Qwen2MoeModel(const ModelConfig& c, const ParamAccess& access, const MoeOptions& options)
-      : config_(c) {
+      : config_(c), access_(access) {
     embed_tokens = register_module(
         "embed_tokens",
         std::make_shared<Embedding>(c.vocab_size, c.hidden_size, access.child("embed_tokens")));
@@ -247,8 +247,7 @@ class Qwen2MoeModel : public torch::nn::Module {
 
   // -> (final hidden states [B, S, H], router logits of every layer)
   std::pair<torch::Tensor, std::vector<torch::Tensor>> forward(const torch::Tensor& input_ids) {
-    const int64_t seq_len = input_ids.size(1);
-    auto [cos, sin] = rotary_cos_sin(seq_len, config_, input_ids.device());
+    auto [cos, sin] = decoder_rotary(input_ids, config_, access_);
     auto h = embed_tokens->forward(input_ids);
     std::vector<torch::Tensor> router_logits;
     router_logits.reserve(layers.size());
@@ -266,6 +265,7 @@ class Qwen2MoeModel : public torch::nn::Module {
 
  private:
   ModelConfig config_;
+  ParamAccess access_;
 };
 
 class Qwen2MoeForCausalLM : public Qwen2FamilyForCausalLM<Qwen2MoeModel> {
@@ -293,8 +293,9 @@ class Qwen2MoeForCausalLM : public Qwen2FamilyForCausalLM<Qwen2MoeModel> {
     CausalLMOutput out;
     // Only the logits take output_dtype: the aux loss stays float32 (contract above).
     out.logits = logits(hidden);
-    out.aux_loss =
-        load_balancing_loss(router_logits, config_.num_experts, config_.num_experts_per_tok);
+    // With context parallelism the statistics are the whole sequence's (summed over cp).
+    out.aux_loss = load_balancing_loss(router_logits, config_.num_experts,
+                                       config_.num_experts_per_tok, context_parallel());
     return out;
   }
 };
@@ -340,7 +341,7 @@ std::pair<torch::Tensor, torch::Tensor> route_top_k(const torch::Tensor& router_
 }
 
 torch::Tensor load_balancing_loss(const std::vector<torch::Tensor>& router_logits,
-                                  int64_t num_experts, int64_t top_k) {
+                                  int64_t num_experts, int64_t top_k, ContextParallelHooks* cp) {
   if (router_logits.empty()) return torch::zeros({}, torch::kFloat32);
   std::vector<torch::Tensor> as_float;
   as_float.reserve(router_logits.size());
@@ -351,6 +352,13 @@ torch::Tensor load_balancing_loss(const std::vector<torch::Tensor>& router_logit
   // Top-k indices of one token are distinct, so this 0/1 mask equals HF's one_hot summed over
   // the k slots.
   const auto expert_mask = torch::zeros_like(routing_weights).scatter_(1, selected_experts, 1.0);
+  if (cp != nullptr) {
+    // T and both per-expert sums over the cp group's tokens; the sum's backward sums every
+    // rank's gradient of its (identical) loss, so each rank's probabilities get theirs.
+    const auto sums = cp->all_reduce_sum(torch::stack({expert_mask.sum(0), routing_weights.sum(0)}));
+    const double tokens = static_cast<double>(logits.size(0) * cp->cp_size());
+    return (sums[0] / tokens * (sums[1] / tokens)).sum() * double(num_experts);
+  }
   const auto tokens_per_expert = expert_mask.mean(0);
   const auto router_prob_per_expert = routing_weights.mean(0);
   return (tokens_per_expert * router_prob_per_expert).sum() * double(num_experts);

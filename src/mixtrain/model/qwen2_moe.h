@@ -79,8 +79,11 @@ std::pair<torch::Tensor, torch::Tensor> route_top_k(const torch::Tensor& router_
 // Gradient flows through P only (top-k is not differentiable). Returns a float32 scalar; 0 for an
 // empty list. Balanced routing gives top_k; all tokens on the same experts give up to E.
 // Qwen3-MoE's loss is the same function (transformers 5.24); it does not see norm_topk_prob.
+// With context parallelism (cp), T and both sums run over the cp group's tokens, so every cp
+// rank gets the whole sequence's loss.
 torch::Tensor load_balancing_loss(const std::vector<torch::Tensor>& router_logits,
-                                  int64_t num_experts, int64_t top_k);
+                                  int64_t num_experts, int64_t top_k,
+                                  ContextParallelHooks* cp = nullptr);
 
 // The rotary helpers live in layers.h (shared with qwen2); these names stay for callers.
 using mixtrain::apply_rotary_pos_emb;

@@ -214,15 +214,16 @@ c10::Device resolve_train_device(const TrainerConfig& config) {
 
 DeviceMesh join_mesh(const TrainerConfig& config, c10::Device device) {
   RankInfo rank = detect_rank_info();
-  const int64_t degrees = config.parallel.dp_shard * config.parallel.dp_replicate;
+  const int64_t degrees = config.parallel.world_size();
   if (rank.world_size == 1 && degrees == 1) return make_single_process_mesh(device);
   // The one degree rule only the launched job can check (validate_config has the others).
   if (degrees != rank.world_size) {
     throw ConfigError(ConfigKey{"parallel.dp_shard"},
                       std::to_string(config.parallel.dp_shard) + " x the replicate degree " +
-                          std::to_string(config.parallel.dp_replicate) + " = " +
-                          std::to_string(degrees) + " ranks, but the launcher started " +
-                          std::to_string(rank.world_size));
+                          std::to_string(config.parallel.dp_replicate) + " x cp " +
+                          std::to_string(config.parallel.cp) + " x tp " +
+                          std::to_string(config.parallel.tp) + " = " + std::to_string(degrees) +
+                          " ranks, but the launcher started " + std::to_string(rank.world_size));
   }
   set_log_rank(rank.rank);
   return make_device_mesh(rank, config.parallel, config.distributed.timeout_s, device);
@@ -304,9 +305,10 @@ Trainer::Trainer(const ResolvedConfig& resolved, const DeviceMesh& mesh, const s
     log_info(optimizer_report_text(*optimizer_, resolved_, "after construction"));
   }
 
-  // Data-parallel rank r reads windows r, r+n, ...: together the ranks read the global batch.
-  data_ = make_dataset(config.data, config.model.vocab_size, config.train.seed, mesh_.rank,
-                       mesh_.world_size);
+  // Data-parallel rank r reads windows r, r+n, ...: together the ranks read the global batch
+  // (the cp and tp ranks of one data rank read the same windows).
+  data_ = make_dataset(config.data, config.model.vocab_size, config.train.seed, mesh_.data_rank(),
+                       mesh_.dp_size());
   if (is_rank0) log_info("data: " + data_->describe());
   // Opened (and every file checked) before the first step: a bad eval set fails the run now.
   if (config.train.eval_every > 0) {

@@ -175,6 +175,7 @@ std::vector<LeafSpec> build_leaves() {
       MIXTRAIN_LEAF("parallel.ep", parallel.ep),
       MIXTRAIN_LEAF("parallel.cp", parallel.cp),
       MIXTRAIN_LEAF("parallel.tp", parallel.tp),
+      MIXTRAIN_LEAF("parallel.cp_rotate_method", parallel.cp_rotate_method),
       MIXTRAIN_LEAF("distributed.timeout_s", distributed.timeout_s),
       MIXTRAIN_LEAF("checkpoint.dir", checkpoint.dir),
       MIXTRAIN_LEAF("checkpoint.interval", checkpoint.interval),

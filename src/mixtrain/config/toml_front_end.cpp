@@ -47,6 +47,7 @@ const std::vector<std::pair<std::string, std::string>>& renamed_keys() {
         {"parallelism.expert_parallel_degree", "parallel.ep"},
         {"parallelism.context_parallel_degree", "parallel.cp"},
         {"parallelism.tensor_parallel_degree", "parallel.tp"},
+        {"parallelism.context_parallel_rotate_method", "parallel.cp_rotate_method"},
         {"comm.train_timeout_seconds", "distributed.timeout_s"},
         {"checkpoint.interval", "checkpoint.interval"},
         {"checkpoint.keep_latest_k", "checkpoint.keep_last"},

@@ -92,6 +92,10 @@ struct ParallelConfig {
   int64_t ep = 1;
   int64_t cp = 1;  // context parallelism: the sequence split over cp ranks
   int64_t tp = 1;  // tensor parallelism (Megatron layout)
+  // How context-parallel attention moves keys and values (torchtitan's
+  // context_parallel_rotate_method): "alltoall" passes each rank's chunk around the cp ring, one
+  // neighbour exchange per step; "allgather" gathers every chunk at once.
+  std::string cp_rotate_method = "alltoall";
 
   int64_t dp_size() const { return dp_replicate * dp_shard; }  // data-parallel batches
   int64_t world_size() const { return dp_replicate * dp_shard * cp * tp; }

@@ -156,6 +156,7 @@ void check_data_and_parallel(const Checker& check, const TrainerConfig& c) {
   check.positive("data.global_batch_size", c.data.global_batch_size);
   check.positive("parallel.cp", c.parallel.cp);
   check.positive("parallel.tp", c.parallel.tp);
+  check.one_of("parallel.cp_rotate_method", c.parallel.cp_rotate_method, {"alltoall", "allgather"});
   // Context parallelism cuts each sequence into 2 x cp chunks (rank i holds chunks i and
   // 2cp-1-i: every rank gets the same share of the causal attention work).
   if (c.data.seq_len % (2 * c.parallel.cp) != 0) {

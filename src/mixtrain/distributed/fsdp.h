@@ -112,6 +112,11 @@ class FullyShardedModel : public ParameterMaterializer {
   at::Tensor cast_forward_input(const at::Tensor& input) override;
   at::Tensor cast_forward_output(const at::Tensor& output) override;
   ExpertDispatcher* expert_dispatcher() override { return expert_parallel_.get(); }
+  ContextParallelHooks* context_parallel() override { return context_parallel_.get(); }
+  // Context parallelism (shard_model sets it when mesh.cp > 1, before any forward).
+  void set_context_parallel(std::shared_ptr<ContextParallelHooks> hooks) {
+    context_parallel_ = std::move(hooks);
+  }
   // Whether parameter `name` is split by expert parallelism (not FSDP-sharded).
   bool is_expert_parallel(const std::string& name) const;
 
@@ -150,6 +155,7 @@ class FullyShardedModel : public ParameterMaterializer {
   std::shared_ptr<ExpertParallel> expert_parallel_;
   ExpertSliceGrads expert_grads_;  // expert_slice_grad.h
   bool expert_sync_queued_ = false;
+  std::shared_ptr<ContextParallelHooks> context_parallel_;
   void queue_expert_grad_sync();
   void sync_expert_grads();
   void deliver_grad(const Param& p, at::Tensor grad);

@@ -140,7 +140,9 @@ TEST(Cli, NprocMismatchNamesTheDegreesAsWritten) {
   EXPECT_EQ(r.exit_code, 2) << r.output;
   EXPECT_TRUE(contains(r.output,
                        ": parallel: --nproc 4 but parallelism.data_parallel_replicate_degree x "
-                       "parallelism.data_parallel_shard_degree = 2"))
+                       "parallelism.data_parallel_shard_degree x "
+                       "parallelism.context_parallel_degree x "
+                       "parallelism.tensor_parallel_degree = 2"))
       << r.output;
 }
 

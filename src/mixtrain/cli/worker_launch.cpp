@@ -45,11 +45,12 @@ int launch_data_parallel_workers(const std::string& config_path,
   } catch (const ConfigError&) {
   }
   ResolvedConfig resolved;
-  if (as_written && as_written->config.parallel.world_size() == nproc) {
+  if (as_written && (as_written->config.parallel.world_size() == nproc ||
+                     as_written->config.parallel.dp_shard != 1)) {
     resolved = *as_written;
   } else {
     int64_t others = 1;  // dp_replicate x cp x tp as written (1 when it did not resolve)
-    if (as_written && as_written->config.parallel.dp_shard == 1) {
+    if (as_written) {
       const ParallelConfig& p = as_written->config.parallel;
       others = p.dp_replicate * p.cp * p.tp;
     }

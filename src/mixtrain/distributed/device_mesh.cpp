@@ -151,7 +151,8 @@ MeshLayout mesh_layout(int rank, int world_size, const ParallelConfig& parallel)
   for (int64_t k = 0; k < ep; ++k) layout.ep.push_back(at(i, block * ep + k, c, t));
   for (int64_t ri = 0; ri < replicate; ++ri) {
     for (int64_t b = 0; b < shard / ep; ++b) {
-      for (int64_t cj = 0; cj < cp; ++cj) layout.expert_dp.push_back(at(ri, b * ep + position, cj, t));
+      for (int64_t cj = 0; cj < cp; ++cj)
+        layout.expert_dp.push_back(at(ri, b * ep + position, cj, t));
     }
   }
   return layout;

@@ -355,7 +355,8 @@ torch::Tensor load_balancing_loss(const std::vector<torch::Tensor>& router_logit
   if (cp != nullptr) {
     // T and both per-expert sums over the cp group's tokens; the sum's backward sums every
     // rank's gradient of its (identical) loss, so each rank's probabilities get theirs.
-    const auto sums = cp->all_reduce_sum(torch::stack({expert_mask.sum(0), routing_weights.sum(0)}));
+    const auto sums =
+        cp->all_reduce_sum(torch::stack({expert_mask.sum(0), routing_weights.sum(0)}));
     const double tokens = static_cast<double>(logits.size(0) * cp->cp_size());
     return (sums[0] / tokens * (sums[1] / tokens)).sum() * double(num_experts);
   }

@@ -59,8 +59,9 @@ std::string Evaluator::describe() const {
 }
 
 EvalResult Evaluator::evaluate(CausalLM& model, const DeviceMesh& mesh) {
-  const int64_t ranks = mesh.world_size;
-  const int64_t rank = mesh.rank;
+  // Windows are dealt to the data ranks; the cp and tp ranks of one data rank share its windows.
+  const int64_t ranks = mesh.dp_size();
+  const int64_t rank = mesh.data_rank();
   // Windows per forward over all ranks; every rank runs `forwards` forwards.
   const int64_t per_forward = ranks * micro_batch_size_;
   const int64_t forwards = (windows_ + per_forward - 1) / per_forward;
@@ -80,19 +81,21 @@ EvalResult Evaluator::evaluate(CausalLM& model, const DeviceMesh& mesh) {
     }
     const Batch batch = data_->windows_batch(indices, seq_len_);
     const CausalLMOutput out = model.forward(batch.input_ids.to(mesh.device));
-    const int64_t vocab = out.logits.size(-1);
     // Per token, as the trainer's loss: float32 logits, then the row sums in float64.
-    const torch::Tensor token_loss = torch::nn::functional::cross_entropy(
-        out.logits.reshape({-1, vocab}).to(torch::kFloat),
-        batch.labels.reshape({-1}).to(mesh.device),
-        torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kNone));
+    const torch::Tensor token_loss = causal_lm_cross_entropy(
+        model, out.logits, batch.labels.to(mesh.device), /*per_token=*/true);
     const torch::Tensor row_sums =
         token_loss.to(torch::kDouble).view({micro_batch_size_, -1}).sum(1);
     loss_sum += (row_sums * torch::tensor(counted, on_device)).sum();
   }
+  // Counted once per data rank: the tp ranks hold the same token losses (tp rank 0 reports
+  // them), the cp ranks each their own tokens' (all report), the window count once (cp rank 0).
+  const bool report_losses = mesh.tp_index() == 0;
+  const bool report_windows = report_losses && mesh.cp_index() == 0;
   torch::Tensor totals = torch::stack(
-      {loss_sum.cpu(), torch::tensor(static_cast<double>(my_windows), torch::kDouble)});
-  if (ranks > 1) mesh.world->all_reduce_sum(totals);  // float64: window counts are exact
+      {report_losses ? loss_sum.cpu() : torch::zeros({}, torch::kDouble),
+       torch::tensor(report_windows ? static_cast<double>(my_windows) : 0.0, torch::kDouble)});
+  if (mesh.world_size > 1) mesh.world->all_reduce_sum(totals);  // float64: counts are exact
   EvalResult result;
   result.loss_sum = totals[0].item<double>();
   result.windows = static_cast<int64_t>(totals[1].item<double>());

@@ -173,10 +173,10 @@ StepLoss accumulate_gradients(CausalLM& model, TokenDataset& data, const Trainer
       const torch::Tensor input_ids = batch.input_ids.to(device);
       const torch::Tensor labels = batch.labels.to(device);
       out = model.forward(input_ids);
-      const int64_t vocab = out.logits.size(-1);
-      torch::Tensor cross_entropy = torch::nn::functional::cross_entropy(
-          out.logits.reshape({-1, vocab}).to(torch::kFloat), labels.reshape({-1}));
-      loss = cross_entropy + config.model.router_aux_loss_coef * out.aux_loss;
+      // With tensor parallelism the logits are this rank's vocabulary slice: the loss is the
+      // vocabulary-parallel cross-entropy.
+      loss = causal_lm_cross_entropy(model, out.logits, labels) +
+             config.model.router_aux_loss_coef * out.aux_loss;
     }
     {
       // CPU autograd runs backward (and FSDP's gradient reduction in it) on this thread.

@@ -135,6 +135,38 @@ TEST(ValidateTest, Parallel) {
       "parallel:\n  ep: 2\n  dp_shard: 2\n  dp_replicate: 2\ndata:\n  global_batch_size: 32\n");
 }
 
+// Tensor and context parallelism: degrees, what tp must divide (heads, kv heads, vocabulary,
+// the model's MLP width), the sequence's 2 x cp chunks, the rotate method.
+TEST(ValidateTest, TensorAndContextParallel) {
+  EXPECT_EQ(yaml_error("parallel:\n  tp: 0\n"), "parallel.tp: must be > 0, got 0");
+  EXPECT_EQ(toml_error("[parallelism]\ncontext_parallel_degree = 0\n"),
+            "parallelism.context_parallel_degree: must be > 0, got 0");
+  // Defaults: 4 heads, 2 kv heads, vocab 512, shared expert 128, seq_len 64.
+  EXPECT_EQ(yaml_error("parallel:\n  tp: 4\n"),
+            "parallel.tp: must divide model.num_kv_heads (2): tensor parallelism splits it "
+            "evenly, got 4");
+  EXPECT_EQ(yaml_error("parallel:\n  tp: 2\nmodel:\n  vocab_size: 513\n"),
+            "parallel.tp: must divide model.vocab_size (513): tensor parallelism splits it "
+            "evenly, got 2");
+  EXPECT_EQ(yaml_error("parallel:\n  tp: 2\nmodel:\n  shared_expert_intermediate_size: 33\n"),
+            "parallel.tp: must divide model.shared_expert_intermediate_size (33): tensor "
+            "parallelism splits it evenly, got 2");
+  EXPECT_EQ(yaml_error("parallel:\n  tp: 2\nmodel:\n  name: qwen2\n  intermediate_size: 33\n"),
+            "parallel.tp: must divide model.intermediate_size (33): tensor parallelism splits it "
+            "evenly, got 2");
+  EXPECT_EQ(toml_error("[parallelism]\ncontext_parallel_degree = 3\n"),
+            "training.seq_len: must be a multiple of 2 x parallelism.context_parallel_degree = 6 "
+            "(each context-parallel rank holds two chunks), got 64");
+  EXPECT_EQ(yaml_error("parallel:\n  cp_rotate_method: ring\n"),
+            "parallel.cp_rotate_method: must be one of alltoall, allgather, got 'ring'");
+  expect_valid("c.yaml",
+               "parallel:\n  tp: 2\n  cp: 2\n  dp_shard: 2\n  ep: 2\n  cp_rotate_method: "
+               "allgather\ndata:\n  global_batch_size: 16\n");
+  expect_valid("c.toml",
+               "[parallelism]\ntensor_parallel_degree = 2\ncontext_parallel_degree = 4\n"
+               "context_parallel_rotate_method = \"alltoall\"\n");
+}
+
 // Each model reads its own section (config/model_sections.h): another model's keys are
 // refused when given, ignored at their defaults.
 TEST(ValidateTest, DenseQwen2Section) {

@@ -152,7 +152,8 @@ TEST_F(TrainerTest, WorldSizeOtherThanTheDegreesIsRefusedOnDpShard) {
   unsetenv("RANK");
   unsetenv("WORLD_SIZE");
   EXPECT_EQ(key, "parallel.dp_shard");
-  EXPECT_EQ(problem, "2 x the replicate degree 1 = 2 ranks, but the launcher started 4");
+  EXPECT_EQ(problem,
+            "2 x the replicate degree 1 x cp 1 x tp 1 = 2 ranks, but the launcher started 4");
 }
 
 // Two steps each, one trainer after the other (each seeds the global generator when built).

@@ -75,7 +75,7 @@ TEST(CkptCommand, InspectListsLayoutTensorsAndState) {
   EXPECT_TRUE(contains(r.output, "checkpoint: " + dir.file("ckpt/step-00000007"))) << r.output;
   EXPECT_TRUE(contains(r.output, "step: 7\n")) << r.output;
   EXPECT_TRUE(contains(r.output, "world size: 2\n")) << r.output;
-  EXPECT_TRUE(contains(r.output, "mesh: dp_replicate=1 dp_shard=2 ep=1")) << r.output;
+  EXPECT_TRUE(contains(r.output, "mesh: dp_replicate=1 dp_shard=2 ep=1 cp=1 tp=1")) << r.output;
   EXPECT_TRUE(contains(r.output, "tensors: 3 (64 bytes in 2 files)")) << r.output;
   // One line per key: key, dtype, shape, bytes, chunks (column widths are not checked).
   for (const auto& fields : std::vector<std::vector<std::string>>{

@@ -174,7 +174,9 @@ nlohmann::json metadata_to_json(const CheckpointMetadata& metadata) {
           {"mesh",
            {{"dp_replicate", metadata.mesh.dp_replicate},
             {"dp_shard", metadata.mesh.dp_shard},
-            {"ep", metadata.mesh.ep}}},
+            {"ep", metadata.mesh.ep},
+            {"cp", metadata.mesh.cp},
+            {"tp", metadata.mesh.tp}}},
           {"tensors", tensors},
           {"state", metadata.state}};
 }
@@ -203,6 +205,9 @@ CheckpointMetadata metadata_from_json(const nlohmann::json& json, const std::str
       p.integer(p.member(mesh, "dp_replicate", "mesh.dp_replicate"), "mesh.dp_replicate", 1);
   m.mesh.dp_shard = p.integer(p.member(mesh, "dp_shard", "mesh.dp_shard"), "mesh.dp_shard", 1);
   m.mesh.ep = p.integer(p.member(mesh, "ep", "mesh.ep"), "mesh.ep", 1);
+  // Written since tensor / context parallelism; older checkpoints had neither (1).
+  if (mesh.contains("cp")) m.mesh.cp = p.integer(mesh.at("cp"), "mesh.cp", 1);
+  if (mesh.contains("tp")) m.mesh.tp = p.integer(mesh.at("tp"), "mesh.tp", 1);
   for (const auto& [key, tensor] : p.object(json, "tensors", "tensors").items()) {
     m.tensors[key] = parse_tensor(p, tensor, "tensors." + key, m.world_size);
   }

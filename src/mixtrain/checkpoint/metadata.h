@@ -8,7 +8,7 @@
 //
 // .metadata.json:
 //   {"format": "mixtrain-checkpoint", "format_version": 1, "step": 12, "world_size": 2,
-//    "mesh": {"dp_replicate": 1, "dp_shard": 2, "ep": 1},
+//    "mesh": {"dp_replicate": 1, "dp_shard": 2, "ep": 1, "cp": 1, "tp": 1},
 //    "tensors": {"<key>": {"dtype": "bfloat16", "shape": [64, 32],
 //                          "chunks": [{"file": "__0_0.safetensors", "offsets": [0, 0],
 //                                      "sizes": [32, 32], "xxh3_64": "<16 hex digits>"}, ...]}},
@@ -62,6 +62,8 @@ struct CheckpointMesh {
   int64_t dp_replicate = 1;
   int64_t dp_shard = 1;
   int64_t ep = 1;
+  int64_t cp = 1;  // absent from checkpoints written before context parallelism: 1
+  int64_t tp = 1;  // likewise for tensor parallelism
 };
 
 struct CheckpointMetadata {

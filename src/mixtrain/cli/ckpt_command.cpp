@@ -42,7 +42,8 @@ int64_t numel(const std::vector<int64_t>& shape) {
 
 std::string mesh_text(const CheckpointMesh& m) {
   return "dp_replicate=" + std::to_string(m.dp_replicate) +
-         " dp_shard=" + std::to_string(m.dp_shard) + " ep=" + std::to_string(m.ep);
+         " dp_shard=" + std::to_string(m.dp_shard) + " ep=" + std::to_string(m.ep) +
+         " cp=" + std::to_string(m.cp) + " tp=" + std::to_string(m.tp);
 }
 
 std::set<std::string> files_of(const CheckpointMetadata& m) {

@@ -398,7 +398,8 @@ SaveRequest make_save_request(const CheckpointParts& parts, int64_t step) {
   const TrainerConfig& config = parts.resolved.config;
   SaveRequest request;
   request.step = step;
-  request.mesh = CheckpointMesh{parts.mesh.dp_replicate, parts.mesh.dp_shard, parts.mesh.ep};
+  request.mesh = CheckpointMesh{parts.mesh.dp_replicate, parts.mesh.dp_shard, parts.mesh.ep,
+                                parts.mesh.cp, parts.mesh.tp};
   for (const auto& [key, tensor] : model_tensors(parts.model)) {
     request.chunks.push_back(place(parts.sharded, key, tensor.detach()));
   }

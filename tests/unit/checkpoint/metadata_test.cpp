@@ -107,6 +107,8 @@ TEST(CheckpointMetadata, RejectsBadTopLevelFields) {
   expect_edit_rejected([](auto& j) { j["world_size"] = 0; }, "world_size", ">= 1");
   expect_edit_rejected([](auto& j) { j.erase("mesh"); }, "mesh", "missing");
   expect_edit_rejected([](auto& j) { j["mesh"]["ep"] = 0; }, "mesh.ep", ">= 1");
+  expect_edit_rejected([](auto& j) { j["mesh"]["tp"] = 0; }, "mesh.tp", ">= 1");
+  expect_edit_rejected([](auto& j) { j["mesh"]["cp"] = "2"; }, "mesh.cp", "integer");
   expect_edit_rejected([](auto& j) { j.erase("state"); }, "state", "missing");
   expect_edit_rejected([](auto& j) { j["state"] = 3; }, "state", "object");
   expect_edit_rejected([](auto& j) { j["tensors"] = nlohmann::json::array(); }, "tensors",

@@ -1,0 +1,217 @@
+// The fp32-main-params seed's system test: a small Qwen2-MoE trained on 8 ranks combining data,
+// context, tensor and expert parallelism with FSDP (dp_shard 2 x cp 2 x tp 2, the 4 routed
+// experts split over ep 2), 20 steps, every step compared with the one-process Trainer on the
+// same global batch: the loss, the global grad norm, every main_grad (after clipping), every
+// main param and every written-back model param. Once with AdamW, once with Muon + AdamW
+// (Newton–Schulz and distributed Muon's wire in float32).
+//
+// Compute runs in float32 (model_init_dtype, param_dtype and output_dtype float32; main params
+// and the gradient reduction float32 as always), so the two sides differ by float32 summation
+// order only: tensor parallelism sums a row-parallel layer's partial products over the tp group
+// and the vocabulary-parallel cross-entropy its partial softmax sums, context parallelism merges
+// per-chunk attention with their log-sum-exp, FSDP and EP regroup the gradient sums. In bfloat16
+// the row-parallel partial sums would each be rounded before their sum, a compute difference
+// (not a summation order) of a bfloat16 ulp that the seed's bfloat16 test absorbs only with
+// bf16-sized tolerances; the per-layout bfloat16 behaviour is covered by the RFC case 2.1 test.
+//
+// Both sides are Trainers built from configs/qwen2_moe_tiny.yaml via
+// support/trainer_probe.h. The global batch is 2 sequences (micro batch 1 on each of the
+// 2 data-parallel ranks); the reference reads them as 2 micro-batches (accumulation, loss / 2):
+// its micro-batch r is data rank r's sequence, which that rank's 2 cp ranks split into
+// their 2 + 2 chunks and whose 2 tp ranks compute together.
+//
+// Routing is pinned (num_experts_per_tok = num_experts = 4: every token reaches every expert,
+// weighted by its continuous router probability; the experts still run split over the ep group),
+// so a last-bit difference of a router logit cannot move a token to another expert and change a
+// gradient discontinuously (tests/scenarios/rfc_case_2_1_scale_test.cpp measured what a flip
+// does).
+//
+// Two comparisons per step, as in the RFC case 2.1 test: per-step (before step s the reference
+// restores the 8-rank run's checkpoint of step s - 1, so both compute step s from the same state;
+// this also restores a tp 2 x cp 2 x dp_shard 2 checkpoint into one process every step), and
+// free-running (the reference trains on its own for 20 steps).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <iostream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "mixtrain/checkpoint/storage.h"
+#include "mixtrain/core/logging.h"
+#include "support/multiprocess.h"
+#include "support/trainer_probe.h"
+
+namespace mixtrain {
+namespace {
+
+using test_support::as_map;
+using test_support::recorded_step;
+using test_support::relative_difference;
+using testing::run_workers;
+using testing::WorkerResult;
+
+constexpr int kSteps = 20;
+constexpr int kShard = 2, kCp = 2, kTp = 2, kEp = 2, kRanks = kShard * kCp * kTp;
+
+ResolvedConfig system_config(const std::string& optimizer, const ParallelConfig& parallel,
+                             const std::string& restore_from = "") {
+  std::vector<std::string> overrides = {
+      "model.vocab_size=38",  // tp 2 splits the vocabulary evenly
+      "model.num_experts_per_tok=4",
+      "data.global_batch_size=2",  // micro batch 1 on each of the 2 data ranks
+      "train.steps=" + std::to_string(kSteps),
+      "model_init_dtype=float32",
+      "fsdp_config.mix_precision.param_dtype=float32",
+      "fsdp_config.mix_precision.output_dtype=float32",
+      "optimizer._target_=" + optimizer,
+      "optimizer.muon_config.muon_ns_dtype=float32",
+      "optimizer.muon_config.muon_communication_dtype=float32",
+      "parallel.dp_shard=" + std::to_string(parallel.dp_shard),
+      "parallel.cp=" + std::to_string(parallel.cp),
+      "parallel.tp=" + std::to_string(parallel.tp),
+      "parallel.ep=" + std::to_string(parallel.ep),
+  };
+  if (!restore_from.empty()) overrides.push_back("checkpoint.restore_from=" + restore_from);
+  return test_support::checkpoint_test_config(overrides);
+}
+
+ParallelConfig system_mesh() {
+  ParallelConfig parallel;
+  parallel.dp_shard = kShard;
+  parallel.cp = kCp;
+  parallel.tp = kTp;
+  parallel.ep = kEp;
+  return parallel;
+}
+
+std::string step_file(int rank, int step) {
+  return "rank" + std::to_string(rank) + "_step" + std::to_string(step) + ".safetensors";
+}
+
+// The 8-rank run: each step recorded (every rank takes part in the gathers; rank 0 and rank 7,
+// which share no group but the world, write what they gathered) and checkpointed.
+MIXTRAIN_WORKER(system_test) {
+  DeviceMesh mesh = worker.make_mesh();
+  Trainer trainer(system_config(worker.get("OPTIMIZER"), system_mesh()), mesh,
+                  worker.dir.string());
+  ASSERT_NE(trainer.sharded(), nullptr);
+  for (int step = 1; step <= kSteps; ++step) {
+    const NamedTensors recorded = recorded_step(trainer);
+    if (mesh.rank == 0 || mesh.rank == kRanks - 1) {
+      write_safetensors((worker.dir / step_file(mesh.rank, step)).string(), recorded);
+    }
+    if (step < kSteps) trainer.save_checkpoint();
+  }
+}
+
+// Largest differences of one comparison, relative to the reference tensor's max |element|.
+struct Differences {
+  double loss = 0, grad_norm = 0, main_grad = 0, main_param = 0, model_param = 0;
+
+  void add(const NamedTensors& tested, const NamedTensors& reference) {
+    const auto got = as_map(tested);
+    ASSERT_EQ(got.size(), reference.size());
+    for (const auto& [key, want] : reference) {
+      ASSERT_TRUE(got.count(key)) << key;
+      const at::Tensor& value = got.at(key);
+      ASSERT_EQ(value.sizes(), want.sizes()) << key;
+      ASSERT_EQ(value.scalar_type(), want.scalar_type()) << key;
+      const double d = relative_difference(value, want);
+      double& slot = key == "loss"                   ? loss
+                     : key == "grad_norm"            ? grad_norm
+                     : key.rfind("grad.", 0) == 0    ? main_grad
+                     : key.rfind("main.", 0) == 0    ? main_param
+                                                     : model_param;
+      slot = std::max(slot, d);
+    }
+  }
+  std::string describe() const {
+    std::ostringstream s;
+    s << "loss " << loss << ", grad norm " << grad_norm << ", main_grad " << main_grad
+      << ", main params " << main_param << ", model params " << model_param;
+    return s.str();
+  }
+};
+
+// Per-step tolerances (relative to the reference tensor's max |element|). Same state, float32
+// compute; only sums are grouped differently (see the header):
+// - loss 1e-6: a mean of ~16 token losses per sequence, each a log-sum-exp over the vocabulary
+//   summed in two halves (tp) and attention merged from chunks (cp): a few float32 ulps (6e-8)
+//   of each term.
+// - grad norm 1e-5 and main_grad 1e-5: every gradient element is a sum over tokens, heads and
+//   ranks whose grouping differs; with cancellation the relative error of an element grows, so
+//   the bound is taken against the tensor's max: ~100 float32 ulps of it.
+// - main params and model params (equal: float32 model): AdamW moves each element by
+//   lr x m / (sqrt(v) + eps), whose relative perturbation is the gradient's (1e-5), times lr 1e-3
+//   against params of max ~0.05: 2e-7; Muon's float32 Newton–Schulz amplifies a relative input
+//   perturbation by at most the product of its linear coefficients (asym5: 490, see the RFC case
+//   2.1 test), 1e-5 x 490 of an update of ~0.02 x 0.2 x sqrt(24) x 1.2 = 0.024 against params of
+//   max ~0.1: 1.2e-3. A wrong shard, slice or reduction moves a param by a whole update (~0.2 of
+//   its scale for Muon, ~0.02 for AdamW), far above both.
+constexpr double kLoss = 1e-6, kGradNorm = 1e-5, kMainGrad = 1e-5;
+double param_tolerance(const std::string& optimizer) {
+  return optimizer == "Muon" ? 1.2e-3 : 2e-6;
+}
+// Free-running: the per-step differences compound over 20 steps through a continuous (float32,
+// pinned-routing) trajectory; bounded at 100x the per-step ones.
+constexpr double kFreeFactor = 100;
+
+void compare_with_reference(const std::string& optimizer) {
+  const WorkerResult run =
+      run_workers("system_test", kRanks, system_mesh(), {{"OPTIMIZER", optimizer}}, 300);
+  ASSERT_TRUE(run.all_ok()) << run.summary();
+
+  set_log_level(LogLevel::kWarn);  // 20 reference Trainers would each log their configuration
+  const DeviceMesh mesh = make_single_process_mesh();
+  const std::string checkpoints = (run.dir() / "checkpoints").string();
+  const ParallelConfig one_process;
+  Trainer free_running(system_config(optimizer, one_process), mesh, run.dir().string());
+  const double kParam = param_tolerance(optimizer);
+  for (int step = 1; step <= kSteps; ++step) {
+    SCOPED_TRACE("step " + std::to_string(step));
+    const NamedTensors tested = read_safetensors((run.dir() / step_file(0, step)).string()).tensors;
+    // Rank 7 (other data rank, cp rank and tp rank) gathered the same whole tensors.
+    test_support::expect_bitwise_equal(
+        read_safetensors((run.dir() / step_file(kRanks - 1, step)).string()).tensors, tested);
+
+    const NamedTensors free_step = recorded_step(free_running);
+    NamedTensors same_state_step = free_step;  // step 1: both start from the initial model
+    if (step > 1) {
+      Trainer restored(system_config(optimizer, one_process, step_dir(checkpoints, step - 1)),
+                       mesh, run.dir().string());
+      ASSERT_EQ(restored.completed_steps(), step - 1);
+      same_state_step = recorded_step(restored);
+    }
+    Differences per_step;
+    per_step.add(tested, same_state_step);
+    EXPECT_LE(per_step.loss, kLoss);
+    EXPECT_LE(per_step.grad_norm, kGradNorm);
+    EXPECT_LE(per_step.main_grad, kMainGrad);
+    EXPECT_LE(per_step.main_param, kParam);
+    EXPECT_LE(per_step.model_param, kParam);
+    Differences free;
+    free.add(tested, free_step);
+    EXPECT_LE(free.loss, kFreeFactor * kLoss);
+    EXPECT_LE(free.grad_norm, kFreeFactor * kGradNorm);
+    EXPECT_LE(free.main_param, kFreeFactor * kParam);
+    const auto values = as_map(tested);
+    std::cout << optimizer << " step " << step << ": loss " << values.at("loss").item<double>()
+              << ", grad norm " << values.at("grad_norm").item<double>() << "\n"
+              << "  per-step: " << per_step.describe() << "\n"
+              << "  free-running: " << free.describe() << "\n";
+  }
+  std::cout << "8-rank run: " << run.seconds << " s\n";
+}
+
+TEST(RfcSystemTest, AdamWEightRanksDpCpTpEpFsdpMatchOneProcessFor20Steps) {
+  compare_with_reference("AdamW");
+}
+
+TEST(RfcSystemTest, MuonAdamWEightRanksDpCpTpEpFsdpMatchOneProcessFor20Steps) {
+  compare_with_reference("Muon");
+}
+
+}  // namespace
+}  // namespace mixtrain

@@ -134,6 +134,77 @@ void check_shapes(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v)
               " is not two equal chunks");
 }
 
+// The ring with LibTorch's CPU flash-attention kernel (kFlash on the CPU), as one Function
+// that keeps no scores: forward saves q, the merged output and log-sum-exp, and the K/V blocks
+// it received; backward runs the kernel's backward per chunk pair with the merged output and
+// log-sum-exp (so each block's P is the whole sequence's softmax), summing dq locally and the
+// K/V gradients in float32 on an accumulator that walks back along the ring to the block's
+// owner (cp - 1 shifts, as many as the forward's).
+struct RingFlashAttention : public torch::autograd::Function<RingFlashAttention> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k,
+                            const at::Tensor& v, Collectives* group) {
+    const int64_t n = group->size(), rank = group->rank(), chunk = q.size(2) / 2;
+    const auto q_ids = chunks_of(rank, n);
+    std::array<Partial, 2> acc;
+    std::vector<at::Tensor> blocks;
+    at::Tensor kv = at::stack({k, v});
+    for (int64_t step = 0; step < n; ++step) {
+      if (step > 0) kv = shift_rows(*group, kv, +1);
+      blocks.push_back(kv);
+      const auto k_ids = chunks_of((rank - step + n) % n, n);
+      for (int64_t a = 0; a < 2; ++a) {
+        for (int64_t b = 0; b < 2; ++b) {
+          if (k_ids[b] > q_ids[a]) continue;
+          auto [out, lse] = at::_scaled_dot_product_flash_attention_for_cpu(
+              q.narrow(2, a * chunk, chunk), kv[0].narrow(2, b * chunk, chunk),
+              kv[1].narrow(2, b * chunk, chunk), 0.0, k_ids[b] == q_ids[a]);
+          merge(acc[a], Partial{out.to(at::kFloat), lse});
+        }
+      }
+    }
+    const at::Tensor out = at::cat({acc[0].out, acc[1].out}, 2).to(q.scalar_type());
+    ctx->save_for_backward({q, out, at::cat({acc[0].lse, acc[1].lse}, 2)});
+    ctx->saved_data["group"] = reinterpret_cast<int64_t>(group);
+    ctx->saved_data["blocks"] = blocks;
+    return out;
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    Collectives* group = group_of(ctx);
+    const auto saved = ctx->get_saved_variables();
+    const at::Tensor &q = saved[0], &out = saved[1], &lse = saved[2];
+    const auto blocks = ctx->saved_data.at("blocks").toTensorVector();
+    const int64_t n = group->size(), rank = group->rank(), chunk = q.size(2) / 2;
+    const auto q_ids = chunks_of(rank, n);
+    const at::Tensor dout = grads[0].defined() ? grads[0] : at::zeros_like(out);
+    at::Tensor dq = at::zeros(q.sizes(), q.options().dtype(at::kFloat));
+    at::Tensor dkv;  // the K/V gradient of the block held at `step`, float32
+    for (int64_t step = n - 1; step >= 0; --step) {
+      const at::Tensor& kv = blocks[step];
+      const at::Tensor contrib = at::zeros(kv.sizes(), kv.options().dtype(at::kFloat));
+      const auto k_ids = chunks_of((rank - step + n) % n, n);
+      for (int64_t a = 0; a < 2; ++a) {
+        for (int64_t b = 0; b < 2; ++b) {
+          if (k_ids[b] > q_ids[a]) continue;
+          auto [gq, gk, gv] = at::_scaled_dot_product_flash_attention_for_cpu_backward(
+              dout.narrow(2, a * chunk, chunk), q.narrow(2, a * chunk, chunk),
+              kv[0].narrow(2, b * chunk, chunk), kv[1].narrow(2, b * chunk, chunk),
+              out.narrow(2, a * chunk, chunk), lse.narrow(2, a * chunk, chunk), 0.0,
+              k_ids[b] == q_ids[a]);
+          dq.narrow(2, a * chunk, chunk).add_(gq);
+          contrib[0].narrow(2, b * chunk, chunk).add_(gk);
+          contrib[1].narrow(2, b * chunk, chunk).add_(gv);
+        }
+      }
+      // The accumulator of step + 1's block (owner rank - step - 1) moves to rank - 1, where
+      // that block was the step-th one; after step 0 it is at its owner.
+      dkv = step == n - 1 ? contrib : shift_rows(*group, dkv, -1).add_(contrib);
+    }
+    const auto dtype = q.scalar_type();
+    return {dq.to(dtype), dkv[0].to(dtype), dkv[1].to(dtype), at::Tensor()};
+  }
+};
+
 }  // namespace
 
 CpRotateMethod parse_cp_rotate_method(const std::string& name) {
@@ -172,6 +243,9 @@ torch::Tensor ContextParallel::attention(const torch::Tensor& q, const torch::Te
 
 torch::Tensor ContextParallel::ring_attention(const torch::Tensor& q, const torch::Tensor& k,
                                               const torch::Tensor& v, AttentionKernel kernel) {
+  if (kernel == AttentionKernel::kFlash && q.device().is_cpu()) {
+    return RingFlashAttention::apply(q, k, v, group_.get());
+  }
   const int64_t n = cp_size(), rank = cp_rank(), chunk = q.size(2) / 2;
   const auto q_ids = chunks_of(rank, n);
   std::array<Partial, 2> acc;

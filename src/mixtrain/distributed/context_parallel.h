@@ -16,11 +16,15 @@
 //   "allgather": K/V all-gathered once (backward: reduce_scatter_sum of their gradients, in
 //     float32), then one attention of the local queries over the whole sequence with the
 //     global-position causal mask.
-// Numerics follow model/attention.h's kernel: scores, log-sum-exp and the merge in float32;
-// kMath computes Q K^T and its scaling in the compute dtype and multiplies P, rounded to the
-// compute dtype, with V (HF eager); kFlash computes both GEMMs in float32 and rounds once at
-// the end. The partial attentions are composed of differentiable tensor ops (autograd keeps
-// each block's scores: the memory of eager attention, not of a flash kernel's recompute).
+// Numerics follow model/attention.h's kernel, with the log-sum-exp and the merge in float32.
+// kFlash on the CPU (ring): LibTorch's CPU flash-attention kernel per chunk pair, as one
+// memory-light autograd Function: it keeps no scores; backward runs the kernel's backward per
+// pair with the merged output and log-sum-exp, and the float32 K/V gradients walk back along
+// the ring to their owner. kMath (and kFlash off the CPU): the partials are composed of
+// differentiable tensor ops (autograd keeps each block's scores, as eager attention): Q K^T
+// and its scaling in the compute dtype for kMath (float32 for kFlash), softmax in float32, P
+// rounded to the compute dtype as the float32 GEMM's operand. "allgather" calls
+// scaled_dot_product_attention with the mask (kFlash) or HF's eager attention (kMath).
 // float32 results equal causal_attention on the whole sequence to float32 summation order.
 #pragma once
 

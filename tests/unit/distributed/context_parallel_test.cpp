@@ -119,15 +119,16 @@ void check_attention(ContextParallel& cp, const AttentionCase& c, const std::str
 // (blocked softmax merged through exp/log); inputs ~N(0,1), outputs and gradients O(1), so a
 // few float32 ulps times the ~sqrt of the 16-32 summed terms: 2e-5, 20x the measured maxima
 // (3e-7 output, 1e-6 gradients). A wrong mask or chunk order is off by O(0.1). bfloat16 (kMath,
-// the model's bf16 kernel): the reference rounds scores, P and the output to bfloat16 once each;
-// CP rounds the same scores but P per block, merges partials in float32 and the ring sums K/V
-// gradients in bfloat16 along the way, so results differ by bf16 ulps (2^-8 relative; 0.0156
-// at |x| in [2, 4)): measured 0.0039 output, 0.031 gradients (ring, cp 4); allowed 0.02 and
-// 0.0625.
+// the model's bf16 kernel, and kFlash): the reference rounds P and the output to bfloat16 once
+// each (kMath also the scores); CP rounds P (kFlash: each pair's output) per block, merges
+// partials in float32 and (kMath ring) sums the K/V gradients in bfloat16 along the way, so
+// results differ by bf16 ulps (2^-8 relative; 0.0156 at |x| in [2, 4)): measured 0.0039
+// output, 0.031 gradients (cp 4); allowed 0.02 and 0.0625.
 const std::vector<AttentionCase> kCases = {
     {at::kFloat, AttentionKernel::kFlash, 2e-5, 2e-5},
     {at::kFloat, AttentionKernel::kMath, 2e-5, 2e-5},
     {at::kBFloat16, AttentionKernel::kMath, 0.02, 0.0625},
+    {at::kBFloat16, AttentionKernel::kFlash, 0.02, 0.0625},
 };
 
 MIXTRAIN_WORKER(cp_attention) {

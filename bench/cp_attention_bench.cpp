@@ -13,8 +13,9 @@
 // analytic volume with block = B Hkv (S/N) D 4 bytes (one rank's K or V):
 //   ring:      N - 1 shifts of K and V forward, N - 1 of their gradients back: 4 (N-1) block
 //   allgather: all_gather of K and V, (N-1) 2 block; reduce_scatter of their float32
-//              gradients, (N-1)/N of 2 N block: 4 (N-1) block as well (in bfloat16 the
-//              gradients would still travel in float32: 6 (N-1) block against ring's 4)
+//              gradients, (N-1)/N of 2 N block: 4 (N-1) block as well (in bfloat16 both
+//              send K/V in bfloat16 and gradients in float32, except the kMath ring, whose
+//              gradients travel in bfloat16)
 //
 // Usage: bench_cp_attention_bench [--nproc N]... [--seq S]... [--reps R]
 #include <ATen/ATen.h>

@@ -35,13 +35,20 @@ struct RingShift : public torch::autograd::Function<RingShift> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, Collectives* group) {
     ctx->saved_data["group"] = reinterpret_cast<int64_t>(group);
     ctx->saved_data["shape"] = x.sizes().vec();
+    ctx->saved_data["dtype"] = static_cast<int64_t>(x.scalar_type());
+    ctx->saved_data["device"] = x.device();
     return shift_rows(*group, x, +1);
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     Collectives* group = group_of(ctx);
     at::Tensor grad = grads[0];
     // Every rank takes part in the exchange, with zeros if nothing used the block.
-    if (!grad.defined()) grad = at::zeros(ctx->saved_data.at("shape").toIntVector());
+    if (!grad.defined()) {
+      grad = at::zeros(ctx->saved_data.at("shape").toIntVector(),
+                       at::TensorOptions()
+                           .dtype(static_cast<at::ScalarType>(ctx->saved_data.at("dtype").toInt()))
+                           .device(ctx->saved_data.at("device").toDevice()));
+    }
     return {shift_rows(*group, grad, -1), at::Tensor()};
   }
 };

@@ -15,6 +15,7 @@ set(MIXTRAIN_TEST_DEFAULT_TIMEOUT 60)
 set(MIXTRAIN_TEST_TABLE
   # test                                     processes  timeout  labels    measured (s)
   "unit_distributed_config_agreement_test    3          60"      #          2.5
+  "unit_distributed_context_parallel_test   4          160      slow"    # 12-16 (load 7; 2 + 4 + 2 + 4 + 2 x 2 ranks)
   "unit_distributed_device_mesh_test         4          60"      #          4.8
   "unit_distributed_distributed_muon_test    4          120      slow"    # 11.6
   "unit_distributed_expert_parallel_test     4          240      slow"    # 22.2

@@ -9,6 +9,7 @@
 #include <utility>
 
 #include "mixtrain/core/dtype.h"
+#include "mixtrain/distributed/context_parallel.h"
 #include "mixtrain/distributed/dim0_shard_grad.h"
 
 namespace mixtrain {
@@ -354,6 +355,10 @@ std::shared_ptr<FullyShardedModel> shard_model(CausalLM& model, const DeviceMesh
   auto fsdp = std::make_shared<FullyShardedModel>(
       model, mesh.dp_shard_group, mesh.dp_replicate_group, options,
       mesh.ep > 1 ? mesh.ep_group : nullptr, mesh.ep > 1 ? mesh.expert_dp_group : nullptr);
+  if (mesh.cp > 1) {
+    fsdp->set_context_parallel(std::make_shared<ContextParallel>(
+        mesh.cp_group, parse_cp_rotate_method(options.cp_rotate_method)));
+  }
   model.set_parameter_materializer(fsdp);
   return fsdp;
 }

@@ -70,7 +70,8 @@ namespace mixtrain {
 struct FsdpOptions {
   MixPrecisionConfig mix_precision;  // param_dtype, reduce_dtype, output_dtype
   bool fp32_main_params = false;  // optimizer.fp32_main_params (fp32-main-params §5.3: one switch)
-  bool reshard_after_forward = true;  // fsdp_config.reshard_after_forward
+  bool reshard_after_forward = true;          // fsdp_config.reshard_after_forward
+  std::string cp_rotate_method = "alltoall";  // parallel.cp_rotate_method (context_parallel.h)
 };
 
 class FullyShardedModel : public ParameterMaterializer {

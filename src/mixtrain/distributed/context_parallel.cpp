@@ -221,6 +221,10 @@ CpRotateMethod parse_cp_rotate_method(const std::string& name) {
                               name + "\"");
 }
 
+at::Tensor context_parallel_local(const at::Tensor& t, const DeviceMesh& mesh) {
+  return mesh.cp > 1 ? context_parallel_slice(t, mesh.cp_index(), mesh.cp) : t;
+}
+
 at::Tensor context_parallel_slice(const at::Tensor& t, int64_t cp_rank, int64_t cp_size,
                                   int64_t dim) {
   const int64_t len = t.size(dim);

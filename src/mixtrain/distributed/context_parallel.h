@@ -35,6 +35,7 @@
 #include <string>
 
 #include "mixtrain/core/collectives.h"
+#include "mixtrain/distributed/device_mesh.h"
 #include "mixtrain/model/causal_lm.h"
 
 namespace mixtrain {
@@ -47,6 +48,10 @@ CpRotateMethod parse_cp_rotate_method(const std::string& name);
 // This cp rank's two chunks of `t` along `dim` (size divisible by 2 cp_size), concatenated.
 at::Tensor context_parallel_slice(const at::Tensor& t, int64_t cp_rank, int64_t cp_size,
                                   int64_t dim = 1);
+
+// The tokens a rank computes of a [batch, seq] tensor its data rank read: its two chunks with
+// context parallelism (mesh.cp > 1), else all of it.
+at::Tensor context_parallel_local(const at::Tensor& t, const DeviceMesh& mesh);
 
 class ContextParallel : public ContextParallelHooks {
  public:

@@ -10,6 +10,7 @@
 
 #include "mixtrain/core/error.h"
 #include "mixtrain/data/token_file_dataset.h"
+#include "mixtrain/distributed/context_parallel.h"
 #include "mixtrain/model/causal_lm.h"
 
 namespace mixtrain {
@@ -80,10 +81,13 @@ EvalResult Evaluator::evaluate(CausalLM& model, const DeviceMesh& mesh) {
       my_windows += inside ? 1 : 0;
     }
     const Batch batch = data_->windows_batch(indices, seq_len_);
-    const CausalLMOutput out = model.forward(batch.input_ids.to(mesh.device));
+    // With context parallelism each rank scores its two chunks of every window.
+    const CausalLMOutput out =
+        model.forward(context_parallel_local(batch.input_ids, mesh).to(mesh.device));
     // Per token, as the trainer's loss: float32 logits, then the row sums in float64.
     const torch::Tensor token_loss = causal_lm_cross_entropy(
-        model, out.logits, batch.labels.to(mesh.device), /*per_token=*/true);
+        model, out.logits, context_parallel_local(batch.labels, mesh).to(mesh.device),
+        /*per_token=*/true);
     const torch::Tensor row_sums =
         token_loss.to(torch::kDouble).view({micro_batch_size_, -1}).sum(1);
     loss_sum += (row_sums * torch::tensor(counted, on_device)).sum();

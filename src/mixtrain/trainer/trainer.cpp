@@ -25,6 +25,7 @@
 #include "mixtrain/core/text.h"
 #include "mixtrain/data/dataset.h"
 #include "mixtrain/distributed/config_agreement.h"
+#include "mixtrain/distributed/context_parallel.h"
 #include "mixtrain/distributed/data_parallel.h"
 #include "mixtrain/distributed/device_mesh.h"
 #include "mixtrain/distributed/fsdp.h"
@@ -158,7 +159,8 @@ struct StepLoss {
 // Records the forward, backward and gradient-reduce seconds.
 StepLoss accumulate_gradients(CausalLM& model, TokenDataset& data, const TrainerConfig& config,
                               int64_t accumulation_steps, TrainingOptimizer& optimizer,
-                              at::Device device, StepRecorder& recorder) {
+                              const DeviceMesh& mesh, StepRecorder& recorder) {
+  const at::Device device = mesh.device;
   // Each micro-batch's loss and aux loss, kept on the device (float64: exact) and read once
   // after the loop: one host synchronisation per step on a GPU, not one per micro-batch.
   std::vector<torch::Tensor> losses;
@@ -170,8 +172,9 @@ StepLoss accumulate_gradients(CausalLM& model, TokenDataset& data, const Trainer
     {
       PhaseTimer forward(recorder, Phase::kForward);
       // The data is read on the host; the batch moves to the rank's device (a no-op on CPU).
-      const torch::Tensor input_ids = batch.input_ids.to(device);
-      const torch::Tensor labels = batch.labels.to(device);
+      // With context parallelism this rank computes its two chunks of each sequence.
+      const torch::Tensor input_ids = context_parallel_local(batch.input_ids, mesh).to(device);
+      const torch::Tensor labels = context_parallel_local(batch.labels, mesh).to(device);
       out = model.forward(input_ids);
       // With tensor parallelism the logits are this rank's vocabulary slice: the loss is the
       // vocabulary-parallel cross-entropy.
@@ -248,6 +251,7 @@ BuiltModel build_training_model(const TrainerConfig& config, const DeviceMesh& m
     fsdp.mix_precision = config.mix_precision;
     fsdp.fp32_main_params = config.optimizer.fp32_main_params;
     fsdp.reshard_after_forward = config.fsdp.reshard_after_forward;
+    fsdp.cp_rotate_method = config.parallel.cp_rotate_method;
     built.sharded = shard_model(*built.model, mesh, fsdp);
   }
   if (load_init_from && !config.model.init_from.empty()) {
@@ -324,7 +328,7 @@ Trainer::Trainer(const ResolvedConfig& resolved, const DeviceMesh& mesh, const s
                " steps");
   }
   accumulation_steps_ =
-      config.data.global_batch_size / (config.data.micro_batch_size * mesh_.world_size);
+      config.data.global_batch_size / (config.data.micro_batch_size * mesh_.dp_size());
   schedule_ = std::make_unique<LrSchedule>(config.train.lr_scheduler, config.train.steps);
 
   // train.profile on a device: phases end with a device synchronisation (step_profile.h).
@@ -362,7 +366,7 @@ StepResult Trainer::compute_gradients() {
     at::accelerator::resetPeakStats(mesh_.device.index());
   }
   StepLoss loss = accumulate_gradients(*model_, *data_, config, accumulation_steps_, *optimizer_,
-                                       mesh_.device, recorder_);
+                                       mesh_, recorder_);
   {
     PhaseTimer prepare(recorder_, Phase::kOptimizer);
     optimizer_->prepare_grads();

@@ -451,6 +451,13 @@ TrainSummary run_training(const ResolvedConfig& resolved, const TrainOptions& op
     log_info(
         "device: " + describe_device(device) +
         (mesh.world_size > 1 && device.is_cuda() ? " on rank 0 (cuda:<LOCAL_RANK> on each)" : ""));
+    if (mesh.world_size > 1) {
+      log_info("mesh: " + std::to_string(mesh.world_size) + " ranks = dp_replicate " +
+               std::to_string(mesh.dp_replicate) + " x dp_shard " + std::to_string(mesh.dp_shard) +
+               " x cp " + std::to_string(mesh.cp) + " x tp " + std::to_string(mesh.tp) + " (ep " +
+               std::to_string(mesh.ep) + " inside dp_shard); " + std::to_string(mesh.dp_size()) +
+               " data-parallel batch(es) per micro-step");
+    }
     warn_if_reference_blas();
     warn_if_cores_are_busy();
     log_info(format_trainer_config_block(resolved));

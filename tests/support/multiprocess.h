@@ -144,6 +144,8 @@ class WorkerEnvironment : public ::testing::Environment {
       worker.parallel.dp_replicate = env_int("MIXTRAIN_TEST_DP_REPLICATE", 1);
       worker.parallel.dp_shard = env_int("MIXTRAIN_TEST_DP_SHARD", worker.rank.world_size);
       worker.parallel.ep = env_int("MIXTRAIN_TEST_EP", 1);
+      worker.parallel.cp = env_int("MIXTRAIN_TEST_CP", 1);
+      worker.parallel.tp = env_int("MIXTRAIN_TEST_TP", 1);
       worker.timeout_s = env_double("MIXTRAIN_TEST_TIMEOUT_S", 60);
       const char* dir = std::getenv("MIXTRAIN_TEST_DIR");
       worker.dir = dir != nullptr ? dir : ".";
@@ -204,6 +206,8 @@ inline WorkerResult run_workers(const std::string& name, int nproc, const Parall
     spec.env["MIXTRAIN_TEST_DP_REPLICATE"] = std::to_string(parallel.dp_replicate);
     spec.env["MIXTRAIN_TEST_DP_SHARD"] = std::to_string(parallel.dp_shard);
     spec.env["MIXTRAIN_TEST_EP"] = std::to_string(parallel.ep);
+    spec.env["MIXTRAIN_TEST_CP"] = std::to_string(parallel.cp);
+    spec.env["MIXTRAIN_TEST_TP"] = std::to_string(parallel.tp);
     spec.env["MIXTRAIN_TEST_TIMEOUT_S"] = std::to_string(timeout_s);
     spec.env["RANK"] = std::to_string(rank);
     spec.env["WORLD_SIZE"] = std::to_string(nproc);

@@ -67,7 +67,7 @@ struct MuonSharding {
   // kFsdp / kReplicated, 2-D only: the matrix above (full_shape; the parameter for kReplicated)
   // is slice tp_group->rank() of the whole matrix, split evenly along tp_dim over tp_group.
   int64_t tp_dim = -1;
-  std::shared_ptr<Collectives> tp_group;
+  std::shared_ptr<Collectives> tp_group = nullptr;
 
   bool tp_split() const { return tp_dim >= 0 && tp_group && tp_group->size() > 1; }
   // `slice_shape` (this tp rank's matrix) with tp_dim multiplied by the tp degree.

@@ -15,13 +15,15 @@
 // single-process update on the whole tensors. The whole u is gathered exactly (concatenation of
 // elementwise momentum slices), so Newton–Schulz sees the reference's matrix: bitwise under the
 // same conditions as above, kBf16WireTolerance for float32 Newton–Schulz over a bfloat16 wire
-// (u and O each rounded once to bfloat16, as on the FSDP path).
+// (u and O each rounded once to bfloat16, as on the FSDP path). muon_sharding_of's tp mapping
+// and its refusals (an expert slice or a 3-D parameter with a tp split) in one process.
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 #include <gtest/gtest.h>
 
 #include <memory>
 #include <sstream>
+#include <stdexcept>
 #include <string>
 #include <utility>
 #include <vector>
@@ -329,6 +331,58 @@ TEST(DistributedMuonMultiProcessTest, TensorParallelTwoByFsdpTwo) {
 }
 TEST(DistributedMuonMultiProcessTest, TensorParallelTwoByDdpTwo) {
   run_case({4, 2, 1, 2});
+}
+
+// A group that only knows its rank and size (muon_sharding_of and set_sharding read no more).
+class RankOnlyGroup : public Collectives {
+ public:
+  RankOnlyGroup(int rank, int size) : rank_(rank), size_(size) {}
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  std::string name() const override { return "tp"; }
+  void all_reduce_sum(at::Tensor&) override { unused(); }
+  at::Tensor all_gather(const at::Tensor&) override { unused(); }
+  at::Tensor reduce_scatter_sum(const at::Tensor&) override { unused(); }
+  at::Tensor all_to_all(const at::Tensor&, const std::vector<int64_t>&,
+                        const std::vector<int64_t>&) override {
+    unused();
+  }
+  void broadcast(at::Tensor&, int) override { unused(); }
+  void barrier() override { unused(); }
+
+ private:
+  [[noreturn]] static void unused() { throw std::logic_error("no collective expected"); }
+  int rank_, size_;
+};
+
+TEST(DistributedMuonTensorParallel, PlacementMappingAndRefusals) {
+  const auto tp = std::make_shared<RankOnlyGroup>(1, 2);
+  ParamPlacement whole = whole_placement("w", {8, 6});
+  whole.tp_dim = 1;
+  whole.tp_group = tp;
+  const MuonSharding mapped = muon_sharding_of(whole);
+  EXPECT_EQ(mapped.kind, MuonSharding::Kind::kReplicated);  // one-rank DDP gathers the slices
+  ASSERT_TRUE(mapped.group);
+  EXPECT_EQ(mapped.group->size(), 1);
+  EXPECT_EQ(mapped.whole_shape({8, 3}), (std::vector<int64_t>{8, 6}));
+
+  ParamPlacement dim0 = whole;
+  dim0.kind = ParamPlacement::Kind::kDim0Shard;
+  dim0.shard_group = tp;  // any 2-rank group: rows of the [8, 3] tp slice
+  dim0.rows = 4;
+  const MuonSharding fsdp = muon_sharding_of(dim0);
+  EXPECT_EQ(fsdp.full_shape, (std::vector<int64_t>{8, 3}));  // the tp slice the shards make
+
+  ParamPlacement experts = whole_placement("experts.up", {4, 6, 8});
+  experts.kind = ParamPlacement::Kind::kExpertSlice;
+  experts.tp_dim = 1;
+  experts.tp_group = tp;
+  EXPECT_THROW(muon_sharding_of(experts), std::invalid_argument);
+
+  at::Tensor cube = at::zeros({2, 3, 8});
+  Muon muon(std::vector<at::Tensor>{cube}, MuonOptions());
+  MuonSharding split{MuonSharding::Kind::kReplicated, {}, tp, "cube", 1, tp};
+  EXPECT_THROW(muon.set_sharding(cube, split), std::invalid_argument);  // 3-D: never tp-split
 }
 
 TEST(DistributedMuonMultiProcessTest, RanksSteppingDifferentParamsFailClearly) {

@@ -17,7 +17,9 @@ set(MIXTRAIN_TEST_TABLE
   "unit_distributed_config_agreement_test    3          60"      #          2.5
   "unit_distributed_context_parallel_test   4          160      slow"    # 12-16 (load 7; 2 + 4 + 2 + 4 + 2 x 2 ranks)
   "unit_distributed_device_mesh_test         4          60"      #          4.8
-  "unit_distributed_distributed_muon_test    4          120      slow"    # 11.6
+  "unit_distributed_distributed_muon_test    4          140      slow"    # 13.5 (tp cases added)
+  "unit_distributed_placed_found_inf_test    4          60"      #          2.8
+  "unit_distributed_placed_grad_clip_test    4          60"      #          2.2
   "unit_distributed_expert_parallel_test     4          240      slow"    # 22.2
   "unit_distributed_fsdp_test                4          300      slow"    # 28.4
   "unit_distributed_gloo_collectives_test    4          120"     #          9.4
@@ -28,8 +30,9 @@ set(MIXTRAIN_TEST_TABLE
   "scenarios_rfc_case_2_2_test               2          60"      #          4.6
   "scenarios_rfc_case_2_1_scale_test        8          600      slow"    # 85 (on a busy machine; 8 ranks)
   "scenarios_rfc_case_2_4_test              2          600      slow"    # 72 (on a busy machine)
-  "unit_checkpoint_hf_import_test            1          150      slow"    # 42 (busy machine; 10 transformers runs)
+  "unit_checkpoint_hf_import_test            1          300      slow"    # 43 (busy machine; 12 transformers runs; 222 once beside a -j2 build)
   "unit_config_hf_config_test                1          60"      #          4.5
+  "unit_trainer_checkpointing_test           4          60"      #          2.5 (4 ranks: tp boxes)
   "tools_checkpoint_resume_test              2          150      slow"    # 14.8
   "tools_child_process_guard_test            2          60"      #          1.2
   "tools_checkpoint_save_failure_test        2          200      slow"    # 19 (on a busy machine)

@@ -14,6 +14,7 @@
 #include <regex>
 #include <set>
 #include <sstream>
+#include <stdexcept>
 
 #include "mixtrain/core/error.h"
 #include "mixtrain/core/json_reader.h"
@@ -112,13 +113,17 @@ Sources open_sources(const std::string& dir, std::vector<std::string>& problems)
 }
 
 // Rows [first_row, first_row + rows) of the file tensor `key` seen as rows of `row_elems`
-// elements, into `dest` (rows x row_elems elements, any dtype/device).
+// elements, into `dest` (rows x row_elems elements, any dtype/device). With a box (a
+// tensor-parallel piece split along a dim > 0): the rows are read whole, seen as
+// [rows, row_shape...], and dims 1.. narrowed to [box_offsets, box_offsets + dest's sizes).
 struct Copy {
   std::string key;
   int64_t row_elems = 0;
   int64_t first_row = 0;
   int64_t rows = 0;
   at::Tensor dest;
+  std::vector<int64_t> row_shape = {};    // empty: no box
+  std::vector<int64_t> box_offsets = {};  // per dim 1.., when row_shape is set
 };
 
 // What the model expects of the files: each key once, with its shape; and the copies that fill
@@ -144,8 +149,25 @@ void plan_target(const HfImportTarget& t, const Sources& sources, Plan& plan) {
   std::smatch match;
   if (shape.size() != 3 || !std::regex_match(t.name, match, expert_name())) {
     expect(plan, t.name, shape);
-    if (rows > 0) plan.copies.push_back({t.name, row_elems, begin, rows, t.local});
+    if (!t.placement.tp_split() || shape.empty()) {
+      if (rows > 0) plan.copies.push_back({t.name, row_elems, begin, rows, t.local});
+      return;
+    }
+    // The tensor-parallel box: its dim-0 rows (contiguous in the file), then dims 1.. narrowed.
+    const std::vector<int64_t> offsets = t.placement.global_offsets();
+    const std::vector<int64_t> sizes = t.placement.local_sizes();
+    if (sizes[0] == 0) return;
+    Copy copy{t.name, row_elems, offsets[0], sizes[0], t.local};
+    if (t.placement.tp_dim > 0) {
+      copy.row_shape.assign(shape.begin() + 1, shape.end());
+      copy.box_offsets.assign(offsets.begin() + 1, offsets.end());
+    }
+    plan.copies.push_back(std::move(copy));
     return;
+  }
+  if (t.placement.tp_split()) {
+    throw std::invalid_argument("import_hf_weights: expert tensor '" + t.name +
+                                "' has a tensor-parallel split (experts are never tp-split)");
   }
   const std::string prefix = match[1], proj = match[2];
   const int64_t experts = shape[0], out = shape[1], in = shape[2];
@@ -241,7 +263,17 @@ HfImportStats import_hf_weights(const std::string& dir,
         static_cast<uint64_t>(copy.first_row * copy.row_elems) * buffer.element_size();
     pread_all_or_throw(file.fd.get(), buffer.data_ptr(), bytes, at_byte, file.path);
     stats.data_bytes_read += bytes;
-    copy.dest.copy_(buffer.view(copy.dest.sizes()));
+    if (copy.row_shape.empty()) {
+      copy.dest.copy_(buffer.view(copy.dest.sizes()));
+      continue;
+    }
+    std::vector<int64_t> read_shape = {copy.rows};
+    read_shape.insert(read_shape.end(), copy.row_shape.begin(), copy.row_shape.end());
+    at::Tensor box = buffer.view(read_shape);
+    for (size_t d = 0; d < copy.box_offsets.size(); ++d) {
+      box = box.narrow(static_cast<int64_t>(d + 1), copy.box_offsets[d], copy.dest.size(d + 1));
+    }
+    copy.dest.copy_(box);
   }
   return stats;
 }

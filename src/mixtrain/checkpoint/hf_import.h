@@ -6,8 +6,11 @@
 // model (every parameter present once, nothing extra, each shape exact, a dtype of F32, BF16,
 // F16 or F64) and then reads, with pread, only the bytes of the rows its pieces hold: a piece
 // is rows [offset, offset + rows) of dim 0 (ParamPlacement: FSDP chunk, expert-parallel slice,
-// or the whole), which are contiguous in the file. Values are converted to the piece's dtype
-// (rounded to nearest even when narrowing) and copied to its device.
+// or the whole), which are contiguous in the file. A tensor-parallel piece (tp_split()) is the
+// box global_offsets() / local_sizes(): with tp_dim 0 its rows are contiguous as above; with a
+// tp_dim > 0 its rows are read whole (tp times the piece's bytes) and narrowed to its box.
+// Values are converted to the piece's dtype (rounded to nearest even when narrowing) and copied
+// to its device. Routed experts are never tp-split (std::invalid_argument).
 //
 // Names are HF's (the models use them), except the routed experts, which we hold as 3-D
 // tensors <prefix>.mlp.experts.{gate_proj,up_proj} [E, I, H] and .down_proj [E, H, I]. Per
@@ -35,7 +38,7 @@ namespace mixtrain {
 struct HfImportTarget {
   std::string name;          // the parameter's name (HF's, 3-D experts as above)
   at::Tensor local;          // this rank's piece, filled in place (any dtype, any device)
-  ParamPlacement placement;  // global_shape, and the piece's dim-0 rows [offset, offset+rows)
+  ParamPlacement placement;  // global_shape and the piece's box (dim-0 rows, tp split)
 };
 
 struct HfImportStats {

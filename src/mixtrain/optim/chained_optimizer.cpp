@@ -409,13 +409,19 @@ double ChainedOptimizer::clip_grad_norm(double max_norm) {
 }
 
 bool ChainedOptimizer::any_piece_holder(bool local) {
+  // The pieces groups first, then the tp groups of tp-split parameters: after the first
+  // rounds every rank of one tp index agrees, the tp rounds join the tp indices.
   std::vector<Collectives*> groups;
-  for (const auto& name : names_) {
-    Collectives* group = entries_.at(name).placement.pieces_group().get();
+  const auto add = [&groups](Collectives* group) {
     if (group != nullptr && group->size() > 1 &&
         std::find(groups.begin(), groups.end(), group) == groups.end()) {
       groups.push_back(group);
     }
+  };
+  for (const auto& name : names_) add(entries_.at(name).placement.pieces_group().get());
+  for (const auto& name : names_) {
+    const ParamPlacement& placement = entries_.at(name).placement;
+    if (placement.tp_split()) add(placement.tp_group.get());
   }
   bool any = local;
   for (Collectives* group : groups) {

@@ -174,7 +174,9 @@ class ChainedOptimizer : public TrainingOptimizer {
   // of (one all-reduce per distinct pieces group, in parameter order: collective over them).
   // The float16 loss scaler's inf/nan flag: each FSDP or expert shard sees only its rows, and
   // every rank must skip the same steps. Replicas (HSDP, DDP, expert_dp) hold equal grads,
-  // so their flags already agree; the ep group lies inside dp_shard, so one round suffices.
+  // so their flags already agree; the ep group lies inside dp_shard, so one round suffices;
+  // then one round over each tp group of a tp-split parameter (tp slices differ; parameters
+  // whole on every tp rank have identical grads there).
   bool any_piece_holder(bool local);
 
   // main_grad of `name` if it was created since the last zero_grad, else undefined.

@@ -109,13 +109,22 @@ c10::ScalarType parse_muon_communication_dtype(const std::string& name) {
   return *dtype;
 }
 
+std::vector<int64_t> MuonSharding::whole_shape(std::vector<int64_t> slice_shape) const {
+  if (tp_split()) slice_shape.at(static_cast<size_t>(tp_dim)) *= tp_group->size();
+  return slice_shape;
+}
+
 MuonSharding muon_sharding_of(const ParamPlacement& placement) {
   MuonSharding sharding;
   sharding.name = placement.name;
+  if (placement.tp_split()) {
+    sharding.tp_dim = placement.tp_dim;
+    sharding.tp_group = placement.tp_group;
+  }
   switch (placement.kind) {
     case ParamPlacement::Kind::kDim0Shard:
       sharding.kind = MuonSharding::Kind::kFsdp;
-      sharding.full_shape = placement.global_shape;
+      sharding.full_shape = placement.tp_shape();
       sharding.group = placement.shard_group;
       break;
     case ParamPlacement::Kind::kReplicated:
@@ -123,7 +132,18 @@ MuonSharding muon_sharding_of(const ParamPlacement& placement) {
       sharding.group = placement.replicate_group;
       break;
     case ParamPlacement::Kind::kWhole:
+      if (sharding.tp_split()) {
+        // One data-parallel rank: step_ddp over a one-rank group gathers the tp slices.
+        static const std::shared_ptr<Collectives> one_rank = make_local_collectives("tp_whole");
+        sharding.kind = MuonSharding::Kind::kReplicated;
+        sharding.group = one_rank;
+      }
+      break;
     case ParamPlacement::Kind::kExpertSlice:
+      if (sharding.tp_split()) {
+        throw std::invalid_argument("Muon: expert tensor '" + placement.name +
+                                    "' has a tensor-parallel split (experts are never tp-split)");
+      }
       break;
   }
   return sharding;
@@ -149,6 +169,13 @@ void Muon::set_sharding(const at::Tensor& param, MuonSharding sharding) {
                                muon_sharding_kind_name(sharding.kind) + ")";
       if (sharding.kind != MuonSharding::Kind::kLocal && !sharding.group) {
         throw std::invalid_argument(what + ": needs a Collectives group");
+      }
+      if (sharding.tp_split() && (sharding.kind == MuonSharding::Kind::kLocal || param.dim() != 2 ||
+                                  sharding.tp_dim >= 2)) {
+        throw std::invalid_argument(what + ": a tensor-parallel split (tp_dim " +
+                                    std::to_string(sharding.tp_dim) +
+                                    ") needs a 2-D parameter held kFsdp or kReplicated, not " +
+                                    std::to_string(param.dim()) + "-D");
       }
       if (sharding.kind == MuonSharding::Kind::kFsdp) {
         const auto& full = sharding.full_shape;
@@ -240,6 +267,30 @@ c10::ScalarType wire_dtype(const std::vector<size_t>& bucket, OptionsOf options_
   return any_fp32 ? at::kFloat : at::kBFloat16;
 }
 
+// The whole matrix from this rank's tp slice `slice` (the shape MuonSharding::tp_dim splits):
+// every tp peer's slice, concatenated along tp_dim. Collective over tp_group when tp_split().
+at::Tensor gather_tp(const MuonSharding& sharding, const at::Tensor& slice) {
+  if (!sharding.tp_split()) return slice;
+  const int64_t tp = sharding.tp_group->size();
+  const at::Tensor stacked = sharding.tp_group->all_gather(slice.contiguous());  // dim 0
+  return at::cat(stacked.chunk(tp, 0), sharding.tp_dim);
+}
+
+// This rank's tp slice of the whole matrix `whole` (contiguous).
+at::Tensor tp_slice(const MuonSharding& sharding, const at::Tensor& whole) {
+  if (!sharding.tp_split()) return whole;
+  const int64_t n = whole.size(sharding.tp_dim) / sharding.tp_group->size();
+  return whole.narrow(sharding.tp_dim, sharding.tp_group->rank() * n, n).contiguous();
+}
+
+// The update scale of a matrix whose tp slice is `slice_shape`: from the whole matrix's shape.
+double whole_scale(const MuonSharding& sharding, const std::vector<int64_t>& slice_shape,
+                   const MuonOptions& options) {
+  const auto whole = sharding.whole_shape(slice_shape);
+  return muon_update_scale(whole[whole.size() - 2], whole[whole.size() - 1], options.adjust_lr_fn(),
+                           options.matched_adamw_rms());
+}
+
 at::Tensor concat_flat(const std::vector<at::Tensor>& pieces, c10::ScalarType dtype,
                        c10::Device device) {
   if (pieces.empty()) return at::empty({0}, at::TensorOptions().dtype(dtype).device(device));
@@ -297,14 +348,17 @@ void Muon::step_fsdp(Collectives& comm, const std::vector<DistributedParam>& all
     }
     const at::Tensor full_u = comm.all_to_all(send, send_counts, recv_counts);
 
-    // 2. The owner orthogonalizes the full matrix and sends each rank its rows of O.
+    // 2. The owner orthogonalizes the whole matrix (its tp slice gathered over the tp group,
+    //    whose peers own the same slot) and sends each rank its rows of its slice of O.
     at::Tensor back = at::empty({0}, at::TensorOptions().dtype(wire).device(device));
     if (owned) {
+      const MuonSharding& sharding = *owned->sharding;
       const MuonOptions& options = group_options(owned->group);
       const auto schedule = newton_schulz_schedule(options.ns_variant(), options.ns_steps(),
                                                    options.ns_coefficients());
-      back = newton_schulz(full_u.view(owned->sharding->full_shape), schedule, options.ns_epsilon(),
-                           options.ns_dtype())
+      const at::Tensor whole_u = gather_tp(sharding, full_u.view(sharding.full_shape));
+      back = tp_slice(sharding,
+                      newton_schulz(whole_u, schedule, options.ns_epsilon(), options.ns_dtype()))
                  .reshape({-1})
                  .to(wire);
     }
@@ -320,10 +374,7 @@ void Muon::step_fsdp(Collectives& comm, const std::vector<DistributedParam>& all
       const at::Tensor o =
           updates.narrow(0, offset, send_counts[slot]).view(d.param.sizes()).to(options.ns_dtype());
       offset += send_counts[slot];
-      const auto& full = d.sharding->full_shape;
-      const double scale = muon_update_scale(full[full.size() - 2], full[full.size() - 1],
-                                             options.adjust_lr_fn(), options.matched_adamw_rms());
-      apply_update(d.param, o, options, scale);
+      apply_update(d.param, o, options, whole_scale(*d.sharding, d.sharding->full_shape, options));
     }
   }
 }
@@ -357,12 +408,16 @@ void Muon::step_ddp(Collectives& comm, const std::vector<DistributedParam>& all_
     for (size_t slot = 0; slot < bucket.size(); ++slot) {
       const DistributedParam& d = *params[bucket[slot]];
       const MuonOptions& options = group_options(d.group);
-      const at::Tensor u = momentum_direction(d.param, d.param.grad(), options, options.ns_dtype());
+      at::Tensor u = momentum_direction(d.param, d.param.grad(), options, options.ns_dtype());
       if (static_cast<int>(slot) != rank) continue;
       const auto schedule = newton_schulz_schedule(options.ns_variant(), options.ns_steps(),
                                                    options.ns_coefficients());
-      const at::Tensor o =
-          newton_schulz(u, schedule, options.ns_epsilon(), options.ns_dtype()).reshape({-1});
+      // A tp slice: the owner and its tp peers (same slot) gather u in the wire dtype, as
+      // step_fsdp's u travels, and orthogonalize the whole matrix.
+      if (d.sharding->tp_split()) u = gather_tp(*d.sharding, u.to(wire));
+      const at::Tensor o = tp_slice(*d.sharding, newton_schulz(u, schedule, options.ns_epsilon(),
+                                                               options.ns_dtype()))
+                               .reshape({-1});
       mine.narrow(0, 0, o.numel()).copy_(o);
     }
     // Ranks without a slot (last bucket) send their zeros: all_gather needs equal shapes.
@@ -374,9 +429,7 @@ void Muon::step_ddp(Collectives& comm, const std::vector<DistributedParam>& all_
       const at::Tensor o = gathered.narrow(0, static_cast<int64_t>(slot) * padded, d.param.numel())
                                .view(d.param.sizes())
                                .to(options.ns_dtype());
-      const double scale = muon_update_scale(d.param.size(-2), d.param.size(-1),
-                                             options.adjust_lr_fn(), options.matched_adamw_rms());
-      apply_update(d.param, o, options, scale);
+      apply_update(d.param, o, options, whole_scale(*d.sharding, d.param.sizes().vec(), options));
     }
   }
 }

@@ -17,6 +17,17 @@
 //   momentum of every param (replicated state), the owner orthogonalizes, one all_gather per
 //   bucket (padded to the bucket's largest param) hands every update to every rank.
 //
+// Tensor parallelism (MuonSharding::tp_dim / tp_group): a 2-D parameter may be slice t of the
+// whole matrix along tp_dim over tp_group (what the dp shards assemble, or the replicated copy,
+// is that slice). Newton–Schulz must see the whole matrix, so whoever orthogonalizes it (the
+// step_fsdp owner after assembling its slice, the step_ddp owner) all_gathers the slices of u
+// over tp_group (every tp peer owns the same bucket slot: the buckets are built from the same
+// names and numels, so all of them take part), concatenates them along tp_dim, runs
+// Newton–Schulz on the whole matrix and keeps its own slice of O; the scale is the whole
+// matrix's. The tp gather carries the bucket's wire dtype. A kWhole placement with a tp split
+// (one data-parallel rank) takes step_ddp over a one-rank group. Expert (3-D) tensors are never
+// tp-split (set_sharding refuses it).
+//
 // Wire dtype: u and O travel in bfloat16 when every param of the bucket has ns_dtype
 // bfloat16 (Newton–Schulz starts by casting u to bfloat16 and O is bfloat16, so this is
 // exact and the cheapest), else in communication_dtype (the widest of the bucket's groups):
@@ -53,6 +64,14 @@ struct MuonSharding {
   // The parameter's fully qualified name: breaks numel ties in the owner order, so every
   // rank builds the same buckets; also names the parameter in errors.
   std::string name;
+  // kFsdp / kReplicated, 2-D only: the matrix above (full_shape; the parameter for kReplicated)
+  // is slice tp_group->rank() of the whole matrix, split evenly along tp_dim over tp_group.
+  int64_t tp_dim = -1;
+  std::shared_ptr<Collectives> tp_group = nullptr;
+
+  bool tp_split() const { return tp_dim >= 0 && tp_group && tp_group->size() > 1; }
+  // `slice_shape` (this tp rank's matrix) with tp_dim multiplied by the tp degree.
+  std::vector<int64_t> whole_shape(std::vector<int64_t> slice_shape) const;
 };
 
 std::string muon_sharding_kind_name(MuonSharding::Kind kind);
@@ -79,9 +98,12 @@ std::vector<std::vector<size_t>> muon_owner_buckets(const std::vector<MuonOwnerI
 c10::ScalarType parse_muon_communication_dtype(const std::string& name);
 
 // How Muon steps a parameter held as `placement` (core/param_placement.h): kDim0Shard -> kFsdp
-// over the shard group with the global shape (HSDP replicas compute identical updates from
-// identical main grads); kReplicated -> kReplicated over the replicate group (DDP); kWhole and
-// kExpertSlice (whole experts, identical gradients over expert_dp) -> kLocal.
+// over the shard group with the tp slice's shape (tp_shape(); HSDP replicas compute identical
+// updates from identical main grads); kReplicated -> kReplicated over the replicate group
+// (DDP); kWhole -> kLocal, or with a tp split kReplicated over a one-rank group (so the tp
+// slices are gathered); kExpertSlice (whole experts, identical gradients over expert_dp) ->
+// kLocal. The tp split (tp_dim, tp_group) is carried over when tp_split(); an expert slice with
+// one is std::invalid_argument.
 MuonSharding muon_sharding_of(const ParamPlacement& placement);
 
 }  // namespace mixtrain

@@ -76,6 +76,14 @@ double global_grad_norm(const std::vector<at::Tensor>& grads, Collectives& group
 
 namespace {
 
+// `sum` summed over `group` (as is for a null or one-rank group).
+double all_reduced(double sum, Collectives* group) {
+  if (group == nullptr || group->size() <= 1) return sum;
+  at::Tensor reduced = at::full({1}, sum, at::TensorOptions().dtype(at::kDouble));
+  group->all_reduce_sum(reduced);
+  return reduced.item<double>();
+}
+
 double clip_with_norm(const std::vector<at::Tensor>& grads, double max_norm, double norm) {
   if (max_norm <= 0.0 || !std::isfinite(norm)) return norm;
   const double coefficient = max_norm / (norm + 1e-6);
@@ -102,27 +110,31 @@ double clip_grad_norm(const std::vector<at::Tensor>& grads,
                       const std::vector<const ParamPlacement*>& placements, double max_norm) {
   TORCH_CHECK(grads.size() == placements.size(), "clip_grad_norm: ", grads.size(), " grads but ",
               placements.size(), " placements");
-  std::vector<Collectives*> groups;  // null: local pieces
+  // One sum per (pieces group, tp group) pair; null members: not split that way.
+  struct Key {
+    Collectives* pieces;
+    Collectives* tp;
+    bool operator==(const Key& other) const { return pieces == other.pieces && tp == other.tp; }
+  };
+  std::vector<Key> keys;
   std::vector<std::vector<at::Tensor>> members;
   for (size_t i = 0; i < grads.size(); ++i) {
-    Collectives* group = placements[i]->pieces_group().get();
+    const ParamPlacement& placement = *placements[i];
+    const Key key{placement.pieces_group().get(),
+                  placement.tp_split() ? placement.tp_group.get() : nullptr};
     size_t g = 0;
-    while (g < groups.size() && groups[g] != group) ++g;
-    if (g == groups.size()) {
-      groups.push_back(group);
+    while (g < keys.size() && !(keys[g] == key)) ++g;
+    if (g == keys.size()) {
+      keys.push_back(key);
       members.emplace_back();
     }
     if (grads[i].defined()) members[g].push_back(grads[i]);
   }
   double total = 0.0;
-  for (size_t g = 0; g < groups.size(); ++g) {
-    double sum = total_sum_of_squares(members[g]);
-    if (groups[g] != nullptr && groups[g]->size() > 1) {
-      at::Tensor reduced = at::full({1}, sum, at::TensorOptions().dtype(at::kDouble));
-      groups[g]->all_reduce_sum(reduced);
-      sum = reduced.item<double>();
-    }
-    total += sum;
+  for (size_t g = 0; g < keys.size(); ++g) {
+    // Pieces first (the tp slice's rows), then the tp slices (disjoint parts of the whole).
+    double sum = all_reduced(total_sum_of_squares(members[g]), keys[g].pieces);
+    total += all_reduced(sum, keys[g].tp);
   }
   std::vector<at::Tensor> defined;
   for (const auto& grad : grads) {

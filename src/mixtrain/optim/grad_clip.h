@@ -42,11 +42,14 @@ double clip_grad_norm(const std::vector<at::Tensor>& grads, double max_norm, Col
 
 // Placed form: grads[i] (undefined: no gradient) is this rank's piece of the parameter that
 // placements[i] describes. Squares are summed per pieces_group() (null: this rank's piece is
-// the whole parameter, counted here), one kernel call over that group's grads in list order,
-// each sum all-reduced over its group when it has more than one rank; groups are taken in order
-// of first appearance in `placements` (undefined grads included), so every rank issues the same
-// collectives. The norm is the square root of the groups' total; clipping as above. With one
-// group this is exactly clip_grad_norm(grads, max_norm, group).
+// the whole parameter, counted here) and tp group (a tp_split() parameter's tp slices are
+// disjoint: its sum is then all-reduced over tp_group too; tp_dim -1: every tp rank holds the
+// same piece, counted once): one kernel call per (pieces group, tp group) over its grads in list
+// order, all-reduced over the pieces group, then the tp group, each when it has more than one
+// rank; pairs are taken in order of first appearance in `placements` (undefined grads
+// included), so every rank issues the same collectives. The norm is the square root of the
+// pairs' total; clipping as above. With one group and no tp this is exactly
+// clip_grad_norm(grads, max_norm, group).
 double clip_grad_norm(const std::vector<at::Tensor>& grads,
                       const std::vector<const ParamPlacement*>& placements, double max_norm);
 

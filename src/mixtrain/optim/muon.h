@@ -138,7 +138,8 @@ class Muon : public LeafOptimizer {
 
   // Declares how this rank holds `param` (distributed_muon.h). Throws std::invalid_argument
   // naming the parameter when it is in no group, a non-local kind has no group, or (kFsdp) the
-  // shape is not chunk group->rank() of full_shape on dim 0. Kept by position in the group, so
+  // shape is not chunk group->rank() of full_shape on dim 0, or a tp split is set on anything
+  // but a 2-D kFsdp / kReplicated parameter. Kept by position in the group, so
   // replace_parameter() keeps it.
   void set_sharding(const at::Tensor& param, MuonSharding sharding);
   // LeafOptimizer: the MuonSharding of a placement (muon_sharding_of) via set_sharding.

@@ -47,16 +47,21 @@ std::string fqn_of(const std::string& key) {
   return key.substr(std::string(kModelPrefix).size());
 }
 
-// Where this rank's `local` piece of `key` sits in the global tensor: a parameter's FSDP rows
-// or expert slice (its optimizer state and main param alike), whole otherwise; 0-dim state
-// (step counters) is the same on every rank.
+// Where this rank's `local` piece of `key` sits in the global tensor: the parameter's box
+// (ParamPlacement::global_offsets: FSDP rows or expert slice of its tensor-parallel slice; its
+// optimizer state and main param alike), whole otherwise; 0-dim state (step counters) is the
+// same on every rank. Pieces held alike by several ranks (replicas, tp_dim -1 on every tp
+// rank) have the same box and are written once.
 LocalChunk place(const FullyShardedModel* sharded, const std::string& key,
                  const at::Tensor& local) {
   LocalChunk chunk{key, local, local.sizes().vec(), std::vector<int64_t>(local.dim(), 0)};
   if (local.dim() == 0 || sharded == nullptr) return chunk;
   const ParamPlacement& placement = sharded->placement(fqn_of(key));
+  TORCH_CHECK(local.sizes() == at::IntArrayRef(placement.local_sizes()), "checkpoint: ", key,
+              " holds ", local.sizes(), " but its placement's box is ",
+              at::IntArrayRef(placement.local_sizes()));
   chunk.global_shape = placement.global_shape;
-  chunk.offsets[0] = placement.offset;
+  chunk.offsets = placement.global_offsets();
   return chunk;
 }
 

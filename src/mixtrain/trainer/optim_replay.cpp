@@ -154,6 +154,15 @@ ReplayLayout join_replay_mesh(const TrainerConfig& config) {
 int64_t run_optim_replay(const ResolvedConfig& resolved, const ReplayPaths& paths) {
   const TrainerConfig& config = resolved.config;
   validate_config(resolved);  // also a config built in code, before any process group exists
+  // Without a model there is no column / row split to replay: refuse rather than silently
+  // replaying the FSDP layout (whose result, the single-process one, TP would match anyway).
+  if (config.parallel.tp > 1 || config.parallel.cp > 1) {
+    throw ConfigError(
+        "optim-replay has no model to split over tensor or context parallel ranks: "
+        "parallel.tp (tensor_parallel_degree) = " +
+        std::to_string(config.parallel.tp) + " and parallel.cp (context_parallel_degree) = " +
+        std::to_string(config.parallel.cp) + " must both be 1 (--nproc N replays the FSDP layout)");
+  }
   ReplayLayout layout = join_replay_mesh(config);
   NamedTensors full_params = read_params(paths.params);
   GradsByStep grads = read_grads(paths.grads, full_params);

@@ -2,7 +2,9 @@
 // per-expert layout save_pretrained writes, shards with an index, the fused 3-D layout and our
 // own 3-D names all give the HF state dict bit for bit (converted dtypes: as torch rounds);
 // FSDP and expert-parallel pieces read exactly their rows' bytes; every malformed directory is
-// one DataError naming file and key.
+// one DataError naming file and key. Tensor-parallel boxes (tp 2 x dp_shard 2 of a dense
+// qwen2: column-parallel tp_dim 0, row-parallel tp_dim 1, norms whole on every tp rank) read
+// exactly their box, each tp_dim 1 piece by reading its rows whole.
 #include "mixtrain/checkpoint/hf_import.h"
 
 #include <ATen/ATen.h>
@@ -12,9 +14,12 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <memory>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
+#include "mixtrain/core/collectives.h"
 #include "mixtrain/core/error.h"
 #include "mixtrain/core/safetensors.h"
 
@@ -153,6 +158,96 @@ TEST(HfImport, EachRankReadsOnlyItsRows) {
     }
     EXPECT_EQ(together, bytes_of(reference)) << layout;
   }
+}
+
+// A group that only knows its rank and size: what ParamPlacement's box arithmetic reads.
+class RankOnlyGroup : public Collectives {
+ public:
+  RankOnlyGroup(int rank, int size) : rank_(rank), size_(size) {}
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  std::string name() const override { return "tp"; }
+  void all_reduce_sum(at::Tensor&) override { unused(); }
+  at::Tensor all_gather(const at::Tensor&) override { unused(); }
+  at::Tensor reduce_scatter_sum(const at::Tensor&) override { unused(); }
+  at::Tensor all_to_all(const at::Tensor&, const std::vector<int64_t>&,
+                        const std::vector<int64_t>&) override {
+    unused();
+  }
+  void broadcast(at::Tensor&, int) override { unused(); }
+  void barrier() override { unused(); }
+
+ private:
+  [[noreturn]] static void unused() { throw std::logic_error("import reads no collective"); }
+  int rank_, size_;
+};
+
+// Megatron's split of a dense decoder: o_proj / down_proj by columns (tp_dim 1), norms whole,
+// the rest (q/k/v with biases, gate/up, embedding, lm_head) by rows; -1 where 2 does not divide.
+int64_t tp_dim_of(const std::string& name, const at::Tensor& t) {
+  if (name.find("norm") != std::string::npos) return -1;
+  const bool row_parallel =
+      name.find("o_proj") != std::string::npos || name.find("down_proj") != std::string::npos;
+  const int64_t dim = row_parallel && t.dim() == 2 ? 1 : 0;
+  return t.size(dim) % 2 == 0 ? dim : -1;
+}
+
+TEST(HfImport, TensorParallelBoxesWithDpShardRows) {
+  TempDir tmp;
+  const NamedTensors reference = save_hf(tmp, "d", "qwen2");
+  int64_t columns = 0, rows_split = 0;
+  for (int tp_rank = 0; tp_rank < 2; ++tp_rank) {
+    const auto tp = std::make_shared<RankOnlyGroup>(tp_rank, 2);
+    for (int64_t shard = 0; shard < 2; ++shard) {
+      std::vector<HfImportTarget> targets;
+      uint64_t expected_bytes = 0;
+      for (const auto& [name, tensor] : reference) {
+        ParamPlacement p = whole_placement(name, tensor.sizes().vec());
+        p.kind = ParamPlacement::Kind::kDim0Shard;
+        p.tp_dim = tp_dim_of(name, tensor);
+        p.tp_group = tp;
+        const int64_t dim0 = p.tp_shape()[0], chunk = (dim0 + 1) / 2;  // torch.chunk over 2
+        p.offset = std::min(dim0, shard * chunk);
+        p.rows = std::min(dim0, p.offset + chunk) - p.offset;
+        columns += p.tp_dim == 1;
+        rows_split += p.tp_dim == 0;
+        // The rows this box spans, whole: a tp_dim 1 box reads its rows' other columns too.
+        expected_bytes += static_cast<uint64_t>(p.rows * (tensor.numel() / tensor.size(0)) *
+                                                tensor.element_size());
+        targets.push_back({name, at::full(p.local_sizes(), -7.0), p});
+      }
+      const HfImportStats stats = import_hf_weights(tmp.path() + "/d", targets);
+      EXPECT_EQ(stats.data_bytes_read, expected_bytes);
+      for (const HfImportTarget& t : targets) {
+        at::Tensor want = reference[&t - targets.data()].second;
+        const auto offsets = t.placement.global_offsets();
+        const auto sizes = t.placement.local_sizes();
+        for (size_t d = 0; d < sizes.size(); ++d) want = want.narrow(d, offsets[d], sizes[d]);
+        EXPECT_TRUE(at::equal(t.local, want)) << t.name << " tp " << tp_rank << " shard " << shard
+                                              << " tp_dim " << t.placement.tp_dim;
+      }
+    }
+  }
+  EXPECT_GT(columns, 0);  // both splits were exercised
+  EXPECT_GT(rows_split, 0);
+}
+
+TEST(HfImport, ExpertsWithATensorParallelSplitAreRefused) {
+  TempDir tmp;
+  const NamedTensors reference = save_hf(tmp, "e", "qwen2_moe");
+  std::vector<HfImportTarget> targets;
+  bool split = false;
+  for (const auto& [name, tensor] : reference) {
+    ParamPlacement p = whole_placement(name, tensor.sizes().vec());
+    if (tensor.dim() == 3 && !split && tensor.size(1) % 2 == 0) {
+      p.tp_dim = 1;
+      p.tp_group = std::make_shared<RankOnlyGroup>(0, 2);
+      split = true;
+    }
+    targets.push_back({name, at::empty(p.local_sizes()), p});
+  }
+  ASSERT_TRUE(split);
+  EXPECT_THROW(import_hf_weights(tmp.path() + "/e", targets), std::invalid_argument);
 }
 
 std::string error_of(const std::string& dir, const NamedTensors& reference) {

@@ -7,15 +7,28 @@
 // float32 params, Newton–Schulz in bfloat16 (wire bfloat16, which Gloo carries as its bits) or
 // float32 over a float32 wire, shapes whose Gram matrices exceed 16 x 16 or are alone in their
 // shape. float32 Newton–Schulz over a bfloat16 wire: within kBf16WireTolerance, derived there.
+//
+// Tensor parallelism (tp 2; tp 2 x dp_shard 2; tp 2 x dp_replicate 2): the same parameters
+// with tp_dim 0, 1 or -1 (kTpDims), placed through ParamPlacement / muon_sharding_of (kWhole
+// with a tp split on the one-data-rank mesh, kDim0Shard of the tp slice over dp_shard, or
+// kReplicated over dp_replicate); each rank's box (global_offsets / local_sizes) of the
+// single-process update on the whole tensors. The whole u is gathered exactly (concatenation of
+// elementwise momentum slices), so Newton–Schulz sees the reference's matrix: bitwise under the
+// same conditions as above, kBf16WireTolerance for float32 Newton–Schulz over a bfloat16 wire
+// (u and O each rounded once to bfloat16, as on the FSDP path). muon_sharding_of's tp mapping
+// and its refusals (an expert slice or a 3-D parameter with a tp split) in one process.
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 #include <gtest/gtest.h>
 
 #include <memory>
 #include <sstream>
+#include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
+#include "mixtrain/core/param_placement.h"
 #include "mixtrain/distributed/device_mesh.h"
 #include "mixtrain/optim/distributed_muon.h"
 #include "mixtrain/optim/muon.h"
@@ -51,6 +64,9 @@ const std::vector<NamedShape> kShapes = {
     {"layers.0.o", {9, 40}},   {"layers.1.o", {5, 24}},     {"layers.2.q", {64, 48}},
     {"layers.0.up", {96, 40}}, {"experts.up", {4, 24, 32}},
 };
+// The tp split of each kShapes entry: column (0) and row (1) parallel matrices, matrices whole
+// on every tp rank (-1, the odd 37 x 29 among them) and the expert tensor (never tp-split).
+const std::vector<int64_t> kTpDims = {0, -1, 1, 1, 1, -1, 0, -1};
 constexpr int kSteps = 3;
 constexpr double kBf16WireTolerance = 3 * 0.039 * 1.2 / 256;
 
@@ -155,6 +171,90 @@ MIXTRAIN_WORKER(distributed_muon_paths) {
   worker.write_text("report_" + std::to_string(worker.rank.rank), report.str());
 }
 
+// This rank's placement of kShapes[i] on `mesh` with tp split kTpDims[i], held as `kind`
+// (kWhole, kDim0Shard over dp_shard, kReplicated over dp_replicate).
+ParamPlacement tp_placement(const DeviceMesh& mesh, size_t i, ParamPlacement::Kind kind) {
+  ParamPlacement p = whole_placement(kShapes[i].name, kShapes[i].shape);
+  p.kind = kind;
+  p.tp_dim = kTpDims[i];
+  p.tp_group = mesh.tp_group;
+  const int64_t dim0 = p.tp_shape()[0];
+  p.rows = dim0;
+  if (kind == ParamPlacement::Kind::kDim0Shard) {
+    const int n = mesh.dp_shard_group->size();
+    const auto rows = fsdp_chunk_rows(dim0, n);
+    p.offset = 0;
+    for (int r = 0; r < mesh.dp_shard_group->rank(); ++r) p.offset += rows[r];
+    p.rows = rows[mesh.dp_shard_group->rank()];
+    p.shard_group = mesh.dp_shard_group;
+    p.replicate_group = mesh.dp_replicate_group;
+  } else if (kind == ParamPlacement::Kind::kReplicated) {
+    p.replicate_group = mesh.dp_replicate_group;
+  }
+  return p;
+}
+
+at::Tensor box_of(const at::Tensor& full, const ParamPlacement& placement) {
+  at::Tensor box = full;
+  const auto offsets = placement.global_offsets();
+  const auto sizes = placement.local_sizes();
+  for (size_t d = 0; d < sizes.size(); ++d) box = box.narrow(d, offsets[d], sizes[d]);
+  return box.clone();
+}
+
+std::vector<at::Tensor> run_placed(const MuonOptions& options,
+                                   const std::vector<ParamPlacement>& placements) {
+  std::vector<at::Tensor> params;
+  for (size_t i = 0; i < kShapes.size(); ++i) {
+    params.push_back(box_of(random_normal(kShapes[i].shape, 100 + i), placements[i]));
+  }
+  auto muon = make_muon(params, options);
+  for (size_t i = 0; i < kShapes.size(); ++i) muon->set_placement(params[i], placements[i]);
+  for (int step = 1; step <= kSteps; ++step) {
+    for (size_t i = 0; i < params.size(); ++i) {
+      params[i].mutable_grad() =
+          box_of(random_normal(kShapes[i].shape, 1000 * step + i), placements[i]);
+    }
+    muon->step();
+  }
+  return params;
+}
+
+MIXTRAIN_WORKER(distributed_muon_tp) {
+  DeviceMesh mesh = worker.make_mesh();
+  std::vector<std::pair<std::string, ParamPlacement::Kind>> kinds;
+  if (mesh.dp_shard > 1) kinds.emplace_back("fsdp", ParamPlacement::Kind::kDim0Shard);
+  if (mesh.dp_replicate > 1) kinds.emplace_back("ddp", ParamPlacement::Kind::kReplicated);
+  if (kinds.empty()) kinds.emplace_back("whole", ParamPlacement::Kind::kWhole);
+  std::ostringstream report;
+  for (const auto& combo : kCombos) {
+    const MuonOptions options = options_for(combo.ns_dtype, combo.wire);
+    const auto reference = run(options, MuonSharding::Kind::kLocal, nullptr);
+    for (const auto& [label, kind] : kinds) {
+      std::vector<ParamPlacement> placements;
+      for (size_t i = 0; i < kShapes.size(); ++i) placements.push_back(tp_placement(mesh, i, kind));
+      const auto got = run_placed(options, placements);
+      report << "ran " << label << "\n";
+      for (size_t i = 0; i < kShapes.size(); ++i) {
+        const at::Tensor expected = box_of(reference[i], placements[i]);
+        const std::string what = label + " " + c10::toString(combo.ns_dtype) + "/" +
+                                 c10::toString(combo.wire) + " " + kShapes[i].name;
+        EXPECT_EQ(got[i].sizes(), expected.sizes()) << what;
+        if (got[i].sizes() != expected.sizes() || got[i].numel() == 0) continue;
+        const double diff =
+            (got[i].to(at::kDouble) - expected.to(at::kDouble)).abs().max().item<double>();
+        if (combo.bitwise) {
+          EXPECT_TRUE(at::equal(got[i], expected)) << what << ": max diff " << diff;
+        } else {
+          EXPECT_LT(diff, kBf16WireTolerance) << what;
+        }
+        if (diff != 0.0) report << what << " max diff " << diff << "\n";
+      }
+    }
+  }
+  worker.write_text("report_" + std::to_string(worker.rank.rank), report.str());
+}
+
 // Rank 1 has no grad for one parameter: every rank fails with the same clear message instead
 // of pairing mismatched shards or waiting for the collective timeout.
 MIXTRAIN_WORKER(distributed_muon_mismatch) {
@@ -173,31 +273,37 @@ struct MeshCase {
   int nproc;
   int64_t dp_replicate;
   int64_t dp_shard;
+  int64_t tp = 1;
 };
 
 void run_case(const MeshCase& c) {
   ParallelConfig parallel;
   parallel.dp_replicate = c.dp_replicate;
   parallel.dp_shard = c.dp_shard;
-  const auto result = testing::run_workers("distributed_muon_paths", c.nproc, parallel, {}, 60);
+  parallel.tp = c.tp;
+  const char* worker = c.tp > 1 ? "distributed_muon_tp" : "distributed_muon_paths";
+  const auto result = testing::run_workers(worker, c.nproc, parallel, {}, 60);
   ASSERT_TRUE(result.all_ok()) << result.summary();
   for (int r = 0; r < c.nproc; ++r) {
     const std::string report = result.read_text("report_" + std::to_string(r));
     // Each path ran once per combo; only the bfloat16-wire float32 Newton–Schulz runs may
     // differ (within tolerance).
-    int fsdp_runs = 0, ddp_runs = 0;
+    int fsdp_runs = 0, ddp_runs = 0, whole_runs = 0;
     std::istringstream lines(report);
     for (std::string line; std::getline(lines, line);) {
       if (line == "ran fsdp") {
         ++fsdp_runs;
       } else if (line == "ran ddp") {
         ++ddp_runs;
+      } else if (line == "ran whole") {
+        ++whole_runs;
       } else {
         EXPECT_NE(line.find("Float/BFloat16"), std::string::npos) << "rank " << r << ": " << line;
       }
     }
     EXPECT_EQ(fsdp_runs, c.dp_shard > 1 ? 3 : 0) << "rank " << r;
     EXPECT_EQ(ddp_runs, c.dp_replicate > 1 ? 3 : 0) << "rank " << r;
+    EXPECT_EQ(whole_runs, c.dp_shard * c.dp_replicate == 1 ? 3 : 0) << "rank " << r;
   }
 }
 
@@ -215,6 +321,68 @@ TEST(DistributedMuonMultiProcessTest, DdpFourRanks) {
 }
 TEST(DistributedMuonMultiProcessTest, HsdpTwoByTwoFsdpAndDdp) {
   run_case({4, 2, 2});
+}
+
+TEST(DistributedMuonMultiProcessTest, TensorParallelTwoRanksWholeMatrices) {
+  run_case({2, 1, 1, 2});
+}
+TEST(DistributedMuonMultiProcessTest, TensorParallelTwoByFsdpTwo) {
+  run_case({4, 1, 2, 2});
+}
+TEST(DistributedMuonMultiProcessTest, TensorParallelTwoByDdpTwo) {
+  run_case({4, 2, 1, 2});
+}
+
+// A group that only knows its rank and size (muon_sharding_of and set_sharding read no more).
+class RankOnlyGroup : public Collectives {
+ public:
+  RankOnlyGroup(int rank, int size) : rank_(rank), size_(size) {}
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  std::string name() const override { return "tp"; }
+  void all_reduce_sum(at::Tensor&) override { unused(); }
+  at::Tensor all_gather(const at::Tensor&) override { unused(); }
+  at::Tensor reduce_scatter_sum(const at::Tensor&) override { unused(); }
+  at::Tensor all_to_all(const at::Tensor&, const std::vector<int64_t>&,
+                        const std::vector<int64_t>&) override {
+    unused();
+  }
+  void broadcast(at::Tensor&, int) override { unused(); }
+  void barrier() override { unused(); }
+
+ private:
+  [[noreturn]] static void unused() { throw std::logic_error("no collective expected"); }
+  int rank_, size_;
+};
+
+TEST(DistributedMuonTensorParallel, PlacementMappingAndRefusals) {
+  const auto tp = std::make_shared<RankOnlyGroup>(1, 2);
+  ParamPlacement whole = whole_placement("w", {8, 6});
+  whole.tp_dim = 1;
+  whole.tp_group = tp;
+  const MuonSharding mapped = muon_sharding_of(whole);
+  EXPECT_EQ(mapped.kind, MuonSharding::Kind::kReplicated);  // one-rank DDP gathers the slices
+  ASSERT_TRUE(mapped.group);
+  EXPECT_EQ(mapped.group->size(), 1);
+  EXPECT_EQ(mapped.whole_shape({8, 3}), (std::vector<int64_t>{8, 6}));
+
+  ParamPlacement dim0 = whole;
+  dim0.kind = ParamPlacement::Kind::kDim0Shard;
+  dim0.shard_group = tp;  // any 2-rank group: rows of the [8, 3] tp slice
+  dim0.rows = 4;
+  const MuonSharding fsdp = muon_sharding_of(dim0);
+  EXPECT_EQ(fsdp.full_shape, (std::vector<int64_t>{8, 3}));  // the tp slice the shards make
+
+  ParamPlacement experts = whole_placement("experts.up", {4, 6, 8});
+  experts.kind = ParamPlacement::Kind::kExpertSlice;
+  experts.tp_dim = 1;
+  experts.tp_group = tp;
+  EXPECT_THROW(muon_sharding_of(experts), std::invalid_argument);
+
+  at::Tensor cube = at::zeros({2, 3, 8});
+  Muon muon(std::vector<at::Tensor>{cube}, MuonOptions());
+  MuonSharding split{MuonSharding::Kind::kReplicated, {}, tp, "cube", 1, tp};
+  EXPECT_THROW(muon.set_sharding(cube, split), std::invalid_argument);  // 3-D: never tp-split
 }
 
 TEST(DistributedMuonMultiProcessTest, RanksSteppingDifferentParamsFailClearly) {

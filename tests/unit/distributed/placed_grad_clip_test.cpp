@@ -3,6 +3,10 @@
 // dp_shard) and a replicated one (kReplicated over the world: each rank holds all of it, and
 // it must count once, not once per rank). Both ranks draw the same full gradients from one
 // seed and take their own rows, so each computes the expected norm alone, in double.
+// Tensor parallelism on 4 processes (tp 2 x dp_shard 2): a column-parallel (tp_dim 0) and a
+// row-parallel (tp_dim 1) parameter, each tp slice dim-0 sharded over dp_shard (summed over
+// dp_shard, then over tp), and a parameter whole on both tp ranks (tp_dim -1, dp_shard rows:
+// counted once, not once per tp rank), vs the norm of the unsharded gradients.
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
@@ -13,6 +17,7 @@
 #include <vector>
 
 #include "mixtrain/core/param_placement.h"
+#include "mixtrain/distributed/device_mesh.h"
 #include "mixtrain/optim/chained_optimizer.h"
 #include "support/multiprocess.h"
 #include "support/placed_chain.h"
@@ -69,6 +74,70 @@ TEST(PlacedGradClip, ShardsSumOverRanksAndReplicatedCountsOnce) {
   ASSERT_TRUE(result.all_ok()) << result.summary();
   // Every rank clips with the same coefficient: the norms are bitwise equal.
   EXPECT_EQ(result.read_text("norm_0"), result.read_text("norm_1"));
+}
+
+// This rank's box of `full` under `placement` (global_offsets / local_sizes).
+at::Tensor box_of(const at::Tensor& full, const ParamPlacement& placement) {
+  at::Tensor box = full;
+  const auto offsets = placement.global_offsets();
+  const auto sizes = placement.local_sizes();
+  for (size_t d = 0; d < sizes.size(); ++d) box = box.narrow(d, offsets[d], sizes[d]);
+  return box.clone();
+}
+
+ParamPlacement tp_sharded(const DeviceMesh& mesh, const std::string& name,
+                          const std::vector<int64_t>& shape, int64_t tp_dim) {
+  ParamPlacement p = whole_placement(name, shape);
+  p.kind = ParamPlacement::Kind::kDim0Shard;
+  p.tp_dim = tp_dim;
+  p.tp_group = mesh.tp_group;
+  p.shard_group = mesh.dp_shard_group;
+  p.replicate_group = mesh.dp_replicate_group;
+  const int64_t rows = p.tp_shape()[0] / mesh.dp_shard;  // even split in this test
+  p.offset = mesh.shard_index() * rows;
+  p.rows = rows;
+  return p;
+}
+
+MIXTRAIN_WORKER(placed_clip_tp2_dp2) {
+  DeviceMesh mesh = worker.make_mesh();
+  at::manual_seed(43);  // the same full gradients on every rank
+  const std::vector<at::Tensor> full = {at::randn({4, 6}), at::randn({4, 6}), at::randn({6}) * 3};
+  const std::vector<ParamPlacement> placements = {tp_sharded(mesh, "column", {4, 6}, 0),
+                                                  tp_sharded(mesh, "row", {4, 6}, 1),
+                                                  tp_sharded(mesh, "bias", {6}, -1)};
+  std::vector<at::Tensor> params;
+  NamedTensors named;
+  for (size_t i = 0; i < full.size(); ++i) {
+    params.push_back(at::zeros(placements[i].local_sizes()).requires_grad_(true));
+    params.back().mutable_grad() = box_of(full[i], placements[i]);
+    named.emplace_back(placements[i].name, params.back());
+  }
+  ChainedOptimizer chain;
+  chain.add_leaf(test_doubles::make_sgd(params, 0.1), named);
+  chain.set_placements(placements);
+
+  const double tp_split_sum = sum_of_squares_in_double(full[0]) + sum_of_squares_in_double(full[1]);
+  const double bias_sum = sum_of_squares_in_double(full[2]);
+  const double expected = std::sqrt(tp_split_sum + bias_sum);
+  // Counting the tp-whole bias once per tp rank, or a tp split's slice only: told apart.
+  ASSERT_GT(std::sqrt(tp_split_sum + 2 * bias_sum) - expected, 100 * kRelTol * expected);
+  const double norm = chain.clip_grad_norm(0.0);
+  EXPECT_NEAR(norm, expected, kRelTol * expected) << "rank " << mesh.rank;
+  char text[64];
+  std::snprintf(text, sizeof(text), "%a", norm);
+  worker.write_text("norm_" + std::to_string(mesh.rank), text);
+}
+
+TEST(PlacedGradClip, TensorParallelSlicesSumOverTpAndTpWholeCountsOnce) {
+  ParallelConfig parallel;
+  parallel.dp_shard = 2;
+  parallel.tp = 2;
+  const WorkerResult result = run_workers("placed_clip_tp2_dp2", 4, parallel);
+  ASSERT_TRUE(result.all_ok()) << result.summary();
+  for (int r = 1; r < 4; ++r) {
+    EXPECT_EQ(result.read_text("norm_" + std::to_string(r)), result.read_text("norm_0"));
+  }
 }
 
 }  // namespace

@@ -1,6 +1,10 @@
 // trainer/checkpointing: what a restore refuses, and that a refused restore changes nothing.
 // One process, bfloat16 model with fp32 main params, Muon + AdamW (configs/qwen2_moe_tiny.yaml
 // shrunk, tests/support/trainer_probe.h). fp32-main-params §2.2-2.4 are tests/scenarios/.
+// Tensor-parallel boxes (ParamPlacement::global_offsets / local_sizes, what place() writes):
+// tp_dim 0 and 1 combined with dp_shard rows, and tp_dim -1, saved by 4 processes (tp 2 x
+// dp_shard 2) as pieces of global tensors, read back whole by one process; and a one-process
+// save read back as each of the 4 ranks' boxes. Exact (copies only).
 #include "mixtrain/trainer/checkpointing.h"
 
 #include <gtest/gtest.h>
@@ -15,11 +19,15 @@
 #include <nlohmann/json.hpp>
 #include <random>
 
+#include "mixtrain/checkpoint/distributed_checkpoint.h"
 #include "mixtrain/checkpoint/metadata.h"
+#include "mixtrain/checkpoint/storage.h"
 #include "mixtrain/core/error.h"
+#include "mixtrain/core/param_placement.h"
 #include "mixtrain/data/dataset.h"
 #include "mixtrain/trainer/checkpoint_state.h"
 #include "support/checkpoint_surgery.h"
+#include "support/multiprocess.h"
 #include "support/trainer_probe.h"
 
 namespace mixtrain {
@@ -469,6 +477,93 @@ TEST_F(CheckpointingTest, RandomMetadataEditsGiveADataErrorOrARestore) {
   EXPECT_GT(refused, 0);
   EXPECT_GT(restored, 0);
   std::cout << refused << " of 60 edits refused, " << restored << " restored\n";
+}
+
+// ---- Tensor-parallel boxes ----
+
+struct TpTensor {
+  std::string key;
+  std::vector<int64_t> shape;
+  int64_t tp_dim;
+};
+// Column-parallel, row-parallel (each tp slice split in dp_shard rows) and tp-whole.
+const std::vector<TpTensor> kTpTensors = {
+    {"model.col.weight", {8, 6}, 0}, {"model.row.weight", {4, 10}, 1}, {"model.norm", {6}, -1}};
+
+at::Tensor tp_global(size_t i) {
+  at::manual_seed(static_cast<uint64_t>(70 + i));
+  return at::randn(kTpTensors[i].shape);
+}
+
+// This rank's placement of kTpTensors[i] on `mesh` (dp_shard rows of the tp slice).
+ParamPlacement tp_box_placement(const DeviceMesh& mesh, size_t i) {
+  ParamPlacement p = whole_placement(kTpTensors[i].key, kTpTensors[i].shape);
+  p.kind = ParamPlacement::Kind::kDim0Shard;
+  p.tp_dim = kTpTensors[i].tp_dim;
+  p.tp_group = mesh.tp_group;
+  p.shard_group = mesh.dp_shard_group;
+  p.rows = p.tp_shape()[0] / mesh.dp_shard;
+  p.offset = mesh.shard_index() * p.rows;
+  return p;
+}
+
+at::Tensor box(const at::Tensor& full, const std::vector<int64_t>& offsets,
+               const std::vector<int64_t>& sizes) {
+  at::Tensor out = full;
+  for (size_t d = 0; d < sizes.size(); ++d) out = out.narrow(d, offsets[d], sizes[d]);
+  return out.contiguous();
+}
+
+// Reads `from` (a one-process save) as this rank's boxes, then saves the boxes to `to`.
+MIXTRAIN_WORKER(checkpoint_tp_boxes) {
+  DeviceMesh mesh = worker.make_mesh();
+  CheckpointReader reader(resolve_step_dir(worker.get("TP_FROM")));
+  SaveRequest request;
+  request.step = 2;
+  request.mesh = CheckpointMesh{mesh.dp_replicate, mesh.dp_shard, mesh.ep};
+  request.state = nlohmann::json::object();
+  for (size_t i = 0; i < kTpTensors.size(); ++i) {
+    const ParamPlacement p = tp_box_placement(mesh, i);
+    const at::Tensor mine = box(tp_global(i), p.global_offsets(), p.local_sizes());
+    const at::Tensor read = reader.read(kTpTensors[i].key, p.global_offsets(), p.local_sizes());
+    EXPECT_TRUE(at::equal(read, mine)) << kTpTensors[i].key << " rank " << mesh.rank;
+    request.chunks.push_back({kTpTensors[i].key, mine, p.global_shape, p.global_offsets()});
+  }
+  CheckpointSaver saver(worker.get("TP_TO"), 1, false, mesh.world);
+  saver.save(std::move(request));
+}
+
+TEST(CheckpointTensorParallelBoxes, OneToTpTwoByDpTwoAndBackToOne) {
+  const std::filesystem::path dir = std::filesystem::temp_directory_path() /
+                                    ("mixtrain_checkpoint_tp_" + std::to_string(::getpid()));
+  std::filesystem::remove_all(dir);
+  {
+    SaveRequest whole;
+    whole.step = 1;
+    whole.state = nlohmann::json::object();
+    for (size_t i = 0; i < kTpTensors.size(); ++i) {
+      const at::Tensor t = tp_global(i);
+      whole.chunks.push_back(
+          {kTpTensors[i].key, t, t.sizes().vec(), std::vector<int64_t>(t.dim(), 0)});
+    }
+    CheckpointSaver saver((dir / "one").string(), 1, false, make_local_collectives());
+    saver.save(std::move(whole));
+  }
+  ParallelConfig parallel;
+  parallel.dp_shard = 2;
+  parallel.tp = 2;
+  const auto result =
+      testing::run_workers("checkpoint_tp_boxes", 4, parallel,
+                           {{"TP_FROM", (dir / "one").string()}, {"TP_TO", (dir / "tp").string()}});
+  ASSERT_TRUE(result.all_ok()) << result.summary();
+  CheckpointReader reader(resolve_step_dir((dir / "tp").string()));
+  for (size_t i = 0; i < kTpTensors.size(); ++i) {
+    EXPECT_TRUE(at::equal(reader.read_full(kTpTensors[i].key), tp_global(i))) << kTpTensors[i].key;
+  }
+  // The tp-whole tensor's two copies per shard are written once: one chunk per dp_shard rank.
+  EXPECT_EQ(reader.metadata().tensors.at("model.norm").chunks.size(), 2u);
+  EXPECT_EQ(reader.metadata().tensors.at("model.col.weight").chunks.size(), 4u);
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace

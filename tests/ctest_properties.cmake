@@ -24,6 +24,7 @@ set(MIXTRAIN_TEST_TABLE
   "unit_distributed_fsdp_test                4          300      slow"    # 28.4
   "unit_distributed_gloo_collectives_test    4          120"     #          9.4
   "unit_distributed_launcher_test            3          150      slow"    # 13.1
+  "unit_distributed_tensor_parallel_test     4          150      slow"    # 9.4 alone (22 beside a build)
   "unit_optim_adamw_test                     1          60"      #          5.3 (child per CPU capability)
   "unit_optim_muon_kernel_test               1          60"      #          6.6 (child per CPU capability)
   "scenarios_checkpoint_resharding_test      4          150      slow"    # 14.3

@@ -122,12 +122,17 @@ struct PreBackwardUnshard : public torch::autograd::Function<PreBackwardUnshard>
 FullyShardedModel::FullyShardedModel(CausalLM& model, std::shared_ptr<Collectives> shard_group,
                                      std::shared_ptr<Collectives> replicate_group,
                                      FsdpOptions options, std::shared_ptr<Collectives> ep_group,
-                                     std::shared_ptr<Collectives> expert_dp_group)
+                                     std::shared_ptr<Collectives> expert_dp_group,
+                                     std::shared_ptr<Collectives> tp_group)
     : shard_group_(std::move(shard_group)),
       replicate_group_(std::move(replicate_group)),
       options_(std::move(options)),
       ep_group_(std::move(ep_group)),
       expert_dp_group_(std::move(expert_dp_group)) {
+  if (tp_group && tp_group->size() > 1) {
+    tp_group_ = std::move(tp_group);
+    tensor_parallel_ = std::make_shared<TensorParallel>(tp_group_);
+  }
   if (ep_group_ && ep_group_->size() > 1) {
     if (!expert_dp_group_) throw std::invalid_argument("fsdp: ep_group without expert_dp_group");
     expert_parallel_ =
@@ -157,15 +162,31 @@ FullyShardedModel::FullyShardedModel(CausalLM& model, std::shared_ptr<Collective
                                   std::to_string(ep_group_->size()) + " does not divide the " +
                                   std::to_string(p.size(0)) + " experts of " + item.key());
     }
+    const int64_t tp_dim = tp_group_ ? model.tp_dim(item.key()) : -1;
+    if (tp_dim >= 0 && (expert || tp_dim >= p.dim() || p.size(tp_dim) % tp_group_->size() != 0)) {
+      throw std::invalid_argument("shard_model: the tp group of " +
+                                  std::to_string(tp_group_->size()) + " cannot split " +
+                                  item.key() + " along dim " + std::to_string(tp_dim));
+    }
+    // This tp rank's slice (the whole parameter without tp): what FSDP shards below.
+    at::Tensor slice = p.detach();
+    if (tp_dim >= 0) {
+      const int64_t n = p.size(tp_dim) / tp_group_->size();
+      slice = slice.narrow(tp_dim, tp_group_->rank() * n, n);
+    }
     Param entry{item.key(),
                 expert ? chunk_layout(p.sizes().vec(), ep_group_->size(), ep_group_->rank())
-                       : chunk_layout(p.sizes().vec(), parts, shard_group_->rank()),
-                p, expert};
-    if (expert || parts > 1) {
+                       : chunk_layout(slice.sizes().vec(), parts, shard_group_->rank()),
+                p,
+                expert,
+                tp_dim,
+                p.sizes().vec()};
+    if (expert || parts > 1 || tp_dim >= 0) {
       // Before any optimizer or graph exists (the header's contract), so swapping the data is
       // safe; the TensorImpl, which the module and every later map hold, stays.
       torch::NoGradGuard no_grad;
-      p.set_data(p.detach().narrow(0, entry.layout.offset, entry.layout.rows).clone());
+      p.set_data(slice.narrow(0, entry.layout.offset, entry.layout.rows)
+                     .clone(at::MemoryFormat::Contiguous));
       if (p.grad().defined()) p.mutable_grad().reset();
     }
     index_[entry.name] = static_cast<int64_t>(params_.size());
@@ -209,9 +230,13 @@ at::Tensor FullyShardedModel::local_rows(const std::string& name, const at::Tens
 ParamPlacement FullyShardedModel::placement_of(const Param& p) const {
   ParamPlacement placement;
   placement.name = p.name;
-  placement.global_shape = p.layout.global_shape;
+  placement.global_shape = p.global_shape;
   placement.offset = p.layout.offset;
   placement.rows = p.layout.rows;
+  if (p.tp_dim >= 0) {
+    placement.tp_dim = p.tp_dim;
+    placement.tp_group = tp_group_;
+  }
   if (p.expert) {
     placement.kind = ParamPlacement::Kind::kExpertSlice;
     placement.shard_group = ep_group_;
@@ -354,7 +379,8 @@ std::shared_ptr<FullyShardedModel> shard_model(CausalLM& model, const DeviceMesh
                                                const FsdpOptions& options) {
   auto fsdp = std::make_shared<FullyShardedModel>(
       model, mesh.dp_shard_group, mesh.dp_replicate_group, options,
-      mesh.ep > 1 ? mesh.ep_group : nullptr, mesh.ep > 1 ? mesh.expert_dp_group : nullptr);
+      mesh.ep > 1 ? mesh.ep_group : nullptr, mesh.ep > 1 ? mesh.expert_dp_group : nullptr,
+      mesh.tp > 1 ? mesh.tp_group : nullptr);
   if (mesh.cp > 1) {
     fsdp->set_context_parallel(std::make_shared<ContextParallel>(
         mesh.cp_group, parse_cp_rotate_method(options.cp_rotate_method)));

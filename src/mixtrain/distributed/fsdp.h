@@ -39,6 +39,17 @@
 // the ep group, and placements() marks them kExpertSlice. The model reaches the token exchange
 // through expert_dispatcher().
 //
+// Tensor parallelism (tensor_parallel.h; mesh.tp > 1): each parameter the model splits
+// (CausalLM::tp_dim(name) >= 0) is first narrowed to this tp rank's slice along tp_dim, and that
+// slice is what FSDP shards, gathers and reduces as above: layout(), unshard, gather_full and
+// local_rows all speak of the tp slice (its shape is layout().global_shape), and gradients are
+// reduced over dp_shard x dp_replicate only, never over tp (Megatron without sequence
+// parallelism: the parameters every tp rank holds whole get bitwise identical gradients on each).
+// placements() carry the whole picture: global_shape the full (Hugging Face) shape, tp_dim and
+// tp_group. A caller needing a global tensor of a TP-split parameter must also gather over
+// placement().tp_group along tp_dim (or refuse TP). tensor_parallel() hands the model the
+// TensorParallel communication (nullptr for tp = 1).
+//
 // Collectives run inside autograd nodes; the CPU autograd engine runs nodes in decreasing
 // creation order, and the model creates them in the same order on every rank, so all ranks
 // issue the same collectives in the same order even when MoE routing differs between ranks.
@@ -63,6 +74,7 @@
 #include "mixtrain/distributed/expert_parallel.h"
 #include "mixtrain/distributed/expert_slice_grad.h"
 #include "mixtrain/distributed/shard_layout.h"
+#include "mixtrain/distributed/tensor_parallel.h"
 #include "mixtrain/model/causal_lm.h"
 
 namespace mixtrain {
@@ -78,10 +90,12 @@ class FullyShardedModel : public ParameterMaterializer {
  public:
   // Use shard_model(); shard_group / replicate_group may be one-rank groups.
   // ep_group / expert_dp_group: expert parallelism when ep_group has more than one rank.
+  // tp_group: tensor parallelism when it has more than one rank.
   FullyShardedModel(CausalLM& model, std::shared_ptr<Collectives> shard_group,
                     std::shared_ptr<Collectives> replicate_group, FsdpOptions options,
                     std::shared_ptr<Collectives> ep_group = nullptr,
-                    std::shared_ptr<Collectives> expert_dp_group = nullptr);
+                    std::shared_ptr<Collectives> expert_dp_group = nullptr,
+                    std::shared_ptr<Collectives> tp_group = nullptr);
 
   // fp32_main_params: where the reduced gradients go (the optimizer built on the sharded params,
   // accumulate_main_grad(name, grad)). Must be set before the first backward.
@@ -93,16 +107,23 @@ class FullyShardedModel : public ParameterMaterializer {
   Collectives& replicate_group() const { return *replicate_group_; }
   // Names in model order.
   const std::vector<std::string>& names() const { return names_; }
+  // FSDP's dim-0 split of `name`'s tp slice (the whole parameter without tensor parallelism;
+  // under tp, global_shape is the tp slice's shape, not the model's).
   const ShardLayout& layout(const std::string& name) const;
   // All-gathers a tensor shaped like `name`'s local shard (any dtype Collectives carries, e.g. a
-  // main param or main_grad) into the full tensor, over the dp_shard group. Collective.
+  // main param or main_grad) over the dp_shard group (the ep group for expert slices): the whole
+  // parameter without tensor parallelism, this rank's tp slice with it (gather that over
+  // placement(name).tp_group along tp_dim for the global tensor). Collective.
   at::Tensor gather_full(const std::string& name, const at::Tensor& local) const;
-  // This rank's rows of a full tensor shaped like parameter `name` (a view).
+  // This rank's rows of a tensor shaped like layout(name).global_shape (the tp slice under
+  // tensor parallelism), a view.
   at::Tensor local_rows(const std::string& name, const at::Tensor& full) const;
   // How each parameter is held (core/param_placement.h), in model order: routed experts under
   // expert parallelism kExpertSlice (over ep, copies over expert_dp); otherwise kDim0Shard over
   // dp_shard (copies over dp_replicate) when dp_shard > 1, kReplicated over dp_replicate
-  // (DDP) when only that has several ranks, kWhole on one rank.
+  // (DDP) when only that has several ranks, kWhole otherwise. Under tensor parallelism a split
+  // parameter's placement has tp_dim / tp_group, global_shape the full shape and offset/rows
+  // its dim-0 rows of the tp slice (tp_shape()).
   const std::vector<ParamPlacement>& placements() const { return placements_; }
   // Throws std::invalid_argument for an unknown name.
   const ParamPlacement& placement(const std::string& name) const;
@@ -114,6 +135,7 @@ class FullyShardedModel : public ParameterMaterializer {
   at::Tensor cast_forward_output(const at::Tensor& output) override;
   ExpertDispatcher* expert_dispatcher() override { return expert_parallel_.get(); }
   ContextParallelHooks* context_parallel() override { return context_parallel_.get(); }
+  TensorParallelHooks* tensor_parallel() override { return tensor_parallel_.get(); }
   // Context parallelism (shard_model sets it when mesh.cp > 1, before any forward).
   void set_context_parallel(std::shared_ptr<ContextParallelHooks> hooks) {
     context_parallel_ = std::move(hooks);
@@ -127,6 +149,8 @@ class FullyShardedModel : public ParameterMaterializer {
     ShardLayout layout;
     at::Tensor param;     // the registered parameter (the local shard)
     bool expert = false;  // split by expert parallelism: layout is the ep slice
+    int64_t tp_dim = -1;  // split over tp along this dim (layout is then the tp slice's)
+    std::vector<int64_t> global_shape;  // the model's full shape
   };
   const Param& param(int64_t index) const { return params_[index]; }
   int64_t index_of(const std::string& name) const;
@@ -157,18 +181,22 @@ class FullyShardedModel : public ParameterMaterializer {
   ExpertSliceGrads expert_grads_;  // expert_slice_grad.h
   bool expert_sync_queued_ = false;
   std::shared_ptr<ContextParallelHooks> context_parallel_;
+  std::shared_ptr<Collectives> tp_group_;            // null when tp = 1
+  std::shared_ptr<TensorParallel> tensor_parallel_;  // null when tp = 1
   void queue_expert_grad_sync();
   void sync_expert_grads();
   void deliver_grad(const Param& p, at::Tensor grad);
 };
 
 // Shards `model` over mesh.dp_shard_group (FSDP; HSDP when mesh.dp_replicate > 1, DDP when
-// dp_shard == 1; the routed experts over mesh.ep_group when mesh.ep > 1) and installs the result as
+// dp_shard == 1; the routed experts over mesh.ep_group when mesh.ep > 1; its tp-split
+// parameters first over mesh.tp_group when mesh.tp > 1) and installs the result as
 // the model's parameter materializer. Call after apply_model_init_dtype and before building the
 // optimizer; then, with fp32_main_params, pass the optimizer to set_main_grads(). Throws
 // std::invalid_argument for a parameter of dimension 0, an unknown dtype name in
 // options.mix_precision, fp32_main_params without reduce dtype float32, or an expert count the
-// ep group does not divide (validate_config refuses each config that would do this first).
+// ep group does not divide, or a tp-split dimension the tp group does not divide
+// (validate_config refuses each config that would do this first).
 std::shared_ptr<FullyShardedModel> shard_model(CausalLM& model, const DeviceMesh& mesh,
                                                const FsdpOptions& options);
 

@@ -48,36 +48,58 @@ WeightedLayer::WeightedLayer(at::IntArrayRef weight_shape, ParamAccess access)
   weight = register_parameter("weight", torch::empty(weight_shape));
 }
 
-Linear::Linear(int64_t in_features, int64_t out_features, bool bias, ParamAccess access)
-    : WeightedLayer({out_features, in_features}, std::move(access)) {
+Linear::Linear(int64_t in_features, int64_t out_features, bool bias, ParamAccess access,
+               TpStyle tp_style)
+    : WeightedLayer({out_features, in_features}, std::move(access)), tp_style_(tp_style) {
   if (bias) this->bias = register_parameter("bias", torch::empty({out_features}));
 }
 
 torch::Tensor Linear::forward(const torch::Tensor& x) {
-  if (!bias.defined()) {
-    return access_.post_forward({"weight"}, at::linear(x, access_.unshard("weight", weight)));
+  TensorParallelHooks* tp = tp_style_ == TpStyle::kNone ? nullptr : access_.tensor_parallel();
+  if (tp != nullptr && tp_style_ == TpStyle::kRow) {
+    // Partial products summed over tp, then the (whole) bias once.
+    auto out = tp->reduce_from_tp(at::linear(x, access_.unshard("weight", weight)));
+    if (!bias.defined()) return access_.post_forward({"weight"}, out);
+    return access_.post_forward({"weight", "bias"}, out + access_.unshard("bias", bias));
   }
-  return access_.post_forward({"weight", "bias"}, at::linear(x, access_.unshard("weight", weight),
-                                                             access_.unshard("bias", bias)));
+  const torch::Tensor input = tp != nullptr ? tp->copy_to_tp(x) : x;  // column-parallel
+  if (!bias.defined()) {
+    return access_.post_forward({"weight"}, at::linear(input, access_.unshard("weight", weight)));
+  }
+  return access_.post_forward(
+      {"weight", "bias"},
+      at::linear(input, access_.unshard("weight", weight), access_.unshard("bias", bias)));
 }
 
 Embedding::Embedding(int64_t num_embeddings, int64_t embedding_dim, ParamAccess access)
     : WeightedLayer({num_embeddings, embedding_dim}, std::move(access)) {}
 
 torch::Tensor Embedding::forward(const torch::Tensor& input_ids) {
-  return access_.post_forward({"weight"},
-                              at::embedding(access_.unshard("weight", weight), input_ids));
+  TensorParallelHooks* tp = access_.tensor_parallel();
+  if (tp == nullptr) {
+    return access_.post_forward({"weight"},
+                                at::embedding(access_.unshard("weight", weight), input_ids));
+  }
+  const torch::Tensor table = access_.unshard("weight", weight);  // this rank's vocabulary rows
+  const int64_t rows = table.size(0), start = tp->tp_rank() * rows;
+  const torch::Tensor outside = (input_ids < start).logical_or(input_ids >= start + rows);
+  const torch::Tensor local = at::embedding(table, (input_ids - start).masked_fill(outside, 0))
+                                  .masked_fill(outside.unsqueeze(-1), 0.0);
+  return access_.post_forward({"weight"}, tp->reduce_from_tp(local));
 }
 
-RMSNorm::RMSNorm(int64_t hidden_size, double eps, ParamAccess access)
-    : WeightedLayer({hidden_size}, std::move(access)), eps_(eps) {}
+RMSNorm::RMSNorm(int64_t hidden_size, double eps, ParamAccess access, bool tp_local_heads)
+    : WeightedLayer({hidden_size}, std::move(access)), eps_(eps), tp_local_heads_(tp_local_heads) {}
 
 torch::Tensor RMSNorm::forward(const torch::Tensor& x) {
   const auto input_dtype = x.scalar_type();
   auto h = x.to(torch::kFloat32);
   const auto variance = h.pow(2).mean(-1, /*keepdim=*/true);
   h = h * torch::rsqrt(variance + eps_);
-  return access_.post_forward({"weight"}, access_.unshard("weight", weight) * h.to(input_dtype));
+  torch::Tensor scale = access_.unshard("weight", weight);
+  TensorParallelHooks* tp = tp_local_heads_ ? access_.tensor_parallel() : nullptr;
+  if (tp != nullptr) scale = tp->copy_to_tp(scale);
+  return access_.post_forward({"weight"}, scale * h.to(input_dtype));
 }
 
 Qwen2Attention::Qwen2Attention(const ModelConfig& c, const ParamAccess& access,
@@ -87,23 +109,25 @@ Qwen2Attention::Qwen2Attention(const ModelConfig& c, const ParamAccess& access,
       head_dim_(c.head_dim),
       access_(access) {
   const int64_t q_width = c.num_heads * c.head_dim, kv_width = c.num_kv_heads * c.head_dim;
-  q_proj = register_module(
-      "q_proj",
-      std::make_shared<Linear>(c.hidden_size, q_width, options.qkv_bias, access.child("q_proj")));
-  k_proj = register_module(
-      "k_proj",
-      std::make_shared<Linear>(c.hidden_size, kv_width, options.qkv_bias, access.child("k_proj")));
-  v_proj = register_module(
-      "v_proj",
-      std::make_shared<Linear>(c.hidden_size, kv_width, options.qkv_bias, access.child("v_proj")));
-  o_proj = register_module(
-      "o_proj",
-      std::make_shared<Linear>(q_width, c.hidden_size, options.o_bias, access.child("o_proj")));
+  q_proj =
+      register_module("q_proj", std::make_shared<Linear>(c.hidden_size, q_width, options.qkv_bias,
+                                                         access.child("q_proj"), TpStyle::kColumn));
+  k_proj =
+      register_module("k_proj", std::make_shared<Linear>(c.hidden_size, kv_width, options.qkv_bias,
+                                                         access.child("k_proj"), TpStyle::kColumn));
+  v_proj =
+      register_module("v_proj", std::make_shared<Linear>(c.hidden_size, kv_width, options.qkv_bias,
+                                                         access.child("v_proj"), TpStyle::kColumn));
+  o_proj =
+      register_module("o_proj", std::make_shared<Linear>(q_width, c.hidden_size, options.o_bias,
+                                                         access.child("o_proj"), TpStyle::kRow));
   if (options.qk_norm) {
     q_norm = register_module(
-        "q_norm", std::make_shared<RMSNorm>(c.head_dim, c.rms_norm_eps, access.child("q_norm")));
+        "q_norm", std::make_shared<RMSNorm>(c.head_dim, c.rms_norm_eps, access.child("q_norm"),
+                                            /*tp_local_heads=*/true));
     k_norm = register_module(
-        "k_norm", std::make_shared<RMSNorm>(c.head_dim, c.rms_norm_eps, access.child("k_norm")));
+        "k_norm", std::make_shared<RMSNorm>(c.head_dim, c.rms_norm_eps, access.child("k_norm"),
+                                            /*tp_local_heads=*/true));
   }
 }
 
@@ -111,16 +135,19 @@ torch::Tensor Qwen2Attention::forward(const torch::Tensor& x, const torch::Tenso
                                       const torch::Tensor& sin) {
   const int64_t bsz = x.size(0), q_len = x.size(1);
   // [B, S, heads, D]: the per-head norms act on the last dimension, before the transpose (HF).
-  auto query = q_proj->forward(x).view({bsz, q_len, num_heads_, head_dim_});
-  auto key = k_proj->forward(x).view({bsz, q_len, num_key_value_heads_, head_dim_});
+  // The heads this rank computes: all of them, or 1/tp of each kind under tensor parallelism.
+  TensorParallelHooks* tp = access_.tensor_parallel();
+  const int64_t tp_size = tp != nullptr ? tp->tp_size() : 1;
+  const int64_t heads = num_heads_ / tp_size, kv_heads = num_key_value_heads_ / tp_size;
+  auto query = q_proj->forward(x).view({bsz, q_len, heads, head_dim_});
+  auto key = k_proj->forward(x).view({bsz, q_len, kv_heads, head_dim_});
   if (q_norm) {
     query = q_norm->forward(query);
     key = k_norm->forward(key);
   }
   query = query.transpose(1, 2);
   key = key.transpose(1, 2);
-  auto value =
-      v_proj->forward(x).view({bsz, q_len, num_key_value_heads_, head_dim_}).transpose(1, 2);
+  auto value = v_proj->forward(x).view({bsz, q_len, kv_heads, head_dim_}).transpose(1, 2);
   query = apply_rotary_pos_emb(query, cos, sin);
   key = apply_rotary_pos_emb(key, cos, sin);
   // LibTorch's flash kernel in float32, HF's eager one in bf16/fp16, where flash's backward
@@ -130,19 +157,20 @@ torch::Tensor Qwen2Attention::forward(const torch::Tensor& x, const torch::Tenso
   ContextParallelHooks* cp = access_.context_parallel();
   auto attn_output = cp != nullptr ? cp->attention(query, key, value, kernel)
                                    : causal_attention(query, key, value, kernel);
-  attn_output = attn_output.transpose(1, 2).reshape({bsz, q_len, num_heads_ * head_dim_});
+  attn_output = attn_output.transpose(1, 2).reshape({bsz, q_len, heads * head_dim_});
   return o_proj->forward(attn_output);
 }
 
 SwiGLUMLP::SwiGLUMLP(int64_t hidden_size, int64_t intermediate_size, const ParamAccess& access) {
   gate_proj = register_module(
-      "gate_proj",
-      std::make_shared<Linear>(hidden_size, intermediate_size, false, access.child("gate_proj")));
-  up_proj = register_module("up_proj", std::make_shared<Linear>(hidden_size, intermediate_size,
-                                                                false, access.child("up_proj")));
-  down_proj = register_module(
-      "down_proj",
-      std::make_shared<Linear>(intermediate_size, hidden_size, false, access.child("down_proj")));
+      "gate_proj", std::make_shared<Linear>(hidden_size, intermediate_size, false,
+                                            access.child("gate_proj"), TpStyle::kColumn));
+  up_proj = register_module("up_proj",
+                            std::make_shared<Linear>(hidden_size, intermediate_size, false,
+                                                     access.child("up_proj"), TpStyle::kColumn));
+  down_proj = register_module("down_proj",
+                              std::make_shared<Linear>(intermediate_size, hidden_size, false,
+                                                       access.child("down_proj"), TpStyle::kRow));
 }
 
 torch::Tensor SwiGLUMLP::forward(const torch::Tensor& x) {

@@ -53,14 +53,30 @@ class WeightedLayer : public torch::nn::Module {
   ParamAccess access_;
 };
 
+// How a linear layer splits over tensor parallelism (causal_lm.h TensorParallelHooks), used only
+// when the materializer has tp hooks (without, every style computes x W^T + b as it always did):
+//   kColumn  weight/bias hold rows (output features) [t*out/tp, (t+1)*out/tp); input through
+//            copy_to_tp; output: this rank's feature slice;
+//   kRow     weight holds those columns (input features); input: this rank's feature slice;
+//            output = reduce_from_tp(x W_local^T) + bias (bias whole on every rank, added once);
+//   kNone    whole on every tp rank.
+// The model declares the same split with CausalLM::assign_tp_dim (0 column, 1 row weight).
+enum class TpStyle { kNone, kColumn, kRow };
+
 class Linear : public WeightedLayer {
  public:
-  Linear(int64_t in_features, int64_t out_features, bool bias, ParamAccess access);
+  Linear(int64_t in_features, int64_t out_features, bool bias, ParamAccess access,
+         TpStyle tp_style = TpStyle::kNone);
   torch::Tensor forward(const torch::Tensor& x);
 
   torch::Tensor bias;  // undefined when the layer has none
+
+ private:
+  TpStyle tp_style_;
 };
 
+// With tp hooks, vocabulary-parallel: the table holds rows [t*V/tp, (t+1)*V/tp); ids outside
+// them give zero rows; the rows found are summed over tp (reduce_from_tp).
 class Embedding : public WeightedLayer {
  public:
   Embedding(int64_t num_embeddings, int64_t embedding_dim, ParamAccess access);
@@ -68,14 +84,18 @@ class Embedding : public WeightedLayer {
 };
 
 // HF Qwen2RMSNorm: normalise in float32 (bf16 has too few mantissa bits for the mean of
-// squares), cast back, then scale in the compute dtype.
+// squares), cast back, then scale in the compute dtype. tp_local_heads (q_norm / k_norm): under
+// tensor parallelism the norm, whole on every tp rank, scales only this rank's heads, so its
+// weight's gradient is summed over tp (copy_to_tp on the weight) and every tp rank gets the
+// whole model's gradient.
 class RMSNorm : public WeightedLayer {
  public:
-  RMSNorm(int64_t hidden_size, double eps, ParamAccess access);
+  RMSNorm(int64_t hidden_size, double eps, ParamAccess access, bool tp_local_heads = false);
   torch::Tensor forward(const torch::Tensor& x);
 
  private:
   double eps_;
+  bool tp_local_heads_;
 };
 
 // What distinguishes the families' attention (HF): Qwen2 / Qwen2-MoE bias q/k/v only (Qwen2
@@ -90,7 +110,10 @@ struct AttentionOptions {
 // HF Qwen2Attention / LlamaAttention / Qwen3MoeAttention (eval, no cache): q/k/v projections,
 // [q_norm, k_norm per head,] rotary on q and k, causal grouped-query attention with the kernel
 // attention_kernel_for(compute dtype), o projection. Registration order is HF's: q, k, v, o,
-// q_norm, k_norm.
+// q_norm, k_norm. Tensor parallelism: q/k/v column-, o row-parallel, so a rank computes
+// num_heads/tp query and num_kv_heads/tp kv heads (query head h still reads kv head
+// h / (num_heads / num_kv_heads)); q/k norms whole, their weight gradients summed over tp
+// (RMSNorm tp_local_heads).
 class Qwen2Attention : public torch::nn::Module {
  public:
   Qwen2Attention(const ModelConfig& c, const ParamAccess& access, const AttentionOptions& options);
@@ -101,11 +124,12 @@ class Qwen2Attention : public torch::nn::Module {
   std::shared_ptr<RMSNorm> q_norm, k_norm;  // null unless options.qk_norm
 
  private:
-  int64_t num_heads_, num_key_value_heads_, head_dim_;
+  int64_t num_heads_, num_key_value_heads_, head_dim_;  // the model's (all tp ranks')
   ParamAccess access_;
 };
 
 // SwiGLU MLP without biases: down(silu(gate x) * up x) (HF Qwen2MLP; Qwen2-MoE's shared expert).
+// Tensor parallelism: gate/up column-, down row-parallel.
 class SwiGLUMLP : public torch::nn::Module {
  public:
   SwiGLUMLP(int64_t hidden_size, int64_t intermediate_size, const ParamAccess& access);
@@ -185,8 +209,10 @@ class Qwen2FamilyForCausalLM : public CausalLM {
     const ParamAccess root{materializer_slot(), ""};
     model =
         register_module("model", std::make_shared<Model>(c, root.child("model"), model_args...));
-    lm_head = register_module("lm_head", std::make_shared<Linear>(c.hidden_size, c.vocab_size,
-                                                                  false, root.child("lm_head")));
+    // Column-parallel under tp: the logits stay split over the vocabulary.
+    lm_head = register_module("lm_head",
+                              std::make_shared<Linear>(c.hidden_size, c.vocab_size, false,
+                                                       root.child("lm_head"), TpStyle::kColumn));
   }
 
   // input_ids, checked to be int64 [batch, seq] with seq <= max_seq_len, as the stack takes it.
@@ -209,6 +235,28 @@ class Qwen2FamilyForCausalLM : public CausalLM {
   }
 
   static std::string layer_prefix(size_t i) { return "model.layers." + std::to_string(i) + "."; }
+
+  // The tensor-parallel split of the parts every family member has (Megatron): the vocabulary
+  // of embed_tokens and lm_head, q/k/v (weights and biases) column, o row (its bias whole).
+  void assign_common_tp_dims() {
+    assign_tp_dim("model.embed_tokens.", *model->embed_tokens, 0);
+    for (size_t i = 0; i < model->layers.size(); ++i) {
+      const auto& attn = *model->layers[i]->self_attn;
+      const std::string p = layer_prefix(i) + "self_attn.";
+      assign_tp_dim(p + "q_proj.", *attn.q_proj, 0);
+      assign_tp_dim(p + "k_proj.", *attn.k_proj, 0);
+      assign_tp_dim(p + "v_proj.", *attn.v_proj, 0);
+      assign_tp_dim(p + "o_proj.", *attn.o_proj, 1, /*weight_only=*/true);
+    }
+    assign_tp_dim("lm_head.", *lm_head, 0);
+  }
+
+  // A SwiGLU MLP under `prefix` (dense MLP, shared expert): gate/up column, down row.
+  void assign_mlp_tp_dims(const std::string& prefix, SwiGLUMLP& mlp) {
+    assign_tp_dim(prefix + "gate_proj.", *mlp.gate_proj, 0);
+    assign_tp_dim(prefix + "up_proj.", *mlp.up_proj, 0);
+    assign_tp_dim(prefix + "down_proj.", *mlp.down_proj, 1, /*weight_only=*/true);
+  }
 
   void assign_common_roles() {
     assign_param_role("model.embed_tokens.", *model->embed_tokens, ParamRole::kEmbedding);

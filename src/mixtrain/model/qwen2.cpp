@@ -80,8 +80,10 @@ class Qwen2ForCausalLM : public Qwen2FamilyForCausalLM<Qwen2Model> {
                    const AttentionOptions& attention)
       : Qwen2FamilyForCausalLM(c, label, attention) {
     assign_common_roles();
+    assign_common_tp_dims();
     for (size_t i = 0; i < model->layers.size(); ++i) {
       assign_param_role(layer_prefix(i) + "mlp.", *model->layers[i]->mlp, ParamRole::kMlp);
+      assign_mlp_tp_dims(layer_prefix(i) + "mlp.", *model->layers[i]->mlp);
     }
     init_hf_weights(*this, seed);
   }

@@ -17,7 +17,9 @@
 // the default), no dropout. Numerics as qwen2_moe.h: RMSNorm in float32 and cast back, rotary
 // tables in float32, attention softmax in float32; the MLP is SwiGLU. No router: aux_loss = 0.
 // Parameter roles (causal_lm.h): embed_tokens kEmbedding, self_attn kAttention, mlp kMlp, norms
-// kNorm, lm_head kOutputHead; no kExpert, so expert parallelism does not apply.
+// kNorm, lm_head kOutputHead; no kExpert, so expert parallelism does not apply. Tensor
+// parallelism (Megatron): embed_tokens and lm_head split over the vocabulary, q/k/v and
+// mlp.{gate,up}_proj column-, o_proj and mlp.down_proj row-parallel, norms whole.
 // Model keys they read: vocab_size, hidden_size, num_layers, num_heads, num_kv_heads, head_dim,
 // intermediate_size, max_seq_len, rope_theta, rms_norm_eps, attention_bias (docs/config.md).
 #pragma once

@@ -276,6 +276,9 @@ class Qwen2MoeForCausalLM : public Qwen2FamilyForCausalLM<Qwen2MoeModel> {
       : Qwen2FamilyForCausalLM(c, label, options) {
     // Each module's parameters get the role of the module (causal_lm.h), from the module tree.
     assign_common_roles();
+    // Router, shared-expert gate, routed experts and norms stay whole on every tp rank (the
+    // experts run redundantly on each: expert-tensor-parallelism is not offered).
+    assign_common_tp_dims();
     for (size_t i = 0; i < model->layers.size(); ++i) {
       const auto& mlp = *model->layers[i]->mlp;
       const std::string p = layer_prefix(i) + "mlp.";
@@ -283,6 +286,7 @@ class Qwen2MoeForCausalLM : public Qwen2FamilyForCausalLM<Qwen2MoeModel> {
       assign_param_role(p + "experts.", *mlp.experts, ParamRole::kExpert);
       if (!mlp.shared_expert) continue;
       assign_param_role(p + "shared_expert.", *mlp.shared_expert, ParamRole::kMlp);
+      assign_mlp_tp_dims(p + "shared_expert.", *mlp.shared_expert);
       assign_param_role(p + "shared_expert_gate.", *mlp.shared_expert_gate, ParamRole::kRouter);
     }
     init_hf_weights(*this, seed);

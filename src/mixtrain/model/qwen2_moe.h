@@ -38,7 +38,12 @@
 // the model computes exactly as it always did.
 // Parameter roles (causal_lm.h): embed_tokens kEmbedding, self_attn kAttention, mlp.gate and
 // mlp.shared_expert_gate kRouter, mlp.experts kExpert, mlp.shared_expert kMlp, norms kNorm,
-// lm_head kOutputHead. The shared building blocks (attention, RMSNorm, rotary, SwiGLU) are in
+// lm_head kOutputHead. Tensor parallelism (CausalLM::tp_dim, layers.h TpStyle): embed_tokens
+// and lm_head split over the vocabulary, q/k/v and shared_expert.{gate,up}_proj column-,
+// o_proj and shared_expert.down_proj row-parallel; the router, shared_expert_gate, the routed
+// experts and the norms are whole on every tp rank, and each tp rank runs all of its routed
+// experts on the same tokens (redundant work: expert-tensor-parallelism is not offered; expert
+// parallelism splits them). The shared building blocks (attention, RMSNorm, rotary, SwiGLU) are in
 // layers.h.
 // Compute dtype = parameter dtype: float32, bfloat16 and float16 (LibTorch 2.x has CPU float16
 // GEMM) all run on CPU.

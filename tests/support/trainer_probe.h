@@ -48,10 +48,11 @@ inline ResolvedConfig checkpoint_test_config(std::vector<std::string> overrides)
   return load_config(MIXTRAIN_SOURCE_DIR "/configs/qwen2_moe_tiny.yaml", all);
 }
 
-// Whole tensor of a parameter-shaped local tensor (a collective when sharded).
+// Whole (global) tensor of a parameter-shaped local tensor (a collective when sharded: over
+// the shard group and, for a tensor-parallel slice, the tp group).
 inline at::Tensor whole(Trainer& trainer, const std::string& name, const at::Tensor& local) {
   FullyShardedModel* sharded = trainer.sharded();
-  return sharded ? sharded->gather_full(name, local.contiguous()) : local.detach().clone();
+  return sharded ? sharded->gather_global(name, local.contiguous()) : local.detach().clone();
 }
 
 // One step, recorded: "loss", "grad_norm" (0-dim float64), "grad.<fqn>", "main.<fqn>",

@@ -132,10 +132,8 @@ TEST(DistributedTrain, TwoRankExpertParallelTrains) {
 // process over 4 steps, in the shipped config's bfloat16. Step 1 has the same parameters and
 // batch; the difference is bfloat16 compute, not summation order alone: a row-parallel layer
 // rounds each rank's partial product to bfloat16 before the float32 sum, and the chunked
-// attention merges bfloat16 partials (2^-8 relative per rounding, averaged over 512 tokens in the
-// loss): 2e-3 relative for the loss and 2e-2 for the grad norm (a norm over gradients whose
-// small elements carry the rounding). Later steps track within 2e-2 (top-2 routing may move a
-// token at a near tie).
+// attention merges bfloat16 partials. Measured (LibTorch 2.11): step 1 loss 9.7e-6 and grad
+// norm 1.4e-4 relative, steps 2-4 loss <= 3.1e-5; bounds 1e-4, 2e-3 and 1e-3 (about 10x).
 TEST(DistributedTrain, FourRankTensorAndContextParallelTrackOneProcess) {
   TempDir run;
   const std::string config = source_path("configs/qwen2_moe_tiny.yaml");
@@ -152,14 +150,14 @@ TEST(DistributedTrain, FourRankTensorAndContextParallelTrackOneProcess) {
   ASSERT_EQ(a.size(), 4u);
   ASSERT_EQ(b.size(), 4u);
   EXPECT_NEAR(a[0]["loss"].get<double>(), b[0]["loss"].get<double>(),
-              2e-3 * b[0]["loss"].get<double>());
+              1e-4 * b[0]["loss"].get<double>());
   EXPECT_NEAR(a[0]["grad_norm"].get<double>(), b[0]["grad_norm"].get<double>(),
-              2e-2 * b[0]["grad_norm"].get<double>());
+              2e-3 * b[0]["grad_norm"].get<double>());
   for (size_t i = 0; i < a.size(); ++i) {
     std::cout << "step " << i + 1 << ": loss " << a[i]["loss"] << " (one process " << b[i]["loss"]
               << "), grad norm " << a[i]["grad_norm"] << " (" << b[i]["grad_norm"] << ")\n";
     EXPECT_NEAR(a[i]["loss"].get<double>(), b[i]["loss"].get<double>(),
-                2e-2 * b[i]["loss"].get<double>());
+                1e-3 * b[i]["loss"].get<double>());
   }
 }
 

@@ -222,6 +222,17 @@ at::Tensor FullyShardedModel::gather_full(const std::string& name, const at::Ten
       .contiguous();
 }
 
+at::Tensor FullyShardedModel::gather_global(const std::string& name,
+                                            const at::Tensor& local) const {
+  const at::Tensor slice = gather_full(name, local);
+  const ParamPlacement& p = placement(name);
+  if (!p.tp_split()) return slice;
+  // all_gather concatenates along dim 0: bring tp_dim there and back.
+  return p.tp_group->all_gather(slice.movedim(p.tp_dim, 0).contiguous())
+      .movedim(0, p.tp_dim)
+      .contiguous();
+}
+
 at::Tensor FullyShardedModel::local_rows(const std::string& name, const at::Tensor& full) const {
   const ShardLayout& l = params_[index_of(name)].layout;
   return full.narrow(0, l.offset, l.rows);

@@ -115,6 +115,10 @@ class FullyShardedModel : public ParameterMaterializer {
   // parameter without tensor parallelism, this rank's tp slice with it (gather that over
   // placement(name).tp_group along tp_dim for the global tensor). Collective.
   at::Tensor gather_full(const std::string& name, const at::Tensor& local) const;
+  // The global tensor (the model's whole parameter shape) of a tensor shaped like `name`'s
+  // local shard: gather_full, then with tensor parallelism the tp slices along tp_dim.
+  // Collective over the shard group and, for a tp-split parameter, the tp group.
+  at::Tensor gather_global(const std::string& name, const at::Tensor& local) const;
   // This rank's rows of a tensor shaped like layout(name).global_shape (the tp slice under
   // tensor parallelism), a view.
   at::Tensor local_rows(const std::string& name, const at::Tensor& full) const;

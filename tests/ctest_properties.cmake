@@ -30,6 +30,7 @@ set(MIXTRAIN_TEST_TABLE
   "scenarios_checkpoint_resharding_test      4          150      slow"    # 14.3
   "scenarios_rfc_case_2_2_test               2          60"      #          4.6
   "scenarios_rfc_case_2_1_scale_test        8          600      slow"    # 85 (on a busy machine; 8 ranks)
+  "scenarios_rfc_system_test                8          600      slow"    # 60 (two 8-rank runs, 40 reference Trainers)
   "scenarios_rfc_case_2_4_test              2          600      slow"    # 72 (on a busy machine)
   "unit_checkpoint_hf_import_test            1          300      slow"    # 43 (busy machine; 12 transformers runs; 222 once beside a -j2 build)
   "unit_config_hf_config_test                1          60"      #          4.5

@@ -20,11 +20,12 @@
 // its micro-batch r is data rank r's sequence, which that rank's 2 cp ranks split into
 // their 2 + 2 chunks and whose 2 tp ranks compute together.
 //
-// Routing is pinned (num_experts_per_tok = num_experts = 4: every token reaches every expert,
-// weighted by its continuous router probability; the experts still run split over the ep group),
-// so a last-bit difference of a router logit cannot move a token to another expert and change a
-// gradient discontinuously (tests/scenarios/rfc_case_2_1_scale_test.cpp measured what a flip
-// does).
+// Routing: the AdamW run keeps the yaml's top-2 of 4 experts (sparse dispatch, and a load-balancing
+// loss that depends on the routing); the Muon run pins it (num_experts_per_tok = num_experts = 4:
+// every token reaches every expert, weighted by its continuous router probability, and the aux
+// loss is the constant E), so a last-bit difference of a router logit cannot move a token to
+// another expert and change a gradient discontinuously along its free-running trajectory
+// (tests/scenarios/rfc_case_2_1_scale_test.cpp measured what a flip does).
 //
 // Two comparisons per step, as in the RFC case 2.1 test: per-step (before step s the reference
 // restores the 8-rank run's checkpoint of step s - 1, so both compute step s from the same state;
@@ -55,11 +56,11 @@ using testing::WorkerResult;
 constexpr int kSteps = 20;
 constexpr int kShard = 2, kCp = 2, kTp = 2, kEp = 2, kRanks = kShard * kCp * kTp;
 
-ResolvedConfig system_config(const std::string& optimizer, const ParallelConfig& parallel,
-                             const std::string& restore_from = "") {
+ResolvedConfig system_config(const std::string& optimizer, int64_t top_k,
+                             const ParallelConfig& parallel, const std::string& restore_from = "") {
   std::vector<std::string> overrides = {
       "model.vocab_size=38",  // tp 2 splits the vocabulary evenly
-      "model.num_experts_per_tok=4",
+      "model.num_experts_per_tok=" + std::to_string(top_k),
       "data.global_batch_size=2",  // micro batch 1 on each of the 2 data ranks
       "train.steps=" + std::to_string(kSteps),
       "model_init_dtype=float32",
@@ -94,8 +95,9 @@ std::string step_file(int rank, int step) {
 // which share no group but the world, write what they gathered) and checkpointed.
 MIXTRAIN_WORKER(system_test) {
   DeviceMesh mesh = worker.make_mesh();
-  Trainer trainer(system_config(worker.get("OPTIMIZER"), system_mesh()), mesh,
-                  worker.dir.string());
+  Trainer trainer(
+      system_config(worker.get("OPTIMIZER"), std::stoll(worker.get("TOP_K")), system_mesh()), mesh,
+      worker.dir.string());
   ASSERT_NE(trainer.sharded(), nullptr);
   for (int step = 1; step <= kSteps; ++step) {
     const NamedTensors recorded = recorded_step(trainer);
@@ -109,6 +111,7 @@ MIXTRAIN_WORKER(system_test) {
 // Largest differences of one comparison, relative to the reference tensor's max |element|.
 struct Differences {
   double loss = 0, grad_norm = 0, main_grad = 0, main_param = 0, model_param = 0;
+  std::string worst_param;  // the main param with the largest difference
 
   void add(const NamedTensors& tested, const NamedTensors& reference) {
     const auto got = as_map(tested);
@@ -118,57 +121,66 @@ struct Differences {
       const at::Tensor& value = got.at(key);
       ASSERT_EQ(value.sizes(), want.sizes()) << key;
       ASSERT_EQ(value.scalar_type(), want.scalar_type()) << key;
+      // k_proj.bias: its gradient is zero in exact arithmetic (adding b to every key adds q.b
+      // to all of a query's scores, which softmax ignores), so both sides hold rounding noise
+      // (compared as main_grad, relative to its own max), which AdamW divides by its own
+      // magnitude: its parameters move by up to lr per step in a noise-given direction on
+      // either side. Their values carry no signal to compare.
+      const bool noise_param = key.find("k_proj.bias") != std::string::npos &&
+                               (key.rfind("main.", 0) == 0 || key.rfind("model.", 0) == 0);
+      if (noise_param) continue;
       const double d = relative_difference(value, want);
-      double& slot = key == "loss"                   ? loss
-                     : key == "grad_norm"            ? grad_norm
-                     : key.rfind("grad.", 0) == 0    ? main_grad
-                     : key.rfind("main.", 0) == 0    ? main_param
-                                                     : model_param;
+      double& slot = key == "loss"                ? loss
+                     : key == "grad_norm"         ? grad_norm
+                     : key.rfind("grad.", 0) == 0 ? main_grad
+                     : key.rfind("main.", 0) == 0 ? main_param
+                                                  : model_param;
+      if (d > slot && &slot == &main_param) worst_param = key;
       slot = std::max(slot, d);
     }
   }
   std::string describe() const {
     std::ostringstream s;
     s << "loss " << loss << ", grad norm " << grad_norm << ", main_grad " << main_grad
-      << ", main params " << main_param << ", model params " << model_param;
+      << ", main params " << main_param << " (" << worst_param << "), model params " << model_param;
     return s.str();
   }
 };
 
-// Per-step tolerances (relative to the reference tensor's max |element|). Same state, float32
-// compute; only sums are grouped differently (see the header):
-// - loss 1e-6: a mean of ~16 token losses per sequence, each a log-sum-exp over the vocabulary
-//   summed in two halves (tp) and attention merged from chunks (cp): a few float32 ulps (6e-8)
-//   of each term.
-// - grad norm 1e-5 and main_grad 1e-5: every gradient element is a sum over tokens, heads and
-//   ranks whose grouping differs; with cancellation the relative error of an element grows, so
-//   the bound is taken against the tensor's max: ~100 float32 ulps of it.
-// - main params and model params (equal: float32 model): AdamW moves each element by
-//   lr x m / (sqrt(v) + eps), whose relative perturbation is the gradient's (1e-5), times lr 1e-3
-//   against params of max ~0.05: 2e-7; Muon's float32 Newton–Schulz amplifies a relative input
-//   perturbation by at most the product of its linear coefficients (asym5: 490, see the RFC case
-//   2.1 test), 1e-5 x 490 of an update of ~0.02 x 0.2 x sqrt(24) x 1.2 = 0.024 against params of
-//   max ~0.1: 1.2e-3. A wrong shard, slice or reduction moves a param by a whole update (~0.2 of
-//   its scale for Muon, ~0.02 for AdamW), far above both.
-constexpr double kLoss = 1e-6, kGradNorm = 1e-5, kMainGrad = 1e-5;
-double param_tolerance(const std::string& optimizer) {
-  return optimizer == "Muon" ? 1.2e-3 : 2e-6;
-}
-// Free-running: the per-step differences compound over 20 steps through a continuous (float32,
-// pinned-routing) trajectory; bounded at 100x the per-step ones.
-constexpr double kFreeFactor = 100;
+// Per-step tolerances (relative to the reference tensor's max |element|), with the largest
+// values measured over the 20 steps of both runs (LibTorch 2.11). Same state, float32 compute;
+// only sums are grouped differently (see the header):
+// - loss 1e-6 (measured 9.9e-8): a mean of 8 token losses per sequence, each a log-sum-exp over
+//   the vocabulary summed in two halves (tp) and attention merged from chunks (cp): a few float32
+//   ulps (6e-8) of each term.
+// - grad norm 1e-5 (measured 1.1e-7) and main_grad 2e-5 (measured 4.7e-6): every gradient
+//   element is a sum over tokens, heads and ranks whose grouping differs; with cancellation an
+//   element's own relative error grows, so the bound is against the tensor's max: ~300 float32
+//   ulps of it.
+// - main params and model params (the same: a float32 model) 1e-4 (measured 1.5e-5; k_proj.bias
+//   excepted, see Differences::add): AdamW moves an element by lr x m / (sqrt(v) + eps), whose
+//   relative perturbation is its gradient's; Muon's float32 Newton–Schulz amplifies a relative
+//   perturbation of its input by at most the product of its linear coefficients (490 for asym5),
+//   here on main_grads ~1e-6 apart. A wrong shard, slice or reduction of a gradient fails
+//   main_grad by orders of magnitude; a wrong Muon update moves a matrix by ~0.2 of its scale, a
+//   wrong AdamW update a norm weight (1.0) by ~1e-3 and an embedding (max ~0.08) by ~1e-2.
+constexpr double kLoss = 1e-6, kGradNorm = 1e-5, kMainGrad = 2e-5, kParam = 1e-4;
+// Free-running (pinned routing only): the per-step differences compound through a continuous
+// float32 trajectory. Measured over 20 steps: loss 9.9e-8, grad norm 1.8e-7, main_grad 9.0e-6,
+// params 2.0e-5; bounds 10x those.
+constexpr double kFreeLoss = 1e-6, kFreeGradNorm = 2e-6, kFreeMainGrad = 1e-4, kFreeParam = 2e-4;
 
-void compare_with_reference(const std::string& optimizer) {
+void compare_with_reference(const std::string& optimizer, int64_t top_k, bool routing_pinned) {
   const WorkerResult run =
-      run_workers("system_test", kRanks, system_mesh(), {{"OPTIMIZER", optimizer}}, 300);
+      run_workers("system_test", kRanks, system_mesh(),
+                  {{"OPTIMIZER", optimizer}, {"TOP_K", std::to_string(top_k)}}, 300);
   ASSERT_TRUE(run.all_ok()) << run.summary();
 
   set_log_level(LogLevel::kWarn);  // 20 reference Trainers would each log their configuration
   const DeviceMesh mesh = make_single_process_mesh();
   const std::string checkpoints = (run.dir() / "checkpoints").string();
   const ParallelConfig one_process;
-  Trainer free_running(system_config(optimizer, one_process), mesh, run.dir().string());
-  const double kParam = param_tolerance(optimizer);
+  Trainer free_running(system_config(optimizer, top_k, one_process), mesh, run.dir().string());
   for (int step = 1; step <= kSteps; ++step) {
     SCOPED_TRACE("step " + std::to_string(step));
     const NamedTensors tested = read_safetensors((run.dir() / step_file(0, step)).string()).tensors;
@@ -179,8 +191,9 @@ void compare_with_reference(const std::string& optimizer) {
     const NamedTensors free_step = recorded_step(free_running);
     NamedTensors same_state_step = free_step;  // step 1: both start from the initial model
     if (step > 1) {
-      Trainer restored(system_config(optimizer, one_process, step_dir(checkpoints, step - 1)),
-                       mesh, run.dir().string());
+      Trainer restored(
+          system_config(optimizer, top_k, one_process, step_dir(checkpoints, step - 1)), mesh,
+          run.dir().string());
       ASSERT_EQ(restored.completed_steps(), step - 1);
       same_state_step = recorded_step(restored);
     }
@@ -193,9 +206,13 @@ void compare_with_reference(const std::string& optimizer) {
     EXPECT_LE(per_step.model_param, kParam);
     Differences free;
     free.add(tested, free_step);
-    EXPECT_LE(free.loss, kFreeFactor * kLoss);
-    EXPECT_LE(free.grad_norm, kFreeFactor * kGradNorm);
-    EXPECT_LE(free.main_param, kFreeFactor * kParam);
+    if (routing_pinned) {
+      EXPECT_LE(free.loss, kFreeLoss);
+      EXPECT_LE(free.grad_norm, kFreeGradNorm);
+      EXPECT_LE(free.main_grad, kFreeMainGrad);
+      EXPECT_LE(free.main_param, kFreeParam);
+      EXPECT_LE(free.model_param, kFreeParam);
+    }
     const auto values = as_map(tested);
     std::cout << optimizer << " step " << step << ": loss " << values.at("loss").item<double>()
               << ", grad norm " << values.at("grad_norm").item<double>() << "\n"
@@ -205,12 +222,18 @@ void compare_with_reference(const std::string& optimizer) {
   std::cout << "8-rank run: " << run.seconds << " s\n";
 }
 
-TEST(RfcSystemTest, AdamWEightRanksDpCpTpEpFsdpMatchOneProcessFor20Steps) {
-  compare_with_reference("AdamW");
+// AdamW with the yaml's top-2 of 4 experts: sparse dispatch over the ep group, and the router's
+// load-balancing loss over the whole sequence (its statistics summed over the cp group); the
+// per-step comparison only (a free-running trajectory may route a token differently at a near
+// tie, see the header). Checked to fail: without the cp sum of the router statistics the loss
+// (3.1e-6) and the grad norm (1.3e-5) fail at step 1.
+TEST(RfcSystemTest, AdamWTopTwoEightRanksDpCpTpEpFsdpMatchOneProcessEveryStep) {
+  compare_with_reference("AdamW", /*top_k=*/2, /*routing_pinned=*/false);
 }
 
+// Muon + AdamW with pinned routing: per step and free-running for 20 steps.
 TEST(RfcSystemTest, MuonAdamWEightRanksDpCpTpEpFsdpMatchOneProcessFor20Steps) {
-  compare_with_reference("Muon");
+  compare_with_reference("Muon", /*top_k=*/4, /*routing_pinned=*/true);
 }
 
 }  // namespace

@@ -48,6 +48,11 @@ WeightedLayer::WeightedLayer(at::IntArrayRef weight_shape, ParamAccess access)
   weight = register_parameter("weight", torch::empty(weight_shape));
 }
 
+torch::Tensor tp_block_input(const ParamAccess& access, const torch::Tensor& x) {
+  TensorParallelHooks* tp = access.tensor_parallel();
+  return tp != nullptr ? tp->copy_to_tp(x) : x;
+}
+
 Linear::Linear(int64_t in_features, int64_t out_features, bool bias, ParamAccess access,
                TpStyle tp_style)
     : WeightedLayer({out_features, in_features}, std::move(access)), tp_style_(tp_style) {
@@ -62,13 +67,12 @@ torch::Tensor Linear::forward(const torch::Tensor& x) {
     if (!bias.defined()) return access_.post_forward({"weight"}, out);
     return access_.post_forward({"weight", "bias"}, out + access_.unshard("bias", bias));
   }
-  const torch::Tensor input = tp != nullptr ? tp->copy_to_tp(x) : x;  // column-parallel
+  // Column-parallel (x came through tp_block_input) or whole: x W^T + b.
   if (!bias.defined()) {
-    return access_.post_forward({"weight"}, at::linear(input, access_.unshard("weight", weight)));
+    return access_.post_forward({"weight"}, at::linear(x, access_.unshard("weight", weight)));
   }
-  return access_.post_forward(
-      {"weight", "bias"},
-      at::linear(input, access_.unshard("weight", weight), access_.unshard("bias", bias)));
+  return access_.post_forward({"weight", "bias"}, at::linear(x, access_.unshard("weight", weight),
+                                                             access_.unshard("bias", bias)));
 }
 
 Embedding::Embedding(int64_t num_embeddings, int64_t embedding_dim, ParamAccess access)
@@ -139,15 +143,16 @@ torch::Tensor Qwen2Attention::forward(const torch::Tensor& x, const torch::Tenso
   TensorParallelHooks* tp = access_.tensor_parallel();
   const int64_t tp_size = tp != nullptr ? tp->tp_size() : 1;
   const int64_t heads = num_heads_ / tp_size, kv_heads = num_key_value_heads_ / tp_size;
-  auto query = q_proj->forward(x).view({bsz, q_len, heads, head_dim_});
-  auto key = k_proj->forward(x).view({bsz, q_len, kv_heads, head_dim_});
+  const torch::Tensor input = tp_block_input(access_, x);  // one copy_to_tp for q, k and v
+  auto query = q_proj->forward(input).view({bsz, q_len, heads, head_dim_});
+  auto key = k_proj->forward(input).view({bsz, q_len, kv_heads, head_dim_});
   if (q_norm) {
     query = q_norm->forward(query);
     key = k_norm->forward(key);
   }
   query = query.transpose(1, 2);
   key = key.transpose(1, 2);
-  auto value = v_proj->forward(x).view({bsz, q_len, kv_heads, head_dim_}).transpose(1, 2);
+  auto value = v_proj->forward(input).view({bsz, q_len, kv_heads, head_dim_}).transpose(1, 2);
   query = apply_rotary_pos_emb(query, cos, sin);
   key = apply_rotary_pos_emb(key, cos, sin);
   // LibTorch's flash kernel in float32, HF's eager one in bf16/fp16, where flash's backward
@@ -161,7 +166,8 @@ torch::Tensor Qwen2Attention::forward(const torch::Tensor& x, const torch::Tenso
   return o_proj->forward(attn_output);
 }
 
-SwiGLUMLP::SwiGLUMLP(int64_t hidden_size, int64_t intermediate_size, const ParamAccess& access) {
+SwiGLUMLP::SwiGLUMLP(int64_t hidden_size, int64_t intermediate_size, const ParamAccess& access)
+    : access_(access) {
   gate_proj = register_module(
       "gate_proj", std::make_shared<Linear>(hidden_size, intermediate_size, false,
                                             access.child("gate_proj"), TpStyle::kColumn));
@@ -174,7 +180,8 @@ SwiGLUMLP::SwiGLUMLP(int64_t hidden_size, int64_t intermediate_size, const Param
 }
 
 torch::Tensor SwiGLUMLP::forward(const torch::Tensor& x) {
-  return down_proj->forward(torch::silu(gate_proj->forward(x)) * up_proj->forward(x));
+  const torch::Tensor input = tp_block_input(access_, x);
+  return down_proj->forward(torch::silu(gate_proj->forward(input)) * up_proj->forward(input));
 }
 
 torch::Tensor rotary_inv_freq(const ModelConfig& c) {

@@ -55,13 +55,18 @@ class WeightedLayer : public torch::nn::Module {
 
 // How a linear layer splits over tensor parallelism (causal_lm.h TensorParallelHooks), used only
 // when the materializer has tp hooks (without, every style computes x W^T + b as it always did):
-//   kColumn  weight/bias hold rows (output features) [t*out/tp, (t+1)*out/tp); input through
-//            copy_to_tp; output: this rank's feature slice;
+//   kColumn  weight/bias hold rows (output features) [t*out/tp, (t+1)*out/tp); the caller passes
+//            the input through copy_to_tp once per block (tp_block_input), so the column layers
+//            that read it (q/k/v, gate/up) sum their input gradients over tp once, as Megatron's
+//            fused QKV does; output: this rank's feature slice;
 //   kRow     weight holds those columns (input features); input: this rank's feature slice;
 //            output = reduce_from_tp(x W_local^T) + bias (bias whole on every rank, added once);
 //   kNone    whole on every tp rank.
 // The model declares the same split with CausalLM::assign_tp_dim (0 column, 1 row weight).
 enum class TpStyle { kNone, kColumn, kRow };
+
+// A block's input to its column-parallel layers: copy_to_tp(x) with tp hooks, else x itself.
+torch::Tensor tp_block_input(const ParamAccess& access, const torch::Tensor& x);
 
 class Linear : public WeightedLayer {
  public:
@@ -136,6 +141,9 @@ class SwiGLUMLP : public torch::nn::Module {
   torch::Tensor forward(const torch::Tensor& x);
 
   std::shared_ptr<Linear> gate_proj, up_proj, down_proj;
+
+ private:
+  ParamAccess access_;
 };
 
 // Rotary inverse frequencies [head_dim / 2], float32: inv_freq_i = theta^(-2i/head_dim), then,
@@ -224,7 +232,7 @@ class Qwen2FamilyForCausalLM : public CausalLM {
 
   // lm_head(hidden), in output_dtype where a materializer casts it.
   torch::Tensor logits(const torch::Tensor& hidden) {
-    auto out = lm_head->forward(hidden);
+    auto out = lm_head->forward(tp_block_input(ParamAccess{materializer_slot(), ""}, hidden));
     const auto& materializer = parameter_materializer();
     return materializer ? materializer->cast_forward_output(out) : out;
   }

@@ -212,6 +212,39 @@ void run(const std::string& worker, int nproc, std::map<std::string, std::string
   std::printf("%s", result.outputs[0].c_str());
 }
 
+// One attention forward + backward moves exactly the analytic volume (core/collectives.h's
+// counting), with block = B x Hkv x (S / n) x D x 4 bytes (one rank's float32 K or V):
+//   ring (alltoall): n - 1 shifts of K and V forward, n - 1 shifts of their float32 gradients
+//     backward: 4 (n - 1) block;
+//   allgather: K and V gathered once ((n - 1) block each), their gradients reduce-scattered
+//     ((n - 1) / n of n blocks each): 4 (n - 1) block too, in fewer, larger messages.
+// Nothing else is sent. Both float32 kernels (the flash ring Function and the composed kMath).
+MIXTRAIN_WORKER(cp_traffic) {
+  const DeviceMesh mesh = cp_mesh(worker);
+  const int64_t n = mesh.cp, batch = 2, kv_heads = 2, local_seq = 4, dim = 8;
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(11 + mesh.rank);
+  const int64_t block = batch * kv_heads * local_seq * dim * 4;
+  for (const auto method : {CpRotateMethod::kAllToAll, CpRotateMethod::kAllGather}) {
+    for (const auto kernel : {AttentionKernel::kFlash, AttentionKernel::kMath}) {
+      ContextParallel cp(mesh.cp_group, method);
+      const at::Tensor q = at::randn({batch, 4, local_seq, dim}, gen).requires_grad_(true);
+      const at::Tensor k = at::randn({batch, kv_heads, local_seq, dim}, gen).requires_grad_(true);
+      const at::Tensor v = at::randn({batch, kv_heads, local_seq, dim}, gen).requires_grad_(true);
+      const CollectiveStats before = thread_collective_stats();
+      cp.attention(q, k, v, kernel).sum().backward();
+      const CollectiveStats sent = thread_collective_stats() - before;
+      EXPECT_EQ(sent.total().bytes, 4 * (n - 1) * block)
+          << (method == CpRotateMethod::kAllToAll ? "ring " : "allgather ")
+          << attention_kernel_name(kernel);
+    }
+  }
+}
+
+TEST(ContextParallel, TrafficPerAttentionIsTheAnalyticVolume) {
+  run("cp_traffic", 2);
+  run("cp_traffic", 4);
+}
+
 TEST(ContextParallel, PositionsAndSumOnTwoAndFourRanks) {
   run("cp_positions_and_sum", 2);
   run("cp_positions_and_sum", 4);

@@ -291,5 +291,53 @@ TEST(TensorParallel, Qwen3MoeTp2Dp2) {
   expect_model("qwen3_moe", 2);
 }
 
+// ---- communication volume ----
+
+// One forward + backward of llama on tp 2 (one data rank, so FSDP moves nothing) sends exactly
+// what the layout implies (core/collectives.h counts each call's payload as a bandwidth-optimal
+// algorithm sends it: all_reduce 2 (n-1)/n x bytes, all_gather (n-1) x bytes), with
+// A = B x S x H float32 activations and N = B x S tokens:
+//   all_reduce: forward  the embedding's rows, then per layer o_proj and down_proj
+//   (reduce_from_tp),
+//                        and the cross-entropy's [sum exp, target logit] per token (2 N);
+//               backward per layer one copy_to_tp for q/k/v and one for gate/up, and lm_head's
+//                        input (copy_to_tp's backward);
+//   all_gather: the cross-entropy's per-token maxes (N).
+// So all_reduce = 2 (n-1)/n x 4 x ((4 L + 2) A + 2 N) bytes, all_gather = (n-1) x 4 N bytes, and
+// nothing else moves. A copy_to_tp per column layer instead of per block (3 for q/k/v, 2 for
+// gate/up) would add 3 L A all-reduced bytes.
+MIXTRAIN_WORKER(tp_traffic) {
+  DeviceMesh mesh = tp_mesh(worker);
+  const ModelConfig c = tp_model_config();
+  const at::Tensor ids = global_ids(c);
+  auto model = make_model("llama", 5);
+  MixPrecisionConfig fp32;
+  fp32.reduce_dtype = "float32";
+  auto fsdp = shard_model(*model, mesh, FsdpOptions{fp32, false, true});
+  const CollectiveStats before = thread_collective_stats();
+  training_loss(*model, model->forward(ids), ids).backward();
+  const CollectiveStats sent = thread_collective_stats() - before;
+
+  const int64_t n = mesh.tp, tokens = ids.numel(), layers = c.num_layers;
+  const int64_t activation = tokens * c.hidden_size;
+  const int64_t all_reduce_bytes =
+      2 * (n - 1) * 4 * ((4 * layers + 2) * activation + 2 * tokens) / n;
+  EXPECT_EQ(sent[CollectiveOp::kAllReduce].bytes, all_reduce_bytes);
+  EXPECT_EQ(sent[CollectiveOp::kAllGather].bytes, (n - 1) * 4 * tokens);
+  EXPECT_EQ(sent.total().bytes,
+            sent[CollectiveOp::kAllReduce].bytes + sent[CollectiveOp::kAllGather].bytes);
+  worker.write_text("traffic_" + std::to_string(mesh.rank),
+                    std::to_string(sent[CollectiveOp::kAllReduce].bytes) + " all_reduce bytes, " +
+                        std::to_string(sent[CollectiveOp::kAllGather].bytes) + " all_gather bytes");
+}
+
+TEST(TensorParallel, TrafficPerStepIsTheAnalyticVolume) {
+  ParallelConfig parallel;
+  parallel.tp = 2;
+  WorkerResult result = run_with_tp("tp_traffic", parallel);
+  ASSERT_TRUE(result.all_ok()) << result.summary();
+  std::cout << "tp 2 rank 0: " << result.read_text("traffic_0") << "\n";
+}
+
 }  // namespace
 }  // namespace mixtrain

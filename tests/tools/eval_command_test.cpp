@@ -232,11 +232,15 @@ TEST_F(EvalCommand, InitFromAHuggingFaceModelGivesTransformersLoss) {
                  data_ + "/val_000000.bin " + data_ + "/val_000001.bin");
   ASSERT_EQ(reference.exit_code, 0) << reference.output;
   const double expected = std::stod(reference.output);  // its one line (stderr dropped)
-  for (const std::string nproc : {"1", "2"}) {
+  // 1 rank, 2 FSDP ranks, and 4 ranks of tensor x context parallelism (tp 2 x cp 2: the HF
+  // weights read as tp boxes, the logits split over the vocabulary, each window scored as two
+  // rank's chunks, every token's loss counted once).
+  for (const std::string nproc : {"1", "2", "4"}) {
+    const std::string layout = nproc == "4" ? " --set parallel.tp=2 --set parallel.cp=2" : "";
     const CommandResult r =
         run_mixtrain("eval " + config + " --set data.seq_len=32 --set data.micro_batch_size=2" +
                      " --set data.global_batch_size=4 --init-from " + dir_.file("hf") + " --data " +
-                     data_ + " --json --nproc " + nproc);
+                     data_ + " --json --nproc " + nproc + layout);
     ASSERT_EQ(r.exit_code, 0) << r.output;
     const nlohmann::json result = last_json_line(r.output);
     EXPECT_NEAR(result["eval_loss"].get<double>(), expected, 1e-4) << nproc << " rank(s)";

@@ -20,6 +20,18 @@
 namespace mixtrain::testing {
 namespace {
 
+// `train` of configs/qwen2_moe_tiny.yaml with `args` into run/<name>: its metrics rows (none if
+// it failed, with the output reported).
+std::vector<nlohmann::json> tiny_train_rows(const TempDir& run, const std::string& name,
+                                            const std::string& args) {
+  const CommandResult r =
+      run_mixtrain("train --config " + source_path("configs/qwen2_moe_tiny.yaml") + " " + args +
+                   " --run-dir " + run.file(name));
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  return r.exit_code == 0 ? read_metrics(run.file(name + "/metrics.jsonl"))
+                          : std::vector<nlohmann::json>{};
+}
+
 TEST(DistributedTrain, TwoRankFsdpMatchesOneProcess) {
   TempDir run;
   const std::string config = source_path("configs/qwen2_moe_tiny.yaml");
@@ -109,15 +121,8 @@ TEST(DistributedTrain, NprocThatDoesNotMatchTheMeshIsAConfigError) {
 // the same bounds (measured: loss 2e-7, grad norm 2e-4 relative); training then proceeds.
 TEST(DistributedTrain, TwoRankExpertParallelTrains) {
   TempDir run;
-  const std::string config = source_path("configs/qwen2_moe_tiny.yaml");
-  CommandResult ep = run_mixtrain("train --config " + config + " --nproc 2 --set parallel.ep=2" +
-                                  " --set train.steps=3 --run-dir " + run.file("ep"));
-  ASSERT_EQ(ep.exit_code, 0) << ep.output;
-  CommandResult one = run_mixtrain("train --config " + config + " --set train.steps=1 --run-dir " +
-                                   run.file("one"));
-  ASSERT_EQ(one.exit_code, 0) << one.output;
-  std::vector<nlohmann::json> a = read_metrics(run.file("ep/metrics.jsonl"));
-  std::vector<nlohmann::json> b = read_metrics(run.file("one/metrics.jsonl"));
+  const auto a = tiny_train_rows(run, "ep", "--nproc 2 --set parallel.ep=2 --set train.steps=3");
+  const auto b = tiny_train_rows(run, "one", "--set train.steps=1");
   ASSERT_EQ(a.size(), 3u);
   ASSERT_EQ(b.size(), 1u);
   EXPECT_NEAR(a[0]["loss"].get<double>(), b[0]["loss"].get<double>(),
@@ -136,17 +141,9 @@ TEST(DistributedTrain, TwoRankExpertParallelTrains) {
 // norm 1.4e-4 relative, steps 2-4 loss <= 3.1e-5; bounds 1e-4, 2e-3 and 1e-3 (about 10x).
 TEST(DistributedTrain, FourRankTensorAndContextParallelTrackOneProcess) {
   TempDir run;
-  const std::string config = source_path("configs/qwen2_moe_tiny.yaml");
-  CommandResult tpcp =
-      run_mixtrain("train --config " + config +
-                   " --nproc 4 --set parallel.tp=2 --set parallel.cp=2 --set train.steps=4" +
-                   " --run-dir " + run.file("tpcp"));
-  ASSERT_EQ(tpcp.exit_code, 0) << tpcp.output;
-  CommandResult one = run_mixtrain("train --config " + config + " --set train.steps=4 --run-dir " +
-                                   run.file("one"));
-  ASSERT_EQ(one.exit_code, 0) << one.output;
-  std::vector<nlohmann::json> a = read_metrics(run.file("tpcp/metrics.jsonl"));
-  std::vector<nlohmann::json> b = read_metrics(run.file("one/metrics.jsonl"));
+  const auto a = tiny_train_rows(
+      run, "tpcp", "--nproc 4 --set parallel.tp=2 --set parallel.cp=2 --set train.steps=4");
+  const auto b = tiny_train_rows(run, "one", "--set train.steps=4");
   ASSERT_EQ(a.size(), 4u);
   ASSERT_EQ(b.size(), 4u);
   EXPECT_NEAR(a[0]["loss"].get<double>(), b[0]["loss"].get<double>(),

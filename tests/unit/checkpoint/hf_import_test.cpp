@@ -22,6 +22,7 @@
 #include "mixtrain/core/collectives.h"
 #include "mixtrain/core/error.h"
 #include "mixtrain/core/safetensors.h"
+#include "support/rank_only_group.h"
 
 namespace mixtrain {
 namespace {
@@ -160,27 +161,7 @@ TEST(HfImport, EachRankReadsOnlyItsRows) {
   }
 }
 
-// A group that only knows its rank and size: what ParamPlacement's box arithmetic reads.
-class RankOnlyGroup : public Collectives {
- public:
-  RankOnlyGroup(int rank, int size) : rank_(rank), size_(size) {}
-  int rank() const override { return rank_; }
-  int size() const override { return size_; }
-  std::string name() const override { return "tp"; }
-  void all_reduce_sum(at::Tensor&) override { unused(); }
-  at::Tensor all_gather(const at::Tensor&) override { unused(); }
-  at::Tensor reduce_scatter_sum(const at::Tensor&) override { unused(); }
-  at::Tensor all_to_all(const at::Tensor&, const std::vector<int64_t>&,
-                        const std::vector<int64_t>&) override {
-    unused();
-  }
-  void broadcast(at::Tensor&, int) override { unused(); }
-  void barrier() override { unused(); }
-
- private:
-  [[noreturn]] static void unused() { throw std::logic_error("import reads no collective"); }
-  int rank_, size_;
-};
+using test_support::RankOnlyGroup;
 
 // Megatron's split of a dense decoder: o_proj / down_proj by columns (tp_dim 1), norms whole,
 // the rest (q/k/v with biases, gate/up, embedding, lm_head) by rows; -1 where 2 does not divide.

@@ -33,6 +33,7 @@
 #include "mixtrain/optim/distributed_muon.h"
 #include "mixtrain/optim/muon.h"
 #include "support/multiprocess.h"
+#include "support/rank_only_group.h"
 
 namespace mixtrain {
 namespace {
@@ -69,6 +70,21 @@ const std::vector<NamedShape> kShapes = {
 const std::vector<int64_t> kTpDims = {0, -1, 1, 1, 1, -1, 0, -1};
 constexpr int kSteps = 3;
 constexpr double kBf16WireTolerance = 3 * 0.039 * 1.2 / 256;
+
+// One parameter's distributed update against the single-process one: bitwise where the wire
+// carries what Newton–Schulz reads, else within kBf16WireTolerance; a difference is reported.
+void expect_update(const at::Tensor& got, const at::Tensor& expected, bool bitwise,
+                   const std::string& what, std::ostringstream& report) {
+  EXPECT_EQ(got.sizes(), expected.sizes()) << what;
+  if (got.sizes() != expected.sizes() || got.numel() == 0) return;
+  const double diff = (got.to(at::kDouble) - expected.to(at::kDouble)).abs().max().item<double>();
+  if (bitwise) {
+    EXPECT_TRUE(at::equal(got, expected)) << what << ": max diff " << diff;
+  } else {
+    EXPECT_LT(diff, kBf16WireTolerance) << what;
+  }
+  if (diff != 0.0) report << what << " max diff " << diff << "\n";
+}
 
 MuonOptions options_for(at::ScalarType ns_dtype, at::ScalarType wire) {
   return MuonOptions().lr(0.02).weight_decay(0.1).ns_dtype(ns_dtype).communication_dtype(wire);
@@ -135,16 +151,7 @@ std::string compare(const std::vector<at::Tensor>& got, const std::vector<at::Te
                                     : reference[i];
     const std::string what = label + " " + c10::toString(combo.ns_dtype) + "/" +
                              c10::toString(combo.wire) + " " + kShapes[i].name;
-    EXPECT_EQ(got[i].sizes(), expected.sizes()) << what;
-    if (got[i].sizes() != expected.sizes() || got[i].numel() == 0) continue;
-    const double diff =
-        (got[i].to(at::kDouble) - expected.to(at::kDouble)).abs().max().item<double>();
-    if (combo.bitwise) {
-      EXPECT_TRUE(at::equal(got[i], expected)) << what << ": max diff " << diff;
-    } else {
-      EXPECT_LT(diff, kBf16WireTolerance) << what;
-    }
-    if (diff != 0.0) report << what << " max diff " << diff << "\n";
+    expect_update(got[i], expected, combo.bitwise, what, report);
   }
   return report.str();
 }
@@ -239,16 +246,7 @@ MIXTRAIN_WORKER(distributed_muon_tp) {
         const at::Tensor expected = box_of(reference[i], placements[i]);
         const std::string what = label + " " + c10::toString(combo.ns_dtype) + "/" +
                                  c10::toString(combo.wire) + " " + kShapes[i].name;
-        EXPECT_EQ(got[i].sizes(), expected.sizes()) << what;
-        if (got[i].sizes() != expected.sizes() || got[i].numel() == 0) continue;
-        const double diff =
-            (got[i].to(at::kDouble) - expected.to(at::kDouble)).abs().max().item<double>();
-        if (combo.bitwise) {
-          EXPECT_TRUE(at::equal(got[i], expected)) << what << ": max diff " << diff;
-        } else {
-          EXPECT_LT(diff, kBf16WireTolerance) << what;
-        }
-        if (diff != 0.0) report << what << " max diff " << diff << "\n";
+        expect_update(got[i], expected, combo.bitwise, what, report);
       }
     }
   }
@@ -333,27 +331,7 @@ TEST(DistributedMuonMultiProcessTest, TensorParallelTwoByDdpTwo) {
   run_case({4, 2, 1, 2});
 }
 
-// A group that only knows its rank and size (muon_sharding_of and set_sharding read no more).
-class RankOnlyGroup : public Collectives {
- public:
-  RankOnlyGroup(int rank, int size) : rank_(rank), size_(size) {}
-  int rank() const override { return rank_; }
-  int size() const override { return size_; }
-  std::string name() const override { return "tp"; }
-  void all_reduce_sum(at::Tensor&) override { unused(); }
-  at::Tensor all_gather(const at::Tensor&) override { unused(); }
-  at::Tensor reduce_scatter_sum(const at::Tensor&) override { unused(); }
-  at::Tensor all_to_all(const at::Tensor&, const std::vector<int64_t>&,
-                        const std::vector<int64_t>&) override {
-    unused();
-  }
-  void broadcast(at::Tensor&, int) override { unused(); }
-  void barrier() override { unused(); }
-
- private:
-  [[noreturn]] static void unused() { throw std::logic_error("no collective expected"); }
-  int rank_, size_;
-};
+using test_support::RankOnlyGroup;
 
 TEST(DistributedMuonTensorParallel, PlacementMappingAndRefusals) {
   const auto tp = std::make_shared<RankOnlyGroup>(1, 2);

@@ -587,7 +587,7 @@ TEST(MuonTest, GroupHyperparametersRoundTripAndAreCheckedBeforeTheyAreSet) {
       {[](nlohmann::json& j) { j["ns_steps"] = 0; }, "muon_ns_steps must be >= 1"},
       {[](nlohmann::json& j) { j["ns_steps"] = 3; }, "custom Newton-Schulz schedule has 2"},
       {[](nlohmann::json& j) { j["ns_steps"] = 2.0; }, "field 'ns_steps' must be an integer"},
-      {[](nlohmann::json& j) { j["ns_variant"] = "quintic"; }, "unknown Newton-Schulz variant"},
+      {[](nlohmann::json& j) { j["ns_variant"] = "cubic"; }, "unknown Newton-Schulz variant"},
       {[](nlohmann::json& j) {
          j["ns_coefficients"][1] = {2.0, -1.5};
        },

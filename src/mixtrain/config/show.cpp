@@ -2,12 +2,34 @@
 
 #include <algorithm>
 #include <sstream>
+#include <string>
+#include <vector>
 
 namespace mixtrain {
 namespace {
 
 std::string pad(const std::string& text, size_t width) {
   return text + std::string(width > text.size() ? width - text.size() : 0, ' ');
+}
+
+// What runs, where a value names it only indirectly (docs/architecture.md §5).
+std::vector<std::string> notes(const TrainerConfig& config) {
+  const MuonConfig& muon = config.optimizer.muon;
+  const std::string key = "optimizer.muon_config.muon_ns_variant";
+  if (muon.ns_variant == "quintic") {
+    return {"note: " + key + " quintic runs asym5's five (a, b, c) triples"};
+  }
+  if (muon.ns_variant == "polar_express" && muon.ns_steps == 8) {
+    return {"note: " + key +
+            " polar_express with 8 steps runs the paper's Algorithm 1 triples (safety 1.01) on "
+            "X / (||X||_F * 1.01 + eps)"};
+  }
+  if (muon.ns_variant == "polar_express" && muon.ns_steps == 5) {
+    return {"note: " + key +
+            " polar_express with 5 steps runs the published five-step triples (safety 1.02) on "
+            "X / (||X||_F * 1.02 + eps)"};
+  }
+  return {};
 }
 
 }  // namespace
@@ -35,7 +57,9 @@ std::string format_leaf_table(const ResolvedConfig& resolved, const std::string&
 }
 
 std::string format_config_show(const ResolvedConfig& resolved) {
-  return format_leaf_table(resolved, "", true);
+  std::string text = format_leaf_table(resolved, "", true);
+  for (const std::string& note : notes(resolved.config)) text += note + "\n";
+  return text;
 }
 
 }  // namespace mixtrain

@@ -134,7 +134,8 @@ struct MuonConfig {
   double momentum = 0.95;
   bool nesterov = true;
   int64_t ns_steps = 5;
-  std::string ns_variant = "asym5";                    // legacy | asym5 | hybrid | custom
+  // legacy | asym5 | quintic (= asym5) | hybrid | polar_express | custom
+  std::string ns_variant = "asym5";
   std::vector<std::array<double, 3>> ns_coefficients;  // custom only
   double ns_epsilon = 1e-7;
   std::string ns_dtype = "bfloat16";  // bfloat16 | float32

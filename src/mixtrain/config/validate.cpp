@@ -260,7 +260,7 @@ void check_optimizer(const Checker& check, const OptimizerConfig& o) {
   check.unit_interval_open_right("optimizer.muon_config.muon_momentum", m.momentum);
   check.positive("optimizer.muon_config.muon_ns_steps", m.ns_steps);
   check.one_of("optimizer.muon_config.muon_ns_variant", m.ns_variant,
-               {"legacy", "asym5", "hybrid", "custom"});
+               {"legacy", "asym5", "quintic", "hybrid", "polar_express", "custom"});
   const std::string coefficients = "optimizer.muon_config.muon_ns_coefficients";
   if (m.ns_variant == "custom") {
     if (m.ns_coefficients.empty()) {
@@ -275,10 +275,19 @@ void check_optimizer(const Checker& check, const OptimizerConfig& o) {
     check.fail(coefficients,
                "is only used with muon_ns_variant: custom (variant is '" + m.ns_variant + "')");
   }
-  // asym5 is a fixed five-step schedule; running it longer would silently cut or repeat it.
-  if (m.ns_variant == "asym5" && m.ns_steps > 5) {
+  // asym5 (quintic) is a fixed five-step schedule; running it longer would silently cut or
+  // repeat it.
+  if ((m.ns_variant == "asym5" || m.ns_variant == "quintic") && m.ns_steps > 5) {
+    check.fail_value(
+        "optimizer.muon_config.muon_ns_steps",
+        "must be <= 5 with muon_ns_variant " + m.ns_variant + " (a five-step schedule)");
+  }
+  // Polar Express: two published sets, each designed for its own step count (a prefix of one
+  // is not the other), so any other count is refused rather than cut or repeated.
+  if (m.ns_variant == "polar_express" && m.ns_steps != 5 && m.ns_steps != 8) {
     check.fail_value("optimizer.muon_config.muon_ns_steps",
-                     "must be <= 5 with muon_ns_variant asym5 (a five-step schedule)");
+                     "must be 5 or 8 with muon_ns_variant polar_express (its published 5-step "
+                     "and 8-step sets)");
   }
   check.positive("optimizer.muon_config.muon_ns_epsilon", m.ns_epsilon);
   check.one_of("optimizer.muon_config.muon_ns_dtype", m.ns_dtype, {"bfloat16", "float32"});

@@ -357,8 +357,10 @@ void Muon::step_fsdp(Collectives& comm, const std::vector<DistributedParam>& all
       const auto schedule = newton_schulz_schedule(options.ns_variant(), options.ns_steps(),
                                                    options.ns_coefficients());
       const at::Tensor whole_u = gather_tp(sharding, full_u.view(sharding.full_shape));
-      back = tp_slice(sharding,
-                      newton_schulz(whole_u, schedule, options.ns_epsilon(), options.ns_dtype()))
+      back = tp_slice(
+                 sharding,
+                 newton_schulz(whole_u, schedule, options.ns_epsilon(), options.ns_dtype(),
+                               newton_schulz_norm_scale(options.ns_variant(), options.ns_steps())))
                  .reshape({-1})
                  .to(wire);
     }
@@ -415,8 +417,9 @@ void Muon::step_ddp(Collectives& comm, const std::vector<DistributedParam>& all_
       // A tp slice: the owner and its tp peers (same slot) gather u in the wire dtype, as
       // step_fsdp's u travels, and orthogonalize the whole matrix.
       if (d.sharding->tp_split()) u = gather_tp(*d.sharding, u.to(wire));
+      const double norm_scale = newton_schulz_norm_scale(options.ns_variant(), options.ns_steps());
       const at::Tensor o = tp_slice(*d.sharding, newton_schulz(u, schedule, options.ns_epsilon(),
-                                                               options.ns_dtype()))
+                                                               options.ns_dtype(), norm_scale))
                                .reshape({-1});
       mine.narrow(0, 0, o.numel()).copy_(o);
     }

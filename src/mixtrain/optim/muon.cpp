@@ -345,7 +345,8 @@ void Muon::step_slice(const MuonOptions& options, const std::vector<NsCoefficien
     offset += count;
   }
   const at::Tensor orthogonalized =
-      newton_schulz(stacked, schedule, options.ns_epsilon(), options.ns_dtype());
+      newton_schulz(stacked, schedule, options.ns_epsilon(), options.ns_dtype(),
+                    newton_schulz_norm_scale(options.ns_variant(), options.ns_steps()));
   const double scale = muon_update_scale(batch.rows, batch.cols, options.adjust_lr_fn(),
                                          options.matched_adamw_rms());
 

@@ -2,7 +2,8 @@
 //
 // Per parameter p with gradient g, in this order:
 //   momentum_buffer, u = muon_momentum_update(...)         (sum | ema | ema_add, Nesterov or not)
-//   O = newton_schulz(u, schedule(ns_variant, ns_steps), ns_epsilon, ns_dtype)
+//   O = newton_schulz(u, schedule(ns_variant, ns_steps), ns_epsilon, ns_dtype,
+//                     norm_scale(ns_variant, ns_steps))
 //   p *= 1 - lr * weight_decay;  p -= lr * scale * O       (lr: the group's base lr)
 //   scale = sqrt(max(1, A/B))               (adjust_lr_fn original)
 //         = matched_adamw_rms * sqrt(max(A, B))   (match_rms_adamw; A, B: last two dims)

@@ -76,5 +76,26 @@ TEST(ShowTest, TomlShowsTheKeyAsWrittenAndDerivations) {
   EXPECT_EQ(row_of(text, "optimizer.muon_config.muon_matched_adamw_rms")[1], "0.18");
 }
 
+TEST(ShowTest, NotesSayWhichNewtonSchulzTriplesRun) {
+  TempDir dir;
+  const std::string m = "optimizer:\n  _target_: Muon\n  muon_config:\n";
+  const std::string quintic = format_config_show(
+      load_config(dir.write("q.yaml", m + "    muon_ns_variant: quintic\n"), {}));
+  EXPECT_EQ(lines_of(quintic).back(),
+            "note: optimizer.muon_config.muon_ns_variant quintic runs asym5's five (a, b, c) "
+            "triples");
+  const std::string pe8 = format_config_show(load_config(
+      dir.write("p.yaml", m + "    muon_ns_variant: polar_express\n    muon_ns_steps: 8\n"), {}));
+  EXPECT_NE(lines_of(pe8).back().find("8 steps runs the paper's Algorithm 1 triples (safety 1.01)"),
+            std::string::npos);
+  const std::string pe5 = format_config_show(
+      load_config(dir.write("p5.yaml", m + "    muon_ns_variant: polar_express\n"), {}));
+  EXPECT_NE(lines_of(pe5).back().find("5 steps runs the published five-step triples (safety 1.02)"),
+            std::string::npos);
+  // asym5 (the default) names its triples itself: no note.
+  const std::string plain = format_config_show(load_config(dir.write("a.yaml", m), {}));
+  EXPECT_EQ(plain.find("note:"), std::string::npos);
+}
+
 }  // namespace
 }  // namespace mixtrain

@@ -348,9 +348,9 @@ TEST(ValidateTest, MuonRanges) {
             "optimizer.muon_config.muon_ns_steps: must be > 0, got 0");
   EXPECT_EQ(toml_error("[optimizer]\nmuon_ns_steps = 0\n"),
             "optimizer.muon_ns_steps: must be > 0, got 0");
-  EXPECT_EQ(yaml_error(m + "    muon_ns_variant: quintic\n"),
-            "optimizer.muon_config.muon_ns_variant: must be one of legacy, asym5, hybrid, "
-            "custom, got 'quintic'");
+  EXPECT_EQ(yaml_error(m + "    muon_ns_variant: cubic\n"),
+            "optimizer.muon_config.muon_ns_variant: must be one of legacy, asym5, quintic, "
+            "hybrid, polar_express, custom, got 'cubic'");
   EXPECT_EQ(yaml_error(m + "    muon_ns_epsilon: 0\n"),
             "optimizer.muon_config.muon_ns_epsilon: must be > 0, got 0");
   EXPECT_EQ(yaml_error(m + "    muon_ns_dtype: float16\n"),
@@ -410,6 +410,21 @@ TEST(ValidateTest, NewtonSchulzSchedules) {
   expect_valid("c.yaml", m + "    muon_ns_variant: custom\n    muon_ns_steps: 2\n"
                              "    muon_ns_coefficients: [[3, -4, 2], [2, -1.5, 0.5]]\n");
   expect_valid("c.yaml", m + "    muon_ns_variant: hybrid\n    muon_ns_steps: 10\n");
+  // quintic is asym5 under another name: the same five-step limit, named as given.
+  EXPECT_EQ(yaml_error(m + "    muon_ns_variant: quintic\n    muon_ns_steps: 6\n"),
+            "optimizer.muon_config.muon_ns_steps: must be <= 5 with muon_ns_variant quintic (a "
+            "five-step schedule), got 6");
+  expect_valid("c.yaml", m + "    muon_ns_variant: quintic\n    muon_ns_steps: 5\n");
+  // polar_express: the published 5-step and 8-step sets only.
+  for (const int steps : {1, 4, 6, 7, 9}) {
+    EXPECT_EQ(yaml_error(m + "    muon_ns_variant: polar_express\n    muon_ns_steps: " +
+                         std::to_string(steps) + "\n"),
+              "optimizer.muon_config.muon_ns_steps: must be 5 or 8 with muon_ns_variant "
+              "polar_express (its published 5-step and 8-step sets), got " +
+                  std::to_string(steps));
+  }
+  expect_valid("c.yaml", m + "    muon_ns_variant: polar_express\n    muon_ns_steps: 5\n");
+  expect_valid("c.yaml", m + "    muon_ns_variant: polar_express\n    muon_ns_steps: 8\n");
   expect_valid("c.toml",
                "[optimizer]\nname = \"Muon\"\nmuon_ns_steps = 10\nmuon_hybrid_ns = true\n");
 }

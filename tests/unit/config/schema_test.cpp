@@ -20,9 +20,9 @@ TEST(SchemaTest, KeysAreUniqueAndCoverEveryField) {
   // Fields of trainer_config.h: dialect, source_file, model_init_dtype (3); model (25);
   // data (7: kind, path, seq_len, micro/global batch, eval_path, eval_batches); train (8: device,
   // steps, seed, max_grad_norm, log_every, eval_every, profile, cpu_allocator) + lr_scheduler (3);
-  // parallel (6: dp_shard, dp_replicate, ep, cp, tp, cp_rotate_method); distributed (1); checkpoint (7); optimizer target, fp32_main_params, routing,
-  // swap_optimizer, swap_merge_buckets, swap_dir, swap_bucket_mb (7); adamw (4); muon (14); sgd
-  // (5); mix_precision (4); fsdp (1).
+  // parallel (6: dp_shard, dp_replicate, ep, cp, tp, cp_rotate_method); distributed (1); checkpoint
+  // (7); optimizer target, fp32_main_params, routing, swap_optimizer, swap_merge_buckets, swap_dir,
+  // swap_bucket_mb (7); adamw (4); muon (14); sgd (5); mix_precision (4); fsdp (1).
   EXPECT_EQ(keys.size(), 3u + 25 + 7 + 8 + 3 + 6 + 1 + 7 + 7 + 4 + 14 + 5 + 4 + 1);
   for (const char* key : {"model_init_dtype",
                           "optimizer._target_",

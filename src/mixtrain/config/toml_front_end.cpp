@@ -23,6 +23,12 @@ const std::vector<std::pair<std::string, std::string>>& renamed_keys() {
         {"optimizer.muon_ns_steps", "optimizer.muon_config.muon_ns_steps"},
         {"optimizer.muon_adjust_lr_fn", "optimizer.muon_config.muon_adjust_lr_fn"},
         {"optimizer.muon_communication_dtype", "optimizer.muon_config.muon_communication_dtype"},
+        // mixtrain keys in torchtitan-npu's optimizer.muon_* style
+        {"optimizer.muon_normuon", "optimizer.muon_config.muon_normuon"},
+        {"optimizer.muon_normuon_beta2", "optimizer.muon_config.muon_normuon_beta2"},
+        {"optimizer.muon_normuon_epsilon", "optimizer.muon_config.muon_normuon_epsilon"},
+        {"optimizer.muon_cautious_weight_decay",
+         "optimizer.muon_config.muon_cautious_weight_decay"},
         {"optimizer.muon_ns_dtype", "optimizer.muon_config.muon_ns_dtype"},  // a mixtrain key
         {"optimizer.swap_optimizer", "optimizer.swap_optimizer"},
         {"optimizer.swap_merge_buckets", "optimizer.swap_merge_buckets"},

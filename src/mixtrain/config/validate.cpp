@@ -298,6 +298,8 @@ void check_optimizer(const Checker& check, const OptimizerConfig& o) {
                {"sum", "ema", "ema_add"});
   check.one_of("optimizer.muon_config.muon_communication_dtype", m.communication_dtype,
                {"bfloat16", "float32"});
+  check.unit_interval_open_right("optimizer.muon_config.muon_normuon_beta2", m.normuon_beta2);
+  check.positive("optimizer.muon_config.muon_normuon_epsilon", m.normuon_epsilon);
   for (const std::string& keyword : m.adamw_keywords) {
     if (keyword.empty()) {
       check.fail("optimizer.muon_config.muon_adamw_keywords", "must not contain empty names");

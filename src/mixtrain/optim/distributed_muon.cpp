@@ -14,6 +14,7 @@
 
 #include "mixtrain/core/dtype.h"
 #include "mixtrain/optim/muon.h"
+#include "mixtrain/optim/normuon.h"
 
 namespace mixtrain {
 namespace {
@@ -252,14 +253,17 @@ void Muon::step_distributed() {
 
 namespace {
 
-// bfloat16 when every param's Newton–Schulz runs in bfloat16 (exact: NS casts u to bfloat16
-// first and returns bfloat16), else the widest communication_dtype among them.
+// float32 when a param of the bucket has NorMuon; bfloat16 when every param's Newton–Schulz
+// runs in bfloat16 (exact: NS casts u to bfloat16 first and returns bfloat16), else the widest
+// communication_dtype among them.
 template <typename OptionsOf>
 c10::ScalarType wire_dtype(const std::vector<size_t>& bucket, OptionsOf options_of) {
   bool all_bf16 = true;
   bool any_fp32 = false;
   for (size_t item : bucket) {
     const MuonOptions& options = options_of(item);
+    // NorMuon's update and its v rows are float32 (exact only on a float32 wire).
+    if (options.normuon()) return at::kFloat;
     all_bf16 = all_bf16 && options.ns_dtype() == at::kBFloat16;
     any_fp32 = any_fp32 || options.communication_dtype() == at::kFloat;
   }
@@ -289,6 +293,33 @@ double whole_scale(const MuonSharding& sharding, const std::vector<int64_t>& sli
   const auto whole = sharding.whole_shape(slice_shape);
   return muon_update_scale(whole[whole.size() - 2], whole[whole.size() - 1], options.adjust_lr_fn(),
                            options.matched_adamw_rms());
+}
+
+// NorMuon's v rows of the whole matrix from this rank's tp slice's rows `v`: a row split
+// (tp_dim 0) gathers them over tp_group; a column split leaves every tp rank all rows.
+at::Tensor gather_tp_rows(const MuonSharding& sharding, const at::Tensor& v) {
+  if (!sharding.tp_split() || sharding.tp_dim != 0) return v;
+  return sharding.tp_group->all_gather(v.contiguous());
+}
+
+// This rank's tp slice's rows of the whole matrix's v rows.
+at::Tensor tp_slice_rows(const MuonSharding& sharding, const at::Tensor& v) {
+  if (!sharding.tp_split() || sharding.tp_dim != 0) return v;
+  const int64_t n = v.size(0) / sharding.tp_group->size();
+  return v.narrow(0, sharding.tp_group->rank() * n, n).contiguous();
+}
+
+// Newton–Schulz of the whole matrix `whole_u`, then (normuon) NorMuon with the whole matrix's
+// v rows `whole_v` (float32, updated in place): the update, float32 with normuon.
+at::Tensor orthogonalize_whole(const MuonOptions& options, const at::Tensor& whole_u,
+                               at::Tensor& whole_v) {
+  const auto schedule =
+      newton_schulz_schedule(options.ns_variant(), options.ns_steps(), options.ns_coefficients());
+  const at::Tensor o =
+      newton_schulz(whole_u, schedule, options.ns_epsilon(), options.ns_dtype(),
+                    newton_schulz_norm_scale(options.ns_variant(), options.ns_steps()));
+  if (!options.normuon()) return o;
+  return normuon_normalize(o, whole_v, options.normuon_beta2(), options.normuon_epsilon());
 }
 
 at::Tensor concat_flat(const std::vector<at::Tensor>& pieces, c10::ScalarType dtype,
@@ -323,58 +354,94 @@ void Muon::step_fsdp(Collectives& comm, const std::vector<DistributedParam>& all
   for (const auto& bucket : muon_owner_buckets(items, n)) {
     const c10::ScalarType wire = wire_dtype(bucket, options_of);
 
-    // 1. Momentum on the shard; slot i's shard of u goes to rank i.
+    // 1. Momentum on the shard; slot i's shard of u goes to rank i, followed (NorMuon) by the
+    //    shard's v rows, float32 like the whole bucket's wire then.
     std::vector<int64_t> send_counts(n, 0);
+    std::vector<int64_t> u_counts(n, 0);
     std::vector<at::Tensor> pieces;
     for (size_t slot = 0; slot < bucket.size(); ++slot) {
       const DistributedParam& d = *params[bucket[slot]];
       const MuonOptions& options = group_options(d.group);
       const at::Tensor u = momentum_direction(d.param, d.param.grad(), options, wire);
       pieces.push_back(u.reshape({-1}));
+      u_counts[slot] = u.numel();
       send_counts[slot] = u.numel();
+      if (options.normuon()) {
+        pieces.push_back(read_normuon_v(d.param).reshape({-1}));
+        send_counts[slot] += d.param.size(0);
+      }
     }
     const at::Tensor send = concat_flat(pieces, wire, device);
     pieces.clear();
 
-    // The owner receives every rank's chunk, in rank order: the full u, row-major.
+    // The owner receives every rank's chunk, in rank order: the full u, row-major (and after
+    // each chunk its v rows).
     const bool owner = static_cast<size_t>(rank) < bucket.size();
     const DistributedParam* owned = owner ? params[bucket[rank]] : nullptr;
+    const bool owned_normuon = owned && group_options(owned->group).normuon();
     std::vector<int64_t> recv_counts(n, 0);
+    std::vector<int64_t> rows;
+    int64_t row_numel = 0;
     if (owned) {
       const auto& full = owned->sharding->full_shape;
-      const auto rows = fsdp_chunk_rows(full[0], n);
-      const int64_t row_numel = product(full, 1);
-      for (int j = 0; j < n; ++j) recv_counts[j] = rows[j] * row_numel;
+      rows = fsdp_chunk_rows(full[0], n);
+      row_numel = product(full, 1);
+      for (int j = 0; j < n; ++j) recv_counts[j] = rows[j] * (row_numel + (owned_normuon ? 1 : 0));
     }
-    const at::Tensor full_u = comm.all_to_all(send, send_counts, recv_counts);
+    const at::Tensor received = comm.all_to_all(send, send_counts, recv_counts);
 
     // 2. The owner orthogonalizes the whole matrix (its tp slice gathered over the tp group,
-    //    whose peers own the same slot) and sends each rank its rows of its slice of O.
+    //    whose peers own the same slot), applies NorMuon with the whole matrix's v rows, and
+    //    sends each rank its rows of its slice of the update (and their new v rows).
     at::Tensor back = at::empty({0}, at::TensorOptions().dtype(wire).device(device));
     if (owned) {
       const MuonSharding& sharding = *owned->sharding;
       const MuonOptions& options = group_options(owned->group);
-      const auto schedule = newton_schulz_schedule(options.ns_variant(), options.ns_steps(),
-                                                   options.ns_coefficients());
-      const at::Tensor whole_u = gather_tp(sharding, full_u.view(sharding.full_shape));
-      back = tp_slice(
-                 sharding,
-                 newton_schulz(whole_u, schedule, options.ns_epsilon(), options.ns_dtype(),
-                               newton_schulz_norm_scale(options.ns_variant(), options.ns_steps())))
-                 .reshape({-1})
-                 .to(wire);
+      std::vector<at::Tensor> u_parts, v_parts;
+      int64_t at_offset = 0;
+      for (int j = 0; j < n; ++j) {
+        u_parts.push_back(received.narrow(0, at_offset, rows[j] * row_numel));
+        at_offset += rows[j] * row_numel;
+        if (owned_normuon) {
+          v_parts.push_back(received.narrow(0, at_offset, rows[j]));
+          at_offset += rows[j];
+        }
+      }
+      const at::Tensor full_u = at::cat(u_parts).view(sharding.full_shape);
+      at::Tensor whole_v;
+      if (owned_normuon) whole_v = gather_tp_rows(sharding, at::cat(v_parts)).contiguous();
+      const at::Tensor update =
+          tp_slice(sharding, orthogonalize_whole(options, gather_tp(sharding, full_u), whole_v));
+      const at::Tensor flat = update.reshape({-1}).to(wire);
+      if (!owned_normuon) {
+        back = flat;
+      } else {
+        const at::Tensor v = tp_slice_rows(sharding, whole_v);
+        int64_t row = 0;
+        for (int j = 0; j < n; ++j) {
+          pieces.push_back(flat.narrow(0, row * row_numel, rows[j] * row_numel));
+          pieces.push_back(v.narrow(0, row, rows[j]));
+          row += rows[j];
+        }
+        back = concat_flat(pieces, wire, device);
+        pieces.clear();
+      }
     }
     const at::Tensor updates = comm.all_to_all(back, recv_counts, send_counts);
 
-    // 3. Every rank applies its shard of O, scaled by the full matrix's shape.
+    // 3. Every rank applies its shard of the update, scaled by the full matrix's shape.
     int64_t offset = 0;
     for (size_t slot = 0; slot < bucket.size(); ++slot) {
       const DistributedParam& d = *params[bucket[slot]];
       const MuonOptions& options = group_options(d.group);
-      // Back in ns_dtype (exact: O was ns_dtype or travelled wider), so the update adds as
-      // the single-process one does.
-      const at::Tensor o =
-          updates.narrow(0, offset, send_counts[slot]).view(d.param.sizes()).to(options.ns_dtype());
+      // Back in ns_dtype (exact: O was ns_dtype or travelled wider; NorMuon's is float32), so
+      // the update adds as the single-process one does.
+      const at::Tensor o = updates.narrow(0, offset, u_counts[slot])
+                               .view(d.param.sizes())
+                               .to(options.normuon() ? at::kFloat : options.ns_dtype());
+      if (options.normuon()) {
+        write_normuon_v(d.param, updates.narrow(0, offset + u_counts[slot], d.param.size(0)));
+      }
       offset += send_counts[slot];
       apply_update(d.param, o, options, whole_scale(*d.sharding, d.sharding->full_shape, options));
     }
@@ -402,26 +469,31 @@ void Muon::step_ddp(Collectives& comm, const std::vector<DistributedParam>& all_
 
   for (const auto& bucket : muon_owner_buckets(items, n)) {
     const c10::ScalarType wire = wire_dtype(bucket, options_of);
+    // Per slot: the update, then (NorMuon) the new v rows of the param (float32 wire then).
+    auto payload = [&](const DistributedParam& d) {
+      return d.param.numel() + (group_options(d.group).normuon() ? d.param.size(0) : 0);
+    };
     int64_t padded = 0;
-    for (size_t item : bucket) padded = std::max(padded, params[item]->param.numel());
+    for (size_t item : bucket) padded = std::max(padded, payload(*params[item]));
 
-    // Every rank keeps the replicated momentum; only the slot's owner orthogonalizes.
+    // Every rank keeps the replicated momentum (and v); only the slot's owner orthogonalizes.
     at::Tensor mine = at::zeros({padded}, at::TensorOptions().dtype(wire).device(device));
     for (size_t slot = 0; slot < bucket.size(); ++slot) {
       const DistributedParam& d = *params[bucket[slot]];
       const MuonOptions& options = group_options(d.group);
       at::Tensor u = momentum_direction(d.param, d.param.grad(), options, options.ns_dtype());
       if (static_cast<int>(slot) != rank) continue;
-      const auto schedule = newton_schulz_schedule(options.ns_variant(), options.ns_steps(),
-                                                   options.ns_coefficients());
       // A tp slice: the owner and its tp peers (same slot) gather u in the wire dtype, as
-      // step_fsdp's u travels, and orthogonalize the whole matrix.
+      // step_fsdp's u travels, and orthogonalize the whole matrix (NorMuon: with its v rows).
       if (d.sharding->tp_split()) u = gather_tp(*d.sharding, u.to(wire));
-      const double norm_scale = newton_schulz_norm_scale(options.ns_variant(), options.ns_steps());
-      const at::Tensor o = tp_slice(*d.sharding, newton_schulz(u, schedule, options.ns_epsilon(),
-                                                               options.ns_dtype(), norm_scale))
-                               .reshape({-1});
+      at::Tensor whole_v;
+      if (options.normuon()) whole_v = gather_tp_rows(*d.sharding, read_normuon_v(d.param));
+      const at::Tensor o =
+          tp_slice(*d.sharding, orthogonalize_whole(options, u, whole_v)).reshape({-1});
       mine.narrow(0, 0, o.numel()).copy_(o);
+      if (options.normuon()) {
+        mine.narrow(0, o.numel(), d.param.size(0)).copy_(tp_slice_rows(*d.sharding, whole_v));
+      }
     }
     // Ranks without a slot (last bucket) send their zeros: all_gather needs equal shapes.
     const at::Tensor gathered = comm.all_gather(mine);
@@ -429,9 +501,13 @@ void Muon::step_ddp(Collectives& comm, const std::vector<DistributedParam>& all_
     for (size_t slot = 0; slot < bucket.size(); ++slot) {
       const DistributedParam& d = *params[bucket[slot]];
       const MuonOptions& options = group_options(d.group);
-      const at::Tensor o = gathered.narrow(0, static_cast<int64_t>(slot) * padded, d.param.numel())
+      const int64_t at_slot = static_cast<int64_t>(slot) * padded;
+      const at::Tensor o = gathered.narrow(0, at_slot, d.param.numel())
                                .view(d.param.sizes())
-                               .to(options.ns_dtype());
+                               .to(options.normuon() ? at::kFloat : options.ns_dtype());
+      if (options.normuon()) {
+        write_normuon_v(d.param, gathered.narrow(0, at_slot + d.param.numel(), d.param.size(0)));
+      }
       apply_update(d.param, o, options, whole_scale(*d.sharding, d.param.sizes().vec(), options));
     }
   }

@@ -33,6 +33,16 @@
 // exact and the cheapest), else in communication_dtype (the widest of the bucket's groups):
 // float32 is exact for float32 Newton–Schulz, bfloat16 rounds u and O once more.
 //
+// NorMuon (normuon.h) is exact, not per shard: its row statistics and Frobenius norms are of
+// the whole matrix, so whoever orthogonalizes it applies NorMuon. Each rank keeps normuon_v for
+// the rows it holds (step_fsdp: its dim-0 chunk's rows; step_ddp: all, replicated). step_fsdp
+// sends a shard's v rows after its u to the owner and gets the update and the new v rows back
+// in the same all_to_alls; step_ddp's owner gathers nothing extra (its replica has the rows)
+// and appends the new v rows to its update in the all_gather. With a tp split, a row split
+// (tp_dim 0) gathers the v rows over tp_group like u; a column split has all rows on every tp
+// rank. A bucket with a NorMuon param travels in float32 both ways (the update is float32;
+// float32 carries u, O and v exactly), so the result is the single-process one bit for bit.
+//
 // Before each path's first bucket a 2-int all_reduce checks that every rank steps the same
 // parameters (count and total numel): a mismatch raises on every rank instead of hanging.
 // Every rank must call step() with the same params having a grad (FSDP and DDP guarantee

@@ -13,6 +13,7 @@
 #include "mixtrain/core/dtype.h"
 #include "mixtrain/optim/kernels/muon_kernel.h"
 #include "mixtrain/optim/muon_fused.h"
+#include "mixtrain/optim/normuon.h"
 
 namespace mixtrain {
 
@@ -87,11 +88,21 @@ double muon_update_scale(int64_t rows, int64_t cols, AdjustLrFn fn, double match
 }
 
 void muon_apply_update(at::Tensor& param, const at::Tensor& orthogonalized, double lr,
-                       double weight_decay, double scale) {
+                       double weight_decay, double scale, bool cautious) {
   TORCH_CHECK(param.sizes() == orthogonalized.sizes(), "muon_apply_update: update shape ",
               orthogonalized.sizes(), " differs from parameter shape ", param.sizes());
   // Multiplying by exactly 1 changes nothing, so skip the pass.
-  if (weight_decay != 0.0) param.mul_(1.0 - lr * weight_decay);
+  if (weight_decay != 0.0 && cautious) {
+    // The factor in p.mul_'s compute dtype (float for bfloat16/float16 p), so where the mask
+    // holds p rounds exactly as the plain decay's p.mul_(1 - lr*wd) does, and stays put elsewhere.
+    const auto dtype = at::promote_types(param.scalar_type(), at::kFloat);
+    const auto options = param.options().dtype(dtype);
+    param.mul_(at::where(cautious_decay_mask(orthogonalized, param),
+                         at::scalar_tensor(1.0 - lr * weight_decay, options),
+                         at::scalar_tensor(1.0, options)));
+  } else if (weight_decay != 0.0) {
+    param.mul_(1.0 - lr * weight_decay);
+  }
   param.add_(orthogonalized, -lr * scale);
 }
 
@@ -131,7 +142,11 @@ MuonOptions MuonOptions::from_config(const MuonConfig& config) {
       .matched_adamw_rms(config.matched_adamw_rms)
       .adjust_lr_fn(parse_adjust_lr_fn(config.adjust_lr_fn))
       .momentum_style(parse_momentum_style(config.momentum_style))
-      .communication_dtype(parse_muon_communication_dtype(config.communication_dtype));
+      .communication_dtype(parse_muon_communication_dtype(config.communication_dtype))
+      .normuon(config.normuon)
+      .normuon_beta2(config.normuon_beta2)
+      .normuon_epsilon(config.normuon_epsilon)
+      .cautious_weight_decay(config.cautious_weight_decay);
   options.validate();
   return options;
 }
@@ -155,6 +170,12 @@ void MuonOptions::validate() const {
   if (communication_dtype() != at::kBFloat16 && communication_dtype() != at::kFloat) {
     fail("communication_dtype must be bfloat16 or float32, got " +
          dtype_name(communication_dtype()));
+  }
+  if (!(normuon_beta2() >= 0.0 && normuon_beta2() < 1.0)) {
+    fail("normuon_beta2 must be in [0, 1), got " + std::to_string(normuon_beta2()));
+  }
+  if (!(normuon_epsilon() > 0.0)) {
+    fail("normuon_epsilon must be > 0, got " + c10::str(normuon_epsilon()));
   }
   newton_schulz_schedule(ns_variant(), ns_steps(), ns_coefficients());  // throws if invalid
 }
@@ -258,6 +279,9 @@ void Muon::momentum_direction_into(const at::Tensor& p, const at::Tensor& grad,
     slot = std::move(fresh);
   }
   auto& state = static_cast<MuonParamState&>(*slot);
+  if (options.normuon() && !state.normuon_v().defined()) {
+    state.normuon_v(at::zeros(p.sizes().slice(0, p.dim() - 1), p.options().dtype(at::kFloat)));
+  }
   state.step(state.step() + 1);
   at::Tensor& buffer = state.momentum_buffer();
   const c10::Device device = buffer.device();
@@ -278,6 +302,36 @@ at::Tensor Muon::momentum_direction(const at::Tensor& p, const at::Tensor& grad,
   return u;
 }
 
+at::Tensor Muon::read_normuon_v(const at::Tensor& p) {
+  const StateLease lease(*this, p);
+  return static_cast<MuonParamState&>(*state_.at(state_key(p))).normuon_v().clone();
+}
+
+void Muon::write_normuon_v(const at::Tensor& p, const at::Tensor& value) {
+  const StateLease lease(*this, p);
+  at::Tensor& v = static_cast<MuonParamState&>(*state_.at(state_key(p))).normuon_v();
+  v.copy_(value.view(v.sizes()));
+}
+
+at::Tensor Muon::normuon_update(const MuonOptions& options, const std::vector<at::Tensor>& params,
+                                const at::Tensor& o) {
+  if (!options.normuon()) return o;
+  const int64_t rows = o.size(-2);
+  std::vector<at::Tensor> vs;
+  for (const auto& p : params) vs.push_back(read_normuon_v(p).view({-1, rows}));
+  at::Tensor v = at::cat(vs).view(o.sizes().slice(0, o.dim() - 1));
+  const at::Tensor update =
+      normuon_normalize(o, v, options.normuon_beta2(), options.normuon_epsilon());
+  int64_t offset = 0;
+  const at::Tensor flat = v.view({-1, rows});
+  for (size_t i = 0; i < params.size(); ++i) {
+    const int64_t count = vs[i].size(0);
+    write_normuon_v(params[i], flat.narrow(0, offset, count));
+    offset += count;
+  }
+  return update;
+}
+
 void Muon::apply_update(const at::Tensor& p, const at::Tensor& o, const MuonOptions& options,
                         double scale) {
   const at::Tensor model = copy_back_target(p);
@@ -285,8 +339,9 @@ void Muon::apply_update(const at::Tensor& p, const at::Tensor& o, const MuonOpti
   const bool fuse_model =
       !model.defined() || (muon_fusable(model, false, device) &&
                            model.scalar_type() != at::kFloat && model.numel() == p.numel());
-  if (muon_fusable(p, /*float32_only=*/true, device) && muon_fusable(o, false, device) &&
-      o.numel() == p.numel() && fuse_model) {
+  const bool cautious = options.cautious_weight_decay() && options.weight_decay() != 0.0;
+  if (!cautious && muon_fusable(p, /*float32_only=*/true, device) &&
+      muon_fusable(o, false, device) && o.numel() == p.numel() && fuse_model) {
     MuonApplyScalars s;
     s.decay_param = options.weight_decay() != 0.0;  // as muon_apply_update skips the pass
     s.decay = static_cast<float>(1.0 - options.lr() * options.weight_decay());
@@ -295,7 +350,8 @@ void Muon::apply_update(const at::Tensor& p, const at::Tensor& o, const MuonOpti
     return;
   }
   at::Tensor param = p;
-  muon_apply_update(param, o.view(p.sizes()), options.lr(), options.weight_decay(), scale);
+  muon_apply_update(param, o.view(p.sizes()), options.lr(), options.weight_decay(), scale,
+                    options.cautious_weight_decay());
   if (model.defined()) model.copy_(p);  // copy_ rounds to nearest even, as to() does
 }
 
@@ -344,9 +400,10 @@ void Muon::step_slice(const MuonOptions& options, const std::vector<NsCoefficien
     momentum_direction_into(p, p.grad(), options, stacked.narrow(0, offset, count));
     offset += count;
   }
-  const at::Tensor orthogonalized =
+  const at::Tensor orthogonalized = normuon_update(
+      options, params,
       newton_schulz(stacked, schedule, options.ns_epsilon(), options.ns_dtype(),
-                    newton_schulz_norm_scale(options.ns_variant(), options.ns_steps()));
+                    newton_schulz_norm_scale(options.ns_variant(), options.ns_steps())));
   const double scale = muon_update_scale(batch.rows, batch.cols, options.adjust_lr_fn(),
                                          options.matched_adamw_rms());
 
@@ -362,12 +419,16 @@ NamedTensorList Muon::export_state(const at::Tensor& param) const {
   auto it = state_.find(state_key(param));
   if (it == state_.end()) return {};
   const auto& state = static_cast<const MuonParamState&>(*it->second);
-  return {{"momentum_buffer", state.momentum_buffer()},
-          {"step", at::scalar_tensor(state.step(), at::kLong)}};
+  NamedTensorList out = {{"momentum_buffer", state.momentum_buffer()},
+                         {"step", at::scalar_tensor(state.step(), at::kLong)}};
+  if (state.normuon_v().defined()) out.emplace_back("normuon_v", state.normuon_v());
+  return out;
 }
 
 std::vector<StateField> Muon::state_fields() const {
-  return {{"momentum_buffer"}, {"step", StateField::Kind::kCount}};
+  return {{"momentum_buffer"},
+          {"step", StateField::Kind::kCount},
+          {"normuon_v", StateField::Kind::kPerRow, /*required=*/false}};
 }
 
 void Muon::import_state(const at::Tensor& param, const NamedTensorList& state) {
@@ -382,6 +443,11 @@ void Muon::import_state(const at::Tensor& param, const NamedTensorList& state) {
                              .to(param.device(), param.scalar_type(), /*non_blocking=*/false,
                                  /*copy=*/true)
                              .contiguous());
+  const auto v = checked.tensors.find("normuon_v");
+  if (v != checked.tensors.end()) {
+    fresh->normuon_v(v->second.to(param.device(), at::kFloat, /*non_blocking=*/false, /*copy=*/true)
+                         .contiguous());
+  }
   state_[state_key(param)] = std::move(fresh);
 }
 
@@ -404,7 +470,11 @@ nlohmann::json Muon::group_hyperparameters(size_t group) const {
           {"matched_adamw_rms", options.matched_adamw_rms()},
           {"adjust_lr_fn", adjust_lr_fn_name(options.adjust_lr_fn())},
           {"momentum_style", momentum_style_name(options.momentum_style())},
-          {"communication_dtype", dtype_name(options.communication_dtype())}};
+          {"communication_dtype", dtype_name(options.communication_dtype())},
+          {"normuon", options.normuon()},
+          {"normuon_beta2", options.normuon_beta2()},
+          {"normuon_epsilon", options.normuon_epsilon()},
+          {"cautious_weight_decay", options.cautious_weight_decay()}};
 }
 
 std::unique_ptr<torch::optim::OptimizerOptions> Muon::options_with_hyperparameters(
@@ -448,7 +518,11 @@ std::unique_ptr<torch::optim::OptimizerOptions> Muon::options_with_hyperparamete
   candidate.ns_dtype(*parsed_ns_dtype)
       .adjust_lr_fn(parse_adjust_lr_fn(reader.string("adjust_lr_fn")))
       .momentum_style(parse_momentum_style(reader.string("momentum_style")))
-      .communication_dtype(parse_muon_communication_dtype(reader.string("communication_dtype")));
+      .communication_dtype(parse_muon_communication_dtype(reader.string("communication_dtype")))
+      .normuon(reader.boolean("normuon"))
+      .normuon_beta2(reader.number("normuon_beta2"))
+      .normuon_epsilon(reader.number("normuon_epsilon"))
+      .cautious_weight_decay(reader.boolean("cautious_weight_decay"));
   reader.finish();
   try {
     candidate.validate();

@@ -290,8 +290,10 @@ struct RunSetup {
 };
 
 // Single-process Muon on the full params for `steps` steps; returns the final params.
+// normuon_v: if given, each param's NorMuon state after the run.
 std::vector<at::Tensor> reference_run(const std::vector<NamedShape>& shapes, const RunSetup& setup,
-                                      int steps, at::ScalarType dtype) {
+                                      int steps, at::ScalarType dtype,
+                                      std::vector<at::Tensor>* normuon_v = nullptr) {
   std::vector<at::Tensor> params;
   for (size_t i = 0; i < shapes.size(); ++i) {
     params.push_back(random_normal(shapes[i].shape, 100 + i).to(dtype));
@@ -314,17 +316,22 @@ std::vector<at::Tensor> reference_run(const std::vector<NamedShape>& shapes, con
     }
     muon.step();
   }
+  if (normuon_v) {
+    normuon_v->clear();
+    for (const auto& p : params) normuon_v->push_back(muon.export_state(p).at(2).second.clone());
+  }
   return params;
 }
 
 // The same on n thread-ranks; kFsdp: each rank holds its dim-0 chunk, kReplicated: a copy.
 // Returns, per rank, its final params; calls[r] = the collectives rank r made.
-std::vector<std::vector<at::Tensor>> distributed_run(const std::vector<NamedShape>& shapes,
-                                                     const RunSetup& setup, int steps, int n,
-                                                     MuonSharding::Kind kind, at::ScalarType dtype,
-                                                     std::vector<std::vector<Call>>* calls) {
+std::vector<std::vector<at::Tensor>> distributed_run(
+    const std::vector<NamedShape>& shapes, const RunSetup& setup, int steps, int n,
+    MuonSharding::Kind kind, at::ScalarType dtype, std::vector<std::vector<Call>>* calls,
+    std::vector<std::vector<at::Tensor>>* normuon_v = nullptr) {
   auto group = make_thread_group(n);
   std::vector<std::vector<at::Tensor>> result(n);
+  if (normuon_v) normuon_v->assign(n, {});
   run_ranks(n, [&](int rank) {
     std::vector<at::Tensor> params;
     for (size_t i = 0; i < shapes.size(); ++i) {
@@ -354,6 +361,11 @@ std::vector<std::vector<at::Tensor>> distributed_run(const std::vector<NamedShap
       muon.step();
     }
     result[rank] = params;
+    if (normuon_v) {
+      for (const auto& p : params) {
+        (*normuon_v)[rank].push_back(muon.export_state(p).at(2).second.clone());
+      }
+    }
   });
   if (calls) {
     calls->clear();
@@ -425,6 +437,54 @@ TEST(DistributedMuonFsdpTest, EqualsSingleProcessMuonForOneToFourRanks) {
         for (size_t c = 1; c < 1 + 2 * buckets; ++c) {
           EXPECT_EQ(calls[r][c].op, "all_to_all");
           EXPECT_EQ(calls[r][c].dtype, wire);
+        }
+      }
+    }
+  }
+}
+
+// NorMuon is exact, not per shard: the owner normalizes the whole matrix with the whole
+// matrix's v rows (each rank's rows travel with its u), and each rank keeps the new v of its
+// rows. Every Newton-Schulz dtype and wire setting: a NorMuon bucket travels in float32, so the
+// result is the single-process one bit for bit (params and v), cautious decay included. DDP:
+// the owner appends the new v rows to the all_gather; every replica keeps all rows.
+TEST(DistributedMuonNorMuonTest, FsdpAndDdpEqualOneProcessBitwiseParamsAndState) {
+  for (const auto& combo : kCombos) {
+    RunSetup setup;
+    setup.options = MuonOptions()
+                        .lr(0.02)
+                        .weight_decay(0.1)
+                        .ns_dtype(combo.ns_dtype)
+                        .communication_dtype(combo.communication_dtype)
+                        .normuon(true)
+                        .cautious_weight_decay(true);
+    setup.two_groups = true;
+    std::vector<at::Tensor> expected_v;
+    const auto expected = reference_run(kShapes, setup, 3, at::kFloat, &expected_v);
+    for (int n = 2; n <= 4; n += 2) {
+      std::vector<std::vector<Call>> calls;
+      std::vector<std::vector<at::Tensor>> v;
+      const auto got =
+          distributed_run(kShapes, setup, 3, n, MuonSharding::Kind::kFsdp, at::kFloat, &calls, &v);
+      for (size_t i = 0; i < kShapes.size(); ++i) {
+        const std::string what = "fsdp n=" + std::to_string(n) + " ns " +
+                                 c10::toString(combo.ns_dtype) + " wire " +
+                                 c10::toString(combo.communication_dtype) + " " + kShapes[i].name;
+        EXPECT_TRUE(bitwise_equal(gather_rows(got, i), expected[i]))
+            << what << ": max diff " << max_abs_diff(gather_rows(got, i), expected[i]);
+        EXPECT_TRUE(bitwise_equal(gather_rows(v, i), expected_v[i])) << what << " normuon_v";
+      }
+      for (size_t c = 1; c < calls[0].size(); ++c) {
+        if (calls[0][c].op == "all_to_all") EXPECT_EQ(calls[0][c].dtype, at::kFloat);
+      }
+      const auto replicas = distributed_run(kShapes, setup, 3, n, MuonSharding::Kind::kReplicated,
+                                            at::kFloat, nullptr, &v);
+      for (int r = 0; r < n; ++r) {
+        for (size_t i = 0; i < kShapes.size(); ++i) {
+          const std::string what = "ddp n=" + std::to_string(n) + " rank " + std::to_string(r) +
+                                   " " + c10::toString(combo.ns_dtype) + " " + kShapes[i].name;
+          EXPECT_TRUE(bitwise_equal(replicas[r][i], expected[i])) << what;
+          EXPECT_TRUE(bitwise_equal(v[r][i], expected_v[i])) << what << " normuon_v";
         }
       }
     }

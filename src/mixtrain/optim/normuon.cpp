@@ -19,9 +19,12 @@ at::Tensor normuon_normalize(const at::Tensor& orthogonalized, at::Tensor& v, do
   const int64_t n = orthogonalized.size(-1);
   const at::Tensor o = orthogonalized.to(at::kFloat).reshape({-1, m, n});
   const at::Tensor rows = v.view({-1, m});
-  rows.lerp_(o.square().mean(-1), 1.0 - beta2);
+  // Every reduction per matrix, on its own 2-D slice: a batched reduction may split its sums
+  // differently (CPU threads, CUDA block shapes depend on the number of outputs).
+  for (int64_t i = 0; i < o.size(0); ++i) {
+    rows.select(0, i).lerp_(o.select(0, i).square().mean(-1), 1.0 - beta2);
+  }
   const at::Tensor hat = o / (rows.sqrt() + epsilon).unsqueeze(-1);
-  // Per matrix on its own 2-D slice (a batched reduction may split differently).
   std::vector<at::Tensor> o_norms, hat_norms;
   for (int64_t i = 0; i < o.size(0); ++i) {
     o_norms.push_back(at::linalg_vector_norm(o.select(0, i)));

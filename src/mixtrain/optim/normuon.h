@@ -10,8 +10,8 @@
 // norm, so Muon's own scale (adjust_lr_fn) applies after it as without NorMuon. (Algorithm 1
 // writes it as RMS 0.2 via lr * 0.2 sqrt(mn) / ||Ohat||_F; with match_rms_adamw that is ours
 // up to ||O||_F vs sqrt(min(m, n)), which Newton-Schulz only approximates.)
-// Everything runs in float32 (O is widened first). Each matrix's norms are reduced on its own
-// 2-D slice, so a matrix gives the same bits alone (a distributed owner) or batched.
+// Everything runs in float32 (O is widened first). Each matrix's row means and norms are reduced
+// on its own 2-D slice, so a matrix gives the same bits alone (a distributed owner) or batched.
 #pragma once
 
 #include <ATen/core/Tensor.h>

@@ -469,10 +469,12 @@ void Muon::step_ddp(Collectives& comm, const std::vector<DistributedParam>& all_
 
   for (const auto& bucket : muon_owner_buckets(items, n)) {
     const c10::ScalarType wire = wire_dtype(bucket, options_of);
-    // Per slot: the update, then (NorMuon) the new v rows of the param (float32 wire then).
-    auto payload = [&](const DistributedParam& d) {
-      return d.param.numel() + (group_options(d.group).normuon() ? d.param.size(0) : 0);
+    // Per slot: the update, then (NorMuon) the new v rows of the param (float32 wire then):
+    // one per row of each of its matrices (a replicated 3-D tensor has several).
+    auto v_rows = [&](const DistributedParam& d) -> int64_t {
+      return group_options(d.group).normuon() ? d.param.numel() / d.param.size(-1) : 0;
     };
+    auto payload = [&](const DistributedParam& d) { return d.param.numel() + v_rows(d); };
     int64_t padded = 0;
     for (size_t item : bucket) padded = std::max(padded, payload(*params[item]));
 
@@ -492,7 +494,7 @@ void Muon::step_ddp(Collectives& comm, const std::vector<DistributedParam>& all_
           tp_slice(*d.sharding, orthogonalize_whole(options, u, whole_v)).reshape({-1});
       mine.narrow(0, 0, o.numel()).copy_(o);
       if (options.normuon()) {
-        mine.narrow(0, o.numel(), d.param.size(0)).copy_(tp_slice_rows(*d.sharding, whole_v));
+        mine.narrow(0, o.numel(), v_rows(d)).copy_(tp_slice_rows(*d.sharding, whole_v).view(-1));
       }
     }
     // Ranks without a slot (last bucket) send their zeros: all_gather needs equal shapes.
@@ -506,7 +508,7 @@ void Muon::step_ddp(Collectives& comm, const std::vector<DistributedParam>& all_
                                .view(d.param.sizes())
                                .to(options.normuon() ? at::kFloat : options.ns_dtype());
       if (options.normuon()) {
-        write_normuon_v(d.param, gathered.narrow(0, at_slot + d.param.numel(), d.param.size(0)));
+        write_normuon_v(d.param, gathered.narrow(0, at_slot + d.param.numel(), v_rows(d)));
       }
       apply_update(d.param, o, options, whole_scale(*d.sharding, d.param.sizes().vec(), options));
     }

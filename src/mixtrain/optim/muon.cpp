@@ -313,22 +313,13 @@ void Muon::write_normuon_v(const at::Tensor& p, const at::Tensor& value) {
   v.copy_(value.view(v.sizes()));
 }
 
-at::Tensor Muon::normuon_update(const MuonOptions& options, const std::vector<at::Tensor>& params,
+at::Tensor Muon::normuon_update(const MuonOptions& options, const at::Tensor& p,
                                 const at::Tensor& o) {
   if (!options.normuon()) return o;
-  const int64_t rows = o.size(-2);
-  std::vector<at::Tensor> vs;
-  for (const auto& p : params) vs.push_back(read_normuon_v(p).view({-1, rows}));
-  at::Tensor v = at::cat(vs).view(o.sizes().slice(0, o.dim() - 1));
+  at::Tensor v = read_normuon_v(p);
   const at::Tensor update =
-      normuon_normalize(o, v, options.normuon_beta2(), options.normuon_epsilon());
-  int64_t offset = 0;
-  const at::Tensor flat = v.view({-1, rows});
-  for (size_t i = 0; i < params.size(); ++i) {
-    const int64_t count = vs[i].size(0);
-    write_normuon_v(params[i], flat.narrow(0, offset, count));
-    offset += count;
-  }
+      normuon_normalize(o.view(p.sizes()), v, options.normuon_beta2(), options.normuon_epsilon());
+  write_normuon_v(p, v);
   return update;
 }
 
@@ -400,17 +391,18 @@ void Muon::step_slice(const MuonOptions& options, const std::vector<NsCoefficien
     momentum_direction_into(p, p.grad(), options, stacked.narrow(0, offset, count));
     offset += count;
   }
-  const at::Tensor orthogonalized = normuon_update(
-      options, params,
+  const at::Tensor orthogonalized =
       newton_schulz(stacked, schedule, options.ns_epsilon(), options.ns_dtype(),
-                    newton_schulz_norm_scale(options.ns_variant(), options.ns_steps())));
+                    newton_schulz_norm_scale(options.ns_variant(), options.ns_steps()));
   const double scale = muon_update_scale(batch.rows, batch.cols, options.adjust_lr_fn(),
                                          options.matched_adamw_rms());
 
   offset = 0;
   for (auto& p : params) {
     const int64_t count = p.numel() / matrix_elements;
-    apply_update(p, orthogonalized.narrow(0, offset, count), options, scale);
+    // NorMuon per parameter, on its own matrices (normuon.h: the bits a batch would give).
+    apply_update(p, normuon_update(options, p, orthogonalized.narrow(0, offset, count)), options,
+                 scale);
     offset += count;
   }
 }

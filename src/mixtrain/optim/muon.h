@@ -185,10 +185,9 @@ class Muon : public LeafOptimizer {
   // anything else muon_momentum_update; the bits are the same.
   void momentum_direction_into(const at::Tensor& p, const at::Tensor& grad,
                                const MuonOptions& options, const at::Tensor& out);
-  // NorMuon on `o` (rows x cols matrices of `params`, in order: their normuon_v rows stacked):
-  // every param's normuon_v updated, the float32 update returned; `o` itself when off.
-  at::Tensor normuon_update(const MuonOptions& options, const std::vector<at::Tensor>& params,
-                            const at::Tensor& o);
+  // NorMuon on `o`, the orthogonalized matrices of p (p's numel, in p's layout): p's normuon_v
+  // updated, the float32 update returned (p's shape); `o` itself when off.
+  at::Tensor normuon_update(const MuonOptions& options, const at::Tensor& p, const at::Tensor& o);
   // For the distributed paths, each under its own state lease: a copy of p's normuon_v (which
   // momentum_direction_into created), and writing `value` into it.
   at::Tensor read_normuon_v(const at::Tensor& p);

@@ -27,7 +27,7 @@ set(MIXTRAIN_TEST_TABLE
   "unit_distributed_tensor_parallel_test     4          150      slow"    # 9.4 alone (22 beside a build)
   "unit_optim_adamw_test                     1          60"      #          5.3 (child per CPU capability)
   "unit_optim_muon_kernel_test               1          60"      #          6.6 (child per CPU capability)
-  "scenarios_checkpoint_resharding_test      4          260      slow"    # 14.3 + 12 (NorMuon case, busy machine)
+  "scenarios_checkpoint_resharding_test      4          180      slow"    # 14.3 + 2.8 (NorMuon case; 11.5 on a busy machine)
   "scenarios_rfc_case_2_2_test               2          60"      #          4.6
   "scenarios_rfc_case_2_1_scale_test        8          600      slow"    # 85 (on a busy machine; 8 ranks)
   "scenarios_rfc_system_test                8          600      slow"    # 60 (two 8-rank runs, 40 reference Trainers)

@@ -427,6 +427,10 @@ TEST(ValidateTest, NewtonSchulzSchedules) {
   expect_valid("c.yaml", m + "    muon_ns_variant: polar_express\n    muon_ns_steps: 8\n");
   expect_valid("c.toml",
                "[optimizer]\nname = \"Muon\"\nmuon_ns_steps = 10\nmuon_hybrid_ns = true\n");
+  // The TOML spelling is named in the TOML dialect's errors.
+  EXPECT_EQ(toml_error("[optimizer]\nname = \"Muon\"\nmuon_ns_variant = \"cubic\"\n").substr(0, 58),
+            "optimizer.muon_ns_variant: must be one of legacy, asym5, q");
+  expect_valid("c.toml", "[optimizer]\nname = \"Muon\"\nmuon_ns_variant = \"polar_express\"\n");
 }
 
 // A config built in code gets the same rules; errors name the canonical key and where the

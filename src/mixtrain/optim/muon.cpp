@@ -202,9 +202,9 @@ void Muon::rebuild_batches() {
       // A shard held whole until set_sharding (the builder sets splits first) may not divide:
       // step() refuses it if it is still so then.
       try {
-        muon_matrix_shape(p.sizes(), split,
-                          sharding_[g][i].name.empty() ? "a parameter of shape"
-                                                       : "'" + sharding_[g][i].name + "'");
+        muon_matrix_shape(
+            p.sizes(), split,
+            sharding_[g][i].name.empty() ? "a parameter" : "'" + sharding_[g][i].name + "'");
       } catch (const std::invalid_argument& error) {
         if (split_problem_.empty()) split_problem_ = error.what();
         split = {};

@@ -559,6 +559,58 @@ TEST(DistributedMuonPerHeadTest, FsdpAndDdpEqualOneProcessBitwise) {
   }
 }
 
+// Tensor parallel, two thread ranks: q and k column-parallel (tp_dim 0, each slice 2 heads resp.
+// 1 head of 24 rows), o row-parallel (tp_dim 1, 2 heads of 24 columns each), held whole per
+// data rank (kReplicated over a one-rank group, as muon_sharding_of maps kWhole with a tp
+// split). Whoever orthogonalizes gathers the whole matrix, splits it into heads and keeps its
+// slice: bitwise the one-process per-head step (float32 Newton–Schulz, float32 tp gather).
+TEST(DistributedMuonPerHeadTest, TensorParallelSlicesEqualOneProcessBitwise) {
+  const std::vector<NamedShape> shapes = {{"q", {96, 40}}, {"k", {48, 40}}, {"o", {40, 96}}};
+  const std::vector<int64_t> tp_dims = {0, 0, 1};
+  RunSetup setup;
+  setup.options = MuonOptions()
+                      .lr(0.02)
+                      .weight_decay(0.1)
+                      .ns_dtype(at::kFloat)
+                      .communication_dtype(at::kFloat)
+                      .adjust_lr_fn(AdjustLrFn::kOriginal);
+  setup.head_splits = {{0, 24}, {0, 24}, {1, 24}};
+  const auto expected = reference_run(shapes, setup, 2, at::kFloat);
+  const int n = 2;
+  auto tp = make_thread_group(n);
+  std::vector<std::vector<at::Tensor>> got(n);
+  run_ranks(n, [&](int rank) {
+    auto slice = [&](const at::Tensor& full, size_t i) {
+      return full.chunk(n, tp_dims[i])[rank].contiguous();
+    };
+    std::vector<at::Tensor> params;
+    for (size_t i = 0; i < shapes.size(); ++i) {
+      params.push_back(slice(random_normal(shapes[i].shape, 100 + i), i));
+    }
+    Muon muon(params, setup.options);
+    set_head_splits(muon, params, setup);
+    for (size_t i = 0; i < shapes.size(); ++i) {
+      MuonSharding sharding{
+          MuonSharding::Kind::kReplicated, {}, make_local_collectives("one"), shapes[i].name};
+      sharding.tp_dim = tp_dims[i];
+      sharding.tp_group = tp[rank];
+      muon.set_sharding(params[i], sharding);
+    }
+    for (int step = 1; step <= 2; ++step) {
+      for (size_t i = 0; i < shapes.size(); ++i) {
+        params[i].mutable_grad() = slice(random_normal(shapes[i].shape, 1000 * step + i), i);
+      }
+      muon.step();
+    }
+    got[rank] = params;
+  });
+  for (size_t i = 0; i < shapes.size(); ++i) {
+    const at::Tensor whole = at::cat({got[0][i], got[1][i]}, tp_dims[i]);
+    EXPECT_TRUE(bitwise_equal(whole, expected[i]))
+        << shapes[i].name << ": max diff " << max_abs_diff(whole, expected[i]);
+  }
+}
+
 TEST(DistributedMuonDdpTest, EqualsSingleProcessMuonOnEveryRank) {
   for (const auto& combo : kCombos) {
     RunSetup setup;

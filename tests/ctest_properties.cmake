@@ -47,7 +47,7 @@ set(MIXTRAIN_TEST_TABLE
   "tools_optim_replay_distributed_test       4          120      slow"    # 10.6
   "tools_optimizer_report_test               2          120"     #          9.6 (on a busy machine)
   "tools_swap_optimizer_test                 2          300      slow"    # 25.0
-  "tools_train_command_test                  2          150      slow"    # 13.8
+  "tools_train_command_test                  2          150      slow"    # 13.8 (+5: muon telemetry run)
   "tools_readme_walkthrough_test             2          150      slow"    # 13.8
   "python_adamw_oracle                       1          300      slow"    # 31 (alone)
   "python_muon_oracle                        1          210      slow"    # 11-21 (alone)

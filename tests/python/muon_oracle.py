@@ -40,6 +40,7 @@ muon_ns_dtype. Checks:
      paper's Algorithm 1 triples before safety, with the safety applied here as the paper's code
      does, and the 5-step set as modded-nanogpt ships it) and the input norm times (1 + safety):
      BITWISE, so the replay runs exactly the published schedule step by step.
+  6. muon_per_head: optim-replay against a per-head Muon written in torch (check_per_head).
 """
 
 import inspect
@@ -303,7 +304,84 @@ def main():
             print(f"{case}: ns bfloat16 = stock torch.optim.Muon and ns float32 = torch's "
                   "formula in float32 with ||X|| + eps: compared bitwise")
     check_schedules(args, check, params, grads, main_param)
+    check_per_head(args, check)
     check.finish()
+
+
+def check_per_head(args, check):
+    """muon_per_head through optim-replay against a per-head Muon written here in torch: the
+    model section's head_dim 8 cuts q/k/v ([H*8, 24]) into H blocks of 8 rows and o ([24, 32])
+    into 4 blocks of 8 columns; each block's u (our default `sum` momentum with Nesterov) is
+    orthogonalized alone (asym5, float32, X / (||X|| + eps) on the short side, as our float32
+    path) and scaled by 0.2 * sqrt(max of the block's dims); the whole 24 x 24 `mlp` matrix is
+    not split. Float32 params, no main params. Tolerance per step and element: 1e-4 * lr*scale,
+    from float32 rounding of the two runs' GEMMs (batched fused vs per-matrix, different
+    summation orders: ~1e-6 relative in O, amplified at most ~10x by 5 Newton-Schulz steps, and
+    the rest margin; measured <= 6e-8 against 5.9e-6 allowed); the split itself moves p by
+    orders of magnitude more (~1e-2, checked to be > 100x the tolerance)."""
+    import torch
+
+    asym5 = [(4.0848, -6.8946, 2.9270), (3.9505, -6.3029, 2.6377), (3.7418, -5.5913, 2.3037),
+             (2.8769, -3.1427, 1.2046), (2.8366, -3.0525, 1.2012)]
+    head_dim, steps = 8, 3
+    shapes = {"model.layers.0.self_attn.q_proj.weight": ((32, 24), 0),
+              "model.layers.0.self_attn.k_proj.weight": ((16, 24), 0),
+              "model.layers.0.self_attn.o_proj.weight": ((24, 32), 1),
+              "model.layers.0.mlp.up_proj.weight": ((24, 24), None)}
+    gen = torch.Generator().manual_seed(20261202)
+    params = {n: torch.randn(s, generator=gen) * 0.1 for n, (s, _) in shapes.items()}
+    grads = {f"step.{k}.{n}": torch.randn(s, generator=gen) * 0.01
+             for k in range(1, steps + 1) for n, (s, _) in shapes.items()}
+
+    def ns(g):
+        x = g.T.contiguous() if g.size(0) > g.size(1) else g
+        x = x / (x.norm() + EPS)
+        for a, b, c in asym5:
+            gram = x @ x.T
+            x = a * x + (b * gram + c * gram @ gram) @ x
+        return x.T if g.size(0) > g.size(1) else x
+
+    def torch_per_head(split):
+        out = {}
+        for name, (shape, dim) in shapes.items():
+            p, buf = params[name].clone(), torch.zeros(shape)
+            for k in range(1, steps + 1):
+                g = grads[f"step.{k}.{name}"]
+                buf = MU * buf + g
+                u = g + MU * buf
+                blocks = u.split(head_dim, dim) if split and dim is not None else (u,)
+                o = torch.cat([ns(b.contiguous()) for b in blocks], dim or 0)
+                rows, cols = blocks[0].shape
+                p = p * (1 - LR * WD) - LR * 0.2 * math.sqrt(max(rows, cols)) * o
+            out[name] = (p, 0.2 * math.sqrt(max(rows, cols)))
+        return out
+
+    yaml = f"""optimizer:
+  _target_: Muon
+  muon_config:
+    muon_lr: {LR}
+    muon_weight_decay: {WD}
+    muon_momentum: {MU}
+    muon_ns_dtype: float32
+    muon_per_head: true
+model:
+  head_dim: {head_dim}
+train:
+  max_grad_norm: 0.0
+"""
+    with util.temp_dir() as directory:
+        ours = util.optim_replay(args.mixtrain, directory, yaml, params, grads)
+    expected, whole = torch_per_head(True), torch_per_head(False)
+    for name, (p, scale) in expected.items():
+        tolerance = steps * 1e-4 * LR * scale
+        diff = float((ours["model." + name] - p).abs().max())
+        split_moves = float((whole[name][0] - p).abs().max())
+        print(f"per head {name}: max |ours - torch| {diff:.2e} (allowed {tolerance:.2e}); "
+              f"per head vs whole matrix {split_moves:.2e}")
+        check.expect(diff <= tolerance, f"per head {name}: {diff:.2e} > {tolerance:.2e}")
+        if shapes[name][1] is not None:
+            check.expect(split_moves > 100 * tolerance,
+                         f"per head {name}: the split moves p by only {split_moves:.2e}")
 
 
 if __name__ == "__main__":

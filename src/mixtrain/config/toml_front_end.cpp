@@ -23,6 +23,8 @@ const std::vector<std::pair<std::string, std::string>>& renamed_keys() {
         {"optimizer.muon_ns_steps", "optimizer.muon_config.muon_ns_steps"},
         {"optimizer.muon_adjust_lr_fn", "optimizer.muon_config.muon_adjust_lr_fn"},
         {"optimizer.muon_communication_dtype", "optimizer.muon_config.muon_communication_dtype"},
+        {"optimizer.muon_per_head", "optimizer.muon_config.muon_per_head"},  // mixtrain keys
+        {"optimizer.muon_telemetry", "optimizer.muon_telemetry"},
         {"optimizer.muon_ns_dtype", "optimizer.muon_config.muon_ns_dtype"},  // a mixtrain key
         {"optimizer.swap_optimizer", "optimizer.swap_optimizer"},
         {"optimizer.swap_merge_buckets", "optimizer.swap_merge_buckets"},

@@ -144,6 +144,8 @@ struct MuonConfig {
   std::string momentum_style = "sum";            // sum | ema | ema_add
   // Wire dtype of distributed Muon's all_to_all / all_gather: bfloat16 | float32.
   std::string communication_dtype = "bfloat16";
+  // Newton–Schulz per attention head of q/k/v/o (blocks of model.head_dim), not per matrix.
+  bool per_head = false;
   std::vector<std::string> adamw_keywords;  // extra names routed to AdamW
 };
 
@@ -163,6 +165,8 @@ struct OptimizerConfig {
   MuonConfig muon;
   SgdConfig sgd;
   std::string routing = "yaml";  // yaml | toml: which dialect's Muon routing rule applies
+  // Muon's orthogonality error and update RMS per group on log steps (optim/muon_telemetry.h).
+  bool muon_telemetry = false;
   bool swap_optimizer = false;
   int64_t swap_merge_buckets = 1;
   std::string swap_dir;         // where the per-rank swap files go; empty: <run-dir>/swap

@@ -298,6 +298,13 @@ void check_optimizer(const Checker& check, const OptimizerConfig& o) {
                {"sum", "ema", "ema_add"});
   check.one_of("optimizer.muon_config.muon_communication_dtype", m.communication_dtype,
                {"bfloat16", "float32"});
+  // Asked-for telemetry that cannot exist would be the silent failure it is meant to catch.
+  if (o.muon_telemetry && o.target != "Muon") {
+    check.fail("optimizer.muon_telemetry",
+               "needs optimizer._target_ Muon (it watches Muon's Newton-Schulz; the "
+               "target is " +
+                   o.target + ")");
+  }
   for (const std::string& keyword : m.adamw_keywords) {
     if (keyword.empty()) {
       check.fail("optimizer.muon_config.muon_adamw_keywords", "must not contain empty names");
@@ -370,6 +377,10 @@ std::vector<std::string> config_warnings(const TrainerConfig& config) {
         " steps and (2.0, -1.5, 0.5) only after them, so all " + steps +
         " steps are legacy; set muon_ns_steps > " + std::to_string(kHybridLegacySteps) +
         " for the hybrid tail");
+  }
+  if (config.optimizer.target != "Muon" && muon.per_head) {
+    warnings.push_back("optimizer.muon_config.muon_per_head has no effect: optimizer._target_ is " +
+                       config.optimizer.target + ", not Muon");
   }
   return warnings;
 }

@@ -233,12 +233,18 @@ void Muon::step_distributed() {
     for (size_t i = 0; i < params.size(); ++i) {
       const MuonSharding& sharding = sharding_[g][i];
       if (muon_steps_locally(sharding, params[i].dim())) continue;  // step_experts
+      // Every rank refuses a head split that does not fit the whole matrix, before any
+      // collective (an owner throwing alone would leave the others waiting).
+      muon_matrix_shape(sharding.whole_shape(sharding.kind == MuonSharding::Kind::kFsdp
+                                                 ? sharding.full_shape
+                                                 : params[i].sizes().vec()),
+                        head_split_[g][i], describe(sharding));
       auto it = std::find_if(paths.begin(), paths.end(), [&](const Path& path) {
         return path.comm == sharding.group.get() && path.kind == sharding.kind;
       });
       if (it == paths.end())
         it = paths.insert(paths.end(), {sharding.group.get(), sharding.kind, {}});
-      it->params.push_back({g, params[i], &sharding});
+      it->params.push_back({g, params[i], &sharding, &head_split_[g][i]});
     }
   }
   for (const auto& path : paths) {
@@ -283,12 +289,13 @@ at::Tensor tp_slice(const MuonSharding& sharding, const at::Tensor& whole) {
   return whole.narrow(sharding.tp_dim, sharding.tp_group->rank() * n, n).contiguous();
 }
 
-// The update scale of a matrix whose tp slice is `slice_shape`: from the whole matrix's shape.
-double whole_scale(const MuonSharding& sharding, const std::vector<int64_t>& slice_shape,
-                   const MuonOptions& options) {
-  const auto whole = sharding.whole_shape(slice_shape);
-  return muon_update_scale(whole[whole.size() - 2], whole[whole.size() - 1], options.adjust_lr_fn(),
-                           options.matched_adamw_rms());
+// The update scale of a matrix whose tp slice is `slice_shape`: from the whole matrix's shape,
+// or its heads' under a head split.
+double whole_scale(const MuonSharding& sharding, const MuonHeadSplit& split,
+                   const std::vector<int64_t>& slice_shape, const MuonOptions& options) {
+  const auto [rows, cols] =
+      muon_matrix_shape(sharding.whole_shape(slice_shape), split, describe(sharding));
+  return muon_update_scale(rows, cols, options.adjust_lr_fn(), options.matched_adamw_rms());
 }
 
 at::Tensor concat_flat(const std::vector<at::Tensor>& pieces, c10::ScalarType dtype,
@@ -354,13 +361,8 @@ void Muon::step_fsdp(Collectives& comm, const std::vector<DistributedParam>& all
     if (owned) {
       const MuonSharding& sharding = *owned->sharding;
       const MuonOptions& options = group_options(owned->group);
-      const auto schedule = newton_schulz_schedule(options.ns_variant(), options.ns_steps(),
-                                                   options.ns_coefficients());
       const at::Tensor whole_u = gather_tp(sharding, full_u.view(sharding.full_shape));
-      back = tp_slice(
-                 sharding,
-                 newton_schulz(whole_u, schedule, options.ns_epsilon(), options.ns_dtype(),
-                               newton_schulz_norm_scale(options.ns_variant(), options.ns_steps())))
+      back = tp_slice(sharding, orthogonalize(owned->group, options, *owned->head_split, whole_u))
                  .reshape({-1})
                  .to(wire);
     }
@@ -376,7 +378,8 @@ void Muon::step_fsdp(Collectives& comm, const std::vector<DistributedParam>& all
       const at::Tensor o =
           updates.narrow(0, offset, send_counts[slot]).view(d.param.sizes()).to(options.ns_dtype());
       offset += send_counts[slot];
-      apply_update(d.param, o, options, whole_scale(*d.sharding, d.sharding->full_shape, options));
+      apply_update(d.param, o, options,
+                   whole_scale(*d.sharding, *d.head_split, d.sharding->full_shape, options));
     }
   }
 }
@@ -412,15 +415,11 @@ void Muon::step_ddp(Collectives& comm, const std::vector<DistributedParam>& all_
       const MuonOptions& options = group_options(d.group);
       at::Tensor u = momentum_direction(d.param, d.param.grad(), options, options.ns_dtype());
       if (static_cast<int>(slot) != rank) continue;
-      const auto schedule = newton_schulz_schedule(options.ns_variant(), options.ns_steps(),
-                                                   options.ns_coefficients());
       // A tp slice: the owner and its tp peers (same slot) gather u in the wire dtype, as
       // step_fsdp's u travels, and orthogonalize the whole matrix.
       if (d.sharding->tp_split()) u = gather_tp(*d.sharding, u.to(wire));
-      const double norm_scale = newton_schulz_norm_scale(options.ns_variant(), options.ns_steps());
-      const at::Tensor o = tp_slice(*d.sharding, newton_schulz(u, schedule, options.ns_epsilon(),
-                                                               options.ns_dtype(), norm_scale))
-                               .reshape({-1});
+      const at::Tensor o =
+          tp_slice(*d.sharding, orthogonalize(d.group, options, *d.head_split, u)).reshape({-1});
       mine.narrow(0, 0, o.numel()).copy_(o);
     }
     // Ranks without a slot (last bucket) send their zeros: all_gather needs equal shapes.
@@ -432,7 +431,8 @@ void Muon::step_ddp(Collectives& comm, const std::vector<DistributedParam>& all_
       const at::Tensor o = gathered.narrow(0, static_cast<int64_t>(slot) * padded, d.param.numel())
                                .view(d.param.sizes())
                                .to(options.ns_dtype());
-      apply_update(d.param, o, options, whole_scale(*d.sharding, d.param.sizes().vec(), options));
+      apply_update(d.param, o, options,
+                   whole_scale(*d.sharding, *d.head_split, d.param.sizes().vec(), options));
     }
   }
 }

@@ -28,6 +28,11 @@
 // (one data-parallel rank) takes step_ddp over a one-rank group. Expert (3-D) tensors are never
 // tp-split (set_sharding refuses it).
 //
+// Per-head (Muon::set_head_split, muon_heads.h): the split applies to the whole matrix, so the
+// owner cuts the matrix it assembled (after the tp gather) into heads for Newton–Schulz, and
+// every rank scales by a head's shape. A tp slice of q/k/v/o holds whole heads, but gathering
+// the whole matrix keeps one code path.
+//
 // Wire dtype: u and O travel in bfloat16 when every param of the bucket has ns_dtype
 // bfloat16 (Newton–Schulz starts by casting u to bfloat16 and O is bfloat16, so this is
 // exact and the cheapest), else in communication_dtype (the widest of the bucket's groups):

@@ -47,6 +47,13 @@ std::string metrics_json_line(const StepMetrics& m) {
     j["step_s"] = finite_or_null(t.step_s);
     if (t.peak_device_bytes > 0) j["peak_device_bytes"] = t.peak_device_bytes;
   }
+  for (const MuonGroupTelemetry& t : m.muon) {
+    const std::string g = "muon_g" + std::to_string(t.group) + "_";
+    j[g + "ortho_error_mean"] = finite_or_null(t.ortho_error_mean);
+    j[g + "ortho_error_max"] = finite_or_null(t.ortho_error_max);
+    j[g + "ortho_sampled"] = t.sampled;
+    j[g + "update_rms"] = finite_or_null(t.update_rms);
+  }
   return j.dump();
 }
 

@@ -2,7 +2,10 @@
 //
 // One JSON object per step, keys in this order: step, loss, grad_norm, lr, tokens_per_s,
 // elapsed_s, aux_loss, loss_scale, skipped_steps; with a profile (train.profile) also
-// forward_s, backward_s, reduce_s, clip_s, optimizer_s, checkpoint_s, step_s (step_profile.h).
+// forward_s, backward_s, reduce_s, clip_s, optimizer_s, checkpoint_s, step_s (step_profile.h);
+// on a log step with optimizer.muon_telemetry, per Muon group g: muon_g<g>_ortho_error_mean,
+// muon_g<g>_ortho_error_max, muon_g<g>_ortho_sampled, muon_g<g>_update_rms
+// (optim/muon_telemetry.h).
 // An evaluation (train.eval_every) adds its own row after its step's row: step, eval_loss,
 // eval_ppl, eval_tokens (trainer/evaluator.h); readers tell the two kinds apart by the keys.
 // A non-finite value (a NaN loss, an infinite grad norm) is written as null so every line
@@ -18,8 +21,10 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "mixtrain/core/posix_file.h"
+#include "mixtrain/optim/muon_telemetry.h"
 #include "mixtrain/trainer/step_profile.h"
 
 namespace mixtrain {
@@ -35,6 +40,7 @@ struct StepMetrics {
   double loss_scale = 1.0;    // float16 dynamic loss scale after this step (1 otherwise)
   int64_t skipped_steps = 0;  // steps skipped so far for inf/nan gradients (float16)
   std::optional<StepTimes> profile = std::nullopt;  // train.profile: this step's split
+  std::vector<MuonGroupTelemetry> muon;             // muon_telemetry on a log step
 };
 
 struct EvalMetrics {

@@ -383,12 +383,23 @@ StepResult Trainer::compute_gradients() {
   return result;
 }
 
+bool is_log_step(int64_t step, int64_t log_every, int64_t steps) {
+  return step == steps || (log_every > 0 && step % log_every == 0);
+}
+
 void Trainer::apply_update() {
+  const TrainConfig& train = resolved_.config.train;
+  const bool telemetry = resolved_.config.optimizer.muon_telemetry &&
+                         is_log_step(pending_.step, train.log_every, train.steps);
+  muon_telemetry_.clear();
+  if (telemetry) arm_muon_telemetry(optimizer_->chained());
   {
     PhaseTimer step(recorder_, Phase::kOptimizer);
     optimizer_->step_with_ready_grads();
     optimizer_->zero_grad();
   }
+  // Outside the optimizer phase: the profile times the step, not its telemetry.
+  if (telemetry) muon_telemetry_ = muon_step_telemetry(optimizer_->chained(), mesh_.world.get());
   if (resolved_.config.train.profile && !mesh_.device.is_cpu()) {
     // Since compute_gradients reset it; index 0 is StatType::AGGREGATE (every pool).
     recorder_.times().peak_device_bytes =
@@ -514,6 +525,7 @@ TrainSummary run_training(const ResolvedConfig& resolved, const TrainOptions& op
     row.lr = result.lr;
     row.loss_scale = trainer.optimizer().loss_scale();
     row.skipped_steps = trainer.optimizer().skipped_steps();
+    row.muon = trainer.muon_telemetry();
     const auto now = Stopwatch::Clock::now();
     row.tokens_per_s = tokens_per_step / training.seconds(now);
     row.elapsed_s = run.seconds(now);
@@ -531,6 +543,9 @@ TrainSummary run_training(const ResolvedConfig& resolved, const TrainOptions& op
       }
       metrics->write(row);
       progress->update(step, row.loss, row.tokens_per_s, row.elapsed_s);
+      if (!row.muon.empty()) {
+        log_info("step " + std::to_string(step) + ": " + format_muon_telemetry(row.muon));
+      }
       if (config.train.profile) {
         profile.add(step, times, tokens_per_step);
         if (step % config.train.log_every == 0 || step == config.train.steps) {

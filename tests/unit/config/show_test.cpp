@@ -97,5 +97,18 @@ TEST(ShowTest, NotesSayWhichNewtonSchulzTriplesRun) {
   EXPECT_EQ(plain.find("note:"), std::string::npos);
 }
 
+TEST(ShowTest, NoteSaysWhichMatricesMuonPerHeadSplits) {
+  TempDir dir;
+  const std::string yaml =
+      "optimizer:\n  _target_: Muon\n  muon_config:\n    muon_per_head: true\nmodel:\n"
+      "  head_dim: 32\n";
+  const std::string text = format_config_show(load_config(dir.write("h.yaml", yaml), {}));
+  EXPECT_EQ(row_of(text, "optimizer.muon_config.muon_per_head")[1], "true");
+  EXPECT_EQ(lines_of(text).back(),
+            "note: optimizer.muon_config.muon_per_head runs Newton-Schulz on blocks of 32 rows of "
+            "*self_attn.{q,k,v}_proj.weight and of 32 columns of *self_attn.o_proj.weight "
+            "(model.head_dim), each scaled by its block's shape");
+}
+
 }  // namespace
 }  // namespace mixtrain

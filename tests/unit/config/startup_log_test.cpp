@@ -94,6 +94,11 @@ TEST(StartupLogTest, EffectiveMuonDefaultConfiguredFinal) {
             (std::vector<std::string>{"muon_ns_variant", "asym5", "asym5", "(file)", "asym5"}));
   EXPECT_EQ(cells_of_row(block, "muon_matched_adamw_rms"),
             (std::vector<std::string>{"muon_matched_adamw_rms", "0.2", "-", "0.2"}));
+  // optimizer.muon_telemetry lives beside muon_config but belongs to this block.
+  EXPECT_EQ(cells_of_row(block, "muon_per_head"),
+            (std::vector<std::string>{"muon_per_head", "false", "-", "false"}));
+  EXPECT_EQ(cells_of_row(block, "muon_telemetry"),
+            (std::vector<std::string>{"muon_telemetry", "false", "-", "false"}));
 }
 
 TEST(StartupLogTest, EffectiveMuonShowsTomlDerivations) {

@@ -113,6 +113,16 @@ TEST(TomlFrontEndTest, MuonCommunicationDtype) {
             ValueSource::kFile);
 }
 
+TEST(TomlFrontEndTest, MuonPerHeadAndTelemetry) {
+  EXPECT_FALSE(translate_text("").config.optimizer.muon.per_head);
+  EXPECT_FALSE(translate_text("").config.optimizer.muon_telemetry);
+  const Translated t = translate_text("[optimizer]\nmuon_per_head = true\nmuon_telemetry = true\n");
+  EXPECT_TRUE(t.config.optimizer.muon.per_head);
+  EXPECT_TRUE(t.config.optimizer.muon_telemetry);
+  EXPECT_EQ(t.provenance.source("optimizer.muon_config.muon_per_head"), ValueSource::kFile);
+  EXPECT_EQ(t.provenance.source("optimizer.muon_telemetry"), ValueSource::kFile);
+}
+
 TEST(TomlFrontEndTest, MuonNsDtype) {
   EXPECT_EQ(translate_text("").config.optimizer.muon.ns_dtype, "bfloat16");
   const Translated t = translate_text("[optimizer]\nmuon_ns_dtype = \"float32\"\n");

@@ -508,6 +508,34 @@ TEST(ValidateTest, HybridWithEightStepsOrFewerWarns) {
   EXPECT_TRUE(config_warnings(adamw).empty());
 }
 
+// Telemetry asked for without Muon would silently show nothing: refused. muon_per_head without
+// Muon changes nothing: one warning.
+TEST(ValidateTest, MuonTelemetryNeedsMuonAndPerHeadWithoutMuonWarns) {
+  EXPECT_EQ(yaml_error("optimizer:\n  _target_: AdamW\n  muon_telemetry: true\n"),
+            "optimizer.muon_telemetry: needs optimizer._target_ Muon (it watches Muon's "
+            "Newton-Schulz; the target is AdamW)");
+  EXPECT_EQ(toml_error("[optimizer]\nname = \"AdamW\"\nmuon_telemetry = true\n"),
+            "optimizer.muon_telemetry: needs optimizer._target_ Muon (it watches Muon's "
+            "Newton-Schulz; the target is AdamW)");
+  TempDir dir;
+  const auto muon =
+      load_config(dir.write("m.yaml",
+                            "optimizer:\n  _target_: Muon\n  muon_telemetry: true\n  muon_config:\n"
+                            "    muon_per_head: true\n"),
+                  {});
+  EXPECT_TRUE(muon.config.optimizer.muon_telemetry);
+  EXPECT_TRUE(muon.config.optimizer.muon.per_head);
+  EXPECT_TRUE(config_warnings(muon.config).empty());
+  TrainerConfig adamw = muon.config;
+  adamw.optimizer.target = "AdamW";
+  adamw.optimizer.muon_telemetry = false;
+  const std::vector<std::string> warnings = config_warnings(adamw);
+  ASSERT_EQ(warnings.size(), 1u);
+  EXPECT_EQ(warnings[0],
+            "optimizer.muon_config.muon_per_head has no effect: optimizer._target_ is AdamW, not "
+            "Muon");
+}
+
 // Checks that lived in the layers below config/ (LrSchedule, SyntheticDataset, DeviceMesh,
 // the models, the trainer) until issue 14.3: here they name the key as the user wrote it.
 TEST(ValidateTest, ChecksMovedFromTheBuildersSpeakTheUsersDialect) {

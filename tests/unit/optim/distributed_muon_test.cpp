@@ -38,6 +38,7 @@
 #include "mixtrain/optim/chained_optimizer.h"
 #include "mixtrain/optim/mixed_precision_optimizer.h"
 #include "mixtrain/optim/muon.h"
+#include "mixtrain/optim/muon_telemetry.h"
 
 namespace mixtrain {
 namespace {
@@ -287,7 +288,14 @@ const std::vector<NamedShape> kShapes = {
 struct RunSetup {
   MuonOptions options;
   bool two_groups = false;  // second half of the params in a group with its own lr and wd
+  std::vector<MuonHeadSplit> head_splits;  // per shape (muon_per_head); empty: none
 };
+
+void set_head_splits(Muon& muon, const std::vector<at::Tensor>& params, const RunSetup& setup) {
+  for (size_t i = 0; i < setup.head_splits.size(); ++i) {
+    muon.set_head_split(params[i], setup.head_splits[i]);
+  }
+}
 
 // Single-process Muon on the full params for `steps` steps; returns the final params.
 std::vector<at::Tensor> reference_run(const std::vector<NamedShape>& shapes, const RunSetup& setup,
@@ -308,6 +316,7 @@ std::vector<at::Tensor> reference_run(const std::vector<NamedShape>& shapes, con
     groups.emplace_back(params);
   }
   Muon muon(std::move(groups), setup.options);
+  set_head_splits(muon, params, setup);
   for (int step = 1; step <= steps; ++step) {
     for (size_t i = 0; i < params.size(); ++i) {
       params[i].mutable_grad() = random_normal(shapes[i].shape, 1000 * step + i);
@@ -343,6 +352,7 @@ std::vector<std::vector<at::Tensor>> distributed_run(const std::vector<NamedShap
       groups.emplace_back(params);
     }
     Muon muon(std::move(groups), setup.options);
+    set_head_splits(muon, params, setup);  // before the sharding, as build_optimizer does
     for (size_t i = 0; i < shapes.size(); ++i) {
       muon.set_sharding(params[i], {kind, shapes[i].shape, group[rank], shapes[i].name});
     }
@@ -505,6 +515,99 @@ TEST(DistributedMuonFsdpTest, Bfloat16ParamsWithoutMainParamsWithinOneUlpPerStep
     if (kShapes[i].shape[0] % 4 == 0 && (kShapes[i].shape[0] / 4 * kShapes[i].shape[1]) % 32 == 0) {
       EXPECT_TRUE(bitwise_equal(full, expected[i])) << kShapes[i].name;
     }
+  }
+}
+
+// muon_per_head: q (3 heads of 24 rows), k (2, GQA) and o (3 heads of 24 columns), and a
+// whole matrix. The owner splits the matrix it assembled; the reference batches the heads of
+// every same-shape param into one call. float32 Newton–Schulz over a float32 wire is exact,
+// so bitwise for every n (heads are 24 x 40: larger than 16 x 16, so bfloat16 is batch-
+// invariant too and travels exactly).
+const std::vector<NamedShape> kHeadShapes = {{"layers.0.self_attn.q_proj.weight", {72, 40}},
+                                             {"layers.0.self_attn.k_proj.weight", {48, 40}},
+                                             {"layers.0.self_attn.o_proj.weight", {40, 72}},
+                                             {"layers.0.up", {37, 29}}};
+const std::vector<MuonHeadSplit> kHeadSplits = {{0, 24}, {0, 24}, {1, 24}, {}};
+
+TEST(DistributedMuonPerHeadTest, FsdpAndDdpEqualOneProcessBitwise) {
+  for (const auto ns_dtype : {at::kFloat, at::kBFloat16}) {
+    RunSetup setup;
+    setup.options = MuonOptions()
+                        .lr(0.02)
+                        .weight_decay(0.1)
+                        .ns_dtype(ns_dtype)
+                        .communication_dtype(at::kFloat)
+                        .adjust_lr_fn(AdjustLrFn::kOriginal);  // o's heads: sqrt(40/24)
+    setup.head_splits = kHeadSplits;
+    const auto expected = reference_run(kHeadShapes, setup, 2, at::kFloat);
+    RunSetup whole = setup;
+    whole.head_splits.clear();
+    const auto whole_expected = reference_run(kHeadShapes, whole, 2, at::kFloat);
+    EXPECT_GT(max_abs_diff(expected[0], whole_expected[0]), 1e-4);  // the split matters
+    for (const auto kind : {MuonSharding::Kind::kFsdp, MuonSharding::Kind::kReplicated}) {
+      for (int n = 2; n <= 3; ++n) {
+        const auto got = distributed_run(kHeadShapes, setup, 2, n, kind, at::kFloat, nullptr);
+        for (size_t i = 0; i < kHeadShapes.size(); ++i) {
+          const at::Tensor full =
+              kind == MuonSharding::Kind::kFsdp ? gather_rows(got, i) : got[n - 1][i];
+          EXPECT_TRUE(bitwise_equal(full, expected[i]))
+              << muon_sharding_kind_name(kind) << " n=" << n << " " << c10::toString(ns_dtype)
+              << " " << kHeadShapes[i].name << ": max diff " << max_abs_diff(full, expected[i]);
+        }
+      }
+    }
+  }
+}
+
+// Tensor parallel, two thread ranks: q and k column-parallel (tp_dim 0, each slice 2 heads resp.
+// 1 head of 24 rows), o row-parallel (tp_dim 1, 2 heads of 24 columns each), held whole per
+// data rank (kReplicated over a one-rank group, as muon_sharding_of maps kWhole with a tp
+// split). Whoever orthogonalizes gathers the whole matrix, splits it into heads and keeps its
+// slice: bitwise the one-process per-head step (float32 Newton–Schulz, float32 tp gather).
+TEST(DistributedMuonPerHeadTest, TensorParallelSlicesEqualOneProcessBitwise) {
+  const std::vector<NamedShape> shapes = {{"q", {96, 40}}, {"k", {48, 40}}, {"o", {40, 96}}};
+  const std::vector<int64_t> tp_dims = {0, 0, 1};
+  RunSetup setup;
+  setup.options = MuonOptions()
+                      .lr(0.02)
+                      .weight_decay(0.1)
+                      .ns_dtype(at::kFloat)
+                      .communication_dtype(at::kFloat)
+                      .adjust_lr_fn(AdjustLrFn::kOriginal);
+  setup.head_splits = {{0, 24}, {0, 24}, {1, 24}};
+  const auto expected = reference_run(shapes, setup, 2, at::kFloat);
+  const int n = 2;
+  auto tp = make_thread_group(n);
+  std::vector<std::vector<at::Tensor>> got(n);
+  run_ranks(n, [&](int rank) {
+    auto slice = [&](const at::Tensor& full, size_t i) {
+      return full.chunk(n, tp_dims[i])[rank].contiguous();
+    };
+    std::vector<at::Tensor> params;
+    for (size_t i = 0; i < shapes.size(); ++i) {
+      params.push_back(slice(random_normal(shapes[i].shape, 100 + i), i));
+    }
+    Muon muon(params, setup.options);
+    set_head_splits(muon, params, setup);
+    for (size_t i = 0; i < shapes.size(); ++i) {
+      MuonSharding sharding{
+          MuonSharding::Kind::kReplicated, {}, make_local_collectives("one"), shapes[i].name};
+      sharding.tp_dim = tp_dims[i];
+      sharding.tp_group = tp[rank];
+      muon.set_sharding(params[i], sharding);
+    }
+    for (int step = 1; step <= 2; ++step) {
+      for (size_t i = 0; i < shapes.size(); ++i) {
+        params[i].mutable_grad() = slice(random_normal(shapes[i].shape, 1000 * step + i), i);
+      }
+      muon.step();
+    }
+    got[rank] = params;
+  });
+  for (size_t i = 0; i < shapes.size(); ++i) {
+    const at::Tensor whole = at::cat({got[0][i], got[1][i]}, tp_dims[i]);
+    EXPECT_TRUE(bitwise_equal(whole, expected[i]))
+        << shapes[i].name << ": max diff " << max_abs_diff(whole, expected[i]);
   }
 }
 
@@ -715,6 +818,122 @@ TEST(DistributedMuonTest, MixedPrecisionStackWithSetMuonShardingEqualsOneProcess
         << shapes[i].name << ": max diff "
         << max_abs_diff(gather_rows(main, i), ref.main_param(shapes[i].name));
     EXPECT_TRUE(bitwise_equal(gather_rows(model, i), full[i].second)) << shapes[i].name;
+  }
+}
+
+// The trainer's path with muon_per_head (build_optimizer splits q/k/v/o by name, heads of
+// model.head_dim 8) and telemetry on step 2 over every matrix (sample 1000): two FSDP ranks
+// with float32 Newton–Schulz and wire equal one process bitwise, and the telemetry agrees:
+//   sampled: every matrix once on either side (4 + 3 + 3 + 4 heads, the gate, 2 x 4 experts);
+//   error mean and max: the same O per matrix, errors computed in float32 batches of other
+//     sizes and summed in another order: 1e-6 relative;
+//   update RMS: against the RMS of the main params' change on the one process, written out
+//     (p_before * (1 - lr*wd) - p_after over every Muon param, float64): float32 rounding of
+//     p ~ 1 (6e-8) against update elements ~ 1e-3: 1e-4 relative; 2 ranks vs 1: float32 piece
+//     sums added in another order, 1e-6 relative.
+TEST(DistributedMuonTest, PerHeadStackAndTelemetryOnTwoRanksEqualOneProcess) {
+  const std::vector<NamedShape> shapes = {
+      {"model.embed_tokens.weight", {40, 32}},
+      {"model.layers.0.self_attn.q_proj.weight", {32, 32}},
+      {"model.layers.0.self_attn.k_proj.weight", {24, 32}},
+      {"model.layers.0.self_attn.v_proj.weight", {24, 32}},
+      {"model.layers.0.self_attn.o_proj.weight", {32, 32}},
+      {"model.layers.0.mlp.gate.weight", {4, 32}},
+      {"model.layers.0.mlp.experts.up_proj", {4, 20, 32}},
+      {"model.layers.0.mlp.experts.down_proj", {4, 32, 20}},
+      {"lm_head.weight", {40, 32}},
+  };
+  const std::vector<bool> is_muon = {false, true, true, true, true, true, true, true, false};
+  TrainerConfig config;
+  config.optimizer.target = "Muon";
+  config.optimizer.fp32_main_params = true;
+  config.mix_precision.reduce_dtype = "float32";
+  config.optimizer.muon.lr = 0.02;
+  config.optimizer.muon.weight_decay = 0.1;
+  config.optimizer.muon.ns_dtype = "float32";
+  config.optimizer.muon.communication_dtype = "float32";
+  config.optimizer.muon.per_head = true;
+  config.model.head_dim = 8;
+  const int64_t all_matrices = 4 + 3 + 3 + 4 + 1 + 4 + 4;
+  auto init = [&](size_t i) { return random_normal(shapes[i].shape, 9 + i).to(at::kBFloat16); };
+  auto trainable = [](at::Tensor t) { return t.requires_grad_(true); };
+  auto grad = [&](size_t i, int step) { return random_normal(shapes[i].shape, 700 * step + i); };
+
+  std::vector<std::pair<std::string, at::Tensor>> full;
+  for (size_t i = 0; i < shapes.size(); ++i) full.emplace_back(shapes[i].name, trainable(init(i)));
+  auto reference = build_optimizer(full, config);
+  auto& ref = dynamic_cast<MixedPrecisionOptimizer&>(*reference);
+  EXPECT_EQ(dynamic_cast<Muon&>(ref.chained().leaf_of(shapes[4].name))
+                .head_split(ref.main_param(shapes[4].name))
+                .dim,
+            1);
+  std::vector<MuonGroupTelemetry> expected;
+  double change_squares = 0.0, muon_numel = 0.0;
+  for (int step = 1; step <= 2; ++step) {
+    for (size_t i = 0; i < shapes.size(); ++i) {
+      reference->main_grad(shapes[i].name).copy_(grad(i, step));
+    }
+    std::vector<at::Tensor> before;
+    for (const auto& shape : shapes) before.push_back(ref.main_param(shape.name).clone());
+    if (step == 2) arm_muon_telemetry(ref.chained(), 1000);
+    reference->step();
+    reference->zero_grad();
+    if (step < 2) continue;
+    expected = muon_step_telemetry(ref.chained(), nullptr);
+    for (size_t i = 0; i < shapes.size(); ++i) {
+      if (!is_muon[i]) continue;
+      const at::Tensor change = before[i].to(at::kDouble) * (1 - 0.02 * 0.1) -
+                                ref.main_param(shapes[i].name).to(at::kDouble);
+      change_squares += (change * change).sum().item<double>();
+      muon_numel += static_cast<double>(change.numel());
+    }
+  }
+  ASSERT_EQ(expected.size(), 1u);
+  EXPECT_EQ(expected[0].sampled, all_matrices);
+  const double change_rms = std::sqrt(change_squares / muon_numel);
+  EXPECT_NEAR(expected[0].update_rms, change_rms, 1e-4 * change_rms);
+
+  const int n = 2;
+  auto group = make_thread_group(n);
+  std::vector<std::vector<at::Tensor>> main(n);
+  std::vector<std::vector<MuonGroupTelemetry>> got(n);
+  run_ranks(n, [&](int rank) {
+    std::vector<std::pair<std::string, at::Tensor>> shard;
+    std::vector<ParamPlacement> layout;
+    for (size_t i = 0; i < shapes.size(); ++i) {
+      shard.emplace_back(shapes[i].name, trainable(dim0_chunk(init(i), rank, n)));
+      ParamPlacement placement = whole_placement(shapes[i].name, shapes[i].shape);
+      placement.kind = ParamPlacement::Kind::kDim0Shard;
+      placement.shard_group = group[rank];
+      layout.push_back(placement);
+    }
+    auto built = build_optimizer(shard, config);
+    auto& wrapper = dynamic_cast<MixedPrecisionOptimizer&>(*built);
+    wrapper.chained().set_placements(layout);
+    for (int step = 1; step <= 2; ++step) {
+      for (size_t i = 0; i < shapes.size(); ++i) {
+        built->main_grad(shapes[i].name).copy_(dim0_chunk(grad(i, step), rank, n));
+      }
+      if (step == 2) arm_muon_telemetry(wrapper.chained(), 1000);
+      built->step();
+      built->zero_grad();
+    }
+    got[rank] = muon_step_telemetry(wrapper.chained(), group[rank].get());
+    for (const auto& shape : shapes) main[rank].push_back(wrapper.main_param(shape.name));
+  });
+  for (size_t i = 0; i < shapes.size(); ++i) {
+    EXPECT_TRUE(bitwise_equal(gather_rows(main, i), ref.main_param(shapes[i].name)))
+        << shapes[i].name << ": max diff "
+        << max_abs_diff(gather_rows(main, i), ref.main_param(shapes[i].name));
+  }
+  for (int r = 0; r < n; ++r) {
+    ASSERT_EQ(got[r].size(), 1u);
+    const MuonGroupTelemetry& t = got[r][0];
+    EXPECT_EQ(t.sampled, all_matrices) << "rank " << r;
+    EXPECT_NEAR(t.ortho_error_mean, expected[0].ortho_error_mean,
+                1e-6 * expected[0].ortho_error_mean);
+    EXPECT_NEAR(t.ortho_error_max, expected[0].ortho_error_max, 1e-6 * expected[0].ortho_error_max);
+    EXPECT_NEAR(t.update_rms, expected[0].update_rms, 1e-6 * expected[0].update_rms);
   }
 }
 

@@ -8,12 +8,13 @@
 #include <c10/util/accumulate.h>
 
 #include <algorithm>
-#include <numeric>
+#include <memory>
 #include <stdexcept>
 #include <utility>
 
 #include "mixtrain/core/dtype.h"
 #include "mixtrain/optim/muon.h"
+#include "mixtrain/optim/muon_owner_plan.h"
 
 namespace mixtrain {
 namespace {
@@ -78,26 +79,6 @@ std::vector<int64_t> fsdp_chunk_rows(int64_t dim0, int ranks) {
   std::vector<int64_t> rows(ranks);
   for (int r = 0; r < ranks; ++r) rows[r] = std::clamp<int64_t>(dim0 - r * chunk, 0, chunk);
   return rows;
-}
-
-std::vector<std::vector<size_t>> muon_owner_buckets(const std::vector<MuonOwnerItem>& items,
-                                                    int ranks) {
-  if (ranks < 1) throw std::invalid_argument("muon_owner_buckets: ranks must be >= 1");
-  std::vector<size_t> order(items.size());
-  std::iota(order.begin(), order.end(), size_t{0});
-  // Similar sizes share a bucket, so owners get similar Newton–Schulz work and the DDP path
-  // pads little; stable, so equal (numel, name) keep their index order on every rank.
-  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
-    if (items[a].numel != items[b].numel) return items[a].numel < items[b].numel;
-    return items[a].name < items[b].name;
-  });
-  std::vector<std::vector<size_t>> buckets;
-  for (size_t i = 0; i < order.size(); i += static_cast<size_t>(ranks)) {
-    const size_t end = std::min(order.size(), i + static_cast<size_t>(ranks));
-    buckets.emplace_back(order.begin() + static_cast<std::ptrdiff_t>(i),
-                         order.begin() + static_cast<std::ptrdiff_t>(end));
-  }
-  return buckets;
 }
 
 c10::ScalarType parse_muon_communication_dtype(const std::string& name) {
@@ -306,6 +287,35 @@ at::Tensor concat_flat(const std::vector<at::Tensor>& pieces, c10::ScalarType dt
 
 }  // namespace
 
+namespace {
+
+// A plan item of a 2-D matrix: `numel` elements assembled by its owner, the Newton–Schulz
+// FLOPs of the whole matrix (tp slices gathered) that `slice_shape` belongs to.
+MuonOwnerItem owner_item(const MuonSharding& sharding, const MuonHeadSplit& split,
+                         const std::vector<int64_t>& slice_shape, const MuonOptions& options) {
+  const auto whole = sharding.whole_shape(slice_shape);
+  const auto [rows, cols] = muon_matrix_shape(whole, split, describe(sharding));
+  const int64_t matrices = product(whole, 0) / (rows * cols);  // heads under a split, else 1
+  return {product(slice_shape, 0), sharding.name,
+          matrices * newton_schulz_flops(rows, cols, options.ns_steps())};
+}
+
+}  // namespace
+
+at::Tensor Muon::owner_update(const DistributedParam& d, const at::Tensor& u,
+                              c10::ScalarType wire) {
+  const at::Tensor whole = gather_tp(*d.sharding, u);
+  return tp_slice(*d.sharding, orthogonalize(d.group, group_options(d.group), *d.head_split, whole))
+      .reshape({-1})
+      .to(wire);
+}
+
+// step_fsdp, per bucket of the plan (muon_owner_plan.h), on this rank:
+//   send: for each rank r, for each item r owns (bucket order): this rank's shard of u
+//   recv: for each rank j, for each item this rank owns (bucket order): rank j's rows of it
+// The update comes back on the mirrored layout. Pipelined: bucket k+1's u is in flight while
+// bucket k is orthogonalized, and bucket k-1's update while bucket k is, too; every rank starts
+// the exchanges in the same order (u0, u1, O0, u2, O1, ...).
 void Muon::step_fsdp(Collectives& comm, const std::vector<DistributedParam>& all_params) {
   const int n = comm.size();
   const int rank = comm.rank();
@@ -315,10 +325,10 @@ void Muon::step_fsdp(Collectives& comm, const std::vector<DistributedParam>& all
   for (const auto& d : all_params) {
     if (!d.param.grad().defined()) continue;
     TORCH_CHECK(!d.param.grad().is_sparse(), "Muon does not support sparse gradients");
-    const int64_t full_numel = product(d.sharding->full_shape, 0);
     params.push_back(&d);
-    items.push_back({full_numel, d.sharding->name});
-    numel += full_numel;
+    items.push_back(
+        owner_item(*d.sharding, *d.head_split, d.sharding->full_shape, group_options(d.group)));
+    numel += items.back().numel;
   }
   // Every buffer of the path lives on the params' device (the first one's: one rank, one device).
   const c10::Device device = all_params.front().param.device();
@@ -326,64 +336,118 @@ void Muon::step_fsdp(Collectives& comm, const std::vector<DistributedParam>& all
   auto options_of = [&](size_t item) -> const MuonOptions& {
     return group_options(params[item]->group);
   };
+  const std::vector<MuonOwnerBucket> plan = muon_owner_plan(items, n);
 
-  for (const auto& bucket : muon_owner_buckets(items, n)) {
-    const c10::ScalarType wire = wire_dtype(bucket, options_of);
-
-    // 1. Momentum on the shard; slot i's shard of u goes to rank i.
-    std::vector<int64_t> send_counts(n, 0);
+  // This rank's side of one bucket's exchange.
+  struct Layout {
+    c10::ScalarType wire;
+    std::vector<size_t> sent;   // items whose shard this rank sends, in send order
+    std::vector<size_t> owned;  // items this rank orthogonalizes, bucket order
+    std::vector<int64_t> send_counts, recv_counts;
+  };
+  auto layout_of = [&](const MuonOwnerBucket& bucket) {
+    Layout layout{wire_dtype(bucket.items, options_of),
+                  {},
+                  {},
+                  std::vector<int64_t>(n, 0),
+                  std::vector<int64_t>(n, 0)};
+    for (int r = 0; r < n; ++r) {
+      for (size_t j = 0; j < bucket.items.size(); ++j) {
+        if (bucket.owners[j] != r) continue;
+        const size_t item = bucket.items[j];
+        layout.sent.push_back(item);
+        layout.send_counts[r] += params[item]->param.numel();
+        if (r != rank) continue;
+        layout.owned.push_back(item);
+        const auto& full = params[item]->sharding->full_shape;
+        const auto rows = fsdp_chunk_rows(full[0], n);
+        for (int s = 0; s < n; ++s) layout.recv_counts[s] += rows[s] * product(full, 1);
+      }
+    }
+    return layout;
+  };
+  // 1. Momentum on the shards, every owner's in one buffer, and its exchange started.
+  auto start_u = [&](const Layout& layout) {
     std::vector<at::Tensor> pieces;
-    for (size_t slot = 0; slot < bucket.size(); ++slot) {
-      const DistributedParam& d = *params[bucket[slot]];
-      const MuonOptions& options = group_options(d.group);
-      const at::Tensor u = momentum_direction(d.param, d.param.grad(), options, wire);
-      pieces.push_back(u.reshape({-1}));
-      send_counts[slot] = u.numel();
+    for (size_t item : layout.sent) {
+      const DistributedParam& d = *params[item];
+      pieces.push_back(
+          momentum_direction(d.param, d.param.grad(), group_options(d.group), layout.wire)
+              .reshape({-1}));
     }
-    const at::Tensor send = concat_flat(pieces, wire, device);
-    pieces.clear();
-
-    // The owner receives every rank's chunk, in rank order: the full u, row-major.
-    const bool owner = static_cast<size_t>(rank) < bucket.size();
-    const DistributedParam* owned = owner ? params[bucket[rank]] : nullptr;
-    std::vector<int64_t> recv_counts(n, 0);
-    if (owned) {
-      const auto& full = owned->sharding->full_shape;
-      const auto rows = fsdp_chunk_rows(full[0], n);
-      const int64_t row_numel = product(full, 1);
-      for (int j = 0; j < n; ++j) recv_counts[j] = rows[j] * row_numel;
+    return comm.all_to_all_async(concat_flat(pieces, layout.wire, device), layout.send_counts,
+                                 layout.recv_counts);
+  };
+  // 2. The owner assembles each owned matrix from every rank's rows (rank order: row-major),
+  //    orthogonalizes it and sends each rank its rows of O back.
+  auto start_o = [&](const Layout& layout, const at::Tensor& received) {
+    std::vector<std::vector<at::Tensor>> rows_of(layout.owned.size());
+    std::vector<std::vector<int64_t>> chunk_rows;
+    for (size_t item : layout.owned) {
+      chunk_rows.push_back(fsdp_chunk_rows(params[item]->sharding->full_shape[0], n));
     }
-    const at::Tensor full_u = comm.all_to_all(send, send_counts, recv_counts);
-
-    // 2. The owner orthogonalizes the whole matrix (its tp slice gathered over the tp group,
-    //    whose peers own the same slot) and sends each rank its rows of its slice of O.
-    at::Tensor back = at::empty({0}, at::TensorOptions().dtype(wire).device(device));
-    if (owned) {
-      const MuonSharding& sharding = *owned->sharding;
-      const MuonOptions& options = group_options(owned->group);
-      const at::Tensor whole_u = gather_tp(sharding, full_u.view(sharding.full_shape));
-      back = tp_slice(sharding, orthogonalize(owned->group, options, *owned->head_split, whole_u))
-                 .reshape({-1})
-                 .to(wire);
-    }
-    const at::Tensor updates = comm.all_to_all(back, recv_counts, send_counts);
-
-    // 3. Every rank applies its shard of O, scaled by the full matrix's shape.
     int64_t offset = 0;
-    for (size_t slot = 0; slot < bucket.size(); ++slot) {
-      const DistributedParam& d = *params[bucket[slot]];
+    for (int s = 0; s < n; ++s) {
+      for (size_t o = 0; o < layout.owned.size(); ++o) {
+        const int64_t count =
+            chunk_rows[o][s] * product(params[layout.owned[o]]->sharding->full_shape, 1);
+        rows_of[o].push_back(received.narrow(0, offset, count));
+        offset += count;
+      }
+    }
+    std::vector<at::Tensor> updates;
+    for (size_t o = 0; o < layout.owned.size(); ++o) {
+      const DistributedParam& d = *params[layout.owned[o]];
+      const at::Tensor u = at::cat(rows_of[o]).view(d.sharding->full_shape);
+      updates.push_back(owner_update(d, u, layout.wire));
+    }
+    std::vector<at::Tensor> back;
+    for (int s = 0; s < n; ++s) {
+      for (size_t o = 0; o < layout.owned.size(); ++o) {
+        const auto& full = params[layout.owned[o]]->sharding->full_shape;
+        int64_t start = 0;
+        for (int r = 0; r < s; ++r) start += chunk_rows[o][r];
+        const int64_t row_numel = product(full, 1);
+        back.push_back(updates[o].narrow(0, start * row_numel, chunk_rows[o][s] * row_numel));
+      }
+    }
+    return comm.all_to_all_async(concat_flat(back, layout.wire, device), layout.recv_counts,
+                                 layout.send_counts);
+  };
+  // 3. Every rank applies its shard of each O, scaled by the whole matrix's shape, back in
+  //    ns_dtype (exact: O was ns_dtype or travelled wider), as the single-process update adds.
+  auto apply = [&](const Layout& layout, const at::Tensor& updates) {
+    int64_t offset = 0;
+    for (size_t item : layout.sent) {
+      const DistributedParam& d = *params[item];
       const MuonOptions& options = group_options(d.group);
-      // Back in ns_dtype (exact: O was ns_dtype or travelled wider), so the update adds as
-      // the single-process one does.
+      const int64_t count = d.param.numel();
       const at::Tensor o =
-          updates.narrow(0, offset, send_counts[slot]).view(d.param.sizes()).to(options.ns_dtype());
-      offset += send_counts[slot];
+          updates.narrow(0, offset, count).view(d.param.sizes()).to(options.ns_dtype());
+      offset += count;
       apply_update(d.param, o, options,
                    whole_scale(*d.sharding, *d.head_split, d.sharding->full_shape, options));
     }
+  };
+
+  std::vector<Layout> layouts;
+  for (const auto& bucket : plan) layouts.push_back(layout_of(bucket));
+  std::unique_ptr<CollectiveWork> u_next = layouts.empty() ? nullptr : start_u(layouts[0]);
+  std::unique_ptr<CollectiveWork> o_previous;
+  for (size_t k = 0; k < layouts.size(); ++k) {
+    std::unique_ptr<CollectiveWork> u_here = std::move(u_next);
+    if (k + 1 < layouts.size()) u_next = start_u(layouts[k + 1]);
+    std::unique_ptr<CollectiveWork> o_here = start_o(layouts[k], u_here->wait());
+    if (o_previous) apply(layouts[k - 1], o_previous->wait());
+    o_previous = std::move(o_here);
   }
+  if (o_previous) apply(layouts.back(), o_previous->wait());
 }
 
+// step_ddp, per bucket of the plan: every rank updates the replicated momentum of every item;
+// each owner orthogonalizes its items and puts their O one after another (bucket order) in its
+// block of an all_gather, padded to the fullest block. Bucket k's gather is in flight while
+// bucket k+1's momentum and Newton–Schulz run.
 void Muon::step_ddp(Collectives& comm, const std::vector<DistributedParam>& all_params) {
   const int n = comm.size();
   const int rank = comm.rank();
@@ -394,7 +458,8 @@ void Muon::step_ddp(Collectives& comm, const std::vector<DistributedParam>& all_
     if (!d.param.grad().defined()) continue;
     TORCH_CHECK(!d.param.grad().is_sparse(), "Muon does not support sparse gradients");
     params.push_back(&d);
-    items.push_back({d.param.numel(), d.sharding->name});
+    items.push_back(
+        owner_item(*d.sharding, *d.head_split, d.param.sizes().vec(), group_options(d.group)));
     numel += d.param.numel();
   }
   const c10::Device device = all_params.front().param.device();
@@ -402,39 +467,58 @@ void Muon::step_ddp(Collectives& comm, const std::vector<DistributedParam>& all_
   auto options_of = [&](size_t item) -> const MuonOptions& {
     return group_options(params[item]->group);
   };
+  const std::vector<MuonOwnerBucket> plan = muon_owner_plan(items, n);
 
-  for (const auto& bucket : muon_owner_buckets(items, n)) {
-    const c10::ScalarType wire = wire_dtype(bucket, options_of);
-    int64_t padded = 0;
-    for (size_t item : bucket) padded = std::max(padded, params[item]->param.numel());
-
-    // Every rank keeps the replicated momentum; only the slot's owner orthogonalizes.
-    at::Tensor mine = at::zeros({padded}, at::TensorOptions().dtype(wire).device(device));
-    for (size_t slot = 0; slot < bucket.size(); ++slot) {
-      const DistributedParam& d = *params[bucket[slot]];
+  auto padded_of = [&](const MuonOwnerBucket& bucket) {
+    std::vector<int64_t> block(n, 0);
+    for (size_t j = 0; j < bucket.items.size(); ++j) {
+      block[bucket.owners[j]] += params[bucket.items[j]]->param.numel();
+    }
+    return *std::max_element(block.begin(), block.end());
+  };
+  auto start = [&](const MuonOwnerBucket& bucket) {
+    const c10::ScalarType wire = wire_dtype(bucket.items, options_of);
+    // Ranks owning less (or nothing) send zeros after their O: all_gather needs equal shapes.
+    at::Tensor mine =
+        at::zeros({padded_of(bucket)}, at::TensorOptions().dtype(wire).device(device));
+    int64_t offset = 0;
+    for (size_t j = 0; j < bucket.items.size(); ++j) {
+      const DistributedParam& d = *params[bucket.items[j]];
       const MuonOptions& options = group_options(d.group);
       at::Tensor u = momentum_direction(d.param, d.param.grad(), options, options.ns_dtype());
-      if (static_cast<int>(slot) != rank) continue;
-      // A tp slice: the owner and its tp peers (same slot) gather u in the wire dtype, as
+      if (bucket.owners[j] != rank) continue;
+      // A tp slice: the owner and its tp peers (same plan) gather u in the wire dtype, as
       // step_fsdp's u travels, and orthogonalize the whole matrix.
-      if (d.sharding->tp_split()) u = gather_tp(*d.sharding, u.to(wire));
-      const at::Tensor o =
-          tp_slice(*d.sharding, orthogonalize(d.group, options, *d.head_split, u)).reshape({-1});
-      mine.narrow(0, 0, o.numel()).copy_(o);
+      if (d.sharding->tp_split()) u = u.to(wire);
+      const at::Tensor o = owner_update(d, u, wire);
+      mine.narrow(0, offset, o.numel()).copy_(o);
+      offset += o.numel();
     }
-    // Ranks without a slot (last bucket) send their zeros: all_gather needs equal shapes.
-    const at::Tensor gathered = comm.all_gather(mine);
-
-    for (size_t slot = 0; slot < bucket.size(); ++slot) {
-      const DistributedParam& d = *params[bucket[slot]];
+    return comm.all_gather_async(mine);
+  };
+  auto apply = [&](const MuonOwnerBucket& bucket, const at::Tensor& gathered) {
+    const int64_t padded = padded_of(bucket);
+    std::vector<int64_t> offset(n, 0);
+    for (int r = 0; r < n; ++r) offset[r] = r * padded;
+    for (size_t j = 0; j < bucket.items.size(); ++j) {
+      const DistributedParam& d = *params[bucket.items[j]];
       const MuonOptions& options = group_options(d.group);
-      const at::Tensor o = gathered.narrow(0, static_cast<int64_t>(slot) * padded, d.param.numel())
+      const at::Tensor o = gathered.narrow(0, offset[bucket.owners[j]], d.param.numel())
                                .view(d.param.sizes())
                                .to(options.ns_dtype());
+      offset[bucket.owners[j]] += d.param.numel();
       apply_update(d.param, o, options,
                    whole_scale(*d.sharding, *d.head_split, d.param.sizes().vec(), options));
     }
+  };
+
+  std::unique_ptr<CollectiveWork> previous;
+  for (size_t k = 0; k < plan.size(); ++k) {
+    std::unique_ptr<CollectiveWork> here = start(plan[k]);
+    if (previous) apply(plan[k - 1], previous->wait());
+    previous = std::move(here);
   }
+  if (previous) apply(plan.back(), previous->wait());
 }
 
 }  // namespace mixtrain

@@ -218,6 +218,9 @@ class Muon : public LeafOptimizer {
   void step_distributed();
   void step_fsdp(Collectives& comm, const std::vector<DistributedParam>& params);
   void step_ddp(Collectives& comm, const std::vector<DistributedParam>& params);
+  // The owner's part of both: the whole matrix (u's tp slices gathered over the tp group when
+  // split) orthogonalized (per head under a split); this rank's tp slice of O, flat, in `wire`.
+  at::Tensor owner_update(const DistributedParam& d, const at::Tensor& u, c10::ScalarType wire);
   const MuonOptions& group_options(size_t group) const;
 
   std::vector<std::vector<ShapeBatch>> batches_;         // per param group

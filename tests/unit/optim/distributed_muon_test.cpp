@@ -20,6 +20,7 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <condition_variable>
@@ -38,6 +39,7 @@
 #include "mixtrain/optim/chained_optimizer.h"
 #include "mixtrain/optim/mixed_precision_optimizer.h"
 #include "mixtrain/optim/muon.h"
+#include "mixtrain/optim/muon_owner_plan.h"
 #include "mixtrain/optim/muon_telemetry.h"
 
 namespace mixtrain {
@@ -241,18 +243,91 @@ TEST(FsdpChunkRowsTest, TorchChunkSemantics) {
   EXPECT_THROW(fsdp_chunk_rows(4, 0), std::invalid_argument);
 }
 
-TEST(MuonOwnerBucketsTest, SortedByNumelThenNameInBucketsOfRanks) {
-  const std::vector<MuonOwnerItem> items = {{300, "c"}, {100, "z"}, {200, "b"}, {100, "a"},
-                                            {50, "q"},  {200, "a"}, {100, "a"}};
-  // Order: 50q(4) 100a(3) 100a(6) 100z(1) 200a(5) 200b(2) 300c(0).
-  const auto three = muon_owner_buckets(items, 3);
-  ASSERT_EQ(three.size(), 3u);
-  EXPECT_EQ(three[0], (std::vector<size_t>{4, 3, 6}));
-  EXPECT_EQ(three[1], (std::vector<size_t>{1, 5, 2}));
-  EXPECT_EQ(three[2], (std::vector<size_t>{0}));  // ranks 1 and 2 own nothing here
-  const auto one = muon_owner_buckets(items, 1);
-  EXPECT_EQ(one.size(), 7u);
-  EXPECT_TRUE(muon_owner_buckets({}, 4).empty());
+TEST(MuonOwnerPlanTest, NewtonSchulzFlopsAreTheThreeGemmsPerIteration) {
+  // 3 x 5 (already wide: m 3, n 5), 2 iterations: X X^T 2*3*3*5 = 90, A A 2*3*3*3 = 54,
+  // B X 2*3*3*5 = 90 per iteration.
+  EXPECT_EQ(newton_schulz_flops(3, 5, 2), 2 * (90 + 54 + 90));
+  EXPECT_EQ(newton_schulz_flops(5, 3, 2), 2 * (90 + 54 + 90));  // tall: transposed first
+  EXPECT_EQ(newton_schulz_flops(1, 384, 5), 5 * (2 * 384 + 2 + 2 * 384));
+  EXPECT_EQ(newton_schulz_flops(0, 7, 5), 0);
+  EXPECT_THROW(newton_schulz_flops(-1, 7, 5), std::invalid_argument);
+}
+
+TEST(MuonOwnerPlanTest, LongestFirstToTheLeastLoadedRank) {
+  // FLOPs 7, 5, 4, 3, 3, 2 on 2 ranks (sum 24, mean 12), one element each, so the bucket bound
+  // (the largest numel, 1) lets each owner take one item per bucket. By hand: 7 -> r0; 5 -> r1;
+  // 4 -> r1 (5 < 7; r1 is full in bucket 0: bucket 1); 3 -> r0 (7 < 9); 3 -> r1 (9 < 10; r1 full
+  // in bucket 1: bucket 2); 2 -> r0 (10 < 12). Totals 12 and 12. Round-robin over numel order
+  // (the earlier plan) gave 2+3+5 = 10 and 3+4+7 = 14.
+  const std::vector<MuonOwnerItem> items = {{1, "c", 4}, {1, "a", 7}, {1, "f", 2},
+                                            {1, "d", 3}, {1, "b", 5}, {1, "e", 3}};
+  const auto plan = muon_owner_plan(items, 2);
+  ASSERT_EQ(plan.size(), 3u);
+  EXPECT_EQ(plan[0].items, (std::vector<size_t>{1, 4}));  // a, b
+  EXPECT_EQ(plan[0].owners, (std::vector<int>{0, 1}));
+  EXPECT_EQ(plan[1].items, (std::vector<size_t>{0, 3}));  // c, d
+  EXPECT_EQ(plan[1].owners, (std::vector<int>{1, 0}));
+  EXPECT_EQ(plan[2].items, (std::vector<size_t>{5, 2}));  // e, f
+  EXPECT_EQ(plan[2].owners, (std::vector<int>{1, 0}));
+  const MuonOwnerLoad load = muon_owner_load(items, plan, 2);
+  EXPECT_EQ(load.per_rank, (std::vector<int64_t>{12, 12}));
+  EXPECT_DOUBLE_EQ(load.max_over_mean, 1.0);
+  EXPECT_DOUBLE_EQ(load.bucket_max_sum_over_mean, (7.0 + 4.0 + 3.0) / 12.0);
+}
+
+TEST(MuonOwnerPlanTest, SeveralMatricesPerOwnerAndRanksOwningNothing) {
+  // One large matrix (10 elements, the bound) and small ones: the small ones all fit the
+  // least-loaded rank's room in bucket 0, so rank 1 owns four there.
+  const std::vector<MuonOwnerItem> mixed = {
+      {10, "big", 100}, {2, "s1", 10}, {2, "s2", 10}, {2, "s3", 10}, {2, "s4", 10}};
+  const auto two = muon_owner_plan(mixed, 2);
+  ASSERT_EQ(two.size(), 1u);
+  EXPECT_EQ(two[0].owners, (std::vector<int>{0, 1, 1, 1, 1}));
+  // Four equal-sized matrices on 3 ranks: the fourth goes to rank 0 (ties: lowest rank) whose
+  // room in bucket 0 is used up, so bucket 1 holds it alone: ranks 1 and 2 own nothing there.
+  const std::vector<MuonOwnerItem> four = {
+      {10, "a", 100}, {10, "b", 100}, {10, "c", 100}, {10, "d", 50}};
+  const auto three = muon_owner_plan(four, 3);
+  ASSERT_EQ(three.size(), 2u);
+  EXPECT_EQ(three[0].owners, (std::vector<int>{0, 1, 2}));
+  EXPECT_EQ(three[1].items, (std::vector<size_t>{3}));
+  EXPECT_EQ(three[1].owners, (std::vector<int>{0}));
+  const MuonOwnerLoad load = muon_owner_load(four, three, 3);
+  EXPECT_EQ(load.per_rank, (std::vector<int64_t>{150, 100, 100}));
+  EXPECT_DOUBLE_EQ(load.max_over_mean, 150.0 / (350.0 / 3));
+  EXPECT_TRUE(muon_owner_plan({}, 4).empty());
+  EXPECT_THROW(muon_owner_plan(four, 0), std::invalid_argument);
+}
+
+TEST(MuonOwnerPlanTest, DeterministicWhateverTheInputOrder) {
+  // Every rank lists its parameters in its own order (the same here, but the plan must not
+  // depend on it): the plan, read by name, is the same for every permutation; equal FLOPs are
+  // ordered by name.
+  std::vector<MuonOwnerItem> items = {{6, "w.q", 60},  {6, "w.k", 60}, {3, "w.v", 30},
+                                      {9, "w.up", 90}, {1, "w.g", 1},  {3, "w.o", 30}};
+  auto by_name = [](const std::vector<MuonOwnerItem>& list, int ranks) {
+    std::vector<std::pair<std::string, int>> named;
+    for (const auto& bucket : muon_owner_plan(list, ranks)) {
+      for (size_t j = 0; j < bucket.items.size(); ++j) {
+        named.emplace_back(list[bucket.items[j]].name, bucket.owners[j]);
+      }
+      named.emplace_back("|", -1);  // bucket boundary
+    }
+    return named;
+  };
+  for (int ranks = 1; ranks <= 4; ++ranks) {
+    const auto expected = by_name(items, ranks);
+    std::vector<MuonOwnerItem> permuted = items;
+    std::sort(permuted.begin(), permuted.end(),
+              [](const MuonOwnerItem& a, const MuonOwnerItem& b) { return a.name > b.name; });
+    EXPECT_EQ(by_name(permuted, ranks), expected) << ranks;
+    std::rotate(permuted.begin(), permuted.begin() + 2, permuted.end());
+    EXPECT_EQ(by_name(permuted, ranks), expected) << ranks;
+  }
+  // w.k before w.q (equal FLOPs): on 2 ranks w.up -> 0, w.k -> 1, w.q -> 1 (60 < 90).
+  const auto two = by_name(items, 2);
+  EXPECT_EQ(two[0], (std::pair<std::string, int>{"w.up", 0}));
+  EXPECT_EQ(two[1], (std::pair<std::string, int>{"w.k", 1}));
 }
 
 TEST(MuonCommunicationDtypeTest, ParsesBfloat16AndFloat32Only) {
@@ -284,6 +359,16 @@ const std::vector<NamedShape> kShapes = {
     {"layers.0.o", {9, 40}},   {"layers.1.o", {5, 24}},  {"layers.2.q", {64, 48}},
     {"layers.0.up", {96, 40}},
 };
+
+// The owner plan of kShapes (muon_owner_plan.h; ns_steps 5), by hand. FLOPs per matrix
+// (4 m^2 n + 2 m^3) x 5: 64x48 4055040 (three: layers.0.q, .1.q, .2.q), 96x40 3712000 (up),
+// 37x29 866230 (k), 9x40 72090 (layers.0.o), 5x24 13250 (layers.1.o); bucket bound 3840
+// elements (up). Owners, longest first to the least-loaded rank:
+//   n = 1: q0 | q1 | q2 | up | k, o0, o1                 (each q or up fills a bucket): 5
+//   n = 2: q0->0 q1->1 | q2->0 up->1 | k->1 o0->0 o1->0                                  : 3
+//   n = 3: q0->0 q1->1 q2->2 | up->0 k->1 o0->2 o1->2    (rank 2 owns two in bucket 1)   : 2
+//   n = 4: q0->0 q1->1 q2->2 up->3 | k->3 o0->0 o1->1    (rank 2 owns none in bucket 1)  : 2
+const std::vector<size_t> kShapesBuckets = {0, 5, 3, 2, 2};
 
 struct RunSetup {
   MuonOptions options;
@@ -425,8 +510,8 @@ TEST(DistributedMuonFsdpTest, EqualsSingleProcessMuonForOneToFourRanks) {
           EXPECT_LT(max_abs_diff(full, expected[i]), kBf16WireTolerance) << what;
         }
       }
-      // Per step: one check, then two all_to_alls per bucket of n params.
-      const size_t buckets = (kShapes.size() + n - 1) / n;
+      // Per step: one check, then two all_to_alls per bucket of the plan.
+      const size_t buckets = kShapesBuckets[n];
       const c10::ScalarType wire =
           combo.ns_dtype == at::kBFloat16 ? at::kBFloat16 : combo.communication_dtype;
       for (int r = 0; r < n; ++r) {
@@ -441,33 +526,67 @@ TEST(DistributedMuonFsdpTest, EqualsSingleProcessMuonForOneToFourRanks) {
   }
 }
 
-TEST(DistributedMuonFsdpTest, BucketsOwnersAndTheLastPartialBucket) {
-  // n = 4 over 7 params sorted by numel: 5x24=120 (layers.1.o), 9x40=360 (layers.0.o),
-  // 37x29=1073 (k), 64x48=3072 (layers.0.q, .1.q, .2.q by name), 96x40=3840 (up).
-  // Bucket 0 = o1, o0, k, layers.0.q (owners 0..3); bucket 1 = layers.1.q, layers.2.q, up;
-  // rank 3 owns nothing in bucket 1 but takes part in both all_to_alls.
+TEST(DistributedMuonFsdpTest, BucketsOwnersAndARankOwningNothing) {
+  // n = 4 (kShapesBuckets): bucket 0 = layers.0.q -> 0, layers.1.q -> 1, layers.2.q -> 2,
+  // up -> 3; bucket 1 = k -> 3, layers.0.o -> 0, layers.1.o -> 1: rank 2 owns nothing there but
+  // takes part in both all_to_alls. Calls: check, u0, u1 (started before bucket 0's
+  // Newton-Schulz), O0, O1.
   RunSetup setup;
   setup.options = MuonOptions().lr(0.02);
   std::vector<std::vector<Call>> calls;
   distributed_run(kShapes, setup, 1, 4, MuonSharding::Kind::kFsdp, at::kFloat, &calls);
   ASSERT_EQ(calls[0].size(), 5u);
-  // Rank 2 in bucket 0 sends its rows of each slot's param to that slot's owner: 5x24 has rows
-  // {2,2,1,0}, so 1 row = 24 elements; 9x40 {3,3,3,0}: 120; 37x29 {10,10,10,7}: 290;
-  // 64x48: 16 rows = 768.
-  EXPECT_EQ(calls[2][1].send_counts, (std::vector<int64_t>{24, 120, 290, 768}));
-  // ...and, owning 37x29, receives every rank's rows of it.
-  EXPECT_EQ(calls[2][1].recv_counts, (std::vector<int64_t>{290, 290, 290, 203}));
-  // The way back is the mirror.
-  EXPECT_EQ(calls[2][2].send_counts, calls[2][1].recv_counts);
-  EXPECT_EQ(calls[2][2].recv_counts, calls[2][1].send_counts);
-  // Rank 3 holds no row of 5x24 or 9x40 and owns 64x48 (layers.0.q).
-  EXPECT_EQ(calls[3][1].send_counts, (std::vector<int64_t>{0, 0, 203, 768}));
-  EXPECT_EQ(calls[3][1].recv_counts, (std::vector<int64_t>{768, 768, 768, 768}));
-  // Bucket 1: three slots; rank 3 sends its rows of all three and receives nothing.
-  EXPECT_EQ(calls[3][3].send_counts, (std::vector<int64_t>{768, 768, 960, 0}));
-  EXPECT_EQ(calls[3][3].recv_counts, (std::vector<int64_t>{0, 0, 0, 0}));
-  EXPECT_EQ(calls[3][4].send_counts, (std::vector<int64_t>{0, 0, 0, 0}));
-  EXPECT_EQ(calls[0][3].recv_counts, (std::vector<int64_t>{768, 768, 768, 768}));
+  // Rows per rank: 64x48 {16,16,16,16} (768 elements each), 96x40 {24,24,24,24} (960),
+  // 37x29 {10,10,10,7} (290, 290, 290, 203), 9x40 {3,3,3,0} (120), 5x24 {2,2,1,0} (48, 48, 24).
+  // Bucket 0: rank 2 sends its rows of each q to its owner and of up to rank 3; owns layers.2.q.
+  EXPECT_EQ(calls[2][1].send_counts, (std::vector<int64_t>{768, 768, 768, 960}));
+  EXPECT_EQ(calls[2][1].recv_counts, (std::vector<int64_t>{768, 768, 768, 768}));
+  // Bucket 1: rank 2 sends o0 rows to rank 0, its one o1 row to rank 1, k rows to rank 3 and
+  // receives nothing.
+  EXPECT_EQ(calls[2][2].send_counts, (std::vector<int64_t>{120, 24, 0, 290}));
+  EXPECT_EQ(calls[2][2].recv_counts, (std::vector<int64_t>{0, 0, 0, 0}));
+  // Rank 3 holds no row of o0 or o1 and owns k; rank 1 owns o1.
+  EXPECT_EQ(calls[3][2].send_counts, (std::vector<int64_t>{0, 0, 0, 203}));
+  EXPECT_EQ(calls[3][2].recv_counts, (std::vector<int64_t>{290, 290, 290, 203}));
+  EXPECT_EQ(calls[1][2].recv_counts, (std::vector<int64_t>{48, 48, 24, 0}));
+  // The way back mirrors each bucket: O0 is call 3, O1 call 4.
+  for (int r = 0; r < 4; ++r) {
+    for (int k = 0; k < 2; ++k) {
+      EXPECT_EQ(calls[r][3 + k].send_counts, calls[r][1 + k].recv_counts) << r << " " << k;
+      EXPECT_EQ(calls[r][3 + k].recv_counts, calls[r][1 + k].send_counts) << r << " " << k;
+    }
+  }
+}
+
+// Many matrices per owner and bucket (the small ones of a layer share a bucket), on 3 and 4
+// ranks, float32 Newton-Schulz and wire: bitwise the single process. Shapes: Gram matrices
+// above 16 x 16 or alone in their shape (see the top of the file).
+TEST(DistributedMuonFsdpTest, SeveralMatricesPerOwnerEqualOneProcessBitwise) {
+  std::vector<NamedShape> shapes;
+  for (int layer = 0; layer < 3; ++layer) {
+    const std::string prefix = "layers." + std::to_string(layer) + ".";
+    shapes.push_back({prefix + "q", {48, 40}});
+    shapes.push_back({prefix + "k", {24, 40}});
+    shapes.push_back({prefix + "v", {24, 40}});
+    shapes.push_back({prefix + "up", {80, 40}});
+  }
+  shapes.push_back({"router", {3, 40}});
+  RunSetup setup;
+  setup.options =
+      MuonOptions().lr(0.02).weight_decay(0.1).ns_dtype(at::kFloat).communication_dtype(at::kFloat);
+  const auto expected = reference_run(shapes, setup, 2, at::kFloat);
+  for (int n : {3, 4}) {
+    std::vector<std::vector<Call>> calls;
+    const auto got =
+        distributed_run(shapes, setup, 2, n, MuonSharding::Kind::kFsdp, at::kFloat, &calls);
+    for (size_t i = 0; i < shapes.size(); ++i) {
+      EXPECT_TRUE(bitwise_equal(gather_rows(got, i), expected[i]))
+          << "n=" << n << " " << shapes[i].name << ": max diff "
+          << max_abs_diff(gather_rows(got, i), expected[i]);
+    }
+    // Fewer buckets than matrices / n would need at one matrix per owner and bucket.
+    EXPECT_LT(calls[0].size(), 2 * (1 + 2 * ((shapes.size() + n - 1) / n))) << n;
+  }
 }
 
 TEST(DistributedMuonFsdpTest, MomentumStylesAndPlainMomentum) {
@@ -639,7 +758,7 @@ TEST(DistributedMuonDdpTest, EqualsSingleProcessMuonOnEveryRank) {
           }
         }
       }
-      const size_t buckets = (kShapes.size() + n - 1) / n;
+      const size_t buckets = kShapesBuckets[n];
       ASSERT_EQ(calls[0].size(), 3 * (1 + buckets));
       EXPECT_EQ(calls[0][1].op, "all_gather");
     }

@@ -201,6 +201,7 @@ std::vector<LeafSpec> build_leaves() {
       MIXTRAIN_LEAF("optimizer.muon_config.muon_momentum_style", optimizer.muon.momentum_style),
       MIXTRAIN_LEAF("optimizer.muon_config.muon_communication_dtype",
                     optimizer.muon.communication_dtype),
+      MIXTRAIN_LEAF("optimizer.muon_config.muon_qk_clip_tau", optimizer.muon.qk_clip_tau),
       MIXTRAIN_LEAF("optimizer.muon_config.muon_adamw_keywords", optimizer.muon.adamw_keywords),
       MIXTRAIN_LEAF("optimizer.adamw_config.adamw_lr", optimizer.adamw.lr),
       MIXTRAIN_LEAF("optimizer.adamw_config.adamw_weight_decay", optimizer.adamw.weight_decay),

@@ -144,6 +144,9 @@ struct MuonConfig {
   std::string momentum_style = "sum";            // sum | ema | ema_add
   // Wire dtype of distributed Muon's all_to_all / all_gather: bfloat16 | float32.
   std::string communication_dtype = "bfloat16";
+  // QK-clip (MuonClip, optim/qk_clip.h): heads whose max attention logit exceeds this get their
+  // q/k projections rescaled after each step. 0 = off; > 0 when set.
+  double qk_clip_tau = 0.0;
   std::vector<std::string> adamw_keywords;  // extra names routed to AdamW
 };
 

@@ -41,7 +41,7 @@ set(MIXTRAIN_TEST_TABLE
   "tools_ckpt_command_test                   1          150      slow"    # 13.1
   "tools_data_prepare_test                   1          90"      #          9.0 (loaded machine; 12 runs of the binary)
   "tools_cli_test                            1          120      slow"    # 11.4 (on a busy machine)
-  "tools_distributed_train_test              2          150      slow"    # 12.8
+  "tools_distributed_train_test              2          300      slow"    # 12.8 + QK-clip (4 runs of 3 steps: 16 s at load 8)
   "tools_export_hf_command_test              2          400      slow"    # 122-128 (busy machine; 8 trainings, 16 transformers runs)
   "tools_optim_replay_command_test           1          120"     #          9.3
   "tools_optim_replay_distributed_test       4          120      slow"    # 10.6

@@ -203,6 +203,7 @@ std::vector<LeafSpec> build_leaves() {
                     optimizer.muon.communication_dtype),
       MIXTRAIN_LEAF("optimizer.muon_config.muon_per_head", optimizer.muon.per_head),
       MIXTRAIN_LEAF("optimizer.muon_telemetry", optimizer.muon_telemetry),
+      MIXTRAIN_LEAF("optimizer.muon_config.muon_qk_clip_tau", optimizer.muon.qk_clip_tau),
       MIXTRAIN_LEAF("optimizer.muon_config.muon_adamw_keywords", optimizer.muon.adamw_keywords),
       MIXTRAIN_LEAF("optimizer.adamw_config.adamw_lr", optimizer.adamw.lr),
       MIXTRAIN_LEAF("optimizer.adamw_config.adamw_weight_decay", optimizer.adamw.weight_decay),

@@ -73,8 +73,14 @@ std::string format_effective_adamw_block(const ResolvedConfig& resolved) {
 
 std::string format_effective_muon_block(const ResolvedConfig& resolved) {
   if (resolved.config.optimizer.target != "Muon") {
+    const double tau = resolved.config.optimizer.muon.qk_clip_tau;
+    // QK-clip acts on the weights after any optimizer's step (optim/qk_clip.h).
     return "Effective muon config: not used (optimizer._target_ is " +
-           resolved.config.optimizer.target + ")\n";
+           resolved.config.optimizer.target + ")" +
+           (tau > 0 ? "; muon_qk_clip_tau " + format_number(tau) +
+                          " applies all the same: QK-clip runs after every step"
+                    : std::string()) +
+           "\n";
   }
   return effective_block(resolved, "Effective muon config:", "optimizer.muon_config.",
                          {"optimizer.muon_telemetry"});

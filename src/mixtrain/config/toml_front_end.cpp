@@ -25,7 +25,8 @@ const std::vector<std::pair<std::string, std::string>>& renamed_keys() {
         {"optimizer.muon_communication_dtype", "optimizer.muon_config.muon_communication_dtype"},
         {"optimizer.muon_per_head", "optimizer.muon_config.muon_per_head"},  // mixtrain keys
         {"optimizer.muon_telemetry", "optimizer.muon_telemetry"},
-        {"optimizer.muon_ns_dtype", "optimizer.muon_config.muon_ns_dtype"},  // a mixtrain key
+        {"optimizer.muon_ns_dtype", "optimizer.muon_config.muon_ns_dtype"},        // a mixtrain key
+        {"optimizer.muon_qk_clip_tau", "optimizer.muon_config.muon_qk_clip_tau"},  // mixtrain's
         {"optimizer.swap_optimizer", "optimizer.swap_optimizer"},
         {"optimizer.swap_merge_buckets", "optimizer.swap_merge_buckets"},
         {"optimizer.swap_dir", "optimizer.swap_dir"},  // mixtrain keys, not torchtitan-npu's

@@ -146,6 +146,9 @@ struct MuonConfig {
   std::string communication_dtype = "bfloat16";
   // Newton–Schulz per attention head of q/k/v/o (blocks of model.head_dim), not per matrix.
   bool per_head = false;
+  // QK-clip (MuonClip, optim/qk_clip.h): heads whose max attention logit exceeds this get their
+  // q/k projections rescaled after each step. 0 = off; > 0 when set.
+  double qk_clip_tau = 0.0;
   std::vector<std::string> adamw_keywords;  // extra names routed to AdamW
 };
 

@@ -1,6 +1,7 @@
 #include "mixtrain/config/validate.h"
 
 #include <algorithm>
+#include <cmath>
 #include <initializer_list>
 #include <vector>
 
@@ -305,6 +306,10 @@ void check_optimizer(const Checker& check, const OptimizerConfig& o) {
                "target is " +
                    o.target + ")");
   }
+  if (!(m.qk_clip_tau >= 0) || !std::isfinite(m.qk_clip_tau)) {
+    check.fail_value("optimizer.muon_config.muon_qk_clip_tau",
+                     "must be a finite number >= 0 (0: QK-clip off)");
+  }
   for (const std::string& keyword : m.adamw_keywords) {
     if (keyword.empty()) {
       check.fail("optimizer.muon_config.muon_adamw_keywords", "must not contain empty names");
@@ -340,6 +345,14 @@ void validate_config(const TrainerConfig& config, const Provenance& provenance) 
   check_data_and_parallel(check, config);
   check_train_and_checkpoint(check, config);
   check_optimizer(check, config.optimizer);
+  // QK-clip rescales the q/k projections; with per-head q/k RMSNorm (qwen3_moe) the logits do
+  // not depend on that scale, so the clip could never bound them.
+  if (config.optimizer.muon.qk_clip_tau > 0 && config.model.name == "qwen3_moe") {
+    check.fail_value("optimizer.muon_config.muon_qk_clip_tau",
+                     "must be 0 with model.name qwen3_moe: its per-head q/k RMSNorm makes the "
+                     "attention logits independent of the q/k projections' scale, which QK-clip "
+                     "rescales");
+  }
 }
 
 void validate_config(const TrainerConfig& config) {

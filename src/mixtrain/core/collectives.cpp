@@ -161,6 +161,12 @@ std::unique_ptr<Collectives> make_local_collectives(const std::string& name) {
   return std::make_unique<LocalCollectives>(name);
 }
 
+at::Tensor all_reduce_max(Collectives& group, const at::Tensor& local) {
+  if (group.size() == 1) return local.clone();
+  const at::Tensor gathered = group.all_gather(local.contiguous().unsqueeze(0));
+  return gathered.amax(0);
+}
+
 std::vector<std::string> all_gather_strings(Collectives& group, const std::string& text) {
   if (group.size() == 1) return {text};
   const at::Tensor lengths =

@@ -71,6 +71,11 @@ class Collectives {
 
 // A CollectiveWork that is already done: wait() returns `result`.
 std::unique_ptr<CollectiveWork> finished_collective_work(at::Tensor result);
+// The elementwise max over the group of every rank's `local` (equal shapes; any dtype
+// all_gather carries). No max reduction exists among the collectives above, so this gathers
+// every rank's tensor and takes the max: size() x its bytes received, for the small tensors it
+// serves (QK-clip's per-head statistic). Collective.
+at::Tensor all_reduce_max(Collectives& group, const at::Tensor& local);
 
 // Every rank's `text`, in rank order (variable lengths: the lengths travel first). Collective.
 std::vector<std::string> all_gather_strings(Collectives& group, const std::string& text);

@@ -36,6 +36,10 @@ std::string metrics_json_line(const StepMetrics& m) {
   j["aux_loss"] = finite_or_null(m.aux_loss);
   j["loss_scale"] = finite_or_null(m.loss_scale);
   j["skipped_steps"] = m.skipped_steps;
+  if (m.qk_clip) {
+    j["qk_clip_heads"] = m.qk_clip->heads_clipped;
+    j["qk_max_logit"] = finite_or_null(m.qk_clip->max_logit);
+  }
   if (m.profile) {
     const StepTimes& t = *m.profile;
     j["forward_s"] = finite_or_null(t.forward_s);

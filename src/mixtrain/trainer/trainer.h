@@ -43,6 +43,7 @@ class TrainingOptimizer;
 class TokenDataset;
 class LrSchedule;
 class CheckpointSaver;
+class MaxLogitRecorder;
 
 // The model as the trainer builds it (fp32-main-params §6.1): built and initialised on the CPU
 // from config.model and train.seed, model_init_dtype applied, moved to mesh.device, then sharded
@@ -64,6 +65,11 @@ struct StepResult {
   double aux_loss = 0.0;   // likewise
   double grad_norm = 0.0;  // global L2 norm before clipping
   double lr = 0.0;         // the target's reported base lr (optimizer table) x schedule factor
+  // QK-clip (optimizer.muon_config.muon_qk_clip_tau > 0), filled by apply_update: query heads
+  // clipped after this step and the max attention logit over all heads and ranks.
+  bool qk_clip = false;
+  int64_t qk_clip_heads = 0;
+  double qk_max_logit = 0.0;
 };
 
 class Trainer {
@@ -120,6 +126,7 @@ class Trainer {
   StepResult pending_;     // compute_gradients' result until apply_update
   StepRecorder recorder_;  // the phase times of the step in flight / last completed
   std::vector<MuonGroupTelemetry> muon_telemetry_;
+  std::shared_ptr<MaxLogitRecorder> max_logits_;  // QK-clip on: the forwards' max logits
 };
 
 // The steps the trainer logs: every log_every-th and the last (log_every <= 0: the last only),

@@ -74,6 +74,12 @@ TEST(ShowTest, TomlShowsTheKeyAsWrittenAndDerivations) {
   EXPECT_EQ(row_of(text, "optimizer.muon_config.muon_ns_variant")[1], "hybrid");
   EXPECT_EQ(row_of(text, "optimizer.muon_config.muon_momentum_style")[1], "ema_add");
   EXPECT_EQ(row_of(text, "optimizer.muon_config.muon_matched_adamw_rms")[1], "0.18");
+  EXPECT_EQ(row_of(text, "optimizer.muon_config.muon_qk_clip_tau")[1], "0");  // off by default
+  const std::string clip = format_config_show(load_config(
+      dir.write("d.toml", "[optimizer]\nname = \"Muon\"\nmuon_qk_clip_tau = 30\n"), {}));
+  EXPECT_EQ(row_of(clip, "optimizer.muon_config.muon_qk_clip_tau"),
+            (std::vector<std::string>{"optimizer.muon_config.muon_qk_clip_tau", "30", "file",
+                                      "optimizer.muon_qk_clip_tau"}));
 }
 
 TEST(ShowTest, NotesSayWhichNewtonSchulzTriplesRun) {

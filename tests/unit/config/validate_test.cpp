@@ -373,6 +373,15 @@ TEST(ValidateTest, MuonRanges) {
             "got 'float16'");
   EXPECT_EQ(toml_error("[optimizer]\nmuon_communication_dtype = \"fp8\"\n"),
             "optimizer.muon_communication_dtype: must be one of bfloat16, float32, got 'fp8'");
+  EXPECT_EQ(yaml_error(m + "    muon_qk_clip_tau: -1\n"),
+            "optimizer.muon_config.muon_qk_clip_tau: must be a finite number >= 0 (0: QK-clip "
+            "off), got -1");
+  EXPECT_EQ(toml_error("[optimizer]\nmuon_qk_clip_tau = -0.5\n"),
+            "optimizer.muon_qk_clip_tau: must be a finite number >= 0 (0: QK-clip off), got -0.5");
+  EXPECT_EQ(yaml_error("model:\n  name: qwen3_moe\n" + m + "    muon_qk_clip_tau: 100\n"),
+            "optimizer.muon_config.muon_qk_clip_tau: must be 0 with model.name qwen3_moe: its "
+            "per-head q/k RMSNorm makes the attention logits independent of the q/k projections' "
+            "scale, which QK-clip rescales, got 100");
   EXPECT_EQ(yaml_error(m + "    muon_adamw_keywords: ['']\n"),
             "optimizer.muon_config.muon_adamw_keywords: must not contain empty names");
   EXPECT_EQ(yaml_error("optimizer:\n  swap_merge_buckets: 0\n"),

@@ -94,6 +94,14 @@ TEST_F(MetricsWriterTest, MuonTelemetryKeysPerGroupOnlyWhenGiven) {
                 "\"muon_g1_ortho_error_mean\":null,\"muon_g1_ortho_error_max\":null,"
                 "\"muon_g1_ortho_sampled\":0,\"muon_g1_update_rms\":null}");
 }
+TEST_F(MetricsWriterTest, QkClipKeysFollowSkippedStepsWhenOn) {
+  StepMetrics m{3, 0.5, 0.25, 0.125, 1000.0, 2.0, 0.0, 1.0, 0};
+  m.qk_clip = QkClipMetrics{5, 112.5};
+  EXPECT_EQ(metrics_json_line(m),
+            "{\"step\":3,\"loss\":0.5,\"grad_norm\":0.25,\"lr\":0.125,\"tokens_per_s\":1000.0,"
+            "\"elapsed_s\":2.0,\"aux_loss\":0.0,\"loss_scale\":1.0,\"skipped_steps\":0,"
+            "\"qk_clip_heads\":5,\"qk_max_logit\":112.5}");
+}
 
 TEST_F(MetricsWriterTest, EvalRowsHaveTheirOwnKeysInOrder) {
   EXPECT_EQ(metrics_json_line(EvalMetrics{4, 2.5, 12.25, 320}),

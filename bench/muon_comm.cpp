@@ -20,10 +20,11 @@
 // runs Newton–Schulz on every matrix itself. The 3-D expert tensors are stepped locally (their
 // dim-0 chunk is a set of whole matrices) in both designs and are not counted in either.
 //
-// With n equal-sized matrices per bucket the owner path sends 2 (N-1)/N of one matrix per
-// bucket per rank = 2/N of the all-gather's (N-1) matrices: the same bytes at N = 2, half at
-// N = 4; uneven buckets and the short last bucket move the measured ratio around 2/N. What the
-// owner path saves for sure is compute: each rank runs Newton–Schulz on ~1/N of the matrices.
+// Each matrix's N-1 foreign shards travel to its owner and its update's N-1 shards back: over
+// the ranks, 2 (N-1)/N of every matrix, a mean of 2 (N-1)/N^2 per rank = 2/N of the
+// all-gather's (N-1)/N: the same bytes at N = 2, half at N = 4; uneven chunks and which rank
+// owns what (optim/muon_owner_plan.h) move a rank's figure around it. What the owner path saves
+// for sure is compute: each rank runs ~1/N of the Newton–Schulz FLOPs (bench_muon_overlap).
 //
 // Usage: bench_muon_comm [--nproc N]... [--steps S] [--work-dir DIR] [--keep]
 //   --nproc may be repeated (default 2 and 4); S >= 2 (default 3: step 1 unmeasured).
@@ -329,18 +330,17 @@ int main(int argc, char** argv) {
                 mib(most).c_str(), calls / n, mib(gather_mean).c_str(), mean / gather_mean, 2.0 / n,
                 seconds / n);
     std::fflush(stdout);
-    // Slot r of each bucket of n is owned by rank r: rank 0 owns ceil(M / n) matrices.
+    // The owner plan gives each rank ~1/N of the Newton-Schulz FLOPs (muon_owner_plan.h).
     const int64_t matrices = ranks[0]["matrices"].get<int64_t>();
     char note[640];
     std::snprintf(note, sizeof(note),
                   "%d ranks: wire %lld bytes/element; besides all_to_all the optimizer step sent "
                   "%.0f bytes per rank (Muon's parameter-check all_reduce); Newton-Schulz runs "
-                  "on at most %lld of the %lld matrices per rank (all-gather alternative: all "
-                  "%lld on every rank); %lld 3-D expert tensors (%.2fM elements) stepped "
-                  "locally, no communication in either design",
+                  "on the matrices each rank owns, ~1/%d of the %lld matrices' FLOPs "
+                  "(all-gather alternative: all %lld on every rank); %lld 3-D expert tensors "
+                  "(%.2fM elements) stepped locally, no communication in either design",
                   n, static_cast<long long>(ranks[0]["wire_bytes_per_element"].get<int64_t>()),
-                  other / n, static_cast<long long>((matrices + n - 1) / n),
-                  static_cast<long long>(matrices), static_cast<long long>(matrices),
+                  other / n, n, static_cast<long long>(matrices), static_cast<long long>(matrices),
                   static_cast<long long>(ranks[0]["local_tensors"].get<int64_t>()),
                   ranks[0]["local_elements"].get<int64_t>() / 1e6);
     notes.push_back(note);

@@ -41,13 +41,13 @@ set(MIXTRAIN_TEST_TABLE
   "tools_ckpt_command_test                   1          150      slow"    # 13.1
   "tools_data_prepare_test                   1          90"      #          9.0 (loaded machine; 12 runs of the binary)
   "tools_cli_test                            1          120      slow"    # 11.4 (on a busy machine)
-  "tools_distributed_train_test              2          150      slow"    # 12.8
+  "tools_distributed_train_test              2          300      slow"    # 12.8 + QK-clip (4 runs of 3 steps: 16 s at load 8)
   "tools_export_hf_command_test              2          400      slow"    # 122-128 (busy machine; 8 trainings, 16 transformers runs)
   "tools_optim_replay_command_test           1          120"     #          9.3
   "tools_optim_replay_distributed_test       4          120      slow"    # 10.6
   "tools_optimizer_report_test               2          120"     #          9.6 (on a busy machine)
   "tools_swap_optimizer_test                 2          300      slow"    # 25.0
-  "tools_train_command_test                  2          150      slow"    # 13.8
+  "tools_train_command_test                  2          150      slow"    # 13.8 (+5: muon telemetry run)
   "tools_readme_walkthrough_test             2          150      slow"    # 13.8
   "python_adamw_oracle                       1          300      slow"    # 31 (alone)
   "python_muon_oracle                        1          210      slow"    # 11-21 (alone)

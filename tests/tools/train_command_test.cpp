@@ -149,6 +149,48 @@ TEST(TrainCommand, RfcConfigTrainsAndKeepsTheLowPrecisionModel) {
   // The routing table is logged: Muon for matrices, AdamW for embeddings and norms.
   EXPECT_NE(r.output.find("model.layers.0.mlp.experts.gate_proj"), std::string::npos);
   EXPECT_NE(r.output.find("muon"), std::string::npos);
+  // optimizer.muon_telemetry is off by default: no telemetry in the rows or the log.
+  for (const auto& row : rows) EXPECT_FALSE(row.contains("muon_g0_update_rms")) << row.dump();
+  EXPECT_EQ(r.output.find("ortho err"), std::string::npos);
+}
+
+// optimizer.muon_telemetry with muon_per_head on two FSDP ranks: the log steps' rows (2 and 4
+// with log_every 2) carry group 0's figures reduced over both ranks (each samples its first
+// 4 matrices: 8), the other rows none, and the log shows them. The figures are checked for
+// plausibility only (the unit tests check them against formulas): a zero O has error 1,
+// bfloat16 asym5 leaves singular values within ~0.3 of 1, so the error is well below 1; an
+// m x n O (m <= n) with singular values near 1 has RMS ~ 1/sqrt(n), so the update
+// lr * 0.2 * sqrt(n) * O has RMS ~ 0.2 * lr (Muon's lr 0.02 times the schedule factor, which
+// the row's lr, AdamW's 0.001 times it, gives); allowed 0.3x-1.5x of that for the band and for
+// rank-deficient momentum of experts few tokens reached.
+TEST(TrainCommand, MuonTelemetryOnLogStepsWithPerHeadOnTwoRanks) {
+  TempDir run;
+  CommandResult r =
+      run_mixtrain("train --config " + source_path("configs/qwen2_moe_tiny.yaml") +
+                   " --nproc 2 --set train.steps=4 --set train.log_every=2" +
+                   " --set optimizer.muon_telemetry=true" +
+                   " --set optimizer.muon_config.muon_per_head=true --run-dir " + run.path());
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("Muon per head: 8 attention matrices"), std::string::npos) << r.output;
+  const std::vector<nlohmann::json> rows = read_metrics(run.file("metrics.jsonl"));
+  ASSERT_EQ(rows.size(), 4u);
+  for (const auto& row : rows) {
+    SCOPED_TRACE(row.dump());
+    if (row["step"].get<int64_t>() % 2 == 1) {
+      EXPECT_FALSE(row.contains("muon_g0_update_rms"));
+      continue;
+    }
+    EXPECT_EQ(row["muon_g0_ortho_sampled"].get<int64_t>(), 8);
+    EXPECT_GT(row["muon_g0_ortho_error_mean"].get<double>(), 0.0);
+    EXPECT_LT(row["muon_g0_ortho_error_max"].get<double>(), 0.9);
+    EXPECT_GE(row["muon_g0_ortho_error_max"].get<double>(),
+              row["muon_g0_ortho_error_mean"].get<double>());
+    const double typical = 0.2 * 0.02 * row["lr"].get<double>() / 0.001;
+    EXPECT_GT(row["muon_g0_update_rms"].get<double>(), 0.3 * typical);
+    EXPECT_LT(row["muon_g0_update_rms"].get<double>(), 1.5 * typical);
+  }
+  EXPECT_NE(r.output.find("step 2: muon g0: ortho err "), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("step 4: muon g0: ortho err "), std::string::npos) << r.output;
 }
 
 TEST(TrainCommand, MuonTomlExampleTrainsAndItsLossFalls) {

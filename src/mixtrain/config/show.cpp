@@ -32,6 +32,16 @@ std::vector<std::string> notes(const TrainerConfig& config) {
   return {};
 }
 
+// muon_per_head names no matrices itself: which ones it splits, and how.
+std::vector<std::string> per_head_notes(const TrainerConfig& config) {
+  if (config.optimizer.target != "Muon" || !config.optimizer.muon.per_head) return {};
+  const std::string d = std::to_string(config.model.head_dim);
+  return {"note: optimizer.muon_config.muon_per_head runs Newton-Schulz on blocks of " + d +
+          " rows of *self_attn.{q,k,v}_proj.weight and of " + d +
+          " columns of *self_attn.o_proj.weight (model.head_dim), each scaled by its block's "
+          "shape"};
+}
+
 }  // namespace
 
 std::string format_leaf_table(const ResolvedConfig& resolved, const std::string& indent,
@@ -59,6 +69,7 @@ std::string format_leaf_table(const ResolvedConfig& resolved, const std::string&
 std::string format_config_show(const ResolvedConfig& resolved) {
   std::string text = format_leaf_table(resolved, "", true);
   for (const std::string& note : notes(resolved.config)) text += note + "\n";
+  for (const std::string& note : per_head_notes(resolved.config)) text += note + "\n";
   return text;
 }
 

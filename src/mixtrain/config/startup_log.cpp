@@ -22,13 +22,15 @@ std::string format_rows(const std::string& title, const std::vector<Row>& rows) 
   return title + "\n" + format_text_table(cells);
 }
 
-// One row per canonical leaf under `prefix`: default, configured, final.
+// One row per canonical leaf under `prefix` (and each of `also`, by its key after its last
+// dot): default, configured, final.
 std::string effective_block(const ResolvedConfig& resolved, const std::string& title,
-                            const std::string& prefix) {
+                            const std::string& prefix, const std::vector<std::string>& also = {}) {
   const TrainerConfig defaults = dialect_default_config(resolved.config.dialect);
   std::vector<Row> rows = {{"parameter", "constructor default", "configured", "final"}};
   for (const LeafSpec& spec : canonical_leaves()) {
-    if (spec.key.rfind(prefix, 0) != 0) continue;
+    const bool extra = std::find(also.begin(), also.end(), spec.key) != also.end();
+    if (spec.key.rfind(prefix, 0) != 0 && !extra) continue;
     const ResolvedLeaf* leaf = resolved.leaf(spec.key);
     const std::string final_value = spec.format(resolved.config);
     std::string configured = "-";
@@ -40,7 +42,8 @@ std::string effective_block(const ResolvedConfig& resolved, const std::string& t
       configured = "derived from " + leaf->origin;
     }
     rows.push_back(
-        {spec.key.substr(prefix.size()), spec.format(defaults), configured, final_value});
+        {extra ? spec.key.substr(spec.key.rfind('.') + 1) : spec.key.substr(prefix.size()),
+         spec.format(defaults), configured, final_value});
   }
   return format_rows(title, rows);
 }
@@ -70,10 +73,17 @@ std::string format_effective_adamw_block(const ResolvedConfig& resolved) {
 
 std::string format_effective_muon_block(const ResolvedConfig& resolved) {
   if (resolved.config.optimizer.target != "Muon") {
+    const double tau = resolved.config.optimizer.muon.qk_clip_tau;
+    // QK-clip acts on the weights after any optimizer's step (optim/qk_clip.h).
     return "Effective muon config: not used (optimizer._target_ is " +
-           resolved.config.optimizer.target + ")\n";
+           resolved.config.optimizer.target + ")" +
+           (tau > 0 ? "; muon_qk_clip_tau " + format_number(tau) +
+                          " applies all the same: QK-clip runs after every step"
+                    : std::string()) +
+           "\n";
   }
-  return effective_block(resolved, "Effective muon config:", "optimizer.muon_config.");
+  return effective_block(resolved, "Effective muon config:", "optimizer.muon_config.",
+                         {"optimizer.muon_telemetry"});
 }
 
 std::string format_effective_sgd_block(const ResolvedConfig& resolved) {

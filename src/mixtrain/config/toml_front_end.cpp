@@ -29,7 +29,10 @@ const std::vector<std::pair<std::string, std::string>>& renamed_keys() {
         {"optimizer.muon_normuon_epsilon", "optimizer.muon_config.muon_normuon_epsilon"},
         {"optimizer.muon_cautious_weight_decay",
          "optimizer.muon_config.muon_cautious_weight_decay"},
-        {"optimizer.muon_ns_dtype", "optimizer.muon_config.muon_ns_dtype"},  // a mixtrain key
+        {"optimizer.muon_per_head", "optimizer.muon_config.muon_per_head"},
+        {"optimizer.muon_telemetry", "optimizer.muon_telemetry"},
+        {"optimizer.muon_ns_dtype", "optimizer.muon_config.muon_ns_dtype"},
+        {"optimizer.muon_qk_clip_tau", "optimizer.muon_config.muon_qk_clip_tau"},
         {"optimizer.swap_optimizer", "optimizer.swap_optimizer"},
         {"optimizer.swap_merge_buckets", "optimizer.swap_merge_buckets"},
         {"optimizer.swap_dir", "optimizer.swap_dir"},  // mixtrain keys, not torchtitan-npu's
@@ -79,12 +82,19 @@ const std::vector<std::pair<std::string, std::string>>& renamed_keys() {
 // TOML keys with torchtitan-npu semantics beyond a rename (handled in translate_toml).
 const std::vector<std::string>& special_keys() {
   static const std::vector<std::string> keys = {
-      "job.dump_folder",          "job.description",
-      "job.custom_config_module", "optimizer.muon_lr",
-      "optimizer.muon_hybrid_ns", "optimizer.beta1",
-      "optimizer.beta2",          "training.global_batch_size",
-      "checkpoint.enable",        "checkpoint.folder",
-      "checkpoint.async_mode",    "checkpoint.initial_load_model_only",
+      "job.dump_folder",
+      "job.description",
+      "job.custom_config_module",
+      "optimizer.muon_lr",
+      "optimizer.muon_hybrid_ns",
+      "optimizer.muon_ns_variant",
+      "optimizer.beta1",
+      "optimizer.beta2",
+      "training.global_batch_size",
+      "checkpoint.enable",
+      "checkpoint.folder",
+      "checkpoint.async_mode",
+      "checkpoint.initial_load_model_only",
   };
   return keys;
 }
@@ -201,13 +211,28 @@ void translate_optimizer(const GivenKeys& given, TrainerConfig& config, Provenan
   optimizer.routing = "toml";
   derive(provenance, "optimizer.routing", "TOML dialect");
 
-  bool hybrid = false;
-  if (const DocValue* v = given.find("optimizer.muon_hybrid_ns")) {
-    hybrid = read_bool(*v, given.where("optimizer.muon_hybrid_ns"));
+  // muon_ns_variant (a mixtrain key) names any schedule; torchtitan-npu's muon_hybrid_ns only
+  // chooses between hybrid and legacy, so giving both is ambiguous and refused.
+  const DocValue* variant = given.find("optimizer.muon_ns_variant");
+  const DocValue* hybrid_flag = given.find("optimizer.muon_hybrid_ns");
+  if (variant != nullptr && hybrid_flag != nullptr) {
+    throw_config_error(given.where("optimizer.muon_ns_variant"),
+                       "set either optimizer.muon_ns_variant or optimizer.muon_hybrid_ns, not both "
+                       "(muon_hybrid_ns = true is muon_ns_variant = \"hybrid\")");
   }
-  muon.ns_variant = hybrid ? "hybrid" : "legacy";
-  derive(provenance, "optimizer.muon_config.muon_ns_variant",
-         std::string("optimizer.muon_hybrid_ns = ") + (hybrid ? "true" : "false"));
+  if (variant != nullptr) {
+    muon.ns_variant = read_string(*variant, given.where("optimizer.muon_ns_variant"));
+    record(provenance, "optimizer.muon_config.muon_ns_variant",
+           given.source("optimizer.muon_ns_variant"), "optimizer.muon_ns_variant");
+  } else {
+    bool hybrid = false;
+    if (hybrid_flag != nullptr) {
+      hybrid = read_bool(*hybrid_flag, given.where("optimizer.muon_hybrid_ns"));
+    }
+    muon.ns_variant = hybrid ? "hybrid" : "legacy";
+    derive(provenance, "optimizer.muon_config.muon_ns_variant",
+           std::string("optimizer.muon_hybrid_ns = ") + (hybrid ? "true" : "false"));
+  }
 
   std::optional<double> muon_lr;
   if (const DocValue* v = given.find("optimizer.muon_lr")) {
@@ -302,6 +327,7 @@ std::string toml_key_for(const std::string& canonical_key) {
   }
   if (canonical_key == "optimizer.adamw_config.adamw_betas") return "optimizer.beta1";
   if (canonical_key == "optimizer.muon_config.muon_lr") return "optimizer.muon_lr";
+  if (canonical_key == "optimizer.muon_config.muon_ns_variant") return "optimizer.muon_ns_variant";
   return "";
 }
 

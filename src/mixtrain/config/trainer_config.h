@@ -150,6 +150,11 @@ struct MuonConfig {
   double normuon_epsilon = 1e-10;
   // Decay only where update and parameter agree in sign (arXiv 2510.12402).
   bool cautious_weight_decay = false;
+  // Newton–Schulz per attention head of q/k/v/o (blocks of model.head_dim), not per matrix.
+  bool per_head = false;
+  // QK-clip (MuonClip, optim/qk_clip.h): heads whose max attention logit exceeds this get their
+  // q/k projections rescaled after each step. 0 = off; > 0 when set.
+  double qk_clip_tau = 0.0;
   std::vector<std::string> adamw_keywords;  // extra names routed to AdamW
 };
 
@@ -169,6 +174,8 @@ struct OptimizerConfig {
   MuonConfig muon;
   SgdConfig sgd;
   std::string routing = "yaml";  // yaml | toml: which dialect's Muon routing rule applies
+  // Muon's orthogonality error and update RMS per group on log steps (optim/muon_telemetry.h).
+  bool muon_telemetry = false;
   bool swap_optimizer = false;
   int64_t swap_merge_buckets = 1;
   std::string swap_dir;         // where the per-rank swap files go; empty: <run-dir>/swap

@@ -1,6 +1,7 @@
 #include "mixtrain/config/validate.h"
 
 #include <algorithm>
+#include <cmath>
 #include <initializer_list>
 #include <vector>
 
@@ -300,6 +301,17 @@ void check_optimizer(const Checker& check, const OptimizerConfig& o) {
                {"bfloat16", "float32"});
   check.unit_interval_open_right("optimizer.muon_config.muon_normuon_beta2", m.normuon_beta2);
   check.positive("optimizer.muon_config.muon_normuon_epsilon", m.normuon_epsilon);
+  // Asked-for telemetry that cannot exist would be the silent failure it is meant to catch.
+  if (o.muon_telemetry && o.target != "Muon") {
+    check.fail("optimizer.muon_telemetry",
+               "needs optimizer._target_ Muon (it watches Muon's Newton-Schulz; the "
+               "target is " +
+                   o.target + ")");
+  }
+  if (!(m.qk_clip_tau >= 0) || !std::isfinite(m.qk_clip_tau)) {
+    check.fail_value("optimizer.muon_config.muon_qk_clip_tau",
+                     "must be a finite number >= 0 (0: QK-clip off)");
+  }
   for (const std::string& keyword : m.adamw_keywords) {
     if (keyword.empty()) {
       check.fail("optimizer.muon_config.muon_adamw_keywords", "must not contain empty names");
@@ -335,6 +347,14 @@ void validate_config(const TrainerConfig& config, const Provenance& provenance) 
   check_data_and_parallel(check, config);
   check_train_and_checkpoint(check, config);
   check_optimizer(check, config.optimizer);
+  // QK-clip rescales the q/k projections; with per-head q/k RMSNorm (qwen3_moe) the logits do
+  // not depend on that scale, so the clip could never bound them.
+  if (config.optimizer.muon.qk_clip_tau > 0 && config.model.name == "qwen3_moe") {
+    check.fail_value("optimizer.muon_config.muon_qk_clip_tau",
+                     "must be 0 with model.name qwen3_moe: its per-head q/k RMSNorm makes the "
+                     "attention logits independent of the q/k projections' scale, which QK-clip "
+                     "rescales");
+  }
 }
 
 void validate_config(const TrainerConfig& config) {
@@ -372,6 +392,10 @@ std::vector<std::string> config_warnings(const TrainerConfig& config) {
         " steps and (2.0, -1.5, 0.5) only after them, so all " + steps +
         " steps are legacy; set muon_ns_steps > " + std::to_string(kHybridLegacySteps) +
         " for the hybrid tail");
+  }
+  if (config.optimizer.target != "Muon" && muon.per_head) {
+    warnings.push_back("optimizer.muon_config.muon_per_head has no effect: optimizer._target_ is " +
+                       config.optimizer.target + ", not Muon");
   }
   return warnings;
 }

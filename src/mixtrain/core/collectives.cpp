@@ -3,8 +3,10 @@
 #include <ATen/ATen.h>
 
 #include <cstring>
+#include <memory>
 #include <mutex>
 #include <stdexcept>
+#include <utility>
 
 namespace mixtrain {
 namespace {
@@ -130,8 +132,39 @@ void record_collective(CollectiveOp op, int64_t bytes, double seconds) {
   add(process_stats()[op], bytes, seconds);
 }
 
+namespace {
+class FinishedWork final : public CollectiveWork {
+ public:
+  explicit FinishedWork(at::Tensor result) : result_(std::move(result)) {}
+  at::Tensor wait() override { return result_; }
+
+ private:
+  at::Tensor result_;
+};
+}  // namespace
+
+std::unique_ptr<CollectiveWork> finished_collective_work(at::Tensor result) {
+  return std::make_unique<FinishedWork>(std::move(result));
+}
+
+std::unique_ptr<CollectiveWork> Collectives::all_to_all_async(
+    const at::Tensor& input, const std::vector<int64_t>& send_counts,
+    const std::vector<int64_t>& recv_counts) {
+  return finished_collective_work(all_to_all(input, send_counts, recv_counts));
+}
+
+std::unique_ptr<CollectiveWork> Collectives::all_gather_async(const at::Tensor& local) {
+  return finished_collective_work(all_gather(local));
+}
+
 std::unique_ptr<Collectives> make_local_collectives(const std::string& name) {
   return std::make_unique<LocalCollectives>(name);
+}
+
+at::Tensor all_reduce_max(Collectives& group, const at::Tensor& local) {
+  if (group.size() == 1) return local.clone();
+  const at::Tensor gathered = group.all_gather(local.contiguous().unsqueeze(0));
+  return gathered.amax(0);
 }
 
 std::vector<std::string> all_gather_strings(Collectives& group, const std::string& text) {

@@ -21,6 +21,19 @@
 
 namespace mixtrain {
 
+// A collective started by one of the *_async calls below and possibly still in flight. wait()
+// blocks until this rank's part is done (on NCCL: makes the calling thread's current stream
+// wait, as the blocking calls do) and returns the result the blocking call would have
+// returned; it raises what the blocking call would raise. Call it once, before the group it
+// came from is destroyed. Destroying an unwaited handle waits and drops any error (an
+// exception already unwinding is the one to report), so the buffers are never freed while the
+// collective still reads or writes them.
+class CollectiveWork {
+ public:
+  virtual ~CollectiveWork() = default;
+  virtual at::Tensor wait() = 0;
+};
+
 class Collectives {
  public:
   virtual ~Collectives() = default;
@@ -42,7 +55,27 @@ class Collectives {
                                 const std::vector<int64_t>& recv_counts) = 0;
   virtual void broadcast(at::Tensor& tensor, int root) = 0;
   virtual void barrier() = 0;
+
+  // all_to_all / all_gather started and left in flight, so the caller can compute meanwhile
+  // (distributed Muon overlaps its exchanges with Newton–Schulz this way). Every rank starts
+  // them in the same order, as for the blocking calls, but may wait in any order; `input` /
+  // `local` must not be modified until wait() returns. The defaults run the blocking call at
+  // once and return it finished (the one-rank group, in-process test groups); Gloo and NCCL
+  // start them asynchronously on c10d's work queue / stream. Counted as one call each (bytes at
+  // the start; seconds: host time in the start and in wait(), not the time in flight).
+  virtual std::unique_ptr<CollectiveWork> all_to_all_async(const at::Tensor& input,
+                                                           const std::vector<int64_t>& send_counts,
+                                                           const std::vector<int64_t>& recv_counts);
+  virtual std::unique_ptr<CollectiveWork> all_gather_async(const at::Tensor& local);
 };
+
+// A CollectiveWork that is already done: wait() returns `result`.
+std::unique_ptr<CollectiveWork> finished_collective_work(at::Tensor result);
+// The elementwise max over the group of every rank's `local` (equal shapes; any dtype
+// all_gather carries). No max reduction exists among the collectives above, so this gathers
+// every rank's tensor and takes the max: size() x its bytes received, for the small tensors it
+// serves (QK-clip's per-head statistic). Collective.
+at::Tensor all_reduce_max(Collectives& group, const at::Tensor& local);
 
 // Every rank's `text`, in rank order (variable lengths: the lengths travel first). Collective.
 std::vector<std::string> all_gather_strings(Collectives& group, const std::string& text);

@@ -307,6 +307,19 @@ torch::Tensor ContextParallel::allgather_attention(const torch::Tensor& q, const
   return at::matmul(weights, repeat_kv(value, groups));
 }
 
+torch::Tensor ContextParallel::max_logits(const torch::Tensor& q, const torch::Tensor& k) {
+  at::NoGradGuard no_grad;
+  const int64_t n = cp_size(), local = k.size(2), seq = local * n;
+  // [S_local, B, Hkv, D] gathered rank-major; rank r's rows hold its two chunks' positions.
+  const at::Tensor gathered = group_->all_gather(k.permute({2, 0, 1, 3}).contiguous());
+  std::vector<at::Tensor> key_positions;
+  for (int64_t r = 0; r < n; ++r) {
+    key_positions.push_back(context_parallel_slice(at::arange(seq, at::kLong), r, n, 0));
+  }
+  return causal_max_logits(q, gathered.permute({1, 2, 0, 3}), positions(local),
+                           at::cat(key_positions));
+}
+
 torch::Tensor ContextParallel::all_reduce_sum(const torch::Tensor& x) {
   return SumOverGroup::apply(x, group_.get());
 }

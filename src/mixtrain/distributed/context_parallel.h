@@ -66,6 +66,10 @@ class ContextParallel : public ContextParallelHooks {
   torch::Tensor attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                           AttentionKernel kernel) override;
   torch::Tensor all_reduce_sum(const torch::Tensor& x) override;
+  // QK-clip: k all-gathered once more, without autograd (B Hkv S D elements received per layer
+  // and micro-batch, whatever the rotate method), then causal_max_logits of the local queries
+  // at their global positions over every key.
+  torch::Tensor max_logits(const torch::Tensor& q, const torch::Tensor& k) override;
 
  private:
   torch::Tensor ring_attention(const torch::Tensor& q, const torch::Tensor& k,

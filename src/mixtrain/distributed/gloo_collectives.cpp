@@ -2,7 +2,9 @@
 
 #include <ATen/ATen.h>
 
+#include <chrono>
 #include <stdexcept>
+#include <utility>
 
 #include "mixtrain/core/error.h"
 #include "mixtrain/distributed/collective_checks.h"
@@ -25,6 +27,64 @@ void GlooCollectives::wait(const c10::intrusive_ptr<c10d::Work>& work, const cha
                     first_line(error));
   }
 }
+
+namespace {
+
+// One started Gloo collective: the c10d Work, the buffers it reads and writes (kept alive
+// until it is done), and what the counters record when it is waited for.
+class GlooWork final : public CollectiveWork {
+ public:
+  using Clock = std::chrono::steady_clock;
+  GlooWork(const GlooCollectives& group, const char* op_name, CollectiveOp op, int64_t bytes,
+           c10::intrusive_ptr<c10d::Work> work, at::Tensor result, at::Tensor input,
+           Clock::duration issue_time)
+      : group_(group),
+        op_name_(op_name),
+        op_(op),
+        bytes_(bytes),
+        work_(std::move(work)),
+        result_(std::move(result)),
+        input_(std::move(input)),
+        host_time_(issue_time) {}
+  ~GlooWork() override {
+    if (!work_) return;
+    try {
+      work_->wait();
+    } catch (const std::exception&) {
+      // Unwinding from another error, which is the one to report.
+    }
+  }
+  at::Tensor wait() override {
+    if (!work_) throw std::logic_error(group_.name() + ": " + op_name_ + " waited twice");
+    const auto start = Clock::now();
+    auto work = std::move(work_);
+    try {
+      group_.wait(work, op_name_);
+    } catch (...) {
+      record(Clock::now() - start);
+      throw;
+    }
+    record(Clock::now() - start);
+    input_ = at::Tensor();
+    return std::move(result_);
+  }
+
+ private:
+  void record(Clock::duration waited) const {
+    record_collective(op_, bytes_, std::chrono::duration<double>(host_time_ + waited).count());
+  }
+
+  const GlooCollectives& group_;
+  const char* op_name_;
+  CollectiveOp op_;
+  int64_t bytes_;
+  c10::intrusive_ptr<c10d::Work> work_;
+  at::Tensor result_;
+  at::Tensor input_;
+  Clock::duration host_time_;
+};
+
+}  // namespace
 
 void GlooCollectives::check_input(const at::Tensor& tensor, const char* op) const {
   if (!tensor.defined() || !tensor.device().is_cpu() || !tensor.is_contiguous()) {
@@ -110,6 +170,43 @@ at::Tensor GlooCollectives::all_to_all(const at::Tensor& input,
   std::vector<int64_t> recv = recv_counts;
   wait(group_->alltoall_base(result, send_buffer, recv, send), "all_to_all");
   return result;
+}
+
+std::unique_ptr<CollectiveWork> GlooCollectives::all_to_all_async(
+    const at::Tensor& input, const std::vector<int64_t>& send_counts,
+    const std::vector<int64_t>& recv_counts) {
+  const auto start = GlooWork::Clock::now();
+  check_input(input, "all_to_all");
+  const AllToAllShape checked =
+      check_all_to_all(name_, rank_, size_, input, send_counts, recv_counts);
+  at::Tensor result = at::empty(checked.result, input.options());
+  at::Tensor send_buffer = input;
+  std::vector<int64_t> send = send_counts;
+  std::vector<int64_t> recv = recv_counts;
+  auto work = group_->alltoall_base(result, send_buffer, recv, send);
+  return std::make_unique<GlooWork>(*this, "all_to_all", CollectiveOp::kAllToAll,
+                                    checked.sent_bytes, std::move(work), std::move(result), input,
+                                    GlooWork::Clock::now() - start);
+}
+
+std::unique_ptr<CollectiveWork> GlooCollectives::all_gather_async(const at::Tensor& local) {
+  const auto start = GlooWork::Clock::now();
+  check_input(local, "all_gather");
+  std::vector<int64_t> shape = local.sizes().vec();
+  if (shape.empty()) shape.push_back(1);  // a scalar gathers into a vector
+  const int64_t rows = shape[0];
+  shape[0] = rows * size_;
+  at::Tensor result = at::empty(shape, local.options());
+  const int64_t bytes = (size_ - 1) * static_cast<int64_t>(local.nbytes());
+  if (result.numel() == 0) {
+    record_collective(CollectiveOp::kAllGather, bytes, 0.0);
+    return finished_collective_work(result);
+  }
+  at::Tensor input = local.reshape(result.narrow(0, 0, rows).sizes());
+  auto work = group_->_allgather_base(result, input);
+  return std::make_unique<GlooWork>(*this, "all_gather", CollectiveOp::kAllGather, bytes,
+                                    std::move(work), std::move(result), input,
+                                    GlooWork::Clock::now() - start);
 }
 
 void GlooCollectives::broadcast(at::Tensor& tensor, int root) {

@@ -15,7 +15,9 @@
 
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 
+#include <memory>
 #include <string>
+#include <vector>
 
 #include "mixtrain/core/collectives.h"
 
@@ -38,11 +40,18 @@ class GlooCollectives final : public Collectives {
                         const std::vector<int64_t>& recv_counts) override;
   void broadcast(at::Tensor& tensor, int root) override;
   void barrier() override;
+  // Enqueued on the process group's work queue (its worker threads move the bytes) and
+  // returned at once; wait() is the blocking call's wait, errors included.
+  std::unique_ptr<CollectiveWork> all_to_all_async(
+      const at::Tensor& input, const std::vector<int64_t>& send_counts,
+      const std::vector<int64_t>& recv_counts) override;
+  std::unique_ptr<CollectiveWork> all_gather_async(const at::Tensor& local) override;
 
   const c10::intrusive_ptr<c10d::ProcessGroupGloo>& process_group() const { return group_; }
+  // Waits for `work` of `op`; a failure or timeout becomes the UserError above.
+  void wait(const c10::intrusive_ptr<c10d::Work>& work, const char* op) const;
 
  private:
-  void wait(const c10::intrusive_ptr<c10d::Work>& work, const char* op) const;
   void check_input(const at::Tensor& tensor, const char* op) const;
 
   c10::intrusive_ptr<c10d::ProcessGroupGloo> group_;

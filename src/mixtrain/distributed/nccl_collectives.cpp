@@ -4,8 +4,11 @@
 #include <c10/cuda/CUDAStream.h>
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
 
+#include <chrono>
 #include <cstdlib>
+#include <functional>
 #include <stdexcept>
+#include <utility>
 
 #include "mixtrain/core/error.h"
 #include "mixtrain/distributed/collective_checks.h"
@@ -49,23 +52,88 @@ NcclCollectives::NcclCollectives(std::shared_ptr<NcclGroup> group, std::string n
       world_rank_(world_rank) {}
 
 template <typename Issue>
-void NcclCollectives::run(const char* op, Issue&& issue) const {
-  auto fail = [&](const std::exception& error) {
-    return UserError(name_ + ": " + op + " failed on rank " + std::to_string(world_rank_) + ": " +
-                     first_line(error));
-  };
-  c10::intrusive_ptr<c10d::Work> work;
+c10::intrusive_ptr<c10d::Work> NcclCollectives::issue(const char* op, Issue&& start) const {
   try {
-    work = issue(group_->backend());
+    return start(group_->backend());
   } catch (const c10::DistError& error) {  // communicator setup or NCCL errors, not arguments
-    throw fail(error);
+    throw UserError(name_ + ": " + op + " failed on rank " + std::to_string(world_rank_) + ": " +
+                    first_line(error));
   }
+}
+
+void NcclCollectives::wait(const c10::intrusive_ptr<c10d::Work>& work, const char* op) const {
   try {
     work->wait();  // the current stream waits for the NCCL stream; the host does not
   } catch (const std::exception& error) {
-    throw fail(error);
+    throw UserError(name_ + ": " + op + " failed on rank " + std::to_string(world_rank_) + ": " +
+                    first_line(error));
   }
 }
+
+template <typename Issue>
+void NcclCollectives::run(const char* op, Issue&& issue_op) const {
+  wait(issue(op, std::forward<Issue>(issue_op)), op);
+}
+
+namespace {
+
+// One issued NCCL collective: its Work, the device buffers (kept alive until the current
+// stream has waited for it), and where the result goes.
+class NcclWork final : public CollectiveWork {
+ public:
+  using Clock = std::chrono::steady_clock;
+  NcclWork(std::function<void(const c10::intrusive_ptr<c10d::Work>&)> wait_fn, std::string what,
+           CollectiveOp op, int64_t bytes, c10::intrusive_ptr<c10d::Work> work, at::Tensor result,
+           at::Tensor input, c10::Device result_device, Clock::duration issue_time)
+      : wait_fn_(std::move(wait_fn)),
+        what_(std::move(what)),
+        op_(op),
+        bytes_(bytes),
+        work_(std::move(work)),
+        result_(std::move(result)),
+        input_(std::move(input)),
+        result_device_(result_device),
+        host_time_(issue_time) {}
+  ~NcclWork() override {
+    if (!work_) return;
+    try {
+      work_->wait();
+    } catch (const std::exception&) {
+      // Unwinding from another error, which is the one to report.
+    }
+  }
+  at::Tensor wait() override {
+    if (!work_) throw std::logic_error(what_ + " waited twice");
+    const auto start = Clock::now();
+    auto work = std::move(work_);
+    struct Record {
+      const NcclWork& self;
+      Clock::time_point start;
+      ~Record() {
+        record_collective(
+            self.op_, self.bytes_,
+            std::chrono::duration<double>(self.host_time_ + (Clock::now() - start)).count());
+      }
+    } record{*this, start};
+    wait_fn_(work);
+    input_ = at::Tensor();
+    at::Tensor result = std::move(result_);
+    return result.device() == result_device_ ? result : result.to(result_device_);
+  }
+
+ private:
+  std::function<void(const c10::intrusive_ptr<c10d::Work>&)> wait_fn_;
+  std::string what_;
+  CollectiveOp op_;
+  int64_t bytes_;
+  c10::intrusive_ptr<c10d::Work> work_;
+  at::Tensor result_;
+  at::Tensor input_;
+  c10::Device result_device_;
+  Clock::duration host_time_;
+};
+
+}  // namespace
 
 at::Tensor NcclCollectives::on_device(const at::Tensor& tensor, const char* op) const {
   if (!tensor.defined() || !tensor.is_contiguous()) {
@@ -151,6 +219,47 @@ at::Tensor NcclCollectives::all_to_all(const at::Tensor& input,
   run("all_to_all",
       [&](c10d::Backend& group) { return group.alltoall_base(result, send_buffer, recv, send); });
   return input.device() == result.device() ? result : result.to(input.device());
+}
+
+std::unique_ptr<CollectiveWork> NcclCollectives::all_to_all_async(
+    const at::Tensor& input, const std::vector<int64_t>& send_counts,
+    const std::vector<int64_t>& recv_counts) {
+  const auto start = NcclWork::Clock::now();
+  at::Tensor send_buffer = on_device(input, "all_to_all");
+  const AllToAllShape checked =
+      check_all_to_all(name_, rank_, size_, input, send_counts, recv_counts);
+  at::Tensor result = at::empty(checked.result, send_buffer.options());
+  std::vector<int64_t> send = send_counts;
+  std::vector<int64_t> recv = recv_counts;
+  auto work = issue("all_to_all", [&](c10d::Backend& group) {
+    return group.alltoall_base(result, send_buffer, recv, send);
+  });
+  return std::make_unique<NcclWork>(
+      [this](const c10::intrusive_ptr<c10d::Work>& w) { wait(w, "all_to_all"); },
+      name_ + ": all_to_all", CollectiveOp::kAllToAll, checked.sent_bytes, std::move(work),
+      std::move(result), std::move(send_buffer), input.device(), NcclWork::Clock::now() - start);
+}
+
+std::unique_ptr<CollectiveWork> NcclCollectives::all_gather_async(const at::Tensor& local) {
+  const auto start = NcclWork::Clock::now();
+  at::Tensor input = on_device(local, "all_gather");
+  std::vector<int64_t> shape = input.sizes().vec();
+  if (shape.empty()) shape.push_back(1);  // a scalar gathers into a vector
+  const int64_t rows = shape[0];
+  shape[0] = rows * size_;
+  at::Tensor result = at::empty(shape, input.options());
+  const int64_t bytes = (size_ - 1) * static_cast<int64_t>(input.nbytes());
+  if (result.numel() == 0) {
+    record_collective(CollectiveOp::kAllGather, bytes, 0.0);
+    return finished_collective_work(result.to(local.device()));
+  }
+  input = input.reshape(result.narrow(0, 0, rows).sizes());
+  auto work = issue("all_gather",
+                    [&](c10d::Backend& group) { return group._allgather_base(result, input); });
+  return std::make_unique<NcclWork>(
+      [this](const c10::intrusive_ptr<c10d::Work>& w) { wait(w, "all_gather"); },
+      name_ + ": all_gather", CollectiveOp::kAllGather, bytes, std::move(work), std::move(result),
+      std::move(input), local.device(), NcclWork::Clock::now() - start);
 }
 
 void NcclCollectives::broadcast(at::Tensor& tensor, int root) {

@@ -77,8 +77,22 @@ class NcclCollectives final : public Collectives {
                         const std::vector<int64_t>& recv_counts) override;
   void broadcast(at::Tensor& tensor, int root) override;
   void barrier() override;
+  // Issued on NCCL's stream (which first waits for the current stream, so the input is
+  // complete) and returned at once; wait() makes the current stream wait for it, so work
+  // queued between the two runs beside the transfer. A host input is staged as in the
+  // blocking call and the result copied back in wait().
+  std::unique_ptr<CollectiveWork> all_to_all_async(
+      const at::Tensor& input, const std::vector<int64_t>& send_counts,
+      const std::vector<int64_t>& recv_counts) override;
+  std::unique_ptr<CollectiveWork> all_gather_async(const at::Tensor& local) override;
 
  private:
+  // Issues one collective and returns its Work without waiting; a failure to issue becomes
+  // the UserError above.
+  template <typename Issue>
+  c10::intrusive_ptr<c10d::Work> issue(const char* op, Issue&& start) const;
+  // Work::wait() with the same error conversion.
+  void wait(const c10::intrusive_ptr<c10d::Work>& work, const char* op) const;
   // Issues one collective and makes the current stream wait for it; a failure becomes the
   // UserError above.
   template <typename Issue>

@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 
@@ -38,6 +39,37 @@ torch::Tensor causal_attention(const torch::Tensor& q, const torch::Tensor& k,
   // Upcast for the softmax, as HF: bf16 exp/sum over the keys loses too much.
   weights = at::softmax(weights, -1, at::kFloat).to(q.scalar_type());
   return at::matmul(weights, value);
+}
+
+torch::Tensor causal_max_logits(const torch::Tensor& q, const torch::Tensor& k,
+                                const torch::Tensor& q_positions,
+                                const torch::Tensor& k_positions) {
+  TORCH_CHECK(q.dim() == 4 && k.dim() == 4 && q.size(0) == k.size(0) && q.size(3) == k.size(3) &&
+                  q.size(1) % k.size(1) == 0,
+              "causal_max_logits: q ", q.sizes(), " and k ", k.sizes(), " do not fit");
+  at::NoGradGuard no_grad;
+  const int64_t batch = q.size(0), heads = q.size(1), q_len = q.size(2), k_len = k.size(2);
+  const auto long_options = at::TensorOptions().dtype(at::kLong).device(q.device());
+  const at::Tensor q_pos =
+      q_positions.defined() ? q_positions.to(q.device()) : at::arange(q_len, long_options);
+  const at::Tensor k_pos =
+      k_positions.defined() ? k_positions.to(q.device()) : at::arange(k_len, long_options);
+  TORCH_CHECK(q_pos.numel() == q_len && k_pos.numel() == k_len,
+              "causal_max_logits: positions do not match the sequence lengths");
+  const at::Tensor key = repeat_kv(k.to(at::kFloat), heads / k.size(1)).transpose(2, 3);
+  const double scale = 1.0 / std::sqrt(double(q.size(3)));
+  const int64_t rows =
+      std::max<int64_t>(1, (int64_t{1} << 24) / std::max<int64_t>(1, batch * heads * k_len));
+  at::Tensor result =
+      at::full({heads}, -std::numeric_limits<float>::infinity(), q.options().dtype(at::kFloat));
+  for (int64_t start = 0; start < q_len; start += rows) {
+    const int64_t n = std::min(rows, q_len - start);
+    at::Tensor scores = at::matmul(q.narrow(2, start, n).to(at::kFloat), key) * scale;
+    const at::Tensor hidden = k_pos.unsqueeze(0) > q_pos.narrow(0, start, n).unsqueeze(1);
+    scores.masked_fill_(hidden, -std::numeric_limits<float>::infinity());
+    result = at::maximum(result, scores.amax({0, 2, 3}));
+  }
+  return result;
 }
 
 torch::Tensor repeat_kv(const torch::Tensor& x, int64_t n_rep) {

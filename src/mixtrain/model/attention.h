@@ -34,6 +34,18 @@ AttentionKernel attention_kernel_for(c10::ScalarType dtype);
 torch::Tensor causal_attention(const torch::Tensor& q, const torch::Tensor& k,
                                const torch::Tensor& v, AttentionKernel kernel);
 
+// QK-clip's statistic (Kimi K2, arXiv 2507.20534): per query head h, the max over the batch and
+// over every (query i, key j) pair the causal mask lets through of the scaled logit
+// q_i . k_j / sqrt(D), computed in float32 without autograd. q [B, Hq, Sq, D], k [B, Hkv, Sk, D]
+// (query head h reads kv head h / (Hq / Hkv)); q_positions int64 [Sq] and k_positions [Sk] are
+// the tokens' positions (pair allowed when k_pos <= q_pos); undefined: both 0..S-1 (Sq == Sk).
+// -> float32 [Hq] on q's device. The scores are formed in blocks of query rows (at most 2^24
+// floats at a time), so the memory is bounded whatever the sequence length; the cost is one
+// extra Q K^T per forward.
+torch::Tensor causal_max_logits(const torch::Tensor& q, const torch::Tensor& k,
+                                const torch::Tensor& q_positions = {},
+                                const torch::Tensor& k_positions = {});
+
 // Grouped-query attention: [B, Hkv, S, D] -> [B, Hkv * n_rep, S, D], query head h reads kv head
 // h / n_rep (HF repeat_kv, = repeat_interleave on dim 1).
 torch::Tensor repeat_kv(const torch::Tensor& x, int64_t n_rep);

@@ -29,6 +29,7 @@
 
 #include "mixtrain/config/trainer_config.h"
 #include "mixtrain/model/attention.h"
+#include "mixtrain/model/max_logit_recorder.h"
 
 namespace mixtrain {
 
@@ -120,6 +121,10 @@ class ContextParallelHooks {
   // The sum of x over the cp group (float32/float64); backward sums the gradients over the
   // group too (every rank's loss uses the sum).
   virtual torch::Tensor all_reduce_sum(const torch::Tensor& x) = 0;
+  // QK-clip's statistic (attention.h causal_max_logits) of this rank's queries over the keys of
+  // the whole sequence, without autograd: q/k as attention() takes them -> float32 [Hq]. Called
+  // only while a MaxLogitRecorder is installed; collective over the cp group.
+  virtual torch::Tensor max_logits(const torch::Tensor& q, const torch::Tensor& k) = 0;
 };
 
 // The hooks a model's forward calls, named after torch FSDP2's unshard / post-forward reshard.
@@ -186,6 +191,12 @@ class CausalLM : public torch::nn::Module {
   const std::shared_ptr<ParameterMaterializer>& parameter_materializer() const {
     return *materializer_;
   }
+  // QK-clip: while installed, every attention forward records its heads' max logits into it
+  // (max_logit_recorder.h); nullptr (the default) records nothing.
+  void set_max_logit_recorder(std::shared_ptr<MaxLogitRecorder> recorder) {
+    *recorder_ = std::move(recorder);
+  }
+  const std::shared_ptr<MaxLogitRecorder>& max_logit_recorder() const { return *recorder_; }
 
  protected:
   // Gives every parameter of `module` (registered under `prefix`, e.g. "model.layers.0.mlp.")
@@ -200,9 +211,12 @@ class CausalLM : public torch::nn::Module {
   // materializer after construction reaches all of them).
   using MaterializerSlot = std::shared_ptr<std::shared_ptr<ParameterMaterializer>>;
   const MaterializerSlot& materializer_slot() const { return materializer_; }
+  using RecorderSlot = std::shared_ptr<std::shared_ptr<MaxLogitRecorder>>;
+  const RecorderSlot& max_logit_recorder_slot() const { return recorder_; }
 
  private:
   MaterializerSlot materializer_ = std::make_shared<std::shared_ptr<ParameterMaterializer>>();
+  RecorderSlot recorder_ = std::make_shared<std::shared_ptr<MaxLogitRecorder>>();
   std::map<std::string, ParamRole> roles_;
   std::map<std::string, int64_t> tp_dims_;  // absent: -1
 };

@@ -43,6 +43,10 @@ ContextParallelHooks* ParamAccess::context_parallel() const {
   return m ? m->context_parallel() : nullptr;
 }
 
+MaxLogitRecorder* ParamAccess::max_logit_recorder() const {
+  return recorder_slot ? recorder_slot->get() : nullptr;
+}
+
 WeightedLayer::WeightedLayer(at::IntArrayRef weight_shape, ParamAccess access)
     : access_(std::move(access)) {
   weight = register_parameter("weight", torch::empty(weight_shape));
@@ -160,6 +164,12 @@ torch::Tensor Qwen2Attention::forward(const torch::Tensor& x, const torch::Tenso
   // With context parallelism the keys and values of the other ranks' chunks take part too.
   const AttentionKernel kernel = attention_kernel_for(query.scalar_type());
   ContextParallelHooks* cp = access_.context_parallel();
+  if (MaxLogitRecorder* recorder = access_.max_logit_recorder()) {
+    // QK-clip: query heads [tp_rank * heads, ...) of the model's num_heads_.
+    const int64_t tp_rank = tp != nullptr ? tp->tp_rank() : 0;
+    recorder->record(access_.prefix, num_heads_, tp_rank * heads,
+                     cp != nullptr ? cp->max_logits(query, key) : causal_max_logits(query, key));
+  }
   auto attn_output = cp != nullptr ? cp->attention(query, key, value, kernel)
                                    : causal_attention(query, key, value, kernel);
   attn_output = attn_output.transpose(1, 2).reshape({bsz, q_len, heads * head_dim_});

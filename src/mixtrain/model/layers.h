@@ -32,14 +32,19 @@ namespace mixtrain {
 struct ParamAccess {
   std::shared_ptr<std::shared_ptr<ParameterMaterializer>> slot;
   std::string prefix;  // e.g. "model.layers.0.self_attn.q_proj."
+  // The model's QK-clip recorder slot (CausalLM::set_max_logit_recorder); may be null.
+  std::shared_ptr<std::shared_ptr<MaxLogitRecorder>> recorder_slot = nullptr;
 
-  ParamAccess child(const std::string& name) const { return {slot, prefix + name + "."}; }
+  ParamAccess child(const std::string& name) const {
+    return {slot, prefix + name + ".", recorder_slot};
+  }
   torch::Tensor unshard(const std::string& local_name, const torch::Tensor& param) const;
   torch::Tensor post_forward(const std::vector<std::string>& local_names,
                              const torch::Tensor& output) const;
   ExpertDispatcher* expert_dispatcher() const;
   TensorParallelHooks* tensor_parallel() const;    // nullptr without tensor parallelism
   ContextParallelHooks* context_parallel() const;  // nullptr without context parallelism
+  MaxLogitRecorder* max_logit_recorder() const;    // nullptr unless QK-clip records
 };
 
 // A layer whose parameters are `weight` (registered first, left uninitialised for
@@ -114,11 +119,13 @@ struct AttentionOptions {
 
 // HF Qwen2Attention / LlamaAttention / Qwen3MoeAttention (eval, no cache): q/k/v projections,
 // [q_norm, k_norm per head,] rotary on q and k, causal grouped-query attention with the kernel
-// attention_kernel_for(compute dtype), o projection. Registration order is HF's: q, k, v, o,
-// q_norm, k_norm. Tensor parallelism: q/k/v column-, o row-parallel, so a rank computes
-// num_heads/tp query and num_kv_heads/tp kv heads (query head h still reads kv head
-// h / (num_heads / num_kv_heads)); q/k norms whole, their weight gradients summed over tp
-// (RMSNorm tp_local_heads).
+// attention_kernel_for(compute dtype), o projection. With a MaxLogitRecorder installed, the
+// heads' max logits (after rotary, over the whole sequence under context parallelism) are
+// recorded under this module's prefix at the rank's global head indices. Registration order is
+// HF's: q, k, v, o, q_norm, k_norm. Tensor parallelism: q/k/v column-, o row-parallel, so a rank
+// computes num_heads/tp query and num_kv_heads/tp kv heads (query head h still reads kv head h /
+// (num_heads / num_kv_heads)); q/k norms whole, their weight gradients summed over tp (RMSNorm
+// tp_local_heads).
 class Qwen2Attention : public torch::nn::Module {
  public:
   Qwen2Attention(const ModelConfig& c, const ParamAccess& access, const AttentionOptions& options);
@@ -214,7 +221,7 @@ class Qwen2FamilyForCausalLM : public CausalLM {
   template <typename... ModelArgs>
   Qwen2FamilyForCausalLM(const ModelConfig& c, const char* label, const ModelArgs&... model_args)
       : config_(c), label_(label) {
-    const ParamAccess root{materializer_slot(), ""};
+    const ParamAccess root{materializer_slot(), "", max_logit_recorder_slot()};
     model =
         register_module("model", std::make_shared<Model>(c, root.child("model"), model_args...));
     // Column-parallel under tp: the logits stay split over the vocabulary.

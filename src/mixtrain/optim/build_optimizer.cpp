@@ -8,6 +8,7 @@
 #include "mixtrain/core/logging.h"
 #include "mixtrain/optim/chained_optimizer.h"
 #include "mixtrain/optim/mixed_precision_optimizer.h"
+#include "mixtrain/optim/muon.h"
 #include "mixtrain/optim/optimizer_table.h"
 #include "mixtrain/optim/routing.h"
 
@@ -28,6 +29,21 @@ void add_to_groups(LeafGroups& leaf, const RouteEntry& route, const at::Tensor& 
   if (index == leaf.groups.size()) leaf.groups.push_back({route.lr, route.weight_decay, {}});
   leaf.groups[index].params.push_back(param);
   leaf.named.emplace_back(route.name, param);
+}
+
+// muon_per_head: q/k/v/o of every attention layer orthogonalized per head of head_dim.
+void split_attention_heads(Muon& muon, const NamedTensors& named, int64_t head_dim) {
+  int64_t split = 0;
+  for (const auto& [name, param] : named) {
+    if (const auto heads = attention_head_split(name, head_dim)) {
+      muon.set_head_split(param, *heads);
+      ++split;
+    }
+  }
+  log_info("Muon per head: " + std::to_string(split) +
+           " attention matrices (self_attn.{q,k,v,o}_proj.weight) orthogonalized per head of " +
+           std::to_string(head_dim) +
+           (split == 0 ? " (none found: every matrix stays whole)" : ""));
 }
 
 }  // namespace
@@ -59,8 +75,11 @@ std::unique_ptr<TrainingOptimizer> build_optimizer(
   try {
     for (const OptimizerTableEntry& entry : optimizer_table()) {
       auto leaf = leaves.find(entry.name);
-      if (leaf != leaves.end())
-        chained->add_leaf(entry.make(leaf->second.groups, optimizer), leaf->second.named);
+      if (leaf == leaves.end()) continue;
+      std::unique_ptr<LeafOptimizer> made = entry.make(leaf->second.groups, optimizer);
+      if (auto* muon = dynamic_cast<Muon*>(made.get()); muon && optimizer.muon.per_head)
+        split_attention_heads(*muon, leaf->second.named, config.model.head_dim);
+      chained->add_leaf(std::move(made), leaf->second.named);
     }
   } catch (const std::invalid_argument& error) {
     // An option the leaf refuses is a config problem; name the section it came from.

@@ -166,6 +166,8 @@ class ChainedOptimizer : public TrainingOptimizer {
   // given one are kWhole. Throws std::invalid_argument for a name that is not a trainable
   // parameter here, changing nothing.
   void set_placements(const std::vector<ParamPlacement>& placements);
+  // The placement of `name` (kWhole until set_placements); std::invalid_argument if unknown.
+  const ParamPlacement& placement(const std::string& name) const { return entry(name).placement; }
   // torch.nn.utils.clip_grad_norm_ (norm type 2) over the whole parameters whose local pieces
   // these grads are (grad_clip.h, placed form); returns the pre-clip norm. Collective over the
   // placements' groups when any piece is sharded.

@@ -8,12 +8,13 @@
 #include <c10/util/accumulate.h>
 
 #include <algorithm>
-#include <numeric>
+#include <memory>
 #include <stdexcept>
 #include <utility>
 
 #include "mixtrain/core/dtype.h"
 #include "mixtrain/optim/muon.h"
+#include "mixtrain/optim/muon_owner_plan.h"
 #include "mixtrain/optim/normuon.h"
 
 namespace mixtrain {
@@ -79,26 +80,6 @@ std::vector<int64_t> fsdp_chunk_rows(int64_t dim0, int ranks) {
   std::vector<int64_t> rows(ranks);
   for (int r = 0; r < ranks; ++r) rows[r] = std::clamp<int64_t>(dim0 - r * chunk, 0, chunk);
   return rows;
-}
-
-std::vector<std::vector<size_t>> muon_owner_buckets(const std::vector<MuonOwnerItem>& items,
-                                                    int ranks) {
-  if (ranks < 1) throw std::invalid_argument("muon_owner_buckets: ranks must be >= 1");
-  std::vector<size_t> order(items.size());
-  std::iota(order.begin(), order.end(), size_t{0});
-  // Similar sizes share a bucket, so owners get similar Newton–Schulz work and the DDP path
-  // pads little; stable, so equal (numel, name) keep their index order on every rank.
-  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
-    if (items[a].numel != items[b].numel) return items[a].numel < items[b].numel;
-    return items[a].name < items[b].name;
-  });
-  std::vector<std::vector<size_t>> buckets;
-  for (size_t i = 0; i < order.size(); i += static_cast<size_t>(ranks)) {
-    const size_t end = std::min(order.size(), i + static_cast<size_t>(ranks));
-    buckets.emplace_back(order.begin() + static_cast<std::ptrdiff_t>(i),
-                         order.begin() + static_cast<std::ptrdiff_t>(end));
-  }
-  return buckets;
 }
 
 c10::ScalarType parse_muon_communication_dtype(const std::string& name) {
@@ -234,12 +215,18 @@ void Muon::step_distributed() {
     for (size_t i = 0; i < params.size(); ++i) {
       const MuonSharding& sharding = sharding_[g][i];
       if (muon_steps_locally(sharding, params[i].dim())) continue;  // step_experts
+      // Every rank refuses a head split that does not fit the whole matrix, before any
+      // collective (an owner throwing alone would leave the others waiting).
+      muon_matrix_shape(sharding.whole_shape(sharding.kind == MuonSharding::Kind::kFsdp
+                                                 ? sharding.full_shape
+                                                 : params[i].sizes().vec()),
+                        head_split_[g][i], describe(sharding));
       auto it = std::find_if(paths.begin(), paths.end(), [&](const Path& path) {
         return path.comm == sharding.group.get() && path.kind == sharding.kind;
       });
       if (it == paths.end())
         it = paths.insert(paths.end(), {sharding.group.get(), sharding.kind, {}});
-      it->params.push_back({g, params[i], &sharding});
+      it->params.push_back({g, params[i], &sharding, &head_split_[g][i]});
     }
   }
   for (const auto& path : paths) {
@@ -287,39 +274,26 @@ at::Tensor tp_slice(const MuonSharding& sharding, const at::Tensor& whole) {
   return whole.narrow(sharding.tp_dim, sharding.tp_group->rank() * n, n).contiguous();
 }
 
-// The update scale of a matrix whose tp slice is `slice_shape`: from the whole matrix's shape.
-double whole_scale(const MuonSharding& sharding, const std::vector<int64_t>& slice_shape,
-                   const MuonOptions& options) {
-  const auto whole = sharding.whole_shape(slice_shape);
-  return muon_update_scale(whole[whole.size() - 2], whole[whole.size() - 1], options.adjust_lr_fn(),
-                           options.matched_adamw_rms());
+// The update scale of a matrix whose tp slice is `slice_shape`: from the whole matrix's shape,
+// or its heads' under a head split.
+double whole_scale(const MuonSharding& sharding, const MuonHeadSplit& split,
+                   const std::vector<int64_t>& slice_shape, const MuonOptions& options) {
+  const auto [rows, cols] =
+      muon_matrix_shape(sharding.whole_shape(slice_shape), split, describe(sharding));
+  return muon_update_scale(rows, cols, options.adjust_lr_fn(), options.matched_adamw_rms());
 }
 
-// NorMuon's v rows of the whole matrix from this rank's tp slice's rows `v`: a row split
-// (tp_dim 0) gathers them over tp_group; a column split leaves every tp rank all rows.
-at::Tensor gather_tp_rows(const MuonSharding& sharding, const at::Tensor& v) {
-  if (!sharding.tp_split() || sharding.tp_dim != 0) return v;
-  return sharding.tp_group->all_gather(v.contiguous());
+// NorMuon's v rows (the param's shape without its last dim) travel with u: that many per
+// matrix of `shape` with NorMuon on, else none.
+int64_t normuon_rows(const std::vector<int64_t>& shape, const MuonOptions& options) {
+  if (!options.normuon() || shape.empty() || shape.back() == 0) return 0;
+  return product(shape, 0) / shape.back();
 }
 
-// This rank's tp slice's rows of the whole matrix's v rows.
-at::Tensor tp_slice_rows(const MuonSharding& sharding, const at::Tensor& v) {
-  if (!sharding.tp_split() || sharding.tp_dim != 0) return v;
-  const int64_t n = v.size(0) / sharding.tp_group->size();
-  return v.narrow(0, sharding.tp_group->rank() * n, n).contiguous();
-}
-
-// Newton–Schulz of the whole matrix `whole_u`, then (normuon) NorMuon with the whole matrix's
-// v rows `whole_v` (float32, updated in place): the update, float32 with normuon.
-at::Tensor orthogonalize_whole(const MuonOptions& options, const at::Tensor& whole_u,
-                               at::Tensor& whole_v) {
-  const auto schedule =
-      newton_schulz_schedule(options.ns_variant(), options.ns_steps(), options.ns_coefficients());
-  const at::Tensor o =
-      newton_schulz(whole_u, schedule, options.ns_epsilon(), options.ns_dtype(),
-                    newton_schulz_norm_scale(options.ns_variant(), options.ns_steps()));
-  if (!options.normuon()) return o;
-  return normuon_normalize(o, whole_v, options.normuon_beta2(), options.normuon_epsilon());
+// v rows of a tp slice are split like the slice's rows unless tp_dim is the last (column) dim,
+// where every tp peer holds all of them.
+bool tp_splits_rows(const MuonSharding& sharding, const at::Tensor& v) {
+  return sharding.tp_split() && sharding.tp_dim < v.dim();
 }
 
 at::Tensor concat_flat(const std::vector<at::Tensor>& pieces, c10::ScalarType dtype,
@@ -330,6 +304,45 @@ at::Tensor concat_flat(const std::vector<at::Tensor>& pieces, c10::ScalarType dt
 
 }  // namespace
 
+namespace {
+
+// A plan item of a 2-D matrix: `numel` elements assembled by its owner, the Newton–Schulz
+// FLOPs of the whole matrix (tp slices gathered) that `slice_shape` belongs to.
+MuonOwnerItem owner_item(const MuonSharding& sharding, const MuonHeadSplit& split,
+                         const std::vector<int64_t>& slice_shape, const MuonOptions& options) {
+  const auto whole = sharding.whole_shape(slice_shape);
+  const auto [rows, cols] = muon_matrix_shape(whole, split, describe(sharding));
+  const int64_t matrices = product(whole, 0) / (rows * cols);  // heads under a split, else 1
+  // With NorMuon the owner assembles the v rows too: counted, so the bucket bound holds.
+  return {product(slice_shape, 0) + normuon_rows(slice_shape, options), sharding.name,
+          matrices * newton_schulz_flops(rows, cols, options.ns_steps())};
+}
+
+}  // namespace
+
+at::Tensor Muon::owner_update(const DistributedParam& d, const at::Tensor& u, c10::ScalarType wire,
+                              at::Tensor& v) {
+  const MuonOptions& options = group_options(d.group);
+  const at::Tensor whole = gather_tp(*d.sharding, u);
+  // O merged back to the whole matrix's layout (per head or not): NorMuon's rows are its rows.
+  at::Tensor o = orthogonalize(d.group, options, *d.head_split, whole);
+  if (options.normuon()) {
+    const bool split_rows = tp_splits_rows(*d.sharding, v);
+    at::Tensor whole_v = split_rows ? gather_tp(*d.sharding, v) : v.clone();
+    o = normuon_normalize(o, whole_v, options.normuon_beta2(), options.normuon_epsilon());
+    v = split_rows ? tp_slice(*d.sharding, whole_v) : whole_v;
+  }
+  return tp_slice(*d.sharding, o).reshape({-1}).to(wire);
+}
+
+// step_fsdp, per bucket of the plan (muon_owner_plan.h), on this rank:
+//   send: for each rank r, for each item r owns (bucket order): this rank's shard of u, then
+//         (NorMuon) the shard's v rows
+//   recv: for each rank j, for each item this rank owns (bucket order): rank j's rows of it
+//         (and their v rows)
+// The update (and the new v rows) comes back on the mirrored layout. Pipelined: bucket k+1's u is
+// in flight while bucket k is orthogonalized, and bucket k-1's update while bucket k is, too; every
+// rank starts the exchanges in the same order (u0, u1, O0, u2, O1, ...).
 void Muon::step_fsdp(Collectives& comm, const std::vector<DistributedParam>& all_params) {
   const int n = comm.size();
   const int rank = comm.rank();
@@ -339,10 +352,10 @@ void Muon::step_fsdp(Collectives& comm, const std::vector<DistributedParam>& all
   for (const auto& d : all_params) {
     if (!d.param.grad().defined()) continue;
     TORCH_CHECK(!d.param.grad().is_sparse(), "Muon does not support sparse gradients");
-    const int64_t full_numel = product(d.sharding->full_shape, 0);
     params.push_back(&d);
-    items.push_back({full_numel, d.sharding->name});
-    numel += full_numel;
+    items.push_back(
+        owner_item(*d.sharding, *d.head_split, d.sharding->full_shape, group_options(d.group)));
+    numel += items.back().numel;
   }
   // Every buffer of the path lives on the params' device (the first one's: one rank, one device).
   const c10::Device device = all_params.front().param.device();
@@ -350,104 +363,143 @@ void Muon::step_fsdp(Collectives& comm, const std::vector<DistributedParam>& all
   auto options_of = [&](size_t item) -> const MuonOptions& {
     return group_options(params[item]->group);
   };
+  const std::vector<MuonOwnerBucket> plan = muon_owner_plan(items, n);
+  // NorMuon's v rows of this rank's shard of `item` (0 without NorMuon), and the elements one
+  // row of the assembled matrix travels as (its u row, then its v row).
+  auto v_rows_of = [&](size_t item) {
+    return normuon_rows(params[item]->param.sizes().vec(), options_of(item));
+  };
+  auto row_payload = [&](size_t item) {
+    return product(params[item]->sharding->full_shape, 1) + (options_of(item).normuon() ? 1 : 0);
+  };
 
-  for (const auto& bucket : muon_owner_buckets(items, n)) {
-    const c10::ScalarType wire = wire_dtype(bucket, options_of);
-
-    // 1. Momentum on the shard; slot i's shard of u goes to rank i, followed (NorMuon) by the
-    //    shard's v rows, float32 like the whole bucket's wire then.
-    std::vector<int64_t> send_counts(n, 0);
-    std::vector<int64_t> u_counts(n, 0);
+  // This rank's side of one bucket's exchange.
+  struct Layout {
+    c10::ScalarType wire;
+    std::vector<size_t> sent;   // items whose shard this rank sends, in send order
+    std::vector<size_t> owned;  // items this rank orthogonalizes, bucket order
+    std::vector<int64_t> send_counts, recv_counts;
+  };
+  auto layout_of = [&](const MuonOwnerBucket& bucket) {
+    Layout layout{wire_dtype(bucket.items, options_of),
+                  {},
+                  {},
+                  std::vector<int64_t>(n, 0),
+                  std::vector<int64_t>(n, 0)};
+    for (int r = 0; r < n; ++r) {
+      for (size_t j = 0; j < bucket.items.size(); ++j) {
+        if (bucket.owners[j] != r) continue;
+        const size_t item = bucket.items[j];
+        layout.sent.push_back(item);
+        layout.send_counts[r] += params[item]->param.numel() + v_rows_of(item);
+        if (r != rank) continue;
+        layout.owned.push_back(item);
+        const auto& full = params[item]->sharding->full_shape;
+        const auto rows = fsdp_chunk_rows(full[0], n);
+        for (int s = 0; s < n; ++s) layout.recv_counts[s] += rows[s] * row_payload(item);
+      }
+    }
+    return layout;
+  };
+  // 1. Momentum on the shards, every owner's in one buffer, and its exchange started.
+  auto start_u = [&](const Layout& layout) {
     std::vector<at::Tensor> pieces;
-    for (size_t slot = 0; slot < bucket.size(); ++slot) {
-      const DistributedParam& d = *params[bucket[slot]];
-      const MuonOptions& options = group_options(d.group);
-      const at::Tensor u = momentum_direction(d.param, d.param.grad(), options, wire);
-      pieces.push_back(u.reshape({-1}));
-      u_counts[slot] = u.numel();
-      send_counts[slot] = u.numel();
-      if (options.normuon()) {
-        pieces.push_back(read_normuon_v(d.param).reshape({-1}));
-        send_counts[slot] += d.param.size(0);
-      }
+    for (size_t item : layout.sent) {
+      const DistributedParam& d = *params[item];
+      pieces.push_back(
+          momentum_direction(d.param, d.param.grad(), group_options(d.group), layout.wire)
+              .reshape({-1}));
+      if (v_rows_of(item) > 0) pieces.push_back(read_normuon_v(d.param).reshape({-1}));
     }
-    const at::Tensor send = concat_flat(pieces, wire, device);
-    pieces.clear();
-
-    // The owner receives every rank's chunk, in rank order: the full u, row-major (and after
-    // each chunk its v rows).
-    const bool owner = static_cast<size_t>(rank) < bucket.size();
-    const DistributedParam* owned = owner ? params[bucket[rank]] : nullptr;
-    const bool owned_normuon = owned && group_options(owned->group).normuon();
-    std::vector<int64_t> recv_counts(n, 0);
-    std::vector<int64_t> rows;
-    int64_t row_numel = 0;
-    if (owned) {
-      const auto& full = owned->sharding->full_shape;
-      rows = fsdp_chunk_rows(full[0], n);
-      row_numel = product(full, 1);
-      for (int j = 0; j < n; ++j) recv_counts[j] = rows[j] * (row_numel + (owned_normuon ? 1 : 0));
+    return comm.all_to_all_async(concat_flat(pieces, layout.wire, device), layout.send_counts,
+                                 layout.recv_counts);
+  };
+  // 2. The owner assembles each owned matrix (and NorMuon's v rows) from every rank's rows
+  //    (rank order: row-major), orthogonalizes it, applies NorMuon to the whole O and sends
+  //    each rank its rows of the update (and of the new v) back.
+  auto start_o = [&](const Layout& layout, const at::Tensor& received) {
+    const size_t owned = layout.owned.size();
+    std::vector<std::vector<at::Tensor>> rows_of(owned), v_of(owned);
+    std::vector<std::vector<int64_t>> chunk_rows;
+    for (size_t item : layout.owned) {
+      chunk_rows.push_back(fsdp_chunk_rows(params[item]->sharding->full_shape[0], n));
     }
-    const at::Tensor received = comm.all_to_all(send, send_counts, recv_counts);
-
-    // 2. The owner orthogonalizes the whole matrix (its tp slice gathered over the tp group,
-    //    whose peers own the same slot), applies NorMuon with the whole matrix's v rows, and
-    //    sends each rank its rows of its slice of the update (and their new v rows).
-    at::Tensor back = at::empty({0}, at::TensorOptions().dtype(wire).device(device));
-    if (owned) {
-      const MuonSharding& sharding = *owned->sharding;
-      const MuonOptions& options = group_options(owned->group);
-      std::vector<at::Tensor> u_parts, v_parts;
-      int64_t at_offset = 0;
-      for (int j = 0; j < n; ++j) {
-        u_parts.push_back(received.narrow(0, at_offset, rows[j] * row_numel));
-        at_offset += rows[j] * row_numel;
-        if (owned_normuon) {
-          v_parts.push_back(received.narrow(0, at_offset, rows[j]));
-          at_offset += rows[j];
-        }
-      }
-      const at::Tensor full_u = at::cat(u_parts).view(sharding.full_shape);
-      at::Tensor whole_v;
-      if (owned_normuon) whole_v = gather_tp_rows(sharding, at::cat(v_parts)).contiguous();
-      const at::Tensor update =
-          tp_slice(sharding, orthogonalize_whole(options, gather_tp(sharding, full_u), whole_v));
-      const at::Tensor flat = update.reshape({-1}).to(wire);
-      if (!owned_normuon) {
-        back = flat;
-      } else {
-        const at::Tensor v = tp_slice_rows(sharding, whole_v);
-        int64_t row = 0;
-        for (int j = 0; j < n; ++j) {
-          pieces.push_back(flat.narrow(0, row * row_numel, rows[j] * row_numel));
-          pieces.push_back(v.narrow(0, row, rows[j]));
-          row += rows[j];
-        }
-        back = concat_flat(pieces, wire, device);
-        pieces.clear();
-      }
-    }
-    const at::Tensor updates = comm.all_to_all(back, recv_counts, send_counts);
-
-    // 3. Every rank applies its shard of the update, scaled by the full matrix's shape.
     int64_t offset = 0;
-    for (size_t slot = 0; slot < bucket.size(); ++slot) {
-      const DistributedParam& d = *params[bucket[slot]];
+    for (int s = 0; s < n; ++s) {
+      for (size_t o = 0; o < owned; ++o) {
+        const size_t item = layout.owned[o];
+        const int64_t count = chunk_rows[o][s] * product(params[item]->sharding->full_shape, 1);
+        rows_of[o].push_back(received.narrow(0, offset, count));
+        offset += count;
+        if (!options_of(item).normuon()) continue;
+        v_of[o].push_back(received.narrow(0, offset, chunk_rows[o][s]));
+        offset += chunk_rows[o][s];
+      }
+    }
+    std::vector<at::Tensor> updates, new_v(owned);
+    for (size_t o = 0; o < owned; ++o) {
+      const DistributedParam& d = *params[layout.owned[o]];
+      const auto& full = d.sharding->full_shape;
+      const at::Tensor u = at::cat(rows_of[o]).view(full);
+      // v of the matrix: its shape without the last dim, float32 (the wire is then float32).
+      if (!v_of[o].empty())
+        new_v[o] = at::cat(v_of[o]).view(at::IntArrayRef(full).slice(0, full.size() - 1));
+      updates.push_back(owner_update(d, u, layout.wire, new_v[o]));
+      if (new_v[o].defined()) new_v[o] = new_v[o].reshape({-1});
+    }
+    std::vector<at::Tensor> back;
+    for (int s = 0; s < n; ++s) {
+      for (size_t o = 0; o < owned; ++o) {
+        const auto& full = params[layout.owned[o]]->sharding->full_shape;
+        int64_t start = 0;
+        for (int r = 0; r < s; ++r) start += chunk_rows[o][r];
+        const int64_t row_numel = product(full, 1);
+        back.push_back(updates[o].narrow(0, start * row_numel, chunk_rows[o][s] * row_numel));
+        if (new_v[o].defined()) back.push_back(new_v[o].narrow(0, start, chunk_rows[o][s]));
+      }
+    }
+    return comm.all_to_all_async(concat_flat(back, layout.wire, device), layout.recv_counts,
+                                 layout.send_counts);
+  };
+  // 3. Every rank applies its shard of each update, scaled by the whole matrix's shape, back in
+  //    ns_dtype (exact: O was ns_dtype or travelled wider; NorMuon's is float32), as the
+  //    single-process update adds, and keeps its new v rows.
+  auto apply = [&](const Layout& layout, const at::Tensor& updates) {
+    int64_t offset = 0;
+    for (size_t item : layout.sent) {
+      const DistributedParam& d = *params[item];
       const MuonOptions& options = group_options(d.group);
-      // Back in ns_dtype (exact: O was ns_dtype or travelled wider; NorMuon's is float32), so
-      // the update adds as the single-process one does.
-      const at::Tensor o = updates.narrow(0, offset, u_counts[slot])
+      const int64_t count = d.param.numel();
+      const at::Tensor o = updates.narrow(0, offset, count)
                                .view(d.param.sizes())
                                .to(options.normuon() ? at::kFloat : options.ns_dtype());
-      if (options.normuon()) {
-        write_normuon_v(d.param, updates.narrow(0, offset + u_counts[slot], d.param.size(0)));
-      }
-      offset += send_counts[slot];
-      apply_update(d.param, o, options, whole_scale(*d.sharding, d.sharding->full_shape, options));
+      offset += count;
+      if (v_rows_of(item) > 0) write_normuon_v(d.param, updates.narrow(0, offset, v_rows_of(item)));
+      offset += v_rows_of(item);
+      apply_update(d.param, o, options,
+                   whole_scale(*d.sharding, *d.head_split, d.sharding->full_shape, options));
     }
+  };
+
+  std::vector<Layout> layouts;
+  for (const auto& bucket : plan) layouts.push_back(layout_of(bucket));
+  std::unique_ptr<CollectiveWork> u_next = layouts.empty() ? nullptr : start_u(layouts[0]);
+  std::unique_ptr<CollectiveWork> o_previous;
+  for (size_t k = 0; k < layouts.size(); ++k) {
+    std::unique_ptr<CollectiveWork> u_here = std::move(u_next);
+    if (k + 1 < layouts.size()) u_next = start_u(layouts[k + 1]);
+    std::unique_ptr<CollectiveWork> o_here = start_o(layouts[k], u_here->wait());
+    if (o_previous) apply(layouts[k - 1], o_previous->wait());
+    o_previous = std::move(o_here);
   }
+  if (o_previous) apply(layouts.back(), o_previous->wait());
 }
 
+// step_ddp, per bucket of the plan: every rank updates the replicated momentum of every item;
+// each owner orthogonalizes its items (NorMuon: with its replica's v rows) and puts their
+// update (then the new v rows) one after another (bucket order) in its block of an all_gather,
+// padded to the fullest block. Bucket k's gather is in flight while
+// bucket k+1's momentum and Newton–Schulz run.
 void Muon::step_ddp(Collectives& comm, const std::vector<DistributedParam>& all_params) {
   const int n = comm.size();
   const int rank = comm.rank();
@@ -458,7 +510,8 @@ void Muon::step_ddp(Collectives& comm, const std::vector<DistributedParam>& all_
     if (!d.param.grad().defined()) continue;
     TORCH_CHECK(!d.param.grad().is_sparse(), "Muon does not support sparse gradients");
     params.push_back(&d);
-    items.push_back({d.param.numel(), d.sharding->name});
+    items.push_back(
+        owner_item(*d.sharding, *d.head_split, d.param.sizes().vec(), group_options(d.group)));
     numel += d.param.numel();
   }
   const c10::Device device = all_params.front().param.device();
@@ -466,53 +519,72 @@ void Muon::step_ddp(Collectives& comm, const std::vector<DistributedParam>& all_
   auto options_of = [&](size_t item) -> const MuonOptions& {
     return group_options(params[item]->group);
   };
+  const std::vector<MuonOwnerBucket> plan = muon_owner_plan(items, n);
 
-  for (const auto& bucket : muon_owner_buckets(items, n)) {
-    const c10::ScalarType wire = wire_dtype(bucket, options_of);
-    // Per slot: the update, then (NorMuon) the new v rows of the param (float32 wire then):
-    // one per row of each of its matrices (a replicated 3-D tensor has several).
-    auto v_rows = [&](const DistributedParam& d) -> int64_t {
-      return group_options(d.group).normuon() ? d.param.numel() / d.param.size(-1) : 0;
-    };
-    auto payload = [&](const DistributedParam& d) { return d.param.numel() + v_rows(d); };
-    int64_t padded = 0;
-    for (size_t item : bucket) padded = std::max(padded, payload(*params[item]));
-
-    // Every rank keeps the replicated momentum (and v); only the slot's owner orthogonalizes.
-    at::Tensor mine = at::zeros({padded}, at::TensorOptions().dtype(wire).device(device));
-    for (size_t slot = 0; slot < bucket.size(); ++slot) {
-      const DistributedParam& d = *params[bucket[slot]];
+  // NorMuon's v rows of `item` (one per row of each of its matrices; 0 without NorMuon).
+  auto v_rows_of = [&](size_t item) {
+    return normuon_rows(params[item]->param.sizes().vec(), options_of(item));
+  };
+  auto padded_of = [&](const MuonOwnerBucket& bucket) {
+    std::vector<int64_t> block(n, 0);
+    for (size_t j = 0; j < bucket.items.size(); ++j) {
+      block[bucket.owners[j]] +=
+          params[bucket.items[j]]->param.numel() + v_rows_of(bucket.items[j]);
+    }
+    return *std::max_element(block.begin(), block.end());
+  };
+  auto start = [&](const MuonOwnerBucket& bucket) {
+    const c10::ScalarType wire = wire_dtype(bucket.items, options_of);
+    // Ranks owning less (or nothing) send zeros after their O: all_gather needs equal shapes.
+    at::Tensor mine =
+        at::zeros({padded_of(bucket)}, at::TensorOptions().dtype(wire).device(device));
+    int64_t offset = 0;
+    for (size_t j = 0; j < bucket.items.size(); ++j) {
+      const DistributedParam& d = *params[bucket.items[j]];
       const MuonOptions& options = group_options(d.group);
       at::Tensor u = momentum_direction(d.param, d.param.grad(), options, options.ns_dtype());
-      if (static_cast<int>(slot) != rank) continue;
-      // A tp slice: the owner and its tp peers (same slot) gather u in the wire dtype, as
-      // step_fsdp's u travels, and orthogonalize the whole matrix (NorMuon: with its v rows).
-      if (d.sharding->tp_split()) u = gather_tp(*d.sharding, u.to(wire));
-      at::Tensor whole_v;
-      if (options.normuon()) whole_v = gather_tp_rows(*d.sharding, read_normuon_v(d.param));
-      const at::Tensor o =
-          tp_slice(*d.sharding, orthogonalize_whole(options, u, whole_v)).reshape({-1});
-      mine.narrow(0, 0, o.numel()).copy_(o);
-      if (options.normuon()) {
-        mine.narrow(0, o.numel(), v_rows(d)).copy_(tp_slice_rows(*d.sharding, whole_v).view(-1));
-      }
+      if (bucket.owners[j] != rank) continue;
+      // A tp slice: the owner and its tp peers (same plan) gather u in the wire dtype, as
+      // step_fsdp's u travels, and orthogonalize the whole matrix.
+      if (d.sharding->tp_split()) u = u.to(wire);
+      at::Tensor v;  // the replica's v rows (a copy), updated by owner_update
+      if (options.normuon()) v = read_normuon_v(d.param);
+      const at::Tensor o = owner_update(d, u, wire, v);
+      mine.narrow(0, offset, o.numel()).copy_(o);
+      offset += o.numel();
+      if (!options.normuon()) continue;
+      mine.narrow(0, offset, v.numel()).copy_(v.reshape({-1}));
+      offset += v.numel();
     }
-    // Ranks without a slot (last bucket) send their zeros: all_gather needs equal shapes.
-    const at::Tensor gathered = comm.all_gather(mine);
-
-    for (size_t slot = 0; slot < bucket.size(); ++slot) {
-      const DistributedParam& d = *params[bucket[slot]];
+    return comm.all_gather_async(mine);
+  };
+  auto apply = [&](const MuonOwnerBucket& bucket, const at::Tensor& gathered) {
+    const int64_t padded = padded_of(bucket);
+    std::vector<int64_t> offset(n, 0);
+    for (int r = 0; r < n; ++r) offset[r] = r * padded;
+    for (size_t j = 0; j < bucket.items.size(); ++j) {
+      const DistributedParam& d = *params[bucket.items[j]];
       const MuonOptions& options = group_options(d.group);
-      const int64_t at_slot = static_cast<int64_t>(slot) * padded;
-      const at::Tensor o = gathered.narrow(0, at_slot, d.param.numel())
+      int64_t& at_owner = offset[bucket.owners[j]];
+      const at::Tensor o = gathered.narrow(0, at_owner, d.param.numel())
                                .view(d.param.sizes())
                                .to(options.normuon() ? at::kFloat : options.ns_dtype());
-      if (options.normuon()) {
-        write_normuon_v(d.param, gathered.narrow(0, at_slot + d.param.numel(), v_rows(d)));
-      }
-      apply_update(d.param, o, options, whole_scale(*d.sharding, d.param.sizes().vec(), options));
+      at_owner += d.param.numel();
+      const int64_t v_rows = v_rows_of(bucket.items[j]);
+      if (v_rows > 0) write_normuon_v(d.param, gathered.narrow(0, at_owner, v_rows));
+      at_owner += v_rows;
+      apply_update(d.param, o, options,
+                   whole_scale(*d.sharding, *d.head_split, d.param.sizes().vec(), options));
     }
+  };
+
+  std::unique_ptr<CollectiveWork> previous;
+  for (size_t k = 0; k < plan.size(); ++k) {
+    std::unique_ptr<CollectiveWork> here = start(plan[k]);
+    if (previous) apply(plan[k - 1], previous->wait());
+    previous = std::move(here);
   }
+  if (previous) apply(plan.back(), previous->wait());
 }
 
 }  // namespace mixtrain

@@ -6,27 +6,37 @@
 //   tensor's dim-0 chunk is a set of whole experts), so Newton–Schulz runs locally, batched by
 //   shape as in the single-process Muon; no communication.
 // - step_fsdp (kFsdp, 2-D): the rank holds the dim-0 chunk (torch.chunk: ceil(d0/n) rows, the
-//   trailing ranks fewer or none) of a full_shape matrix. Parameters are ordered by full numel
-//   (ties by name) and cut into buckets of n; slot i of a bucket is owned by rank i. Per
-//   bucket: momentum on the shard (elementwise), all_to_all of every rank's shard of u to the
-//   owner, the owner runs Newton–Schulz on the assembled matrix and scales by the full shape,
-//   all_to_all of the update shards back, every rank applies p *= 1-lr*wd; p -= lr*scale*O to
-//   its shard and writes the copy-back. Ranks without a slot in the last bucket still take
-//   part in both all_to_alls.
-// - step_ddp (kReplicated): same owner order (param i -> rank i % n); every rank updates the
-//   momentum of every param (replicated state), the owner orthogonalizes, one all_gather per
-//   bucket (padded to the bucket's largest param) hands every update to every rank.
+//   trailing ranks fewer or none) of a full_shape matrix. Who orthogonalizes which matrix is
+//   the owner plan of muon_owner_plan.h: balanced by Newton–Schulz FLOPs (longest first to
+//   the least-loaded rank, ties by name), cut into buckets in which no owner assembles more
+//   than the largest matrix; a rank may own several matrices of a bucket, or none. Per
+//   bucket: momentum on the shard (elementwise), one all_to_all of every rank's shards of u to
+//   their owners, each owner runs Newton–Schulz on each assembled matrix, one all_to_all of
+//   the update shards back, every rank applies p *= 1-lr*wd; p -= lr*scale*O (scale from the
+//   full shape) to its shards and writes the copy-back. Every rank takes part in both
+//   all_to_alls of every bucket, owning something there or not. Overlapped (the async
+//   all_to_all of core/collectives.h): bucket k+1's u is in flight while bucket k runs
+//   Newton–Schulz, and so is bucket k-1's update; every rank starts them in one order.
+// - step_ddp (kReplicated): the same plan over the replicate group; every rank updates the
+//   momentum of every param (replicated state), the owners orthogonalize, one all_gather per
+//   bucket (each owner's O one after another, padded to the fullest rank) hands every update
+//   to every rank; bucket k's all_gather is in flight while bucket k+1 is computed.
 //
 // Tensor parallelism (MuonSharding::tp_dim / tp_group): a 2-D parameter may be slice t of the
 // whole matrix along tp_dim over tp_group (what the dp shards assemble, or the replicated copy,
 // is that slice). Newton–Schulz must see the whole matrix, so whoever orthogonalizes it (the
 // step_fsdp owner after assembling its slice, the step_ddp owner) all_gathers the slices of u
-// over tp_group (every tp peer owns the same bucket slot: the buckets are built from the same
-// names and numels, so all of them take part), concatenates them along tp_dim, runs
-// Newton–Schulz on the whole matrix and keeps its own slice of O; the scale is the whole
-// matrix's. The tp gather carries the bucket's wire dtype. A kWhole placement with a tp split
-// (one data-parallel rank) takes step_ddp over a one-rank group. Expert (3-D) tensors are never
-// tp-split (set_sharding refuses it).
+// over tp_group (every tp peer owns the same matrices: the plan is built from the same names,
+// numels and whole-matrix FLOPs, so all of them take part, in the same order), concatenates them
+// along tp_dim, runs Newton–Schulz on the whole matrix and keeps its own slice of O; the scale is
+// the whole matrix's. The tp gather carries the bucket's wire dtype. A kWhole placement with a tp
+// split (one data-parallel rank) takes step_ddp over a one-rank group. Expert (3-D) tensors are
+// never tp-split (set_sharding refuses it).
+//
+// Per-head (Muon::set_head_split, muon_heads.h): the split applies to the whole matrix, so the
+// owner cuts the matrix it assembled (after the tp gather) into heads for Newton–Schulz, and
+// every rank scales by a head's shape. A tp slice of q/k/v/o holds whole heads, but gathering
+// the whole matrix keeps one code path.
 //
 // Wire dtype: u and O travel in bfloat16 when every param of the bucket has ns_dtype
 // bfloat16 (Newton–Schulz starts by casting u to bfloat16 and O is bfloat16, so this is
@@ -34,11 +44,14 @@
 // float32 is exact for float32 Newton–Schulz, bfloat16 rounds u and O once more.
 //
 // NorMuon (normuon.h) is exact, not per shard: its row statistics and Frobenius norms are of
-// the whole matrix, so whoever orthogonalizes it applies NorMuon. Each rank keeps normuon_v for
-// the rows it holds (step_fsdp: its dim-0 chunk's rows; step_ddp: all, replicated). step_fsdp
-// sends a shard's v rows after its u to the owner and gets the update and the new v rows back
-// in the same all_to_alls; step_ddp's owner gathers nothing extra (its replica has the rows)
-// and appends the new v rows to its update in the all_gather. With a tp split, a row split
+// the whole matrix, so whoever orthogonalizes it applies NorMuon (Muon::owner_update, to the
+// whole O merged back from its heads under a head split: the rows of the parameter as stored).
+// Each rank keeps normuon_v for the rows it holds (step_fsdp: its dim-0 chunk's rows; step_ddp:
+// all, replicated). step_fsdp sends a shard's v rows right after its u (in each owner's block of
+// the start_u all_to_all) and gets its update and new v rows back the same way; step_ddp's owner
+// gathers nothing extra (its replica has the rows) and puts each matrix's new v rows after its
+// update in its block of the all_gather. The plan's numel counts the v rows (one per row of
+// u), so the bucket bound covers what an owner assembles. With a tp split, a row split
 // (tp_dim 0) gathers the v rows over tp_group like u; a column split has all rows on every tp
 // rank. A bucket with a NorMuon param travels in float32 both ways (the update is float32;
 // float32 carries u, O and v exactly), so the result is the single-process one bit for bit.
@@ -93,16 +106,6 @@ bool muon_steps_locally(const MuonSharding& sharding, int64_t ndim);
 // Rows of each rank's dim-0 chunk under torch.chunk semantics: c = ceil(dim0 / ranks), rank r
 // holds clamp(dim0 - r*c, 0, c) rows.
 std::vector<int64_t> fsdp_chunk_rows(int64_t dim0, int ranks);
-
-// The owner plan of step_fsdp and step_ddp: items ordered by numel (ascending), ties by name,
-// then by index; cut into buckets of `ranks` items. Returns, per bucket, the item indices by
-// slot; slot i is owned by rank i. The last bucket may be shorter.
-struct MuonOwnerItem {
-  int64_t numel = 0;
-  std::string name;
-};
-std::vector<std::vector<size_t>> muon_owner_buckets(const std::vector<MuonOwnerItem>& items,
-                                                    int ranks);
 
 // "bfloat16" | "float32" (the spellings parse_float_dtype accepts); invalid_argument otherwise.
 c10::ScalarType parse_muon_communication_dtype(const std::string& name);

@@ -193,11 +193,14 @@ Muon::Muon(std::vector<at::Tensor> params, MuonOptions defaults)
 
 void Muon::rebuild_batches() {
   batches_.assign(param_groups_.size(), {});
+  split_problem_.clear();
   cached_params_.assign(param_groups_.size(), {});
   // Shardings stay with their positions; new groups or params start local.
   sharding_.resize(param_groups_.size());
+  head_split_.resize(param_groups_.size());
   for (size_t g = 0; g < param_groups_.size(); ++g) {
     sharding_[g].resize(param_groups_[g].params().size());
+    head_split_[g].resize(param_groups_[g].params().size());
   }
   for (size_t g = 0; g < param_groups_.size(); ++g) {
     const auto* options = dynamic_cast<const MuonOptions*>(&param_groups_[g].options());
@@ -216,14 +219,27 @@ void Muon::rebuild_batches() {
       }
       cached_params_[g].push_back(p.unsafeGetTensorImpl());
       if (!muon_steps_locally(sharding_[g][i], p.dim())) continue;  // step_fsdp / step_ddp
-      const int64_t rows = p.size(-2);
-      const int64_t cols = p.size(-1);
+      MuonHeadSplit split = head_split_[g][i];
+      // A shard held whole until set_sharding (the builder sets splits first) may not divide:
+      // step() refuses it if it is still so then.
+      try {
+        muon_matrix_shape(
+            p.sizes(), split,
+            sharding_[g][i].name.empty() ? "a parameter" : "'" + sharding_[g][i].name + "'");
+      } catch (const std::invalid_argument& error) {
+        if (split_problem_.empty()) split_problem_ = error.what();
+        split = {};
+      }
+      const std::pair<int64_t, int64_t> shape = muon_matrix_shape(p.sizes(), split, "");
+      const int64_t rows = shape.first;  // (a lambda below captures them: no binding)
+      const int64_t cols = shape.second;
       auto same_shape = [&](const ShapeBatch& b) {
         return b.device == p.device() && b.rows == rows && b.cols == cols;
       };
       auto it = std::find_if(batches.begin(), batches.end(), same_shape);
-      if (it == batches.end()) it = batches.insert(batches.end(), {p.device(), rows, cols, {}});
+      if (it == batches.end()) it = batches.insert(batches.end(), {p.device(), rows, cols, {}, {}});
       it->params.push_back(p);
+      it->splits.push_back(split);
     }
   }
 }
@@ -256,11 +272,12 @@ at::Tensor Muon::step(LossClosure closure) {
   c10::NoGradGuard no_grad;
   // add_param_group() or replace_parameter() without reset_parameter_caches().
   if (!batches_match_groups()) rebuild_batches();
+  if (!split_problem_.empty()) throw std::invalid_argument(split_problem_);
   for (size_t g = 0; g < param_groups_.size(); ++g) {
     const auto& options = static_cast<const MuonOptions&>(param_groups_[g].options());
     const auto schedule =
         newton_schulz_schedule(options.ns_variant(), options.ns_steps(), options.ns_coefficients());
-    for (const auto& batch : batches_[g]) step_batch(options, schedule, batch);
+    for (const auto& batch : batches_[g]) step_batch(g, options, schedule, batch);
   }
   step_distributed();
   return loss;
@@ -325,6 +342,7 @@ at::Tensor Muon::normuon_update(const MuonOptions& options, const at::Tensor& p,
 
 void Muon::apply_update(const at::Tensor& p, const at::Tensor& o, const MuonOptions& options,
                         double scale) {
+  if (telemetry_) telemetry_->record_update(p, o, options.lr() * scale);
   const at::Tensor model = copy_back_target(p);
   const c10::Device device = p.device();
   const bool fuse_model =
@@ -346,65 +364,141 @@ void Muon::apply_update(const at::Tensor& p, const at::Tensor& o, const MuonOpti
   if (model.defined()) model.copy_(p);  // copy_ rounds to nearest even, as to() does
 }
 
-void Muon::step_batch(const MuonOptions& options, const std::vector<NsCoefficients>& schedule,
-                      const ShapeBatch& batch) {
-  std::vector<at::Tensor> params;
-  for (const auto& p : batch.params) {
-    const at::Tensor& grad = p.grad();
+void Muon::step_batch(size_t group, const MuonOptions& options,
+                      const std::vector<NsCoefficients>& schedule, const ShapeBatch& batch) {
+  std::vector<size_t> ready;
+  for (size_t k = 0; k < batch.params.size(); ++k) {
+    const at::Tensor& grad = batch.params[k].grad();
     if (!grad.defined()) continue;
     TORCH_CHECK(!grad.is_sparse(), "Muon does not support sparse gradients");
-    params.push_back(p);
+    ready.push_back(k);
   }
   // Slices of whole parameters of at most one Newton-Schulz call's matrices each, so that the
   // stacked directions and the orthogonalized result are as small as the call's temporaries
   // and reused through the heap too (newton_schulz.h says why).
   const int64_t per_call = newton_schulz_matrices_per_call(batch.rows, batch.cols,
                                                            options.ns_dtype(), batch.device.type());
-  std::vector<at::Tensor> slice;
+  std::vector<size_t> slice;
   int64_t matrices = 0;
-  for (const auto& p : params) {
-    const int64_t count = p.numel() / (batch.rows * batch.cols);
+  for (size_t k : ready) {
+    const int64_t count = batch.params[k].numel() / (batch.rows * batch.cols);
     if (!slice.empty() && matrices + count > per_call) {
-      step_slice(options, schedule, batch, std::move(slice));
+      step_slice(group, options, schedule, batch, slice);
       slice.clear();
       matrices = 0;
     }
-    slice.push_back(p);
+    slice.push_back(k);
     matrices += count;
   }
-  if (!slice.empty()) step_slice(options, schedule, batch, std::move(slice));
+  if (!slice.empty()) step_slice(group, options, schedule, batch, slice);
 }
 
-void Muon::step_slice(const MuonOptions& options, const std::vector<NsCoefficients>& schedule,
-                      const ShapeBatch& batch, std::vector<at::Tensor> params) {
+void Muon::step_slice(size_t group, const MuonOptions& options,
+                      const std::vector<NsCoefficients>& schedule, const ShapeBatch& batch,
+                      const std::vector<size_t>& indices) {
   const int64_t matrix_elements = batch.rows * batch.cols;
   int64_t matrices = 0;
-  for (const auto& p : params) matrices += p.numel() / matrix_elements;
+  for (size_t k : indices) matrices += batch.params[k].numel() / matrix_elements;
 
   // One [matrices, rows, cols] tensor in ns_dtype for all of them; each parameter's u is written
-  // straight into its matrices.
+  // straight into its matrices (a dim-0 head split is the same memory as the whole matrix; a
+  // dim-1 one is permuted in).
   const at::Tensor stacked =
-      at::empty({matrices, batch.rows, batch.cols}, params[0].options().dtype(options.ns_dtype()));
+      at::empty({matrices, batch.rows, batch.cols},
+                batch.params[indices[0]].options().dtype(options.ns_dtype()));
   int64_t offset = 0;
-  for (const auto& p : params) {
+  for (size_t k : indices) {
+    const at::Tensor& p = batch.params[k];
     const int64_t count = p.numel() / matrix_elements;
-    momentum_direction_into(p, p.grad(), options, stacked.narrow(0, offset, count));
+    const at::Tensor matrices_of_p = stacked.narrow(0, offset, count);
+    if (batch.splits[k].dim == 1) {
+      matrices_of_p.copy_(split_heads(momentum_direction(p, p.grad(), options, options.ns_dtype()),
+                                      batch.splits[k]));
+    } else {
+      momentum_direction_into(p, p.grad(), options, matrices_of_p);
+    }
     offset += count;
   }
   const at::Tensor orthogonalized =
       newton_schulz(stacked, schedule, options.ns_epsilon(), options.ns_dtype(),
                     newton_schulz_norm_scale(options.ns_variant(), options.ns_steps()));
+  if (telemetry_) telemetry_->record_orthogonalized(group, orthogonalized);
   const double scale = muon_update_scale(batch.rows, batch.cols, options.adjust_lr_fn(),
                                          options.matched_adamw_rms());
 
   offset = 0;
-  for (auto& p : params) {
+  for (size_t k : indices) {
+    const at::Tensor& p = batch.params[k];
     const int64_t count = p.numel() / matrix_elements;
-    // NorMuon per parameter, on its own matrices (normuon.h: the bits a batch would give).
-    apply_update(p, normuon_update(options, p, orthogonalized.narrow(0, offset, count)), options,
-                 scale);
+    const at::Tensor o = orthogonalized.narrow(0, offset, count);
+    // NorMuon per parameter, on its merged O: the neuron rows of p as stored (normuon.h: the
+    // bits a batch would give, every reduction being per matrix).
+    apply_update(
+        p,
+        normuon_update(options, p,
+                       batch.splits[k].dim == 1 ? merge_heads(o, p.sizes(), batch.splits[k]) : o),
+        options, scale);
     offset += count;
   }
+}
+
+at::Tensor Muon::orthogonalize(size_t group, const MuonOptions& options, const MuonHeadSplit& split,
+                               const at::Tensor& u) {
+  const auto schedule =
+      newton_schulz_schedule(options.ns_variant(), options.ns_steps(), options.ns_coefficients());
+  const double norm_scale = newton_schulz_norm_scale(options.ns_variant(), options.ns_steps());
+  if (!split.active()) {
+    const at::Tensor o =
+        newton_schulz(u, schedule, options.ns_epsilon(), options.ns_dtype(), norm_scale);
+    if (telemetry_)
+      telemetry_->record_orthogonalized(group, o.reshape({-1, o.size(-2), o.size(-1)}));
+    return o;
+  }
+  const at::Tensor heads = newton_schulz(split_heads(u, split), schedule, options.ns_epsilon(),
+                                         options.ns_dtype(), norm_scale);
+  if (telemetry_) telemetry_->record_orthogonalized(group, heads);
+  return merge_heads(heads, u.sizes(), split);
+}
+
+void Muon::set_head_split(const at::Tensor& param, MuonHeadSplit split) {
+  if (!batches_match_groups()) rebuild_batches();  // sizes head_split_ like the groups
+  for (size_t g = 0; g < param_groups_.size(); ++g) {
+    const auto& params = param_groups_[g].params();
+    for (size_t i = 0; i < params.size(); ++i) {
+      if (!params[i].is_same(param)) continue;
+      if (split.active() && (param.dim() != 2 || split.dim > 1 || split.block < 1)) {
+        throw std::invalid_argument("Muon::set_head_split: a head split (dim " +
+                                    std::to_string(split.dim) + ", block " +
+                                    std::to_string(split.block) +
+                                    ") needs a 2-D parameter, dim 0 or 1 and block >= 1; "
+                                    "got shape " +
+                                    c10::str(param.sizes()));
+      }
+      head_split_[g][i] = split.active() ? split : MuonHeadSplit{};
+      rebuild_batches();
+      return;
+    }
+  }
+  throw std::invalid_argument("Muon::set_head_split: parameter is not in any group");
+}
+
+const MuonHeadSplit& Muon::head_split(const at::Tensor& param) const {
+  static const MuonHeadSplit kWhole;
+  for (size_t g = 0; g < param_groups_.size() && g < head_split_.size(); ++g) {
+    const auto& params = param_groups_[g].params();
+    for (size_t i = 0; i < params.size() && i < head_split_[g].size(); ++i) {
+      if (params[i].is_same(param)) return head_split_[g][i];
+    }
+  }
+  return kWhole;
+}
+
+void Muon::arm_telemetry(int64_t sample) {
+  telemetry_ = std::make_unique<MuonTelemetryRecorder>(param_groups_.size(), sample);
+}
+
+std::unique_ptr<MuonTelemetryRecorder> Muon::take_telemetry() {
+  return std::move(telemetry_);
 }
 
 NamedTensorList Muon::export_state(const at::Tensor& param) const {

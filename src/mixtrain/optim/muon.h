@@ -25,6 +25,12 @@
 // Distributed layouts (distributed_muon.h): set_sharding() marks a parameter FSDP-sharded or
 // replicated over a Collectives group; step() then runs the local batches first (step_experts)
 // and then, per group, step_fsdp / step_ddp, all giving the single-process result.
+//
+// Per-head (muon_heads.h): set_head_split() makes Newton–Schulz run on each head block of an
+// attention matrix (the blocks join their shape's batch on the local path; the distributed
+// owner splits the whole matrix it assembled) and the scale use the block's shape.
+// Telemetry (muon_telemetry.h): arm_telemetry() records the next step's sample of O and update
+// sums of squares on every path; take_telemetry() hands them over and stops recording.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -32,12 +38,15 @@
 #include <torch/arg.h>
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "mixtrain/config/trainer_config.h"
 #include "mixtrain/optim/distributed_muon.h"
 #include "mixtrain/optim/leaf_optimizer.h"
+#include "mixtrain/optim/muon_heads.h"
+#include "mixtrain/optim/muon_telemetry.h"
 #include "mixtrain/optim/newton_schulz.h"
 
 namespace mixtrain {
@@ -142,7 +151,8 @@ class Muon : public LeafOptimizer {
       size_t group, const nlohmann::json& values) const override;
 
   // The cached same-shape batches of one group, in first-appearance order (for logs and
-  // tests): each is one newton_schulz call per step over all of its matrices.
+  // tests): each is one newton_schulz call per step over all of its matrices (heads, for a
+  // parameter with a head split: rows x cols is then the head's shape).
   struct BatchInfo {
     int64_t rows;
     int64_t cols;
@@ -161,22 +171,41 @@ class Muon : public LeafOptimizer {
   // kLocal for a parameter that was never given one.
   const MuonSharding& sharding(const at::Tensor& param) const;
 
+  // Orthogonalize `param` per head (muon_heads.h). Throws std::invalid_argument when it is in
+  // no group, not 2-D, or split.dim is not 0 or 1 or block < 1; a matrix (whole, as the step
+  // sees it) whose split dim is no multiple of block makes step() throw. Kept by position in
+  // the group, as the sharding is. An inactive split (dim -1) clears it.
+  void set_head_split(const at::Tensor& param, MuonHeadSplit split);
+  // Inactive for a parameter that was never given one.
+  const MuonHeadSplit& head_split(const at::Tensor& param) const;
+
+  // Telemetry (muon_telemetry.h): record from now until take_telemetry(), which returns what
+  // was recorded (an empty recorder when no step ran; null when not armed).
+  void arm_telemetry(int64_t sample = kMuonTelemetrySample);
+  std::unique_ptr<MuonTelemetryRecorder> take_telemetry();
+
  private:
-  // All parameters of one group whose matrices are rows x cols on one device.
+  // All parameters of one group whose matrices (or heads) are rows x cols on one device.
   struct ShapeBatch {
     c10::Device device;
     int64_t rows;
     int64_t cols;
     std::vector<at::Tensor> params;
+    std::vector<MuonHeadSplit> splits;  // parallel to params
   };
   void rebuild_batches();
   bool batches_match_groups() const;
-  void step_batch(const MuonOptions& options, const std::vector<NsCoefficients>& schedule,
-                  const ShapeBatch& batch);
-  // Momentum, one newton_schulz() call, NorMuon (if on) and the update for `params` (a slice of
-  // one batch).
-  void step_slice(const MuonOptions& options, const std::vector<NsCoefficients>& schedule,
-                  const ShapeBatch& batch, std::vector<at::Tensor> params);
+  void step_batch(size_t group, const MuonOptions& options,
+                  const std::vector<NsCoefficients>& schedule, const ShapeBatch& batch);
+  // Momentum, one newton_schulz() call, NorMuon (if on) and the update for the batch's params at
+  // `indices`.
+  void step_slice(size_t group, const MuonOptions& options,
+                  const std::vector<NsCoefficients>& schedule, const ShapeBatch& batch,
+                  const std::vector<size_t>& indices);
+  // O of a whole matrix `u` (in ns_dtype, u's shape): newton_schulz of u, or of each head under
+  // `split`; recorded for telemetry as group's. The distributed owners' call.
+  at::Tensor orthogonalize(size_t group, const MuonOptions& options, const MuonHeadSplit& split,
+                           const at::Tensor& u);
   // Counts p's step, updates its momentum (state created, zeros in p's dtype, on first use; with
   // normuon also normuon_v, float32 zeros) with
   // `grad` and writes u, the direction to orthogonalize, into `out` (p's numel, contiguous;
@@ -198,7 +227,7 @@ class Muon : public LeafOptimizer {
   // muon_apply_update(p, o, lr, weight_decay, scale, cautious_weight_decay), then p's
   // copy-back target (if any) rounded from p: one fused pass for a float32 p (muon_fused.h;
   // cautious decay takes the unfused ops, which the fused kernels do not have), the same bits
-  // either way.
+  // either way. Recorded for telemetry when armed.
   void apply_update(const at::Tensor& p, const at::Tensor& o, const MuonOptions& options,
                     double scale);
 
@@ -207,16 +236,27 @@ class Muon : public LeafOptimizer {
     size_t group;  // param group index (its MuonOptions)
     at::Tensor param;
     const MuonSharding* sharding;
+    const MuonHeadSplit* head_split;
   };
   void step_distributed();
   void step_fsdp(Collectives& comm, const std::vector<DistributedParam>& params);
   void step_ddp(Collectives& comm, const std::vector<DistributedParam>& params);
+  // The owner's part of both: the whole matrix (u's tp slices gathered over the tp group when
+  // split) orthogonalized (per head under a split), then (NorMuon) normuon_normalize of the
+  // whole O with the whole matrix's v rows (`v`: this rank's tp slice's rows, float32, the
+  // param's shape without its last dim; gathered like u, replaced by the new rows of the
+  // slice); this rank's tp slice of the update, flat, in `wire`. `v` is unused without NorMuon.
+  at::Tensor owner_update(const DistributedParam& d, const at::Tensor& u, c10::ScalarType wire,
+                          at::Tensor& v);
   const MuonOptions& group_options(size_t group) const;
 
   std::vector<std::vector<ShapeBatch>> batches_;         // per param group
   std::vector<std::vector<const void*>> cached_params_;  // TensorImpl of each group's params
   // Per group, per param position (parallel to param_groups_[g].params()).
   std::vector<std::vector<MuonSharding>> sharding_;
+  std::vector<std::vector<MuonHeadSplit>> head_split_;
+  std::string split_problem_;  // a local matrix its head split does not divide; step() throws
+  std::unique_ptr<MuonTelemetryRecorder> telemetry_;  // armed: records every path's step
 };
 
 }  // namespace mixtrain

@@ -36,6 +36,10 @@ std::string metrics_json_line(const StepMetrics& m) {
   j["aux_loss"] = finite_or_null(m.aux_loss);
   j["loss_scale"] = finite_or_null(m.loss_scale);
   j["skipped_steps"] = m.skipped_steps;
+  if (m.qk_clip) {
+    j["qk_clip_heads"] = m.qk_clip->heads_clipped;
+    j["qk_max_logit"] = finite_or_null(m.qk_clip->max_logit);
+  }
   if (m.profile) {
     const StepTimes& t = *m.profile;
     j["forward_s"] = finite_or_null(t.forward_s);
@@ -46,6 +50,13 @@ std::string metrics_json_line(const StepMetrics& m) {
     j["checkpoint_s"] = finite_or_null(t.checkpoint_s);
     j["step_s"] = finite_or_null(t.step_s);
     if (t.peak_device_bytes > 0) j["peak_device_bytes"] = t.peak_device_bytes;
+  }
+  for (const MuonGroupTelemetry& t : m.muon) {
+    const std::string g = "muon_g" + std::to_string(t.group) + "_";
+    j[g + "ortho_error_mean"] = finite_or_null(t.ortho_error_mean);
+    j[g + "ortho_error_max"] = finite_or_null(t.ortho_error_max);
+    j[g + "ortho_sampled"] = t.sampled;
+    j[g + "update_rms"] = finite_or_null(t.update_rms);
   }
   return j.dump();
 }

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "mixtrain/checkpoint/hf_import.h"
+#include "mixtrain/config/schema.h"
 #include "mixtrain/config/show.h"
 #include "mixtrain/config/startup_log.h"
 #include "mixtrain/config/validate.h"
@@ -31,12 +32,14 @@
 #include "mixtrain/distributed/fsdp.h"
 #include "mixtrain/distributed/rendezvous.h"
 #include "mixtrain/model/init_dtype.h"
+#include "mixtrain/model/max_logit_recorder.h"
 #include "mixtrain/model/registry.h"
 #include "mixtrain/optim/build_optimizer.h"
 #include "mixtrain/optim/chained_optimizer.h"
 #include "mixtrain/optim/lr_schedule.h"
 #include "mixtrain/optim/optimizer_table.h"
 #include "mixtrain/optim/param_groups.h"
+#include "mixtrain/optim/qk_clip.h"
 #include "mixtrain/optim/state_swap.h"
 #include "mixtrain/optim/training_optimizer.h"
 #include "mixtrain/trainer/checkpointing.h"
@@ -301,6 +304,21 @@ Trainer::Trainer(const ResolvedConfig& resolved, const DeviceMesh& mesh, const s
           "between steps, moved in buckets of " + std::to_string(config.optimizer.swap_bucket_mb) +
           " MiB, " + std::to_string(config.optimizer.swap_merge_buckets) + " per transfer");
   }
+  if (config.optimizer.muon.qk_clip_tau > 0) {
+    // Every attention forward now also records its heads' max logits (one more Q K^T).
+    max_logits_ = std::make_shared<MaxLogitRecorder>();
+    model_->set_max_logit_recorder(max_logits_);
+    if (is_rank0) {
+      log_info(
+          "QK-clip: after every step, query heads whose max attention logit (over the step's "
+          "micro-batches and all ranks) exceeds tau " +
+          format_number(config.optimizer.muon.qk_clip_tau) +
+          " get q_proj/k_proj rows (weights and biases) rescaled to bring it to tau, on " +
+          std::string(config.optimizer.fp32_main_params ? "the fp32 main params"
+                                                        : "the parameters") +
+          " (optimizer " + config.optimizer.target + ")");
+    }
+  }
   if (is_rank0) {
     for (const OptimizerTableEntry& entry : optimizer_table()) {
       const std::string block = entry.startup_block(resolved_);
@@ -362,6 +380,7 @@ StepResult Trainer::compute_gradients() {
       optimizer_for_target(config.optimizer.target).reported_lr(config.optimizer) * lr_factor;
 
   recorder_.start();
+  if (max_logits_) max_logits_->clear();  // this step's micro-batches only (not evaluations)
   if (config.train.profile && !mesh_.device.is_cpu()) {
     at::accelerator::resetPeakStats(mesh_.device.index());
   }
@@ -383,12 +402,34 @@ StepResult Trainer::compute_gradients() {
   return result;
 }
 
+bool is_log_step(int64_t step, int64_t log_every, int64_t steps) {
+  return step == steps || (log_every > 0 && step % log_every == 0);
+}
+
 void Trainer::apply_update() {
+  const TrainConfig& train = resolved_.config.train;
+  const bool telemetry = resolved_.config.optimizer.muon_telemetry &&
+                         is_log_step(pending_.step, train.log_every, train.steps);
+  muon_telemetry_.clear();
+  if (telemetry) arm_muon_telemetry(optimizer_->chained());
   {
     PhaseTimer step(recorder_, Phase::kOptimizer);
     optimizer_->step_with_ready_grads();
     optimizer_->zero_grad();
+    if (max_logits_) {
+      // After the update, on what the optimizer updated (optim/qk_clip.h); counted in the step.
+      const double tau = resolved_.config.optimizer.muon.qk_clip_tau;
+      static const std::vector<ParamPlacement> kWhole;
+      const QkClipStats stats = apply_qk_clip(
+          optimizer_->chained(), reduce_max_logits(*mesh_.world, max_logits_->layers()),
+          sharded_ ? sharded_->placements() : kWhole, resolved_.config.model, tau);
+      pending_.qk_clip = true;
+      pending_.qk_clip_heads = stats.heads_clipped;
+      pending_.qk_max_logit = stats.max_logit;
+    }
   }
+  // Outside the optimizer phase: the profile times the step, not its telemetry.
+  if (telemetry) muon_telemetry_ = muon_step_telemetry(optimizer_->chained(), mesh_.world.get());
   if (resolved_.config.train.profile && !mesh_.device.is_cpu()) {
     // Since compute_gradients reset it; index 0 is StatType::AGGREGATE (every pool).
     recorder_.times().peak_device_bytes =
@@ -399,13 +440,17 @@ void Trainer::apply_update() {
 
 EvalResult Trainer::evaluate() {
   if (!evaluator_) throw std::logic_error("Trainer::evaluate: train.eval_every is 0");
-  return evaluator_->evaluate(*model_, mesh_);
+  // QK-clip's statistic is the training batches'; evaluation forwards skip its extra work.
+  model_->set_max_logit_recorder(nullptr);
+  EvalResult result = evaluator_->evaluate(*model_, mesh_);
+  model_->set_max_logit_recorder(max_logits_);
+  return result;
 }
 
 StepResult Trainer::step() {
-  StepResult result = compute_gradients();
+  compute_gradients();
   apply_update();
-  return result;
+  return pending_;  // compute_gradients' result with apply_update's QK-clip numbers
 }
 
 void Trainer::save_checkpoint() {
@@ -514,52 +559,62 @@ TrainSummary run_training(const ResolvedConfig& resolved, const TrainOptions& op
     row.lr = result.lr;
     row.loss_scale = trainer.optimizer().loss_scale();
     row.skipped_steps = trainer.optimizer().skipped_steps();
-    const auto now = Stopwatch::Clock::now();
-    row.tokens_per_s = tokens_per_step / training.seconds(now);
-    row.elapsed_s = run.seconds(now);
-    loss_curve.emplace_back(step, row.loss);
-    if (step == first_step) summary.first_loss = row.loss;
-    summary.last_loss = row.loss;
-    summary.steps_completed = step;
-    if (save_due(step)) trainer.save_checkpoint();  // recorded as the step's checkpoint phase
-    StepTimes times = trainer.last_step_times();
-    // The row is written after the save, so that the profile counts the checkpoint in its step.
-    if (is_rank0) {
-      if (config.train.profile) {
-        times.step_s = iteration.seconds();
-        row.profile = times;
-      }
-      metrics->write(row);
-      progress->update(step, row.loss, row.tokens_per_s, row.elapsed_s);
-      if (config.train.profile) {
-        profile.add(step, times, tokens_per_step);
-        if (step % config.train.log_every == 0 || step == config.train.steps) {
-          log_info(profile.format());
-          profile.clear();
-        }
-      }
-    }
-    // After the step's row: its tokens_per_s and profile do not count the evaluation.
-    if (eval_due(step)) {
-      const EvalResult eval = trainer.evaluate();  // collective: every rank
-      if (is_rank0) {
-        EvalMetrics eval_row{step, eval.loss(), eval.perplexity(), eval.tokens};
-        metrics->write_eval(eval_row);
-        eval_curve.emplace_back(step, eval_row.eval_loss);
-        log_info("eval at step " + std::to_string(step) + ": " + format_eval_result(eval));
-      }
-    }
+    row.muon = trainer.muon_telemetry();
   }
-  trainer.wait_for_checkpoint();  // an async save finishes (or reports its error) before exit
+  if (result.qk_clip) row.qk_clip = QkClipMetrics{result.qk_clip_heads, result.qk_max_logit};
+  const auto now = Stopwatch::Clock::now();
+  row.tokens_per_s = tokens_per_step / training.seconds(now);
+  row.elapsed_s = run.seconds(now);
+  loss_curve.emplace_back(step, row.loss);
+  if (step == first_step) summary.first_loss = row.loss;
+  summary.last_loss = row.loss;
+  summary.steps_completed = step;
+  if (save_due(step)) trainer.save_checkpoint();  // recorded as the step's checkpoint phase
+  StepTimes times = trainer.last_step_times();
+  // The row is written after the save, so that the profile counts the checkpoint in its step.
   if (is_rank0) {
-    progress->finish();
-    write_loss_svg(summary.plot_path, loss_curve, "mixtrain loss: " + config.source_file,
-                   eval_curve);
+    if (config.train.profile) {
+      times.step_s = iteration.seconds();
+      row.profile = times;
+    }
+    metrics->write(row);
+    progress->update(step, row.loss, row.tokens_per_s, row.elapsed_s);
+    if (!row.muon.empty()) {
+      log_info("step " + std::to_string(step) + ": " + format_muon_telemetry(row.muon));
+    }
+    if (row.qk_clip && (step % config.train.log_every == 0 || step == config.train.steps)) {
+      log_info("step " + std::to_string(step) + " QK-clip: max attention logit " +
+               format_number(row.qk_clip->max_logit) + ", " +
+               std::to_string(row.qk_clip->heads_clipped) + " head(s) clipped");
+    }
+    if (config.train.profile) {
+      profile.add(step, times, tokens_per_step);
+      if (step % config.train.log_every == 0 || step == config.train.steps) {
+        log_info(profile.format());
+        profile.clear();
+      }
+    }
   }
-  if (is_rank0 && config.train.profile && config.train.cpu_allocator == "caching") {
-    log_info(format_cpu_allocator_stats(CachingCpuAllocator::instance().stats()));
+  // After the step's row: its tokens_per_s and profile do not count the evaluation.
+  if (eval_due(step)) {
+    const EvalResult eval = trainer.evaluate();  // collective: every rank
+    if (is_rank0) {
+      EvalMetrics eval_row{step, eval.loss(), eval.perplexity(), eval.tokens};
+      metrics->write_eval(eval_row);
+      eval_curve.emplace_back(step, eval_row.eval_loss);
+      log_info("eval at step " + std::to_string(step) + ": " + format_eval_result(eval));
+    }
   }
-  return summary;
+}
+trainer.wait_for_checkpoint();  // an async save finishes (or reports its error) before exit
+if (is_rank0) {
+  progress->finish();
+  write_loss_svg(summary.plot_path, loss_curve, "mixtrain loss: " + config.source_file, eval_curve);
+}
+if (is_rank0 && config.train.profile && config.train.cpu_allocator == "caching") {
+  log_info(format_cpu_allocator_stats(CachingCpuAllocator::instance().stats()));
+}
+return summary;
 }
 
 }  // namespace mixtrain

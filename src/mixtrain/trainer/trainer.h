@@ -15,7 +15,9 @@
 // saves checkpoints every checkpoint.interval steps and at the last step, and writes (rank 0)
 // <run_dir>/metrics.jsonl (one JSON object per step, flushed per line) and loss.svg (at the
 // end, also after Ctrl-C). With train.profile it adds each step's phase times (step_profile.h)
-// to metrics.jsonl and logs their average every train.log_every steps. With train.eval_every
+// to metrics.jsonl and logs their average every train.log_every steps. With
+// optimizer.muon_telemetry it adds Muon's figures (optim/muon_telemetry.h) to the rows and the
+// log of the log steps (is_log_step) and computes them on those steps only. With train.eval_every
 // it evaluates data.eval_path (trainer/evaluator.h) every eval_every steps and at the last one,
 // after that step's row, and rank 0 adds an eval row (metrics_writer.h) and the eval series of
 // loss.svg; the evaluation reads neither the RNG nor the training data, so the training run is
@@ -25,9 +27,11 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "mixtrain/config/load.h"
 #include "mixtrain/distributed/device_mesh.h"
+#include "mixtrain/optim/muon_telemetry.h"
 #include "mixtrain/trainer/evaluator.h"
 #include "mixtrain/trainer/step_recorder.h"
 
@@ -39,6 +43,7 @@ class TrainingOptimizer;
 class TokenDataset;
 class LrSchedule;
 class CheckpointSaver;
+class MaxLogitRecorder;
 
 // The model as the trainer builds it (fp32-main-params §6.1): built and initialised on the CPU
 // from config.model and train.seed, model_init_dtype applied, moved to mesh.device, then sharded
@@ -60,6 +65,11 @@ struct StepResult {
   double aux_loss = 0.0;   // likewise
   double grad_norm = 0.0;  // global L2 norm before clipping
   double lr = 0.0;         // the target's reported base lr (optimizer table) x schedule factor
+  // QK-clip (optimizer.muon_config.muon_qk_clip_tau > 0), filled by apply_update: query heads
+  // clipped after this step and the max attention logit over all heads and ranks.
+  bool qk_clip = false;
+  int64_t qk_clip_heads = 0;
+  double qk_max_logit = 0.0;
 };
 
 class Trainer {
@@ -73,6 +83,9 @@ class Trainer {
   // Forward/backward over the step's micro-batches, prepare_grads, clipping. Collective.
   StepResult compute_gradients();
   void apply_update();
+  // optimizer.muon_telemetry: the figures of the last step if it was a log step
+  // (is_log_step), else empty. Computed inside apply_update (collective on those steps).
+  const std::vector<MuonGroupTelemetry>& muon_telemetry() const { return muon_telemetry_; }
   // The phase times of the last step: compute_gradients() restarts them and fills forward,
   // backward, reduce, clip (and its prepare_grads into optimizer); apply_update() adds the
   // optimizer step; save_checkpoint() after it adds checkpoint. step_s is run_training's to fill.
@@ -112,7 +125,13 @@ class Trainer {
   int64_t completed_steps_ = 0;
   StepResult pending_;     // compute_gradients' result until apply_update
   StepRecorder recorder_;  // the phase times of the step in flight / last completed
+  std::vector<MuonGroupTelemetry> muon_telemetry_;
+  std::shared_ptr<MaxLogitRecorder> max_logits_;  // QK-clip on: the forwards' max logits
 };
+
+// The steps the trainer logs: every log_every-th and the last (log_every <= 0: the last only),
+// as the progress line prints them.
+bool is_log_step(int64_t step, int64_t log_every, int64_t steps);
 
 struct TrainOptions {
   std::string run_dir;

@@ -74,6 +74,12 @@ TEST(ShowTest, TomlShowsTheKeyAsWrittenAndDerivations) {
   EXPECT_EQ(row_of(text, "optimizer.muon_config.muon_ns_variant")[1], "hybrid");
   EXPECT_EQ(row_of(text, "optimizer.muon_config.muon_momentum_style")[1], "ema_add");
   EXPECT_EQ(row_of(text, "optimizer.muon_config.muon_matched_adamw_rms")[1], "0.18");
+  EXPECT_EQ(row_of(text, "optimizer.muon_config.muon_qk_clip_tau")[1], "0");  // off by default
+  const std::string clip = format_config_show(load_config(
+      dir.write("d.toml", "[optimizer]\nname = \"Muon\"\nmuon_qk_clip_tau = 30\n"), {}));
+  EXPECT_EQ(row_of(clip, "optimizer.muon_config.muon_qk_clip_tau"),
+            (std::vector<std::string>{"optimizer.muon_config.muon_qk_clip_tau", "30", "file",
+                                      "optimizer.muon_qk_clip_tau"}));
 }
 
 TEST(ShowTest, NorMuonAndCautiousWeightDecayKeys) {
@@ -111,6 +117,19 @@ TEST(ShowTest, NotesSayWhichNewtonSchulzTriplesRun) {
   // asym5 (the default) names its triples itself: no note.
   const std::string plain = format_config_show(load_config(dir.write("a.yaml", m), {}));
   EXPECT_EQ(plain.find("note:"), std::string::npos);
+}
+
+TEST(ShowTest, NoteSaysWhichMatricesMuonPerHeadSplits) {
+  TempDir dir;
+  const std::string yaml =
+      "optimizer:\n  _target_: Muon\n  muon_config:\n    muon_per_head: true\nmodel:\n"
+      "  head_dim: 32\n";
+  const std::string text = format_config_show(load_config(dir.write("h.yaml", yaml), {}));
+  EXPECT_EQ(row_of(text, "optimizer.muon_config.muon_per_head")[1], "true");
+  EXPECT_EQ(lines_of(text).back(),
+            "note: optimizer.muon_config.muon_per_head runs Newton-Schulz on blocks of 32 rows of "
+            "*self_attn.{q,k,v}_proj.weight and of 32 columns of *self_attn.o_proj.weight "
+            "(model.head_dim), each scaled by its block's shape");
 }
 
 }  // namespace

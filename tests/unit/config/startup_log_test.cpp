@@ -102,6 +102,11 @@ TEST(StartupLogTest, EffectiveMuonDefaultConfiguredFinal) {
             (std::vector<std::string>{"muon_normuon_epsilon", "1e-10", "-", "1e-10"}));
   EXPECT_EQ(cells_of_row(block, "muon_cautious_weight_decay"),
             (std::vector<std::string>{"muon_cautious_weight_decay", "false", "-", "false"}));
+  // optimizer.muon_telemetry lives beside muon_config but belongs to this block.
+  EXPECT_EQ(cells_of_row(block, "muon_per_head"),
+            (std::vector<std::string>{"muon_per_head", "false", "-", "false"}));
+  EXPECT_EQ(cells_of_row(block, "muon_telemetry"),
+            (std::vector<std::string>{"muon_telemetry", "false", "-", "false"}));
 }
 
 TEST(StartupLogTest, EffectiveMuonShowsTomlDerivations) {
@@ -133,6 +138,14 @@ TEST(StartupLogTest, MuonNotUsedWithAdamW) {
   const ResolvedConfig r = load_config(dir.write("a.yaml", "optimizer:\n  _target_: AdamW\n"), {});
   EXPECT_EQ(format_effective_muon_block(r),
             "Effective muon config: not used (optimizer._target_ is AdamW)\n");
+  // QK-clip's key sits under muon_config but acts after any optimizer's step: the block says so.
+  const ResolvedConfig clip = load_config(
+      dir.write("b.yaml",
+                "optimizer:\n  _target_: AdamW\n  muon_config:\n    muon_qk_clip_tau: 50\n"),
+      {});
+  EXPECT_EQ(format_effective_muon_block(clip),
+            "Effective muon config: not used (optimizer._target_ is AdamW); muon_qk_clip_tau 50 "
+            "applies all the same: QK-clip runs after every step\n");
 }
 
 }  // namespace

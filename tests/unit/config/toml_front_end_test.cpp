@@ -133,6 +133,16 @@ TEST(TomlFrontEndTest, MuonNorMuonAndCautiousWeightDecay) {
   }
 }
 
+TEST(TomlFrontEndTest, MuonPerHeadAndTelemetry) {
+  EXPECT_FALSE(translate_text("").config.optimizer.muon.per_head);
+  EXPECT_FALSE(translate_text("").config.optimizer.muon_telemetry);
+  const Translated t = translate_text("[optimizer]\nmuon_per_head = true\nmuon_telemetry = true\n");
+  EXPECT_TRUE(t.config.optimizer.muon.per_head);
+  EXPECT_TRUE(t.config.optimizer.muon_telemetry);
+  EXPECT_EQ(t.provenance.source("optimizer.muon_config.muon_per_head"), ValueSource::kFile);
+  EXPECT_EQ(t.provenance.source("optimizer.muon_telemetry"), ValueSource::kFile);
+}
+
 TEST(TomlFrontEndTest, MuonNsDtype) {
   EXPECT_EQ(translate_text("").config.optimizer.muon.ns_dtype, "bfloat16");
   const Translated t = translate_text("[optimizer]\nmuon_ns_dtype = \"float32\"\n");
@@ -252,6 +262,24 @@ TEST(TomlFrontEndTest, UnknownKeysAndSections) {
   EXPECT_EQ(error_of("[train]\nsteps = 3\n"),
             "train.steps: unknown key (did you mean training.steps?)");
   EXPECT_EQ(error_of("optimizer = 3\n"), "optimizer: expected a table [optimizer], got integer 3");
+}
+
+TEST(TomlFrontEndTest, MuonNsVariantNamesAnySchedule) {
+  const Translated t = translate_text(
+      "[optimizer]\nname = \"Muon\"\nmuon_ns_variant = \"polar_express\"\nmuon_ns_steps = 8\n");
+  EXPECT_EQ(t.config.optimizer.muon.ns_variant, "polar_express");
+  EXPECT_EQ(t.config.optimizer.muon.ns_steps, 8);
+  EXPECT_EQ(t.provenance.source("optimizer.muon_config.muon_ns_variant"), ValueSource::kFile);
+  EXPECT_EQ(t.provenance.user_key("optimizer.muon_config.muon_ns_variant"),
+            "optimizer.muon_ns_variant");
+  EXPECT_EQ(toml_key_for("optimizer.muon_config.muon_ns_variant"), "optimizer.muon_ns_variant");
+  // muon_hybrid_ns = true would also choose the schedule: both together are ambiguous.
+  EXPECT_EQ(error_of("[optimizer]\nmuon_ns_variant = \"quintic\"\nmuon_hybrid_ns = false\n"),
+            "optimizer.muon_ns_variant: set either optimizer.muon_ns_variant or "
+            "optimizer.muon_hybrid_ns, not both (muon_hybrid_ns = true is muon_ns_variant = "
+            "\"hybrid\")");
+  EXPECT_EQ(error_of("[optimizer]\nmuon_ns_variant = 5\n"),
+            "optimizer.muon_ns_variant: expected a string, got integer 5");
 }
 
 TEST(TomlFrontEndTest, WrongTypesNameTheTomlKey) {

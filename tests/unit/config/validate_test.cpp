@@ -383,6 +383,15 @@ TEST(ValidateTest, MuonRanges) {
             "optimizer.muon_config.muon_normuon_epsilon: must be > 0, got 0");
   EXPECT_EQ(toml_error("[optimizer]\nmuon_normuon_epsilon = -1e-8\n"),
             "optimizer.muon_normuon_epsilon: must be > 0, got -1e-08");
+  EXPECT_EQ(yaml_error(m + "    muon_qk_clip_tau: -1\n"),
+            "optimizer.muon_config.muon_qk_clip_tau: must be a finite number >= 0 (0: QK-clip "
+            "off), got -1");
+  EXPECT_EQ(toml_error("[optimizer]\nmuon_qk_clip_tau = -0.5\n"),
+            "optimizer.muon_qk_clip_tau: must be a finite number >= 0 (0: QK-clip off), got -0.5");
+  EXPECT_EQ(yaml_error("model:\n  name: qwen3_moe\n" + m + "    muon_qk_clip_tau: 100\n"),
+            "optimizer.muon_config.muon_qk_clip_tau: must be 0 with model.name qwen3_moe: its "
+            "per-head q/k RMSNorm makes the attention logits independent of the q/k projections' "
+            "scale, which QK-clip rescales, got 100");
   EXPECT_EQ(yaml_error(m + "    muon_adamw_keywords: ['']\n"),
             "optimizer.muon_config.muon_adamw_keywords: must not contain empty names");
   EXPECT_EQ(yaml_error("optimizer:\n  swap_merge_buckets: 0\n"),
@@ -437,6 +446,10 @@ TEST(ValidateTest, NewtonSchulzSchedules) {
   expect_valid("c.yaml", m + "    muon_ns_variant: polar_express\n    muon_ns_steps: 8\n");
   expect_valid("c.toml",
                "[optimizer]\nname = \"Muon\"\nmuon_ns_steps = 10\nmuon_hybrid_ns = true\n");
+  // The TOML spelling is named in the TOML dialect's errors.
+  EXPECT_EQ(toml_error("[optimizer]\nname = \"Muon\"\nmuon_ns_variant = \"cubic\"\n").substr(0, 58),
+            "optimizer.muon_ns_variant: must be one of legacy, asym5, q");
+  expect_valid("c.toml", "[optimizer]\nname = \"Muon\"\nmuon_ns_variant = \"polar_express\"\n");
 }
 
 // A config built in code gets the same rules; errors name the canonical key and where the
@@ -512,6 +525,34 @@ TEST(ValidateTest, HybridWithEightStepsOrFewerWarns) {
   TrainerConfig adamw = load_config(dir.write("h.yaml", yaml), {}).config;
   adamw.optimizer.target = "AdamW";
   EXPECT_TRUE(config_warnings(adamw).empty());
+}
+
+// Telemetry asked for without Muon would silently show nothing: refused. muon_per_head without
+// Muon changes nothing: one warning.
+TEST(ValidateTest, MuonTelemetryNeedsMuonAndPerHeadWithoutMuonWarns) {
+  EXPECT_EQ(yaml_error("optimizer:\n  _target_: AdamW\n  muon_telemetry: true\n"),
+            "optimizer.muon_telemetry: needs optimizer._target_ Muon (it watches Muon's "
+            "Newton-Schulz; the target is AdamW)");
+  EXPECT_EQ(toml_error("[optimizer]\nname = \"AdamW\"\nmuon_telemetry = true\n"),
+            "optimizer.muon_telemetry: needs optimizer._target_ Muon (it watches Muon's "
+            "Newton-Schulz; the target is AdamW)");
+  TempDir dir;
+  const auto muon =
+      load_config(dir.write("m.yaml",
+                            "optimizer:\n  _target_: Muon\n  muon_telemetry: true\n  muon_config:\n"
+                            "    muon_per_head: true\n"),
+                  {});
+  EXPECT_TRUE(muon.config.optimizer.muon_telemetry);
+  EXPECT_TRUE(muon.config.optimizer.muon.per_head);
+  EXPECT_TRUE(config_warnings(muon.config).empty());
+  TrainerConfig adamw = muon.config;
+  adamw.optimizer.target = "AdamW";
+  adamw.optimizer.muon_telemetry = false;
+  const std::vector<std::string> warnings = config_warnings(adamw);
+  ASSERT_EQ(warnings.size(), 1u);
+  EXPECT_EQ(warnings[0],
+            "optimizer.muon_config.muon_per_head has no effect: optimizer._target_ is AdamW, not "
+            "Muon");
 }
 
 // Checks that lived in the layers below config/ (LrSchedule, SyntheticDataset, DeviceMesh,

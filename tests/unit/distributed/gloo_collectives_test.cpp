@@ -2,7 +2,8 @@
 // moves its bytes), float16 and int64, uneven all_to_all splits (with empty ones) and
 // reduce_scatter_sum against the sum written out by hand. Expected values are closed-form
 // functions of (sender, receiver, row, column), computed on each rank without communication.
-// Also the communication counters: calls, seconds and the bytes each rank sends, per op.
+// Also the communication counters: calls, seconds and the bytes each rank sends, per op; and
+// the async all_to_all / all_gather, several in flight at once, waited in another order.
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
@@ -84,6 +85,17 @@ MIXTRAIN_WORKER(all_ops) {
     }
     at::Tensor received = world.all_to_all(at::cat(outgoing), send, recv);
     EXPECT_TRUE(same_bits(received, at::cat(incoming))) << received;
+
+    // The async forms: three started before any is waited for, waited in reverse order (the
+    // order of starting is what must match across ranks), giving the blocking results; the
+    // second all_to_all sends the mirrored split.
+    auto first = world.all_to_all_async(at::cat(outgoing), send, recv);
+    auto second = world.all_to_all_async(at::cat(incoming), recv, send);
+    auto third = world.all_gather_async(block(rank, 0, 3, type));
+    EXPECT_TRUE(same_bits(third->wait(), expected));
+    EXPECT_TRUE(same_bits(second->wait(), at::cat(outgoing)));
+    EXPECT_TRUE(same_bits(first->wait(), at::cat(incoming)));
+    EXPECT_THROW(first->wait(), std::logic_error);
 
     // broadcast from the last rank.
     at::Tensor payload = rank == n - 1 ? block(7, 3, 2, type) : at::zeros({2, 2}, type);

@@ -4,8 +4,9 @@
 // all_to_all, all_reduce_sum and broadcast are the identity, bitwise (one rank's sum is its own
 // value; float16 goes to float32 and back, which is exact), for every payload dtype the op
 // offers; the refusals; host tensors staged through the device; stream order on a side stream;
-// the counters (a call each, 0 bytes at n = 1). And the failure path, fast: rank 1 of a 2-rank
-// group whose rank 0 never comes fails within the store timeout with the op's UserError.
+// the counters (a call each, 0 bytes at n = 1); the async all_to_all / all_gather, several in
+// flight, waited in reverse order. And the failure path, fast: rank 1 of a 2-rank group whose
+// rank 0 never comes fails within the store timeout with the op's UserError.
 #include <ATen/ATen.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
@@ -136,6 +137,25 @@ TEST_F(NcclOneRank, AllToAllSendsEveryRowToItself) {
   }
   const at::Tensor empty = sample(at::kFloat, {0, 4});
   EXPECT_EQ(comm_->all_to_all(empty, {0}, {0}).sizes(), empty.sizes());
+}
+
+TEST_F(NcclOneRank, AsyncCallsGiveTheBlockingResultsInAnyWaitOrder) {
+  // Two all_to_alls and an all_gather in flight at once (one device, one host input), waited in
+  // reverse order; each equals its input (one rank) on the input's device; a second wait throws.
+  const at::Tensor on_device = sample(at::kBFloat16, {5, 3});
+  const at::Tensor on_host = at::arange(6, at::kFloat).reshape({3, 2});
+  auto first = comm_->all_to_all_async(on_device, {5}, {5});
+  auto second = comm_->all_to_all_async(on_host, {3}, {3});
+  auto third = comm_->all_gather_async(on_device);
+  const at::Tensor gathered = third->wait();
+  const at::Tensor host_rows = second->wait();
+  const at::Tensor device_rows = first->wait();
+  EXPECT_TRUE(same_bits(gathered, on_device));
+  EXPECT_TRUE(host_rows.device().is_cpu());
+  EXPECT_TRUE(same_bits(host_rows, on_host));
+  EXPECT_EQ(device_rows.device(), kDevice);
+  EXPECT_TRUE(same_bits(device_rows, on_device));
+  EXPECT_THROW(first->wait(), std::logic_error);
 }
 
 TEST_F(NcclOneRank, BroadcastFromRankZeroKeepsTheTensorAndBarrierReturns) {

@@ -307,5 +307,58 @@ TEST(AttentionGqa, RepeatKvMapsQueryHeadToKvHeadDividedByGroupSize) {
   EXPECT_TRUE(torch::equal(repeat_kv(kv, 1), kv));
 }
 
+// QK-clip's statistic against loops written here in float64: head h, max over b and the allowed
+// (i, j) of sum_d q[b,h,i,d] k[b,h/n,j,d] / sqrt(D).
+std::vector<double> reference_max_logits(const torch::Tensor& q, const torch::Tensor& k,
+                                         const std::vector<int64_t>& q_pos,
+                                         const std::vector<int64_t>& k_pos) {
+  const auto qa = q.to(torch::kDouble).contiguous(), ka = k.to(torch::kDouble).contiguous();
+  const auto qd = qa.accessor<double, 4>(), kd = ka.accessor<double, 4>();
+  const int64_t group = q.size(1) / k.size(1), dim = q.size(3);
+  std::vector<double> result(q.size(1), -std::numeric_limits<double>::infinity());
+  for (int64_t b = 0; b < q.size(0); ++b) {
+    for (int64_t h = 0; h < q.size(1); ++h) {
+      for (int64_t i = 0; i < q.size(2); ++i) {
+        for (int64_t j = 0; j < k.size(2); ++j) {
+          if (k_pos[j] > q_pos[i]) continue;  // the future: masked
+          double dot = 0;
+          for (int64_t d = 0; d < dim; ++d) dot += qd[b][h][i][d] * kd[b][h / group][j][d];
+          result[h] = std::max(result[h], dot / std::sqrt(double(dim)));
+        }
+      }
+    }
+  }
+  return result;
+}
+
+TEST(AttentionMaxLogits, PerHeadCausalMaxMatchesTheLoopsGqaAndPositions) {
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(5);
+  const auto q = torch::randn({2, 4, 6, 8}, gen) * 2, k = torch::randn({2, 2, 6, 8}, gen) * 2;
+  // A huge logit in the future of query 0 (key 5 = 50 q_0, head 0): it must not count.
+  k.select(2, 5).select(1, 0).copy_(q.select(2, 0).select(1, 0) * 50);
+  std::vector<int64_t> pos = {0, 1, 2, 3, 4, 5};
+  const auto expected = reference_max_logits(q, k, pos, pos);
+  const auto got = causal_max_logits(q, k);
+  ASSERT_EQ(got.sizes().vec(), (std::vector<int64_t>{4}));
+  EXPECT_EQ(got.scalar_type(), torch::kFloat32);
+  // float32 dot products of 8 terms of size ~4 (|sum| <= ~60): a few ulp of 60, ~1e-5; 1e-4.
+  for (int64_t h = 0; h < 4; ++h) EXPECT_NEAR(got[h].item<double>(), expected[h], 1e-4) << h;
+  // The masked entry is far above every allowed one: a mask that leaked would show.
+  const auto unmasked = (torch::matmul(q, repeat_kv(k, 2).transpose(2, 3)) / std::sqrt(8.0));
+  EXPECT_GT(unmasked.select(1, 0).max().item<double>(), expected[0] + 100);
+
+  // Context parallelism's layout: this rank's queries at positions {2, 3, 8, 9} of 12 over all
+  // 12 keys, in another order (rank-major), and blocks of one query row (a long sequence).
+  const auto q_all = torch::randn({1, 2, 12, 4}, gen), k_all = torch::randn({1, 1, 12, 4}, gen);
+  const std::vector<int64_t> q_rows = {2, 3, 8, 9}, k_rows = {0, 1, 10, 11, 2, 3, 8, 9, 4, 5, 6, 7};
+  const auto q_local = q_all.index_select(2, torch::tensor(q_rows));
+  const auto k_perm = k_all.index_select(2, torch::tensor(k_rows));
+  const auto expected_cp = reference_max_logits(q_local, k_perm, q_rows, k_rows);
+  const auto got_cp =
+      causal_max_logits(q_local, k_perm, torch::tensor(q_rows), torch::tensor(k_rows));
+  for (int64_t h = 0; h < 2; ++h) EXPECT_NEAR(got_cp[h].item<double>(), expected_cp[h], 1e-5) << h;
+  EXPECT_THROW(causal_max_logits(q, k, torch::tensor(q_rows)), c10::Error);
+}
+
 }  // namespace
 }  // namespace mixtrain

@@ -7,7 +7,11 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <cmath>
+#include <iostream>
+#include <limits>
+#include <map>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -87,6 +91,73 @@ TEST(Qwen2, HasNoRouterLoss) {
   EXPECT_EQ(out.logits.sizes().vec(), (std::vector<int64_t>{2, 5, 37}));
   EXPECT_EQ(out.aux_loss.scalar_type(), torch::kFloat32);
   EXPECT_EQ(out.aux_loss.item<float>(), 0.0f);
+}
+
+// QK-clip's recording through the whole model: with a MaxLogitRecorder installed, two forwards
+// leave per layer the max over both of each head's causal logit. Layer 0's is recomputed here in
+// float64 from the parameters: embedding rows, input RMSNorm, q/k projections with biases,
+// rotary (the model's tables), then the scaled dot products under the causal mask.
+TEST(Qwen2, RecordsEachHeadsMaxCausalLogitOverTheForwards) {
+  const auto c = tiny_dense();
+  const auto model = build_model(c, 5);
+  std::map<std::string, torch::Tensor> p;
+  for (const auto& item : model->named_parameters()) p[item.key()] = item.value();
+  {
+    torch::NoGradGuard no_grad;  // large, distinct logits per head; nonzero biases
+    p["model.layers.0.self_attn.q_proj.weight"].mul_(40);
+    p["model.layers.0.self_attn.k_proj.weight"].mul_(40);
+    p["model.layers.0.self_attn.q_proj.bias"].copy_(torch::linspace(-1, 1, 32));
+    p["model.layers.0.self_attn.k_proj.bias"].copy_(torch::linspace(1, -0.5, 16));
+  }
+  EXPECT_TRUE(model->forward(torch::zeros({1, 4}, torch::kInt64)).logits.defined());
+  auto recorder = std::make_shared<MaxLogitRecorder>();
+  model->set_max_logit_recorder(recorder);
+  const std::vector<torch::Tensor> batches = {torch::randint(37, {2, 6}, torch::kInt64),
+                                              torch::randint(37, {3, 5}, torch::kInt64)};
+  for (const auto& ids : batches) model->forward(ids);
+  ASSERT_EQ(recorder->layers().size(), 2u);
+  ASSERT_EQ(recorder->layers().count("model.layers.1.self_attn."), 1u);
+  const torch::Tensor got = recorder->layers().at("model.layers.0.self_attn.");
+
+  auto d = [&](const std::string& name) { return p.at(name).detach().to(torch::kDouble); };
+  std::vector<double> expected(c.num_heads, -std::numeric_limits<double>::infinity());
+  for (const auto& ids : batches) {
+    const int64_t seq = ids.size(1);
+    auto h = d("model.embed_tokens.weight").index_select(0, ids.reshape({-1})).view({-1, seq, 24});
+    h = h * torch::rsqrt(h.pow(2).mean(-1, true) + c.rms_norm_eps) *
+        d("model.layers.0.input_layernorm.weight");
+    const std::string a = "model.layers.0.self_attn.";
+    auto q = (torch::matmul(h, d(a + "q_proj.weight").t()) + d(a + "q_proj.bias"))
+                 .view({-1, seq, 4, 8})
+                 .transpose(1, 2);
+    auto k = (torch::matmul(h, d(a + "k_proj.weight").t()) + d(a + "k_proj.bias"))
+                 .view({-1, seq, 2, 8})
+                 .transpose(1, 2);
+    const auto [cos, sin] = rotary_cos_sin(seq, c);
+    q = apply_rotary_pos_emb(q, cos.to(torch::kDouble), sin.to(torch::kDouble));
+    k = apply_rotary_pos_emb(k, cos.to(torch::kDouble), sin.to(torch::kDouble));
+    const auto future = torch::ones({seq, seq}, torch::kBool).triu(1);
+    for (int64_t head = 0; head < 4; ++head) {
+      const auto logits =
+          torch::matmul(q.select(1, head), k.select(1, head / 2).transpose(1, 2)) / std::sqrt(8.0);
+      expected[head] = std::max(expected[head],
+                                logits.masked_fill(future, -std::numeric_limits<double>::infinity())
+                                    .max()
+                                    .item<double>());
+    }
+  }
+  // The float32 model against float64: the embedding, norm and GEMMs round each value to about
+  // 1e-7 relative; logits here are 26-38: 1e-4 absolute is ~30x that.
+  for (int64_t head = 0; head < 4; ++head) {
+    std::cout << "head " << head << ": max logit " << got[head].item<double>() << " (float64 "
+              << expected[head] << ")\n";
+    EXPECT_NEAR(got[head].item<double>(), expected[head], 1e-4) << head;
+  }
+  EXPECT_GT(*std::max_element(expected.begin(), expected.end()), 1.0) << "logits too small to test";
+  model->set_max_logit_recorder(nullptr);
+  model->forward(batches[0]);
+  EXPECT_TRUE(torch::equal(recorder->layers().at("model.layers.0.self_attn."), got))
+      << "no recording once removed";
 }
 
 // A shape invariant of the model, not a config error (validate_test.cpp names the key).

@@ -20,6 +20,7 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <condition_variable>
@@ -38,6 +39,8 @@
 #include "mixtrain/optim/chained_optimizer.h"
 #include "mixtrain/optim/mixed_precision_optimizer.h"
 #include "mixtrain/optim/muon.h"
+#include "mixtrain/optim/muon_owner_plan.h"
+#include "mixtrain/optim/muon_telemetry.h"
 
 namespace mixtrain {
 namespace {
@@ -240,18 +243,91 @@ TEST(FsdpChunkRowsTest, TorchChunkSemantics) {
   EXPECT_THROW(fsdp_chunk_rows(4, 0), std::invalid_argument);
 }
 
-TEST(MuonOwnerBucketsTest, SortedByNumelThenNameInBucketsOfRanks) {
-  const std::vector<MuonOwnerItem> items = {{300, "c"}, {100, "z"}, {200, "b"}, {100, "a"},
-                                            {50, "q"},  {200, "a"}, {100, "a"}};
-  // Order: 50q(4) 100a(3) 100a(6) 100z(1) 200a(5) 200b(2) 300c(0).
-  const auto three = muon_owner_buckets(items, 3);
-  ASSERT_EQ(three.size(), 3u);
-  EXPECT_EQ(three[0], (std::vector<size_t>{4, 3, 6}));
-  EXPECT_EQ(three[1], (std::vector<size_t>{1, 5, 2}));
-  EXPECT_EQ(three[2], (std::vector<size_t>{0}));  // ranks 1 and 2 own nothing here
-  const auto one = muon_owner_buckets(items, 1);
-  EXPECT_EQ(one.size(), 7u);
-  EXPECT_TRUE(muon_owner_buckets({}, 4).empty());
+TEST(MuonOwnerPlanTest, NewtonSchulzFlopsAreTheThreeGemmsPerIteration) {
+  // 3 x 5 (already wide: m 3, n 5), 2 iterations: X X^T 2*3*3*5 = 90, A A 2*3*3*3 = 54,
+  // B X 2*3*3*5 = 90 per iteration.
+  EXPECT_EQ(newton_schulz_flops(3, 5, 2), 2 * (90 + 54 + 90));
+  EXPECT_EQ(newton_schulz_flops(5, 3, 2), 2 * (90 + 54 + 90));  // tall: transposed first
+  EXPECT_EQ(newton_schulz_flops(1, 384, 5), 5 * (2 * 384 + 2 + 2 * 384));
+  EXPECT_EQ(newton_schulz_flops(0, 7, 5), 0);
+  EXPECT_THROW(newton_schulz_flops(-1, 7, 5), std::invalid_argument);
+}
+
+TEST(MuonOwnerPlanTest, LongestFirstToTheLeastLoadedRank) {
+  // FLOPs 7, 5, 4, 3, 3, 2 on 2 ranks (sum 24, mean 12), one element each, so the bucket bound
+  // (the largest numel, 1) lets each owner take one item per bucket. By hand: 7 -> r0; 5 -> r1;
+  // 4 -> r1 (5 < 7; r1 is full in bucket 0: bucket 1); 3 -> r0 (7 < 9); 3 -> r1 (9 < 10; r1 full
+  // in bucket 1: bucket 2); 2 -> r0 (10 < 12). Totals 12 and 12. Round-robin over numel order
+  // (the earlier plan) gave 2+3+5 = 10 and 3+4+7 = 14.
+  const std::vector<MuonOwnerItem> items = {{1, "c", 4}, {1, "a", 7}, {1, "f", 2},
+                                            {1, "d", 3}, {1, "b", 5}, {1, "e", 3}};
+  const auto plan = muon_owner_plan(items, 2);
+  ASSERT_EQ(plan.size(), 3u);
+  EXPECT_EQ(plan[0].items, (std::vector<size_t>{1, 4}));  // a, b
+  EXPECT_EQ(plan[0].owners, (std::vector<int>{0, 1}));
+  EXPECT_EQ(plan[1].items, (std::vector<size_t>{0, 3}));  // c, d
+  EXPECT_EQ(plan[1].owners, (std::vector<int>{1, 0}));
+  EXPECT_EQ(plan[2].items, (std::vector<size_t>{5, 2}));  // e, f
+  EXPECT_EQ(plan[2].owners, (std::vector<int>{1, 0}));
+  const MuonOwnerLoad load = muon_owner_load(items, plan, 2);
+  EXPECT_EQ(load.per_rank, (std::vector<int64_t>{12, 12}));
+  EXPECT_DOUBLE_EQ(load.max_over_mean, 1.0);
+  EXPECT_DOUBLE_EQ(load.bucket_max_sum_over_mean, (7.0 + 4.0 + 3.0) / 12.0);
+}
+
+TEST(MuonOwnerPlanTest, SeveralMatricesPerOwnerAndRanksOwningNothing) {
+  // One large matrix (10 elements, the bound) and small ones: the small ones all fit the
+  // least-loaded rank's room in bucket 0, so rank 1 owns four there.
+  const std::vector<MuonOwnerItem> mixed = {
+      {10, "big", 100}, {2, "s1", 10}, {2, "s2", 10}, {2, "s3", 10}, {2, "s4", 10}};
+  const auto two = muon_owner_plan(mixed, 2);
+  ASSERT_EQ(two.size(), 1u);
+  EXPECT_EQ(two[0].owners, (std::vector<int>{0, 1, 1, 1, 1}));
+  // Four equal-sized matrices on 3 ranks: the fourth goes to rank 0 (ties: lowest rank) whose
+  // room in bucket 0 is used up, so bucket 1 holds it alone: ranks 1 and 2 own nothing there.
+  const std::vector<MuonOwnerItem> four = {
+      {10, "a", 100}, {10, "b", 100}, {10, "c", 100}, {10, "d", 50}};
+  const auto three = muon_owner_plan(four, 3);
+  ASSERT_EQ(three.size(), 2u);
+  EXPECT_EQ(three[0].owners, (std::vector<int>{0, 1, 2}));
+  EXPECT_EQ(three[1].items, (std::vector<size_t>{3}));
+  EXPECT_EQ(three[1].owners, (std::vector<int>{0}));
+  const MuonOwnerLoad load = muon_owner_load(four, three, 3);
+  EXPECT_EQ(load.per_rank, (std::vector<int64_t>{150, 100, 100}));
+  EXPECT_DOUBLE_EQ(load.max_over_mean, 150.0 / (350.0 / 3));
+  EXPECT_TRUE(muon_owner_plan({}, 4).empty());
+  EXPECT_THROW(muon_owner_plan(four, 0), std::invalid_argument);
+}
+
+TEST(MuonOwnerPlanTest, DeterministicWhateverTheInputOrder) {
+  // Every rank lists its parameters in its own order (the same here, but the plan must not
+  // depend on it): the plan, read by name, is the same for every permutation; equal FLOPs are
+  // ordered by name.
+  std::vector<MuonOwnerItem> items = {{6, "w.q", 60},  {6, "w.k", 60}, {3, "w.v", 30},
+                                      {9, "w.up", 90}, {1, "w.g", 1},  {3, "w.o", 30}};
+  auto by_name = [](const std::vector<MuonOwnerItem>& list, int ranks) {
+    std::vector<std::pair<std::string, int>> named;
+    for (const auto& bucket : muon_owner_plan(list, ranks)) {
+      for (size_t j = 0; j < bucket.items.size(); ++j) {
+        named.emplace_back(list[bucket.items[j]].name, bucket.owners[j]);
+      }
+      named.emplace_back("|", -1);  // bucket boundary
+    }
+    return named;
+  };
+  for (int ranks = 1; ranks <= 4; ++ranks) {
+    const auto expected = by_name(items, ranks);
+    std::vector<MuonOwnerItem> permuted = items;
+    std::sort(permuted.begin(), permuted.end(),
+              [](const MuonOwnerItem& a, const MuonOwnerItem& b) { return a.name > b.name; });
+    EXPECT_EQ(by_name(permuted, ranks), expected) << ranks;
+    std::rotate(permuted.begin(), permuted.begin() + 2, permuted.end());
+    EXPECT_EQ(by_name(permuted, ranks), expected) << ranks;
+  }
+  // w.k before w.q (equal FLOPs): on 2 ranks w.up -> 0, w.k -> 1, w.q -> 1 (60 < 90).
+  const auto two = by_name(items, 2);
+  EXPECT_EQ(two[0], (std::pair<std::string, int>{"w.up", 0}));
+  EXPECT_EQ(two[1], (std::pair<std::string, int>{"w.k", 1}));
 }
 
 TEST(MuonCommunicationDtypeTest, ParsesBfloat16AndFloat32Only) {
@@ -284,10 +360,27 @@ const std::vector<NamedShape> kShapes = {
     {"layers.0.up", {96, 40}},
 };
 
+// The owner plan of kShapes (muon_owner_plan.h; ns_steps 5), by hand. FLOPs per matrix
+// (4 m^2 n + 2 m^3) x 5: 64x48 4055040 (three: layers.0.q, .1.q, .2.q), 96x40 3712000 (up),
+// 37x29 866230 (k), 9x40 72090 (layers.0.o), 5x24 13250 (layers.1.o); bucket bound 3840
+// elements (up). Owners, longest first to the least-loaded rank:
+//   n = 1: q0 | q1 | q2 | up | k, o0, o1                 (each q or up fills a bucket): 5
+//   n = 2: q0->0 q1->1 | q2->0 up->1 | k->1 o0->0 o1->0                                  : 3
+//   n = 3: q0->0 q1->1 q2->2 | up->0 k->1 o0->2 o1->2    (rank 2 owns two in bucket 1)   : 2
+//   n = 4: q0->0 q1->1 q2->2 up->3 | k->3 o0->0 o1->1    (rank 2 owns none in bucket 1)  : 2
+const std::vector<size_t> kShapesBuckets = {0, 5, 3, 2, 2};
+
 struct RunSetup {
   MuonOptions options;
   bool two_groups = false;  // second half of the params in a group with its own lr and wd
+  std::vector<MuonHeadSplit> head_splits;  // per shape (muon_per_head); empty: none
 };
+
+void set_head_splits(Muon& muon, const std::vector<at::Tensor>& params, const RunSetup& setup) {
+  for (size_t i = 0; i < setup.head_splits.size(); ++i) {
+    muon.set_head_split(params[i], setup.head_splits[i]);
+  }
+}
 
 // Single-process Muon on the full params for `steps` steps; returns the final params.
 // normuon_v: if given, each param's NorMuon state after the run.
@@ -310,6 +403,7 @@ std::vector<at::Tensor> reference_run(const std::vector<NamedShape>& shapes, con
     groups.emplace_back(params);
   }
   Muon muon(std::move(groups), setup.options);
+  set_head_splits(muon, params, setup);
   for (int step = 1; step <= steps; ++step) {
     for (size_t i = 0; i < params.size(); ++i) {
       params[i].mutable_grad() = random_normal(shapes[i].shape, 1000 * step + i);
@@ -350,6 +444,7 @@ std::vector<std::vector<at::Tensor>> distributed_run(
       groups.emplace_back(params);
     }
     Muon muon(std::move(groups), setup.options);
+    set_head_splits(muon, params, setup);  // before the sharding, as build_optimizer does
     for (size_t i = 0; i < shapes.size(); ++i) {
       muon.set_sharding(params[i], {kind, shapes[i].shape, group[rank], shapes[i].name});
     }
@@ -427,8 +522,8 @@ TEST(DistributedMuonFsdpTest, EqualsSingleProcessMuonForOneToFourRanks) {
           EXPECT_LT(max_abs_diff(full, expected[i]), kBf16WireTolerance) << what;
         }
       }
-      // Per step: one check, then two all_to_alls per bucket of n params.
-      const size_t buckets = (kShapes.size() + n - 1) / n;
+      // Per step: one check, then two all_to_alls per bucket of the plan.
+      const size_t buckets = kShapesBuckets[n];
       const c10::ScalarType wire =
           combo.ns_dtype == at::kBFloat16 ? at::kBFloat16 : combo.communication_dtype;
       for (int r = 0; r < n; ++r) {
@@ -491,33 +586,67 @@ TEST(DistributedMuonNorMuonTest, FsdpAndDdpEqualOneProcessBitwiseParamsAndState)
   }
 }
 
-TEST(DistributedMuonFsdpTest, BucketsOwnersAndTheLastPartialBucket) {
-  // n = 4 over 7 params sorted by numel: 5x24=120 (layers.1.o), 9x40=360 (layers.0.o),
-  // 37x29=1073 (k), 64x48=3072 (layers.0.q, .1.q, .2.q by name), 96x40=3840 (up).
-  // Bucket 0 = o1, o0, k, layers.0.q (owners 0..3); bucket 1 = layers.1.q, layers.2.q, up;
-  // rank 3 owns nothing in bucket 1 but takes part in both all_to_alls.
+TEST(DistributedMuonFsdpTest, BucketsOwnersAndARankOwningNothing) {
+  // n = 4 (kShapesBuckets): bucket 0 = layers.0.q -> 0, layers.1.q -> 1, layers.2.q -> 2,
+  // up -> 3; bucket 1 = k -> 3, layers.0.o -> 0, layers.1.o -> 1: rank 2 owns nothing there but
+  // takes part in both all_to_alls. Calls: check, u0, u1 (started before bucket 0's
+  // Newton-Schulz), O0, O1.
   RunSetup setup;
   setup.options = MuonOptions().lr(0.02);
   std::vector<std::vector<Call>> calls;
   distributed_run(kShapes, setup, 1, 4, MuonSharding::Kind::kFsdp, at::kFloat, &calls);
   ASSERT_EQ(calls[0].size(), 5u);
-  // Rank 2 in bucket 0 sends its rows of each slot's param to that slot's owner: 5x24 has rows
-  // {2,2,1,0}, so 1 row = 24 elements; 9x40 {3,3,3,0}: 120; 37x29 {10,10,10,7}: 290;
-  // 64x48: 16 rows = 768.
-  EXPECT_EQ(calls[2][1].send_counts, (std::vector<int64_t>{24, 120, 290, 768}));
-  // ...and, owning 37x29, receives every rank's rows of it.
-  EXPECT_EQ(calls[2][1].recv_counts, (std::vector<int64_t>{290, 290, 290, 203}));
-  // The way back is the mirror.
-  EXPECT_EQ(calls[2][2].send_counts, calls[2][1].recv_counts);
-  EXPECT_EQ(calls[2][2].recv_counts, calls[2][1].send_counts);
-  // Rank 3 holds no row of 5x24 or 9x40 and owns 64x48 (layers.0.q).
-  EXPECT_EQ(calls[3][1].send_counts, (std::vector<int64_t>{0, 0, 203, 768}));
-  EXPECT_EQ(calls[3][1].recv_counts, (std::vector<int64_t>{768, 768, 768, 768}));
-  // Bucket 1: three slots; rank 3 sends its rows of all three and receives nothing.
-  EXPECT_EQ(calls[3][3].send_counts, (std::vector<int64_t>{768, 768, 960, 0}));
-  EXPECT_EQ(calls[3][3].recv_counts, (std::vector<int64_t>{0, 0, 0, 0}));
-  EXPECT_EQ(calls[3][4].send_counts, (std::vector<int64_t>{0, 0, 0, 0}));
-  EXPECT_EQ(calls[0][3].recv_counts, (std::vector<int64_t>{768, 768, 768, 768}));
+  // Rows per rank: 64x48 {16,16,16,16} (768 elements each), 96x40 {24,24,24,24} (960),
+  // 37x29 {10,10,10,7} (290, 290, 290, 203), 9x40 {3,3,3,0} (120), 5x24 {2,2,1,0} (48, 48, 24).
+  // Bucket 0: rank 2 sends its rows of each q to its owner and of up to rank 3; owns layers.2.q.
+  EXPECT_EQ(calls[2][1].send_counts, (std::vector<int64_t>{768, 768, 768, 960}));
+  EXPECT_EQ(calls[2][1].recv_counts, (std::vector<int64_t>{768, 768, 768, 768}));
+  // Bucket 1: rank 2 sends o0 rows to rank 0, its one o1 row to rank 1, k rows to rank 3 and
+  // receives nothing.
+  EXPECT_EQ(calls[2][2].send_counts, (std::vector<int64_t>{120, 24, 0, 290}));
+  EXPECT_EQ(calls[2][2].recv_counts, (std::vector<int64_t>{0, 0, 0, 0}));
+  // Rank 3 holds no row of o0 or o1 and owns k; rank 1 owns o1.
+  EXPECT_EQ(calls[3][2].send_counts, (std::vector<int64_t>{0, 0, 0, 203}));
+  EXPECT_EQ(calls[3][2].recv_counts, (std::vector<int64_t>{290, 290, 290, 203}));
+  EXPECT_EQ(calls[1][2].recv_counts, (std::vector<int64_t>{48, 48, 24, 0}));
+  // The way back mirrors each bucket: O0 is call 3, O1 call 4.
+  for (int r = 0; r < 4; ++r) {
+    for (int k = 0; k < 2; ++k) {
+      EXPECT_EQ(calls[r][3 + k].send_counts, calls[r][1 + k].recv_counts) << r << " " << k;
+      EXPECT_EQ(calls[r][3 + k].recv_counts, calls[r][1 + k].send_counts) << r << " " << k;
+    }
+  }
+}
+
+// Many matrices per owner and bucket (the small ones of a layer share a bucket), on 3 and 4
+// ranks, float32 Newton-Schulz and wire: bitwise the single process. Shapes: Gram matrices
+// above 16 x 16 or alone in their shape (see the top of the file).
+TEST(DistributedMuonFsdpTest, SeveralMatricesPerOwnerEqualOneProcessBitwise) {
+  std::vector<NamedShape> shapes;
+  for (int layer = 0; layer < 3; ++layer) {
+    const std::string prefix = "layers." + std::to_string(layer) + ".";
+    shapes.push_back({prefix + "q", {48, 40}});
+    shapes.push_back({prefix + "k", {24, 40}});
+    shapes.push_back({prefix + "v", {24, 40}});
+    shapes.push_back({prefix + "up", {80, 40}});
+  }
+  shapes.push_back({"router", {3, 40}});
+  RunSetup setup;
+  setup.options =
+      MuonOptions().lr(0.02).weight_decay(0.1).ns_dtype(at::kFloat).communication_dtype(at::kFloat);
+  const auto expected = reference_run(shapes, setup, 2, at::kFloat);
+  for (int n : {3, 4}) {
+    std::vector<std::vector<Call>> calls;
+    const auto got =
+        distributed_run(shapes, setup, 2, n, MuonSharding::Kind::kFsdp, at::kFloat, &calls);
+    for (size_t i = 0; i < shapes.size(); ++i) {
+      EXPECT_TRUE(bitwise_equal(gather_rows(got, i), expected[i]))
+          << "n=" << n << " " << shapes[i].name << ": max diff "
+          << max_abs_diff(gather_rows(got, i), expected[i]);
+    }
+    // Fewer buckets than matrices / n would need at one matrix per owner and bucket.
+    EXPECT_LT(calls[0].size(), 2 * (1 + 2 * ((shapes.size() + n - 1) / n))) << n;
+  }
 }
 
 TEST(DistributedMuonFsdpTest, MomentumStylesAndPlainMomentum) {
@@ -568,6 +697,132 @@ TEST(DistributedMuonFsdpTest, Bfloat16ParamsWithoutMainParamsWithinOneUlpPerStep
   }
 }
 
+// muon_per_head: q (3 heads of 24 rows), k (2, GQA) and o (3 heads of 24 columns), and a
+// whole matrix. The owner splits the matrix it assembled; the reference batches the heads of
+// every same-shape param into one call. float32 Newton–Schulz over a float32 wire is exact,
+// so bitwise for every n (heads are 24 x 40: larger than 16 x 16, so bfloat16 is batch-
+// invariant too and travels exactly).
+const std::vector<NamedShape> kHeadShapes = {{"layers.0.self_attn.q_proj.weight", {72, 40}},
+                                             {"layers.0.self_attn.k_proj.weight", {48, 40}},
+                                             {"layers.0.self_attn.o_proj.weight", {40, 72}},
+                                             {"layers.0.up", {37, 29}}};
+const std::vector<MuonHeadSplit> kHeadSplits = {{0, 24}, {0, 24}, {1, 24}, {}};
+
+// With NorMuon and cautious decay too: the owner normalizes the merged O (the heads joined
+// back into the matrix as stored), so v is per row of the parameter, as on one process.
+TEST(DistributedMuonPerHeadTest, FsdpAndDdpEqualOneProcessBitwise) {
+  for (const bool normuon : {false, true}) {
+    for (const auto ns_dtype : {at::kFloat, at::kBFloat16}) {
+      RunSetup setup;
+      setup.options = MuonOptions()
+                          .lr(0.02)
+                          .weight_decay(0.1)
+                          .ns_dtype(ns_dtype)
+                          .communication_dtype(at::kFloat)
+                          .adjust_lr_fn(AdjustLrFn::kOriginal)  // o's heads: sqrt(40/24)
+                          .normuon(normuon)
+                          .cautious_weight_decay(normuon);
+      setup.head_splits = kHeadSplits;
+      std::vector<at::Tensor> expected_v;
+      const auto expected =
+          reference_run(kHeadShapes, setup, 2, at::kFloat, normuon ? &expected_v : nullptr);
+      RunSetup whole = setup;
+      whole.head_splits.clear();
+      const auto whole_expected = reference_run(kHeadShapes, whole, 2, at::kFloat);
+      EXPECT_GT(max_abs_diff(expected[0], whole_expected[0]), 1e-4);  // the split matters
+      for (const auto kind : {MuonSharding::Kind::kFsdp, MuonSharding::Kind::kReplicated}) {
+        for (int n = 2; n <= 3; ++n) {
+          std::vector<std::vector<at::Tensor>> v;
+          const auto got = distributed_run(kHeadShapes, setup, 2, n, kind, at::kFloat, nullptr,
+                                           normuon ? &v : nullptr);
+          const bool fsdp = kind == MuonSharding::Kind::kFsdp;
+          for (size_t i = 0; i < kHeadShapes.size(); ++i) {
+            const std::string what = std::string(muon_sharding_kind_name(kind)) +
+                                     " n=" + std::to_string(n) + " " + c10::toString(ns_dtype) +
+                                     (normuon ? " normuon " : " ") + kHeadShapes[i].name;
+            const at::Tensor full = fsdp ? gather_rows(got, i) : got[n - 1][i];
+            EXPECT_TRUE(bitwise_equal(full, expected[i]))
+                << what << ": max diff " << max_abs_diff(full, expected[i]);
+            if (!normuon) continue;
+            const at::Tensor full_v = fsdp ? gather_rows(v, i) : v[n - 1][i];
+            EXPECT_TRUE(bitwise_equal(full_v, expected_v[i])) << what << " normuon_v";
+          }
+        }
+      }
+    }
+  }
+}
+
+// Tensor parallel, two thread ranks: q and k column-parallel (tp_dim 0, each slice 2 heads resp.
+// 1 head of 24 rows), o row-parallel (tp_dim 1, 2 heads of 24 columns each), held whole per
+// data rank (kReplicated over a one-rank group, as muon_sharding_of maps kWhole with a tp
+// split). Whoever orthogonalizes gathers the whole matrix, splits it into heads and keeps its
+// slice: bitwise the one-process per-head step (float32 Newton–Schulz, float32 tp gather).
+// NorMuon: v rows of the row-split q/k (tp_dim 0) are gathered over tp like u, o's (tp_dim 1)
+// are all on each tp rank; the new rows come back sliced the same way.
+TEST(DistributedMuonPerHeadTest, TensorParallelSlicesEqualOneProcessBitwise) {
+  for (const bool normuon : {false, true}) {
+    const std::vector<NamedShape> shapes = {{"q", {96, 40}}, {"k", {48, 40}}, {"o", {40, 96}}};
+    const std::vector<int64_t> tp_dims = {0, 0, 1};
+    RunSetup setup;
+    setup.options = MuonOptions()
+                        .lr(0.02)
+                        .weight_decay(0.1)
+                        .ns_dtype(at::kFloat)
+                        .communication_dtype(at::kFloat)
+                        .adjust_lr_fn(AdjustLrFn::kOriginal)
+                        .normuon(normuon)
+                        .cautious_weight_decay(normuon);
+    setup.head_splits = {{0, 24}, {0, 24}, {1, 24}};
+    std::vector<at::Tensor> expected_v;
+    const auto expected =
+        reference_run(shapes, setup, 2, at::kFloat, normuon ? &expected_v : nullptr);
+    const int n = 2;
+    auto tp = make_thread_group(n);
+    std::vector<std::vector<at::Tensor>> got(n), got_v(n);
+    run_ranks(n, [&](int rank) {
+      auto slice = [&](const at::Tensor& full, size_t i) {
+        return full.chunk(n, tp_dims[i])[rank].contiguous();
+      };
+      std::vector<at::Tensor> params;
+      for (size_t i = 0; i < shapes.size(); ++i) {
+        params.push_back(slice(random_normal(shapes[i].shape, 100 + i), i));
+      }
+      Muon muon(params, setup.options);
+      set_head_splits(muon, params, setup);
+      for (size_t i = 0; i < shapes.size(); ++i) {
+        MuonSharding sharding{
+            MuonSharding::Kind::kReplicated, {}, make_local_collectives("one"), shapes[i].name};
+        sharding.tp_dim = tp_dims[i];
+        sharding.tp_group = tp[rank];
+        muon.set_sharding(params[i], sharding);
+      }
+      for (int step = 1; step <= 2; ++step) {
+        for (size_t i = 0; i < shapes.size(); ++i) {
+          params[i].mutable_grad() = slice(random_normal(shapes[i].shape, 1000 * step + i), i);
+        }
+        muon.step();
+      }
+      got[rank] = params;
+      for (const auto& p : params) {
+        if (normuon) got_v[rank].push_back(muon.export_state(p).at(2).second.clone());
+      }
+    });
+    for (size_t i = 0; i < shapes.size(); ++i) {
+      const at::Tensor whole = at::cat({got[0][i], got[1][i]}, tp_dims[i]);
+      const std::string what = (normuon ? "normuon " : "") + shapes[i].name;
+      EXPECT_TRUE(bitwise_equal(whole, expected[i]))
+          << what << ": max diff " << max_abs_diff(whole, expected[i]);
+      if (!normuon) continue;
+      // v has the param's shape without its last dim: split with q/k's rows, whole for o.
+      const at::Tensor whole_v =
+          tp_dims[i] == 0 ? at::cat({got_v[0][i], got_v[1][i]}) : got_v[0][i];
+      EXPECT_TRUE(bitwise_equal(whole_v, expected_v[i])) << what << " normuon_v";
+      if (tp_dims[i] == 1) EXPECT_TRUE(bitwise_equal(got_v[0][i], got_v[1][i])) << what;
+    }
+  }
+}
+
 TEST(DistributedMuonDdpTest, EqualsSingleProcessMuonOnEveryRank) {
   for (const auto& combo : kCombos) {
     RunSetup setup;
@@ -596,7 +851,7 @@ TEST(DistributedMuonDdpTest, EqualsSingleProcessMuonOnEveryRank) {
           }
         }
       }
-      const size_t buckets = (kShapes.size() + n - 1) / n;
+      const size_t buckets = kShapesBuckets[n];
       ASSERT_EQ(calls[0].size(), 3 * (1 + buckets));
       EXPECT_EQ(calls[0][1].op, "all_gather");
     }
@@ -775,6 +1030,122 @@ TEST(DistributedMuonTest, MixedPrecisionStackWithSetMuonShardingEqualsOneProcess
         << shapes[i].name << ": max diff "
         << max_abs_diff(gather_rows(main, i), ref.main_param(shapes[i].name));
     EXPECT_TRUE(bitwise_equal(gather_rows(model, i), full[i].second)) << shapes[i].name;
+  }
+}
+
+// The trainer's path with muon_per_head (build_optimizer splits q/k/v/o by name, heads of
+// model.head_dim 8) and telemetry on step 2 over every matrix (sample 1000): two FSDP ranks
+// with float32 Newton–Schulz and wire equal one process bitwise, and the telemetry agrees:
+//   sampled: every matrix once on either side (4 + 3 + 3 + 4 heads, the gate, 2 x 4 experts);
+//   error mean and max: the same O per matrix, errors computed in float32 batches of other
+//     sizes and summed in another order: 1e-6 relative;
+//   update RMS: against the RMS of the main params' change on the one process, written out
+//     (p_before * (1 - lr*wd) - p_after over every Muon param, float64): float32 rounding of
+//     p ~ 1 (6e-8) against update elements ~ 1e-3: 1e-4 relative; 2 ranks vs 1: float32 piece
+//     sums added in another order, 1e-6 relative.
+TEST(DistributedMuonTest, PerHeadStackAndTelemetryOnTwoRanksEqualOneProcess) {
+  const std::vector<NamedShape> shapes = {
+      {"model.embed_tokens.weight", {40, 32}},
+      {"model.layers.0.self_attn.q_proj.weight", {32, 32}},
+      {"model.layers.0.self_attn.k_proj.weight", {24, 32}},
+      {"model.layers.0.self_attn.v_proj.weight", {24, 32}},
+      {"model.layers.0.self_attn.o_proj.weight", {32, 32}},
+      {"model.layers.0.mlp.gate.weight", {4, 32}},
+      {"model.layers.0.mlp.experts.up_proj", {4, 20, 32}},
+      {"model.layers.0.mlp.experts.down_proj", {4, 32, 20}},
+      {"lm_head.weight", {40, 32}},
+  };
+  const std::vector<bool> is_muon = {false, true, true, true, true, true, true, true, false};
+  TrainerConfig config;
+  config.optimizer.target = "Muon";
+  config.optimizer.fp32_main_params = true;
+  config.mix_precision.reduce_dtype = "float32";
+  config.optimizer.muon.lr = 0.02;
+  config.optimizer.muon.weight_decay = 0.1;
+  config.optimizer.muon.ns_dtype = "float32";
+  config.optimizer.muon.communication_dtype = "float32";
+  config.optimizer.muon.per_head = true;
+  config.model.head_dim = 8;
+  const int64_t all_matrices = 4 + 3 + 3 + 4 + 1 + 4 + 4;
+  auto init = [&](size_t i) { return random_normal(shapes[i].shape, 9 + i).to(at::kBFloat16); };
+  auto trainable = [](at::Tensor t) { return t.requires_grad_(true); };
+  auto grad = [&](size_t i, int step) { return random_normal(shapes[i].shape, 700 * step + i); };
+
+  std::vector<std::pair<std::string, at::Tensor>> full;
+  for (size_t i = 0; i < shapes.size(); ++i) full.emplace_back(shapes[i].name, trainable(init(i)));
+  auto reference = build_optimizer(full, config);
+  auto& ref = dynamic_cast<MixedPrecisionOptimizer&>(*reference);
+  EXPECT_EQ(dynamic_cast<Muon&>(ref.chained().leaf_of(shapes[4].name))
+                .head_split(ref.main_param(shapes[4].name))
+                .dim,
+            1);
+  std::vector<MuonGroupTelemetry> expected;
+  double change_squares = 0.0, muon_numel = 0.0;
+  for (int step = 1; step <= 2; ++step) {
+    for (size_t i = 0; i < shapes.size(); ++i) {
+      reference->main_grad(shapes[i].name).copy_(grad(i, step));
+    }
+    std::vector<at::Tensor> before;
+    for (const auto& shape : shapes) before.push_back(ref.main_param(shape.name).clone());
+    if (step == 2) arm_muon_telemetry(ref.chained(), 1000);
+    reference->step();
+    reference->zero_grad();
+    if (step < 2) continue;
+    expected = muon_step_telemetry(ref.chained(), nullptr);
+    for (size_t i = 0; i < shapes.size(); ++i) {
+      if (!is_muon[i]) continue;
+      const at::Tensor change = before[i].to(at::kDouble) * (1 - 0.02 * 0.1) -
+                                ref.main_param(shapes[i].name).to(at::kDouble);
+      change_squares += (change * change).sum().item<double>();
+      muon_numel += static_cast<double>(change.numel());
+    }
+  }
+  ASSERT_EQ(expected.size(), 1u);
+  EXPECT_EQ(expected[0].sampled, all_matrices);
+  const double change_rms = std::sqrt(change_squares / muon_numel);
+  EXPECT_NEAR(expected[0].update_rms, change_rms, 1e-4 * change_rms);
+
+  const int n = 2;
+  auto group = make_thread_group(n);
+  std::vector<std::vector<at::Tensor>> main(n);
+  std::vector<std::vector<MuonGroupTelemetry>> got(n);
+  run_ranks(n, [&](int rank) {
+    std::vector<std::pair<std::string, at::Tensor>> shard;
+    std::vector<ParamPlacement> layout;
+    for (size_t i = 0; i < shapes.size(); ++i) {
+      shard.emplace_back(shapes[i].name, trainable(dim0_chunk(init(i), rank, n)));
+      ParamPlacement placement = whole_placement(shapes[i].name, shapes[i].shape);
+      placement.kind = ParamPlacement::Kind::kDim0Shard;
+      placement.shard_group = group[rank];
+      layout.push_back(placement);
+    }
+    auto built = build_optimizer(shard, config);
+    auto& wrapper = dynamic_cast<MixedPrecisionOptimizer&>(*built);
+    wrapper.chained().set_placements(layout);
+    for (int step = 1; step <= 2; ++step) {
+      for (size_t i = 0; i < shapes.size(); ++i) {
+        built->main_grad(shapes[i].name).copy_(dim0_chunk(grad(i, step), rank, n));
+      }
+      if (step == 2) arm_muon_telemetry(wrapper.chained(), 1000);
+      built->step();
+      built->zero_grad();
+    }
+    got[rank] = muon_step_telemetry(wrapper.chained(), group[rank].get());
+    for (const auto& shape : shapes) main[rank].push_back(wrapper.main_param(shape.name));
+  });
+  for (size_t i = 0; i < shapes.size(); ++i) {
+    EXPECT_TRUE(bitwise_equal(gather_rows(main, i), ref.main_param(shapes[i].name)))
+        << shapes[i].name << ": max diff "
+        << max_abs_diff(gather_rows(main, i), ref.main_param(shapes[i].name));
+  }
+  for (int r = 0; r < n; ++r) {
+    ASSERT_EQ(got[r].size(), 1u);
+    const MuonGroupTelemetry& t = got[r][0];
+    EXPECT_EQ(t.sampled, all_matrices) << "rank " << r;
+    EXPECT_NEAR(t.ortho_error_mean, expected[0].ortho_error_mean,
+                1e-6 * expected[0].ortho_error_mean);
+    EXPECT_NEAR(t.ortho_error_max, expected[0].ortho_error_max, 1e-6 * expected[0].ortho_error_max);
+    EXPECT_NEAR(t.update_rms, expected[0].update_rms, 1e-6 * expected[0].update_rms);
   }
 }
 

@@ -327,6 +327,54 @@ TEST(MuonNorMuonTest, StepsMatchTheFormulasInFloat64WithAndWithoutCautiousDecay)
 }
 
 // p = [[1, -2], [3, -4]], O = [[0.5, 0.5], [-1, 0]], lr 0.1, wd 0.5, scale 2, cautious:
+// Per-head with NorMuon: NorMuon runs on the merged O (the heads' O joined back into the
+// matrix as stored), so v is per row of the parameter and the norm-preserving rescale is of the
+// whole matrix. Written out for one step from v = 0: v = (1 - 0.95) * mean_j O_ij^2,
+// Ohat = O / (sqrt(v) + eps), update = Ohat * ||O||_F / (||Ohat||_F + eps), in float32 (O is
+// float32 here). Allowed 1e-6 as above (float32 rounding of O and of the row means, ~1e-7
+// relative, times lr*scale <= 0.16); v (~2e-3) to 1e-8, float32 rounding of O and of the mean
+// being ~1e-7 relative each. NorMuon per head block instead (a rescale per block)
+// would move q by > 1e-4, checked so the test tells the two apart.
+TEST(MuonPerHeadTest, NorMuonNormalizesTheMergedMatrix) {
+  const MuonOptions options =
+      MuonOptions().lr(0.1).ns_dtype(at::kFloat).adjust_lr_fn(AdjustLrFn::kOriginal).normuon(true);
+  at::Tensor q = random_normal({24, 20}, 171), o = random_normal({20, 24}, 172);
+  const at::Tensor q0 = q.clone(), o0 = o.clone();
+  Muon muon({q, o}, options);
+  muon.set_head_split(q, {0, 8});
+  muon.set_head_split(o, {1, 8});
+  const at::Tensor gq = random_normal({24, 20}, 181), go = random_normal({20, 24}, 182);
+  q.mutable_grad() = gq;
+  o.mutable_grad() = go;
+  muon.step();
+
+  const auto schedule = newton_schulz_schedule("asym5", 5);
+  auto ns = [&](const at::Tensor& u) { return newton_schulz(u, schedule, 1e-7, at::kFloat); };
+  auto u_of = [](const at::Tensor& g) { return g.add(g, 0.95); };  // buf = g; g + mu*buf
+  auto normuon = [](const at::Tensor& merged) {
+    const at::Tensor v = merged.square().mean(-1) * (1 - 0.95);
+    const at::Tensor hat = merged / (v.sqrt().unsqueeze(-1) + 1e-10);
+    return std::make_pair(hat * (merged.norm() / (hat.norm() + 1e-10)), v);
+  };
+  at::Tensor merged_q = at::empty_like(q0), merged_o = at::empty_like(o0);
+  for (int64_t h = 0; h < 3; ++h) {
+    merged_q.narrow(0, 8 * h, 8).copy_(ns(u_of(gq).narrow(0, 8 * h, 8)));
+    merged_o.narrow(1, 8 * h, 8).copy_(ns(u_of(go).narrow(1, 8 * h, 8).contiguous()));
+  }
+  const auto [update_q, v_q] = normuon(merged_q);
+  const auto [update_o, v_o] = normuon(merged_o);
+  // Scales of the head shapes: q's 8 x 20 heads 1, o's 20 x 8 heads sqrt(20/8).
+  EXPECT_LT(max_abs_diff(q, q0 - 0.1 * update_q), 1e-6);
+  EXPECT_LT(max_abs_diff(o, o0 - 0.1 * std::sqrt(20.0 / 8) * update_o), 1e-6);
+  EXPECT_LT(max_abs_diff(muon.export_state(q).at(2).second, v_q), 1e-8);
+  EXPECT_LT(max_abs_diff(muon.export_state(o).at(2).second, v_o), 1e-8);
+  at::Tensor per_block = at::empty_like(q0);
+  for (int64_t h = 0; h < 3; ++h) {
+    per_block.narrow(0, 8 * h, 8).copy_(normuon(merged_q.narrow(0, 8 * h, 8)).first);
+  }
+  EXPECT_GT(max_abs_diff(q, q0 - 0.1 * per_block), 1e-4);
+}
+
 // O*p = [[0.5, -1], [-3, 0]] >= 0 -> decay (x 0.95) at (0,0) and (1,1) only:
 // [[0.95, -2], [3, -3.8]]; p -= 0.2 O -> [[0.85, -2.1], [3.2, -3.8]].
 TEST(MuonApplyUpdateTest, CautiousDecayOnlyWhereSignsAgreeOrAZero) {
@@ -861,6 +909,155 @@ TEST(MuonTest, SetLrReachesEveryGroupAndParamsWithoutGradAreSkipped) {
   EXPECT_TRUE(at::equal(b, at::ones({3, 2})));
   EXPECT_TRUE(muon.export_state(b).empty());
   EXPECT_EQ(muon.kind(), "muon");
+}
+
+// ---- per-head orthogonalization (muon_per_head, muon_heads.h) ----
+// A q-like [3*8, 20] (heads split on dim 0), an o-like [20, 3*8] (dim 1) and a whole 8 x 20
+// (the q heads' shape: one Newton-Schulz call with them), one step from zero momentum, so
+// u = g + 0.95 g (Nesterov sum) exactly as float32 computes it. The expectation is written
+// out per head: newton_schulz of each block alone, the scale of the block's shape (original:
+// sqrt(max(1, 20/8)) for o's 20 x 8 heads, 1 for q's 8 x 20), p - lr*scale*O. Float32 on the
+// CPU: each head's GEMMs are the same alone or batched, so this is bitwise in practice;
+// allowed 1e-6: float32 rounding of O (~1e-7 relative after five steps) times lr*scale <= 0.16.
+TEST(MuonPerHeadTest, EachHeadIsNewtonSchulzOfItsBlockWithTheBlockScale) {
+  for (const AdjustLrFn fn : {AdjustLrFn::kOriginal, AdjustLrFn::kMatchRmsAdamw}) {
+    const MuonOptions options = MuonOptions().lr(0.1).ns_dtype(at::kFloat).adjust_lr_fn(fn);
+    at::Tensor q = random_normal({24, 20}, 71), o = random_normal({20, 24}, 72),
+               w = random_normal({8, 20}, 73);
+    const at::Tensor q0 = q.clone(), o0 = o.clone(), w0 = w.clone();
+    Muon muon({q, o, w}, options);
+    muon.set_head_split(q, {0, 8});
+    muon.set_head_split(o, {1, 8});
+    const auto layout = muon.batches(0);
+    ASSERT_EQ(layout.size(), 2u);  // 8 x 20: q's heads and w; 20 x 8: o's heads
+    EXPECT_EQ(layout[0].rows, 8);
+    EXPECT_EQ(layout[0].cols, 20);
+    EXPECT_EQ(layout[1].rows, 20);
+    EXPECT_EQ(layout[1].cols, 8);
+
+    const at::Tensor gq = random_normal({24, 20}, 81), go = random_normal({20, 24}, 82),
+                     gw = random_normal({8, 20}, 83);
+    q.mutable_grad() = gq;
+    o.mutable_grad() = go;
+    w.mutable_grad() = gw;
+    muon.step();
+
+    const auto schedule = newton_schulz_schedule("asym5", 5);
+    auto ns = [&](const at::Tensor& u) { return newton_schulz(u, schedule, 1e-7, at::kFloat); };
+    auto u_of = [](const at::Tensor& g) { return g.add(g, 0.95); };  // buf = g; g + mu*buf
+    auto scale = [&](int64_t rows, int64_t cols) {
+      return fn == AdjustLrFn::kOriginal ? std::sqrt(std::max(1.0, double(rows) / cols))
+                                         : 0.2 * std::sqrt(double(std::max(rows, cols)));
+    };
+    at::Tensor expected_q = q0.clone(), expected_o = o0.clone();
+    for (int64_t h = 0; h < 3; ++h) {
+      expected_q.narrow(0, 8 * h, 8).add_(ns(u_of(gq).narrow(0, 8 * h, 8)), -0.1 * scale(8, 20));
+      expected_o.narrow(1, 8 * h, 8)
+          .add_(ns(u_of(go).narrow(1, 8 * h, 8).contiguous()), -0.1 * scale(20, 8));
+    }
+    const at::Tensor expected_w = w0 - 0.1 * scale(8, 20) * ns(u_of(gw));
+    const std::string what = adjust_lr_fn_name(fn);
+    EXPECT_LT(max_abs_diff(q, expected_q), 1e-6) << what;
+    EXPECT_LT(max_abs_diff(o, expected_o), 1e-6) << what;
+    EXPECT_LT(max_abs_diff(w, expected_w), 1e-6) << what;
+    // The whole-matrix update is another one: the split is not a no-op.
+    const at::Tensor whole_q = q0 - 0.1 * scale(24, 20) * ns(u_of(gq));
+    EXPECT_GT(max_abs_diff(q, whole_q), 1e-3) << what;
+  }
+}
+
+TEST(MuonPerHeadTest, RejectsSplitsThatDoNotFit) {
+  at::Tensor experts = at::zeros({2, 8, 8});
+  at::Tensor q = at::zeros({25, 16});
+  Muon muon({experts, q}, MuonOptions());
+  EXPECT_THROW(muon.set_head_split(experts, {0, 4}), std::invalid_argument);  // 3-D
+  EXPECT_THROW(muon.set_head_split(q, {2, 4}), std::invalid_argument);
+  EXPECT_THROW(muon.set_head_split(q, {0, 0}), std::invalid_argument);
+  muon.set_head_split(q, {0, 8});  // 25 rows: no whole heads of 8; the step refuses
+  q.mutable_grad() = at::ones({25, 16});
+  try {
+    muon.step();
+    ADD_FAILURE() << "expected std::invalid_argument";
+  } catch (const std::invalid_argument& error) {
+    EXPECT_NE(std::string(error.what()).find("model.head_dim"), std::string::npos) << error.what();
+  }
+  muon.set_head_split(q, {});  // cleared: whole again
+  EXPECT_FALSE(muon.head_split(q).active());
+  EXPECT_NO_THROW(muon.step());
+}
+
+TEST(MuonPerHeadTest, AttentionNamesGetTheirSplit) {
+  EXPECT_EQ(attention_head_split("model.layers.3.self_attn.q_proj.weight", 64)->dim, 0);
+  EXPECT_EQ(attention_head_split("model.layers.3.self_attn.v_proj.weight", 64)->block, 64);
+  EXPECT_EQ(attention_head_split("model.layers.0.self_attn.o_proj.weight", 16)->dim, 1);
+  EXPECT_FALSE(attention_head_split("model.layers.0.self_attn.q_proj.bias", 16));
+  EXPECT_FALSE(attention_head_split("model.layers.0.mlp.down_proj.weight", 16));
+}
+
+// ---- telemetry (muon_telemetry.h) ----
+// A 2 x 3 matrix with singular values 1 and 0.5 (rows e1, 0.5 e2): O O^T - I = diag(0, -0.75),
+// so e = 0.75 / sqrt(2); a 3 x 2 (tall) with the same rows transposed has the same error
+// through the short side; an exactly orthogonal 2 x 2 rotation has 0.
+TEST(MuonTelemetryTest, OrthogonalityErrorOfKnownMatrices) {
+  const at::Tensor wide = at::tensor({1.0f, 0.0f, 0.0f, 0.0f, 0.5f, 0.0f}).view({2, 3});
+  const double c = std::cos(0.3), s = std::sin(0.3);
+  const at::Tensor rotation = at::tensor({c, -s, s, c}, at::kDouble).view({2, 2});
+  EXPECT_NEAR(orthogonality_error(wide).item<double>(), 0.75 / std::sqrt(2.0), 1e-7);
+  EXPECT_NEAR(orthogonality_error(wide.t()).item<double>(), 0.75 / std::sqrt(2.0), 1e-7);
+  EXPECT_NEAR(orthogonality_error(rotation).item<double>(), 0.0, 1e-6);  // float32 Gram
+  EXPECT_EQ(orthogonality_error(at::stack({wide, wide})).sizes(), at::IntArrayRef({2}));
+}
+
+// One step of a Muon with five 6 x 10 matrices (a [3, 6, 10] expert tensor and two 6 x 10),
+// telemetry armed: the sample is the first four matrices run (the batch's order: the expert
+// tensor's three, then the first matrix), each error as the formula written out here in
+// float64 on O = newton_schulz(u); the update terms are lr*scale*O's sums of squares.
+// Tolerances: the error through float32 (a Gram of O ~ 1 summed over 6 terms: ~1e-6); the
+// sums of squares are float32 sums of 60-180 terms ~ 1: 1e-5 relative.
+TEST(MuonTelemetryTest, SampleAndUpdateSquaresAgainstTheFormula) {
+  const MuonOptions options = MuonOptions().lr(0.05).ns_dtype(at::kFloat);
+  at::Tensor experts = random_normal({3, 6, 10}, 91), a = random_normal({6, 10}, 92),
+             b = random_normal({6, 10}, 93);
+  Muon muon({experts, a, b}, options);
+  const at::Tensor g_experts = random_normal({3, 6, 10}, 94), g_a = random_normal({6, 10}, 95),
+                   g_b = random_normal({6, 10}, 96);
+  experts.mutable_grad() = g_experts;
+  a.mutable_grad() = g_a;
+  b.mutable_grad() = g_b;
+  muon.arm_telemetry();
+  muon.step();
+  const auto recorder = muon.take_telemetry();
+  ASSERT_TRUE(recorder);
+  EXPECT_FALSE(muon.take_telemetry());  // disarmed
+
+  const auto schedule = newton_schulz_schedule("asym5", 5);
+  auto o_of = [&](const at::Tensor& g) {
+    return newton_schulz(g.add(g, 0.95), schedule, 1e-7, at::kFloat).to(at::kDouble);
+  };
+  auto error = [](const at::Tensor& o) {  // 6 x 10: O O^T is 6 x 6
+    const at::Tensor d = o.mm(o.t()) - at::eye(6, at::kDouble);
+    return std::sqrt((d * d).sum().item<double>() / 6.0);
+  };
+  const at::Tensor o_experts = o_of(g_experts), o_a = o_of(g_a), o_b = o_of(g_b);
+  const std::vector<double> expected = {error(o_experts[0]), error(o_experts[1]),
+                                        error(o_experts[2]), error(o_a)};
+  const at::Tensor errors = at::cat(recorder->errors(0)).to(at::kDouble);
+  ASSERT_EQ(errors.numel(), 4);
+  for (int i = 0; i < 4; ++i) EXPECT_NEAR(errors[i].item<double>(), expected[i], 1e-6) << i;
+
+  const double lr_scale = 0.05 * 0.2 * std::sqrt(10.0);
+  auto squares = [&](const at::Tensor& o) {
+    return lr_scale * lr_scale * (o * o).sum().item<double>();
+  };
+  for (const auto& [param, o] :
+       std::vector<std::pair<at::Tensor, at::Tensor>>{{experts, o_experts}, {a, o_a}, {b, o_b}}) {
+    const double got = recorder->update_sum_of_squares(param).item<double>();
+    EXPECT_NEAR(got, squares(o), 1e-5 * squares(o));
+  }
+  // Not armed: nothing recorded.
+  experts.mutable_grad() = g_experts;
+  muon.step();
+  EXPECT_FALSE(muon.take_telemetry());
 }
 
 }  // namespace

@@ -74,6 +74,35 @@ TEST_F(MetricsWriterTest, KeysKeepTheDocumentedOrder) {
             "\"elapsed_s\":2.0,\"aux_loss\":0.0,\"loss_scale\":32768.0,\"skipped_steps\":2}");
 }
 
+TEST_F(MetricsWriterTest, MuonTelemetryKeysPerGroupOnlyWhenGiven) {
+  StepMetrics row{3, 0.5, 0.25, 0.125, 1000.0, 2.0, 0.0, 1.0, 0};
+  const std::string plain = metrics_json_line(row);
+  EXPECT_EQ(plain.find("muon_"), std::string::npos) << plain;
+  MuonGroupTelemetry g0;
+  g0.group = 0;
+  g0.sampled = 8;
+  g0.ortho_error_mean = 0.25;
+  g0.ortho_error_max = 0.5;
+  g0.update_rms = 0.0078125;
+  MuonGroupTelemetry g1;  // nothing stepped: NaN figures become null
+  g1.group = 1;
+  row.muon = {g0, g1};
+  EXPECT_EQ(metrics_json_line(row),
+            plain.substr(0, plain.size() - 1) +
+                ",\"muon_g0_ortho_error_mean\":0.25,\"muon_g0_ortho_error_max\":0.5,"
+                "\"muon_g0_ortho_sampled\":8,\"muon_g0_update_rms\":0.0078125,"
+                "\"muon_g1_ortho_error_mean\":null,\"muon_g1_ortho_error_max\":null,"
+                "\"muon_g1_ortho_sampled\":0,\"muon_g1_update_rms\":null}");
+}
+TEST_F(MetricsWriterTest, QkClipKeysFollowSkippedStepsWhenOn) {
+  StepMetrics m{3, 0.5, 0.25, 0.125, 1000.0, 2.0, 0.0, 1.0, 0};
+  m.qk_clip = QkClipMetrics{5, 112.5};
+  EXPECT_EQ(metrics_json_line(m),
+            "{\"step\":3,\"loss\":0.5,\"grad_norm\":0.25,\"lr\":0.125,\"tokens_per_s\":1000.0,"
+            "\"elapsed_s\":2.0,\"aux_loss\":0.0,\"loss_scale\":1.0,\"skipped_steps\":0,"
+            "\"qk_clip_heads\":5,\"qk_max_logit\":112.5}");
+}
+
 TEST_F(MetricsWriterTest, EvalRowsHaveTheirOwnKeysInOrder) {
   EXPECT_EQ(metrics_json_line(EvalMetrics{4, 2.5, 12.25, 320}),
             "{\"step\":4,\"eval_loss\":2.5,\"eval_ppl\":12.25,\"eval_tokens\":320}");

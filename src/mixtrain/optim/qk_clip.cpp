@@ -1,0 +1,137 @@
+#include "mixtrain/optim/qk_clip.h"
+
+#include <ATen/ATen.h>
+#include <c10/core/GradMode.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <stdexcept>
+
+namespace mixtrain {
+namespace {
+
+int64_t row_offset_of(const std::string& name, const std::vector<ParamPlacement>& placements) {
+  for (const ParamPlacement& p : placements) {
+    if (p.name == name) return p.global_offsets().at(0);
+  }
+  return 0;  // whole on this rank
+}
+
+bool any_scaled(const std::vector<double>& scale) {
+  return std::any_of(scale.begin(), scale.end(), [](double s) { return s != 1.0; });
+}
+
+// Scales the optimizer param of `name` by head, then rewrites a separate model param from it.
+void scale_param(ChainedOptimizer& chain, const std::string& name,
+                 const std::vector<ParamPlacement>& placements, int64_t head_dim,
+                 const std::vector<double>& head_scale) {
+  const at::Tensor& main = chain.optimizer_param(name);
+  if (main.size(0) == 0) return;  // a trailing FSDP rank may hold no rows
+  scale_head_rows(main, row_offset_of(name, placements), head_dim, head_scale);
+  const at::Tensor& model = chain.model_param(name);
+  if (!model.is_same(main)) model.detach().copy_(main.detach());  // round to nearest even
+}
+
+}  // namespace
+
+QkClipScales qk_clip_scales(const std::vector<double>& max_logits, int64_t num_kv_heads,
+                            double tau) {
+  const int64_t heads = static_cast<int64_t>(max_logits.size());
+  if (tau <= 0 || num_kv_heads <= 0 || heads % num_kv_heads != 0) {
+    throw std::invalid_argument("qk_clip_scales: need tau > 0 and kv heads dividing " +
+                                std::to_string(heads) + " query heads");
+  }
+  const int64_t group = heads / num_kv_heads;
+  QkClipScales scales;
+  scales.q.assign(heads, 1.0);
+  scales.k.assign(num_kv_heads, 1.0);
+  for (int64_t g = 0; g < num_kv_heads; ++g) {
+    double gamma_min = 1.0;
+    std::vector<double> gamma(group, 1.0);
+    for (int64_t i = 0; i < group; ++i) {
+      const double s = max_logits[g * group + i];
+      if (s > tau) gamma[i] = tau / s;
+      gamma_min = std::min(gamma_min, gamma[i]);
+    }
+    if (gamma_min == 1.0) continue;  // nothing clipped in this group: all factors stay 1
+    const double k_scale = std::sqrt(gamma_min);
+    scales.k[g] = k_scale;
+    for (int64_t i = 0; i < group; ++i) scales.q[g * group + i] = gamma[i] / k_scale;
+  }
+  return scales;
+}
+
+void scale_head_rows(const at::Tensor& piece, int64_t row_offset, int64_t head_dim,
+                     const std::vector<double>& head_scale) {
+  c10::NoGradGuard no_grad;
+  const int64_t rows = piece.size(0);
+  if (rows == 0) return;
+  std::vector<double> row_scale(rows);
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t head = (row_offset + r) / head_dim;
+    if (head < 0 || head >= static_cast<int64_t>(head_scale.size())) {
+      throw std::invalid_argument("scale_head_rows: row " + std::to_string(row_offset + r) +
+                                  " is past head " + std::to_string(head_scale.size() - 1));
+    }
+    row_scale[r] = head_scale[head];
+  }
+  // The factor in float64, rounded once to the piece's dtype by the in-place multiply.
+  std::vector<int64_t> shape(piece.dim(), 1);
+  shape[0] = rows;
+  const at::Tensor factor = at::tensor(row_scale, at::kDouble).view(shape).to(piece.device());
+  piece.detach().mul_(factor);
+}
+
+std::map<std::string, std::vector<double>> reduce_max_logits(
+    Collectives& world, const std::map<std::string, at::Tensor>& layers) {
+  std::map<std::string, std::vector<double>> result;
+  if (layers.empty()) {
+    // No forward recorded anything (all ranks alike): nothing to clip.
+    return result;
+  }
+  std::vector<at::Tensor> rows;
+  for (const auto& [name, heads] : layers) rows.push_back(heads.detach().to(at::kCPU, at::kFloat));
+  const at::Tensor reduced = all_reduce_max(world, at::stack(rows)).to(at::kDouble).contiguous();
+  const double* value = reduced.data_ptr<double>();
+  const int64_t heads = reduced.size(1);
+  int64_t i = 0;
+  for (const auto& [name, unused] : layers) {
+    result[name].assign(value + i * heads, value + (i + 1) * heads);
+    ++i;
+  }
+  return result;
+}
+
+QkClipStats apply_qk_clip(ChainedOptimizer& chain,
+                          const std::map<std::string, std::vector<double>>& max_logits,
+                          const std::vector<ParamPlacement>& placements, const ModelConfig& model,
+                          double tau) {
+  QkClipStats stats;
+  stats.max_logit = -std::numeric_limits<double>::infinity();
+  for (const auto& [prefix, logits] : max_logits) {
+    for (const char* proj : {"q_proj.weight", "k_proj.weight"}) {
+      if (!chain.contains(prefix + proj)) {
+        throw std::invalid_argument("QK-clip: layer " + prefix + " has no trainable " + proj);
+      }
+    }
+    stats.heads += static_cast<int64_t>(logits.size());
+    for (double s : logits) {
+      stats.max_logit = std::max(stats.max_logit, s);
+      if (s > tau) ++stats.heads_clipped;
+    }
+    const QkClipScales scales = qk_clip_scales(logits, model.num_kv_heads, tau);
+    for (const auto& [proj, scale] :
+         {std::pair<std::string, const std::vector<double>*>{"q_proj.", &scales.q},
+          {"k_proj.", &scales.k}}) {
+      if (!any_scaled(*scale)) continue;
+      for (const char* part : {"weight", "bias"}) {
+        const std::string name = prefix + proj + part;
+        if (chain.contains(name)) scale_param(chain, name, placements, model.head_dim, *scale);
+      }
+    }
+  }
+  return stats;
+}
+
+}  // namespace mixtrain

@@ -1,0 +1,74 @@
+// QK-clip (MuonClip: Kimi K2, arXiv 2507.20534 §2.1), applied after the optimizer step.
+//
+// The forward records, per attention layer and query head h, S_h = the max over the step's
+// micro-batches (and, after reduce_max_logits, over every rank) of the scaled logit
+// q_i . k_j / sqrt(D) the causal mask lets through (model/max_logit_recorder.h). With tau > 0
+// the heads with S_h > tau are clipped: gamma_h = tau / S_h (1 for the others), and the q and k
+// projections are rescaled so that head h's logits are multiplied by exactly gamma_h.
+//   MHA (K2's case): W_q^h and W_k^h each times sqrt(gamma_h).
+//   GQA (K2 has no GQA; our choice): kv head g serves query heads G_g = [g n, (g+1) n),
+//     n = Hq / Hkv. With m_g = min over G_g of gamma_h, k_g is scaled by sqrt(m_g) and q_h by
+//     gamma_h / sqrt(m_g): every logit of head h scales by gamma_h exactly, an unclipped head's
+//     logits are unchanged (its q grows by 1 / sqrt(m_g) to cancel its shared k's shrink), and
+//     n = 1 is K2's sqrt(gamma_h) on both.
+// A head's rows (rows [h D, (h+1) D) of q_proj.weight / q_proj.bias, likewise k_proj) are scaled,
+// biases included: (a W x + a b) = a (W x + b), and rotary is linear, so the logit scales by the
+// product of the q and k factors. Models with per-head q/k RMSNorm (qwen3_moe) are refused by
+// validate_config: their logits do not depend on the projections' scale.
+//
+// Where: on the tensors the optimizer updates (the fp32 main params with fp32_main_params, the
+// parameters themselves otherwise), each rank scaling the rows it holds (FSDP dim-0 chunks,
+// tensor-parallel slices: core/param_placement.h global_offsets), then the low-precision model
+// param is rewritten from its main param (round to nearest even, as the optimizer's copy-back),
+// so both agree.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "mixtrain/config/trainer_config.h"
+#include "mixtrain/core/collectives.h"
+#include "mixtrain/core/param_placement.h"
+#include "mixtrain/optim/chained_optimizer.h"
+
+namespace mixtrain {
+
+// Factors for one layer: q [Hq], k [Hkv] (see above). max_logits [Hq]; tau > 0.
+struct QkClipScales {
+  std::vector<double> q, k;
+};
+QkClipScales qk_clip_scales(const std::vector<double>& max_logits, int64_t num_kv_heads,
+                            double tau);
+
+// Multiplies row r of `piece` (rows [row_offset, row_offset + piece.size(0)) of a [heads * D,
+// ...] tensor) by head_scale[(row_offset + r) / head_dim], in place, in piece's dtype.
+void scale_head_rows(const at::Tensor& piece, int64_t row_offset, int64_t head_dim,
+                     const std::vector<double>& head_scale);
+
+struct QkClipStats {
+  int64_t heads = 0;          // query heads over all layers
+  int64_t heads_clipped = 0;  // of them with S_h > tau this step
+  double max_logit = 0.0;     // max over every head and layer of S_h
+};
+
+// The recorder's layers (prefix -> float32 [Hq], any device), max-reduced elementwise over
+// `world` (every rank must hold the same layer keys): -> prefix -> the global S_h on the host.
+// Collective over world (one all_gather of layers x Hq floats).
+std::map<std::string, std::vector<double>> reduce_max_logits(
+    Collectives& world, const std::map<std::string, at::Tensor>& layers);
+
+// Clips every layer of `max_logits` (keys: the attention module's parameter prefix, e.g.
+// "model.layers.0.self_attn.") in `chain`'s <prefix>{q,k}_proj.{weight,bias}: the optimizer param
+// scaled, then the model param rewritten from it where it is a separate tensor. placements: how
+// each parameter is held (by name; absent: whole). Throws std::invalid_argument when a layer's
+// q_proj/k_proj weight is not in the chain.
+QkClipStats apply_qk_clip(ChainedOptimizer& chain,
+                          const std::map<std::string, std::vector<double>>& max_logits,
+                          const std::vector<ParamPlacement>& placements, const ModelConfig& model,
+                          double tau);
+
+}  // namespace mixtrain

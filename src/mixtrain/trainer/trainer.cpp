@@ -560,61 +560,61 @@ TrainSummary run_training(const ResolvedConfig& resolved, const TrainOptions& op
     row.loss_scale = trainer.optimizer().loss_scale();
     row.skipped_steps = trainer.optimizer().skipped_steps();
     row.muon = trainer.muon_telemetry();
-  }
-  if (result.qk_clip) row.qk_clip = QkClipMetrics{result.qk_clip_heads, result.qk_max_logit};
-  const auto now = Stopwatch::Clock::now();
-  row.tokens_per_s = tokens_per_step / training.seconds(now);
-  row.elapsed_s = run.seconds(now);
-  loss_curve.emplace_back(step, row.loss);
-  if (step == first_step) summary.first_loss = row.loss;
-  summary.last_loss = row.loss;
-  summary.steps_completed = step;
-  if (save_due(step)) trainer.save_checkpoint();  // recorded as the step's checkpoint phase
-  StepTimes times = trainer.last_step_times();
-  // The row is written after the save, so that the profile counts the checkpoint in its step.
-  if (is_rank0) {
-    if (config.train.profile) {
-      times.step_s = iteration.seconds();
-      row.profile = times;
+    if (result.qk_clip) row.qk_clip = QkClipMetrics{result.qk_clip_heads, result.qk_max_logit};
+    const auto now = Stopwatch::Clock::now();
+    row.tokens_per_s = tokens_per_step / training.seconds(now);
+    row.elapsed_s = run.seconds(now);
+    loss_curve.emplace_back(step, row.loss);
+    if (step == first_step) summary.first_loss = row.loss;
+    summary.last_loss = row.loss;
+    summary.steps_completed = step;
+    if (save_due(step)) trainer.save_checkpoint();  // recorded as the step's checkpoint phase
+    StepTimes times = trainer.last_step_times();
+    // The row is written after the save, so that the profile counts the checkpoint in its step.
+    if (is_rank0) {
+      if (config.train.profile) {
+        times.step_s = iteration.seconds();
+        row.profile = times;
+      }
+      metrics->write(row);
+      progress->update(step, row.loss, row.tokens_per_s, row.elapsed_s);
+      if (!row.muon.empty()) {
+        log_info("step " + std::to_string(step) + ": " + format_muon_telemetry(row.muon));
+      }
+      if (row.qk_clip && (step % config.train.log_every == 0 || step == config.train.steps)) {
+        log_info("step " + std::to_string(step) + " QK-clip: max attention logit " +
+                 format_number(row.qk_clip->max_logit) + ", " +
+                 std::to_string(row.qk_clip->heads_clipped) + " head(s) clipped");
+      }
+      if (config.train.profile) {
+        profile.add(step, times, tokens_per_step);
+        if (step % config.train.log_every == 0 || step == config.train.steps) {
+          log_info(profile.format());
+          profile.clear();
+        }
+      }
     }
-    metrics->write(row);
-    progress->update(step, row.loss, row.tokens_per_s, row.elapsed_s);
-    if (!row.muon.empty()) {
-      log_info("step " + std::to_string(step) + ": " + format_muon_telemetry(row.muon));
-    }
-    if (row.qk_clip && (step % config.train.log_every == 0 || step == config.train.steps)) {
-      log_info("step " + std::to_string(step) + " QK-clip: max attention logit " +
-               format_number(row.qk_clip->max_logit) + ", " +
-               std::to_string(row.qk_clip->heads_clipped) + " head(s) clipped");
-    }
-    if (config.train.profile) {
-      profile.add(step, times, tokens_per_step);
-      if (step % config.train.log_every == 0 || step == config.train.steps) {
-        log_info(profile.format());
-        profile.clear();
+    // After the step's row: its tokens_per_s and profile do not count the evaluation.
+    if (eval_due(step)) {
+      const EvalResult eval = trainer.evaluate();  // collective: every rank
+      if (is_rank0) {
+        EvalMetrics eval_row{step, eval.loss(), eval.perplexity(), eval.tokens};
+        metrics->write_eval(eval_row);
+        eval_curve.emplace_back(step, eval_row.eval_loss);
+        log_info("eval at step " + std::to_string(step) + ": " + format_eval_result(eval));
       }
     }
   }
-  // After the step's row: its tokens_per_s and profile do not count the evaluation.
-  if (eval_due(step)) {
-    const EvalResult eval = trainer.evaluate();  // collective: every rank
-    if (is_rank0) {
-      EvalMetrics eval_row{step, eval.loss(), eval.perplexity(), eval.tokens};
-      metrics->write_eval(eval_row);
-      eval_curve.emplace_back(step, eval_row.eval_loss);
-      log_info("eval at step " + std::to_string(step) + ": " + format_eval_result(eval));
-    }
+  trainer.wait_for_checkpoint();  // an async save finishes (or reports its error) before exit
+  if (is_rank0) {
+    progress->finish();
+    write_loss_svg(summary.plot_path, loss_curve, "mixtrain loss: " + config.source_file,
+                   eval_curve);
   }
-}
-trainer.wait_for_checkpoint();  // an async save finishes (or reports its error) before exit
-if (is_rank0) {
-  progress->finish();
-  write_loss_svg(summary.plot_path, loss_curve, "mixtrain loss: " + config.source_file, eval_curve);
-}
-if (is_rank0 && config.train.profile && config.train.cpu_allocator == "caching") {
-  log_info(format_cpu_allocator_stats(CachingCpuAllocator::instance().stats()));
-}
-return summary;
+  if (is_rank0 && config.train.profile && config.train.cpu_allocator == "caching") {
+    log_info(format_cpu_allocator_stats(CachingCpuAllocator::instance().stats()));
+  }
+  return summary;
 }
 
 }  // namespace mixtrain

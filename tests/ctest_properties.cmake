@@ -17,7 +17,7 @@ set(MIXTRAIN_TEST_TABLE
   "unit_distributed_config_agreement_test    3          60"      #          2.5
   "unit_distributed_context_parallel_test   4          160      slow"    # 12-16 (load 7; 2 + 4 + 2 + 4 + 2 x 2 ranks)
   "unit_distributed_device_mesh_test         4          60"      #          4.8
-  "unit_distributed_distributed_muon_test    4          140      slow"    # 13.5 (tp cases added)
+  "unit_distributed_distributed_muon_test    4          210      slow"    # 21 (busy machine; tp cases, NorMuon combo)
   "unit_distributed_placed_found_inf_test    4          60"      #          2.8
   "unit_distributed_placed_grad_clip_test    4          60"      #          2.2
   "unit_distributed_expert_parallel_test     4          240      slow"    # 22.2
@@ -27,7 +27,7 @@ set(MIXTRAIN_TEST_TABLE
   "unit_distributed_tensor_parallel_test     4          150      slow"    # 9.4 alone (22 beside a build)
   "unit_optim_adamw_test                     1          60"      #          5.3 (child per CPU capability)
   "unit_optim_muon_kernel_test               1          60"      #          6.6 (child per CPU capability)
-  "scenarios_checkpoint_resharding_test      4          150      slow"    # 14.3
+  "scenarios_checkpoint_resharding_test      4          180      slow"    # 14.3 + 2.8 (NorMuon case; 11.5 on a busy machine)
   "scenarios_rfc_case_2_2_test               2          60"      #          4.6
   "scenarios_rfc_case_2_1_scale_test        8          600      slow"    # 85 (on a busy machine; 8 ranks)
   "scenarios_rfc_system_test                8          600      slow"    # 60 (two 8-rank runs, 40 reference Trainers)

@@ -41,6 +41,8 @@ muon_ns_dtype. Checks:
      does, and the 5-step set as modded-nanogpt ships it) and the input norm times (1 + safety):
      BITWISE, so the replay runs exactly the published schedule step by step.
   6. muon_per_head: optim-replay against a per-head Muon written in torch (check_per_head).
+  7. muon_normuon and muon_cautious_weight_decay: optim-replay against NorMuon and cautious
+     decay written out in torch (check_normuon_and_cautious).
 """
 
 import inspect
@@ -305,6 +307,7 @@ def main():
                   "formula in float32 with ||X|| + eps: compared bitwise")
     check_schedules(args, check, params, grads, main_param)
     check_per_head(args, check)
+    check_normuon_and_cautious(args, check)
     check.finish()
 
 
@@ -382,6 +385,145 @@ train:
         if shapes[name][1] is not None:
             check.expect(split_moves > 100 * tolerance,
                          f"per head {name}: the split moves p by only {split_moves:.2e}")
+
+
+# ---- NorMuon and cautious weight decay (self-contained: its own shapes, Newton-Schulz and
+# reference) ----
+NORMUON_SHAPES = {  # rows > cols (transposed by Newton-Schulz), rows < cols, square
+    "layers.0.mlp.up": ((48, 32), "float32"),
+    "layers.0.mlp.down": ((32, 80), "bfloat16"),
+    "layers.0.attn.q": ((40, 40), "bfloat16"),
+}
+NORMUON_BETA2, NORMUON_EPS = 0.95, 1e-10
+
+
+def normuon_config(cautious):
+    return f"""optimizer:
+  _target_: Muon
+  fp32_main_params: true
+  muon_config:
+    muon_lr: {LR}
+    muon_weight_decay: {WD}
+    muon_momentum: {MU}
+    muon_nesterov: true
+    muon_ns_variant: legacy
+    muon_ns_steps: 5
+    muon_ns_epsilon: {EPS}
+    muon_ns_dtype: float32
+    muon_adjust_lr_fn: match_rms_adamw
+    muon_matched_adamw_rms: 0.2
+    muon_momentum_style: sum
+    muon_normuon: true
+    muon_normuon_beta2: {NORMUON_BETA2}
+    muon_normuon_epsilon: {NORMUON_EPS}
+    muon_cautious_weight_decay: {str(cautious).lower()}
+""" + util.REPLAY_MIXED_PRECISION
+
+
+def normuon_reference(params, grads, cautious, dtype):
+    """The papers' formulas in torch, `dtype` throughout (float64: independent of rounding;
+    float32: our operation order), per 2-D parameter on its fp32 master:
+      buf = mu buf + g; u = g + mu buf                          (sum momentum, Nesterov)
+      O = NS(u): X = u (transposed if rows > cols) / (||u||_F + eps), 5 legacy steps
+      v = lerp(v, mean_j O_ij^2, 1 - beta2)                     (NorMuon, arXiv 2510.05491)
+      O = O / (sqrt(v) + eps2); O *= ||O_before||_F / (||O||_F + eps2)
+      p *= 1 - lr wd where O p >= 0 (cautious, arXiv 2510.12402; everywhere otherwise)
+      p -= lr 0.2 sqrt(max(rows, cols)) O
+    Returns {name: (p, buf, v, max row gain over the steps)}."""
+    import torch
+
+    a, b, c = LEGACY
+    out = {}
+    for name, p0 in params.items():
+        p = p0.float().to(dtype).clone()
+        rows, cols = p.shape
+        buf = torch.zeros_like(p)
+        v = torch.zeros(rows, dtype=dtype)
+        gain = 0.0
+        for k in range(1, STEPS + 1):
+            g = grads[f"step.{k}.{name}"].to(dtype)
+            buf.mul_(MU).add_(g)
+            u = g.add(buf, alpha=MU)
+            x = u.T.contiguous() if rows > cols else u
+            x = x / (x.norm() + EPS)
+            for _ in range(5):
+                gram = x @ x.T
+                x = torch.addmm(x, torch.addmm(gram, gram, gram, beta=b, alpha=c), x, beta=a)
+            o = (x.T if rows > cols else x).contiguous()  # as ours returns O
+            v.lerp_((o * o).mean(-1), 1 - NORMUON_BETA2)
+            denominator = v.sqrt() + NORMUON_EPS
+            hat = o / denominator.unsqueeze(-1)
+            ratio = o.norm() / (hat.norm() + NORMUON_EPS)
+            gain = max(gain, float(ratio / denominator.min()))
+            update = hat * ratio
+            decay = 1 - LR * WD
+            if cautious:
+                p.mul_(torch.where(update * p >= 0, torch.tensor(decay, dtype=dtype),
+                                   torch.tensor(1.0, dtype=dtype)))
+            else:
+                p.mul_(decay)
+            p.add_(update, alpha=-LR * 0.2 * math.sqrt(max(rows, cols)))
+        out[name] = (p, buf, v, gain)
+    return out
+
+
+def check_normuon_and_cautious(args, check):
+    """optim-replay with muon_normuon (and with muon_cautious_weight_decay on top) against
+    normuon_reference. Tolerances:
+      float64 reference: float32 Newton-Schulz against float64 keeps O within 1e-4 of its scale
+        per step (tests/unit/optim/muon_test.cpp's bound); NorMuon multiplies row i of O by its
+        gain and moves it by at most 3x O's relative error (O itself, sqrt(v), the norm ratio):
+        per step lr * 0.2 sqrt(max(A, B)) * 3 * gain * 1e-4, summed over the steps, plus 1e-6
+        for float32 storage. A cautious mask can only differ where float32 and float64 disagree
+        on the sign of some O_ij (|O_ij| at the 1e-7 level), absent on this data.
+      float32 reference (our operation order, one thread, O contiguous as Newton-Schulz
+        returns it: a reduction over a transposed view sums in another order): BITWISE (our
+        LibTorch is the torch wheel's, so the same kernels run the same operations; params,
+        model params, momentum and normuon_v). Measured against float64: |dp| <= 7.6e-8, about
+        0.2% of the bound; normuon_v within 1.8e-6 relative (allowed 1e-4: float32 sums of at
+        most 80 squares and five lerps, far below a wrong beta2 or mean)."""
+    import torch
+
+    gen = torch.Generator().manual_seed(20261202)
+    params = {n: (torch.randn(s, generator=gen) * 0.1).to(getattr(torch, d))
+              for n, (s, d) in NORMUON_SHAPES.items()}
+    grads = {f"step.{k}.{n}": torch.randn(s, generator=gen) * 0.01
+             for k in range(1, STEPS + 1) for n, (s, _) in NORMUON_SHAPES.items()}
+    for cautious in (False, True):
+        case = "normuon" + (" + cautious weight decay" if cautious else "")
+        with util.temp_dir() as directory:
+            ours = util.optim_replay(args.mixtrain, directory, normuon_config(cautious), params,
+                                     grads)
+        exact = normuon_reference(params, grads, cautious, torch.float64)
+        same_order = normuon_reference(params, grads, cautious, torch.float32)
+        for name in NORMUON_SHAPES:
+            rows, cols = NORMUON_SHAPES[name][0]
+            main = ours["model." + name] if params[name].dtype == torch.float32 else \
+                ours[util.MAIN + name]
+            v = ours[f"optimizer.state.{name}.normuon_v"]
+            check.expect(v.dtype == torch.float32 and tuple(v.shape) == (rows,),
+                         f"{case} {name}: normuon_v {v.dtype} {tuple(v.shape)}, expected "
+                         f"float32 ({rows},)")
+            p64, _, v64, gain = exact[name]
+            lr_scale = LR * 0.2 * math.sqrt(max(rows, cols))
+            bound = STEPS * 3 * gain * 1e-4 * lr_scale + 1e-6
+            diff = float((main.double() - p64).abs().max())
+            v_rel = float((v.double() - v64).abs().max() / v64.abs().max())
+            print(f"{case} {name}: vs float64 formula max |dp| {diff:.3e} (bound {bound:.3e}), "
+                  f"normuon_v relative {v_rel:.2e}")
+            check.expect(diff <= bound, f"{case} {name}: max |dp| {diff:.3e} > {bound:.3e}")
+            check.expect(v_rel <= 1e-4, f"{case} {name}: normuon_v relative {v_rel:.2e} > 1e-4")
+            p32, buf32, v32, _ = same_order[name]
+            for what, got, want in (("main param", main, p32), ("normuon_v", v, v32),
+                                    ("momentum", ours[f"optimizer.state.{name}.momentum_buffer"],
+                                     buf32),
+                                    ("model param", ours["model." + name],
+                                     p32.to(params[name].dtype))):
+                differing = int((util.ulp_distance(got, want) > 0).sum())
+                check.expect(got.dtype == want.dtype and differing == 0,
+                             f"{case} {name}: {what}: {differing} of {want.numel()} elements "
+                             f"differ from the float32 formula")
+            print(f"{case} {name}: params, momentum and normuon_v bitwise the float32 formula")
 
 
 if __name__ == "__main__":

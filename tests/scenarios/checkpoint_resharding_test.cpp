@@ -21,6 +21,9 @@
 #include <iostream>
 #include <map>
 
+#include "mixtrain/checkpoint/distributed_checkpoint.h"
+#include "mixtrain/checkpoint/metadata.h"
+#include "mixtrain/checkpoint/storage.h"
 #include "support/multiprocess.h"
 #include "support/trainer_probe.h"
 
@@ -62,11 +65,14 @@ ResolvedConfig layout_config(const ParallelConfig& p, bool float32, std::vector<
   return checkpoint_test_config(overrides);
 }
 
+const std::string kNorMuon = "optimizer.muon_config.muon_normuon=true";
+
 // Trains `SAVE_AT` steps (restoring from RESTORE first if set), saves into CKPT, then records
 // one more step as the reference ("reference.safetensors", rank 0).
 void save_and_continue(const testing::WorkerEnv& worker) {
   DeviceMesh mesh = worker.make_mesh();
   std::vector<std::string> overrides = {"checkpoint.dir=" + worker.get("CKPT")};
+  if (worker.get("NORMUON") == "1") overrides.push_back(kNorMuon);
   if (!worker.get("RESTORE").empty())
     overrides.push_back("checkpoint.restore_from=" + worker.get("RESTORE"));
   Trainer trainer(layout_config(worker.parallel, worker.get("FLOAT32") == "1", overrides), mesh,
@@ -227,6 +233,50 @@ TEST_F(CheckpointResharding, TensorParallelTwoRanksToOneAndOneToFour) {
       read_safetensors((resumed.dir() / "resumed.safetensors").string()).tensors,
       read_safetensors((one.dir() / "reference.safetensors").string()).tensors,
       "1 rank -> 4 (tp 2 x dp_shard 2)", /*float32=*/true);
+}
+
+// NorMuon's normuon_v (one value per row) follows its parameter's rows: saved by 2 ranks as
+// FSDP row chunks and by tp 2 (a column-parallel weight's v split like its rows, a
+// row-parallel one's the same on both tp ranks and written once), its global shape the
+// parameter's without the last dim; one process restores exactly what was saved and steps on
+// within the bounds above.
+TEST_F(CheckpointResharding, NorMuonStateFollowsTheRowsFsdpAndTpToOne) {
+  for (const bool tp : {false, true}) {
+    const std::string ckpt = (dir_ / (tp ? "normuon_tp" : "normuon_fsdp")).string();
+    WorkerResult saved =
+        run_workers("reshard_save_and_continue", 2, tp ? degrees(1, 1, 1, 2) : degrees(1, 2),
+                    {{"CKPT", ckpt},
+                     {"SAVE_AT", "1"},
+                     {"RESTORE", ""},
+                     {"NORMUON", "1"},
+                     {"FLOAT32", tp ? "1" : "0"}});
+    ASSERT_TRUE(saved.all_ok()) << saved.summary();
+    CheckpointReader reader(resolve_step_dir(ckpt));
+    Trainer trainer(layout_config(degrees(1, 1), tp, {"checkpoint.restore_from=" + ckpt, kNorMuon}),
+                    make_single_process_mesh(), dir_.string());
+    int rows_states = 0;
+    for (const auto& [key, live] : trainer.optimizer().state_dict()) {
+      const std::string suffix = ".normuon_v";
+      if (key.size() < suffix.size() ||
+          key.compare(key.size() - suffix.size(), suffix.size(), suffix) != 0)
+        continue;
+      ++rows_states;
+      const std::string fqn =
+          key.substr(std::string(kOptimizerStatePrefix).size(),
+                     key.size() - suffix.size() - std::string(kOptimizerStatePrefix).size());
+      std::vector<int64_t> rows = reader.metadata().tensors.at("model." + fqn).shape;
+      rows.pop_back();
+      EXPECT_EQ(reader.metadata().tensors.at(key).shape, rows) << key;
+      const at::Tensor saved_v = reader.read_full(key);
+      EXPECT_TRUE(at::equal(live, saved_v)) << key;
+      EXPECT_GT(saved_v.abs().max().item<float>(), 0.0f) << key;
+    }
+    EXPECT_GT(rows_states, 0);
+    expect_close_to_reference(
+        recorded_step(trainer),
+        read_safetensors((saved.dir() / "reference.safetensors").string()).tensors,
+        tp ? "normuon 2 ranks (tp 2) -> 1" : "normuon 2 ranks -> 1", tp);
+  }
 }
 
 }  // namespace

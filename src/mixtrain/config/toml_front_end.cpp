@@ -23,10 +23,16 @@ const std::vector<std::pair<std::string, std::string>>& renamed_keys() {
         {"optimizer.muon_ns_steps", "optimizer.muon_config.muon_ns_steps"},
         {"optimizer.muon_adjust_lr_fn", "optimizer.muon_config.muon_adjust_lr_fn"},
         {"optimizer.muon_communication_dtype", "optimizer.muon_config.muon_communication_dtype"},
-        {"optimizer.muon_per_head", "optimizer.muon_config.muon_per_head"},  // mixtrain keys
+        // mixtrain keys in torchtitan-npu's optimizer.muon_* style
+        {"optimizer.muon_normuon", "optimizer.muon_config.muon_normuon"},
+        {"optimizer.muon_normuon_beta2", "optimizer.muon_config.muon_normuon_beta2"},
+        {"optimizer.muon_normuon_epsilon", "optimizer.muon_config.muon_normuon_epsilon"},
+        {"optimizer.muon_cautious_weight_decay",
+         "optimizer.muon_config.muon_cautious_weight_decay"},
+        {"optimizer.muon_per_head", "optimizer.muon_config.muon_per_head"},
         {"optimizer.muon_telemetry", "optimizer.muon_telemetry"},
-        {"optimizer.muon_ns_dtype", "optimizer.muon_config.muon_ns_dtype"},        // a mixtrain key
-        {"optimizer.muon_qk_clip_tau", "optimizer.muon_config.muon_qk_clip_tau"},  // mixtrain's
+        {"optimizer.muon_ns_dtype", "optimizer.muon_config.muon_ns_dtype"},
+        {"optimizer.muon_qk_clip_tau", "optimizer.muon_config.muon_qk_clip_tau"},
         {"optimizer.swap_optimizer", "optimizer.swap_optimizer"},
         {"optimizer.swap_merge_buckets", "optimizer.swap_merge_buckets"},
         {"optimizer.swap_dir", "optimizer.swap_dir"},  // mixtrain keys, not torchtitan-npu's

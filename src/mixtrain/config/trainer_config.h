@@ -144,6 +144,12 @@ struct MuonConfig {
   std::string momentum_style = "sum";            // sum | ema | ema_add
   // Wire dtype of distributed Muon's all_to_all / all_gather: bfloat16 | float32.
   std::string communication_dtype = "bfloat16";
+  // NorMuon (optim/normuon.h): per-row second moment of the orthogonalized update.
+  bool normuon = false;
+  double normuon_beta2 = 0.95;
+  double normuon_epsilon = 1e-10;
+  // Decay only where update and parameter agree in sign (arXiv 2510.12402).
+  bool cautious_weight_decay = false;
   // Newton–Schulz per attention head of q/k/v/o (blocks of model.head_dim), not per matrix.
   bool per_head = false;
   // QK-clip (MuonClip, optim/qk_clip.h): heads whose max attention logit exceeds this get their

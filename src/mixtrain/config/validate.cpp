@@ -299,6 +299,8 @@ void check_optimizer(const Checker& check, const OptimizerConfig& o) {
                {"sum", "ema", "ema_add"});
   check.one_of("optimizer.muon_config.muon_communication_dtype", m.communication_dtype,
                {"bfloat16", "float32"});
+  check.unit_interval_open_right("optimizer.muon_config.muon_normuon_beta2", m.normuon_beta2);
+  check.positive("optimizer.muon_config.muon_normuon_epsilon", m.normuon_epsilon);
   // Asked-for telemetry that cannot exist would be the silent failure it is meant to catch.
   if (o.muon_telemetry && o.target != "Muon") {
     check.fail("optimizer.muon_telemetry",

@@ -15,6 +15,7 @@
 #include "mixtrain/core/dtype.h"
 #include "mixtrain/optim/muon.h"
 #include "mixtrain/optim/muon_owner_plan.h"
+#include "mixtrain/optim/normuon.h"
 
 namespace mixtrain {
 namespace {
@@ -239,14 +240,17 @@ void Muon::step_distributed() {
 
 namespace {
 
-// bfloat16 when every param's Newton–Schulz runs in bfloat16 (exact: NS casts u to bfloat16
-// first and returns bfloat16), else the widest communication_dtype among them.
+// float32 when a param of the bucket has NorMuon; bfloat16 when every param's Newton–Schulz
+// runs in bfloat16 (exact: NS casts u to bfloat16 first and returns bfloat16), else the widest
+// communication_dtype among them.
 template <typename OptionsOf>
 c10::ScalarType wire_dtype(const std::vector<size_t>& bucket, OptionsOf options_of) {
   bool all_bf16 = true;
   bool any_fp32 = false;
   for (size_t item : bucket) {
     const MuonOptions& options = options_of(item);
+    // NorMuon's update and its v rows are float32 (exact only on a float32 wire).
+    if (options.normuon()) return at::kFloat;
     all_bf16 = all_bf16 && options.ns_dtype() == at::kBFloat16;
     any_fp32 = any_fp32 || options.communication_dtype() == at::kFloat;
   }
@@ -279,6 +283,19 @@ double whole_scale(const MuonSharding& sharding, const MuonHeadSplit& split,
   return muon_update_scale(rows, cols, options.adjust_lr_fn(), options.matched_adamw_rms());
 }
 
+// NorMuon's v rows (the param's shape without its last dim) travel with u: that many per
+// matrix of `shape` with NorMuon on, else none.
+int64_t normuon_rows(const std::vector<int64_t>& shape, const MuonOptions& options) {
+  if (!options.normuon() || shape.empty() || shape.back() == 0) return 0;
+  return product(shape, 0) / shape.back();
+}
+
+// v rows of a tp slice are split like the slice's rows unless tp_dim is the last (column) dim,
+// where every tp peer holds all of them.
+bool tp_splits_rows(const MuonSharding& sharding, const at::Tensor& v) {
+  return sharding.tp_split() && sharding.tp_dim < v.dim();
+}
+
 at::Tensor concat_flat(const std::vector<at::Tensor>& pieces, c10::ScalarType dtype,
                        c10::Device device) {
   if (pieces.empty()) return at::empty({0}, at::TensorOptions().dtype(dtype).device(device));
@@ -296,26 +313,36 @@ MuonOwnerItem owner_item(const MuonSharding& sharding, const MuonHeadSplit& spli
   const auto whole = sharding.whole_shape(slice_shape);
   const auto [rows, cols] = muon_matrix_shape(whole, split, describe(sharding));
   const int64_t matrices = product(whole, 0) / (rows * cols);  // heads under a split, else 1
-  return {product(slice_shape, 0), sharding.name,
+  // With NorMuon the owner assembles the v rows too: counted, so the bucket bound holds.
+  return {product(slice_shape, 0) + normuon_rows(slice_shape, options), sharding.name,
           matrices * newton_schulz_flops(rows, cols, options.ns_steps())};
 }
 
 }  // namespace
 
-at::Tensor Muon::owner_update(const DistributedParam& d, const at::Tensor& u,
-                              c10::ScalarType wire) {
+at::Tensor Muon::owner_update(const DistributedParam& d, const at::Tensor& u, c10::ScalarType wire,
+                              at::Tensor& v) {
+  const MuonOptions& options = group_options(d.group);
   const at::Tensor whole = gather_tp(*d.sharding, u);
-  return tp_slice(*d.sharding, orthogonalize(d.group, group_options(d.group), *d.head_split, whole))
-      .reshape({-1})
-      .to(wire);
+  // O merged back to the whole matrix's layout (per head or not): NorMuon's rows are its rows.
+  at::Tensor o = orthogonalize(d.group, options, *d.head_split, whole);
+  if (options.normuon()) {
+    const bool split_rows = tp_splits_rows(*d.sharding, v);
+    at::Tensor whole_v = split_rows ? gather_tp(*d.sharding, v) : v.clone();
+    o = normuon_normalize(o, whole_v, options.normuon_beta2(), options.normuon_epsilon());
+    v = split_rows ? tp_slice(*d.sharding, whole_v) : whole_v;
+  }
+  return tp_slice(*d.sharding, o).reshape({-1}).to(wire);
 }
 
 // step_fsdp, per bucket of the plan (muon_owner_plan.h), on this rank:
-//   send: for each rank r, for each item r owns (bucket order): this rank's shard of u
+//   send: for each rank r, for each item r owns (bucket order): this rank's shard of u, then
+//         (NorMuon) the shard's v rows
 //   recv: for each rank j, for each item this rank owns (bucket order): rank j's rows of it
-// The update comes back on the mirrored layout. Pipelined: bucket k+1's u is in flight while
-// bucket k is orthogonalized, and bucket k-1's update while bucket k is, too; every rank starts
-// the exchanges in the same order (u0, u1, O0, u2, O1, ...).
+//         (and their v rows)
+// The update (and the new v rows) comes back on the mirrored layout. Pipelined: bucket k+1's u is
+// in flight while bucket k is orthogonalized, and bucket k-1's update while bucket k is, too; every
+// rank starts the exchanges in the same order (u0, u1, O0, u2, O1, ...).
 void Muon::step_fsdp(Collectives& comm, const std::vector<DistributedParam>& all_params) {
   const int n = comm.size();
   const int rank = comm.rank();
@@ -337,6 +364,14 @@ void Muon::step_fsdp(Collectives& comm, const std::vector<DistributedParam>& all
     return group_options(params[item]->group);
   };
   const std::vector<MuonOwnerBucket> plan = muon_owner_plan(items, n);
+  // NorMuon's v rows of this rank's shard of `item` (0 without NorMuon), and the elements one
+  // row of the assembled matrix travels as (its u row, then its v row).
+  auto v_rows_of = [&](size_t item) {
+    return normuon_rows(params[item]->param.sizes().vec(), options_of(item));
+  };
+  auto row_payload = [&](size_t item) {
+    return product(params[item]->sharding->full_shape, 1) + (options_of(item).normuon() ? 1 : 0);
+  };
 
   // This rank's side of one bucket's exchange.
   struct Layout {
@@ -356,12 +391,12 @@ void Muon::step_fsdp(Collectives& comm, const std::vector<DistributedParam>& all
         if (bucket.owners[j] != r) continue;
         const size_t item = bucket.items[j];
         layout.sent.push_back(item);
-        layout.send_counts[r] += params[item]->param.numel();
+        layout.send_counts[r] += params[item]->param.numel() + v_rows_of(item);
         if (r != rank) continue;
         layout.owned.push_back(item);
         const auto& full = params[item]->sharding->full_shape;
         const auto rows = fsdp_chunk_rows(full[0], n);
-        for (int s = 0; s < n; ++s) layout.recv_counts[s] += rows[s] * product(full, 1);
+        for (int s = 0; s < n; ++s) layout.recv_counts[s] += rows[s] * row_payload(item);
       }
     }
     return layout;
@@ -374,57 +409,73 @@ void Muon::step_fsdp(Collectives& comm, const std::vector<DistributedParam>& all
       pieces.push_back(
           momentum_direction(d.param, d.param.grad(), group_options(d.group), layout.wire)
               .reshape({-1}));
+      if (v_rows_of(item) > 0) pieces.push_back(read_normuon_v(d.param).reshape({-1}));
     }
     return comm.all_to_all_async(concat_flat(pieces, layout.wire, device), layout.send_counts,
                                  layout.recv_counts);
   };
-  // 2. The owner assembles each owned matrix from every rank's rows (rank order: row-major),
-  //    orthogonalizes it and sends each rank its rows of O back.
+  // 2. The owner assembles each owned matrix (and NorMuon's v rows) from every rank's rows
+  //    (rank order: row-major), orthogonalizes it, applies NorMuon to the whole O and sends
+  //    each rank its rows of the update (and of the new v) back.
   auto start_o = [&](const Layout& layout, const at::Tensor& received) {
-    std::vector<std::vector<at::Tensor>> rows_of(layout.owned.size());
+    const size_t owned = layout.owned.size();
+    std::vector<std::vector<at::Tensor>> rows_of(owned), v_of(owned);
     std::vector<std::vector<int64_t>> chunk_rows;
     for (size_t item : layout.owned) {
       chunk_rows.push_back(fsdp_chunk_rows(params[item]->sharding->full_shape[0], n));
     }
     int64_t offset = 0;
     for (int s = 0; s < n; ++s) {
-      for (size_t o = 0; o < layout.owned.size(); ++o) {
-        const int64_t count =
-            chunk_rows[o][s] * product(params[layout.owned[o]]->sharding->full_shape, 1);
+      for (size_t o = 0; o < owned; ++o) {
+        const size_t item = layout.owned[o];
+        const int64_t count = chunk_rows[o][s] * product(params[item]->sharding->full_shape, 1);
         rows_of[o].push_back(received.narrow(0, offset, count));
         offset += count;
+        if (!options_of(item).normuon()) continue;
+        v_of[o].push_back(received.narrow(0, offset, chunk_rows[o][s]));
+        offset += chunk_rows[o][s];
       }
     }
-    std::vector<at::Tensor> updates;
-    for (size_t o = 0; o < layout.owned.size(); ++o) {
+    std::vector<at::Tensor> updates, new_v(owned);
+    for (size_t o = 0; o < owned; ++o) {
       const DistributedParam& d = *params[layout.owned[o]];
-      const at::Tensor u = at::cat(rows_of[o]).view(d.sharding->full_shape);
-      updates.push_back(owner_update(d, u, layout.wire));
+      const auto& full = d.sharding->full_shape;
+      const at::Tensor u = at::cat(rows_of[o]).view(full);
+      // v of the matrix: its shape without the last dim, float32 (the wire is then float32).
+      if (!v_of[o].empty())
+        new_v[o] = at::cat(v_of[o]).view(at::IntArrayRef(full).slice(0, full.size() - 1));
+      updates.push_back(owner_update(d, u, layout.wire, new_v[o]));
+      if (new_v[o].defined()) new_v[o] = new_v[o].reshape({-1});
     }
     std::vector<at::Tensor> back;
     for (int s = 0; s < n; ++s) {
-      for (size_t o = 0; o < layout.owned.size(); ++o) {
+      for (size_t o = 0; o < owned; ++o) {
         const auto& full = params[layout.owned[o]]->sharding->full_shape;
         int64_t start = 0;
         for (int r = 0; r < s; ++r) start += chunk_rows[o][r];
         const int64_t row_numel = product(full, 1);
         back.push_back(updates[o].narrow(0, start * row_numel, chunk_rows[o][s] * row_numel));
+        if (new_v[o].defined()) back.push_back(new_v[o].narrow(0, start, chunk_rows[o][s]));
       }
     }
     return comm.all_to_all_async(concat_flat(back, layout.wire, device), layout.recv_counts,
                                  layout.send_counts);
   };
-  // 3. Every rank applies its shard of each O, scaled by the whole matrix's shape, back in
-  //    ns_dtype (exact: O was ns_dtype or travelled wider), as the single-process update adds.
+  // 3. Every rank applies its shard of each update, scaled by the whole matrix's shape, back in
+  //    ns_dtype (exact: O was ns_dtype or travelled wider; NorMuon's is float32), as the
+  //    single-process update adds, and keeps its new v rows.
   auto apply = [&](const Layout& layout, const at::Tensor& updates) {
     int64_t offset = 0;
     for (size_t item : layout.sent) {
       const DistributedParam& d = *params[item];
       const MuonOptions& options = group_options(d.group);
       const int64_t count = d.param.numel();
-      const at::Tensor o =
-          updates.narrow(0, offset, count).view(d.param.sizes()).to(options.ns_dtype());
+      const at::Tensor o = updates.narrow(0, offset, count)
+                               .view(d.param.sizes())
+                               .to(options.normuon() ? at::kFloat : options.ns_dtype());
       offset += count;
+      if (v_rows_of(item) > 0) write_normuon_v(d.param, updates.narrow(0, offset, v_rows_of(item)));
+      offset += v_rows_of(item);
       apply_update(d.param, o, options,
                    whole_scale(*d.sharding, *d.head_split, d.sharding->full_shape, options));
     }
@@ -445,8 +496,9 @@ void Muon::step_fsdp(Collectives& comm, const std::vector<DistributedParam>& all
 }
 
 // step_ddp, per bucket of the plan: every rank updates the replicated momentum of every item;
-// each owner orthogonalizes its items and puts their O one after another (bucket order) in its
-// block of an all_gather, padded to the fullest block. Bucket k's gather is in flight while
+// each owner orthogonalizes its items (NorMuon: with its replica's v rows) and puts their
+// update (then the new v rows) one after another (bucket order) in its block of an all_gather,
+// padded to the fullest block. Bucket k's gather is in flight while
 // bucket k+1's momentum and Newton–Schulz run.
 void Muon::step_ddp(Collectives& comm, const std::vector<DistributedParam>& all_params) {
   const int n = comm.size();
@@ -469,10 +521,15 @@ void Muon::step_ddp(Collectives& comm, const std::vector<DistributedParam>& all_
   };
   const std::vector<MuonOwnerBucket> plan = muon_owner_plan(items, n);
 
+  // NorMuon's v rows of `item` (one per row of each of its matrices; 0 without NorMuon).
+  auto v_rows_of = [&](size_t item) {
+    return normuon_rows(params[item]->param.sizes().vec(), options_of(item));
+  };
   auto padded_of = [&](const MuonOwnerBucket& bucket) {
     std::vector<int64_t> block(n, 0);
     for (size_t j = 0; j < bucket.items.size(); ++j) {
-      block[bucket.owners[j]] += params[bucket.items[j]]->param.numel();
+      block[bucket.owners[j]] +=
+          params[bucket.items[j]]->param.numel() + v_rows_of(bucket.items[j]);
     }
     return *std::max_element(block.begin(), block.end());
   };
@@ -490,9 +547,14 @@ void Muon::step_ddp(Collectives& comm, const std::vector<DistributedParam>& all_
       // A tp slice: the owner and its tp peers (same plan) gather u in the wire dtype, as
       // step_fsdp's u travels, and orthogonalize the whole matrix.
       if (d.sharding->tp_split()) u = u.to(wire);
-      const at::Tensor o = owner_update(d, u, wire);
+      at::Tensor v;  // the replica's v rows (a copy), updated by owner_update
+      if (options.normuon()) v = read_normuon_v(d.param);
+      const at::Tensor o = owner_update(d, u, wire, v);
       mine.narrow(0, offset, o.numel()).copy_(o);
       offset += o.numel();
+      if (!options.normuon()) continue;
+      mine.narrow(0, offset, v.numel()).copy_(v.reshape({-1}));
+      offset += v.numel();
     }
     return comm.all_gather_async(mine);
   };
@@ -503,10 +565,14 @@ void Muon::step_ddp(Collectives& comm, const std::vector<DistributedParam>& all_
     for (size_t j = 0; j < bucket.items.size(); ++j) {
       const DistributedParam& d = *params[bucket.items[j]];
       const MuonOptions& options = group_options(d.group);
-      const at::Tensor o = gathered.narrow(0, offset[bucket.owners[j]], d.param.numel())
+      int64_t& at_owner = offset[bucket.owners[j]];
+      const at::Tensor o = gathered.narrow(0, at_owner, d.param.numel())
                                .view(d.param.sizes())
-                               .to(options.ns_dtype());
-      offset[bucket.owners[j]] += d.param.numel();
+                               .to(options.normuon() ? at::kFloat : options.ns_dtype());
+      at_owner += d.param.numel();
+      const int64_t v_rows = v_rows_of(bucket.items[j]);
+      if (v_rows > 0) write_normuon_v(d.param, gathered.narrow(0, at_owner, v_rows));
+      at_owner += v_rows;
       apply_update(d.param, o, options,
                    whole_scale(*d.sharding, *d.head_split, d.param.sizes().vec(), options));
     }

@@ -43,6 +43,19 @@
 // exact and the cheapest), else in communication_dtype (the widest of the bucket's groups):
 // float32 is exact for float32 Newton–Schulz, bfloat16 rounds u and O once more.
 //
+// NorMuon (normuon.h) is exact, not per shard: its row statistics and Frobenius norms are of
+// the whole matrix, so whoever orthogonalizes it applies NorMuon (Muon::owner_update, to the
+// whole O merged back from its heads under a head split: the rows of the parameter as stored).
+// Each rank keeps normuon_v for the rows it holds (step_fsdp: its dim-0 chunk's rows; step_ddp:
+// all, replicated). step_fsdp sends a shard's v rows right after its u (in each owner's block of
+// the start_u all_to_all) and gets its update and new v rows back the same way; step_ddp's owner
+// gathers nothing extra (its replica has the rows) and puts each matrix's new v rows after its
+// update in its block of the all_gather. The plan's numel counts the v rows (one per row of
+// u), so the bucket bound covers what an owner assembles. With a tp split, a row split
+// (tp_dim 0) gathers the v rows over tp_group like u; a column split has all rows on every tp
+// rank. A bucket with a NorMuon param travels in float32 both ways (the update is float32;
+// float32 carries u, O and v exactly), so the result is the single-process one bit for bit.
+//
 // Before each path's first bucket a 2-int all_reduce checks that every rank steps the same
 // parameters (count and total numel): a mismatch raises on every rank instead of hanging.
 // Every rank must call step() with the same params having a grad (FSDP and DDP guarantee

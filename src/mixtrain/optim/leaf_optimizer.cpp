@@ -110,6 +110,15 @@ std::vector<std::string> LeafOptimizer::check_state(const at::Tensor& param,
       }
       continue;
     }
+    if (field.kind == StateField::Kind::kPerRow) {
+      const auto rows = param.sizes().slice(0, std::max<int64_t>(param.dim() - 1, 0));
+      if (value.sizes() != rows) {
+        problems.push_back("'" + field.name + "' has shape " + c10::str(value.sizes()) +
+                           ", expected " + c10::str(rows) +
+                           " (one value per row of the parameter " + c10::str(param.sizes()) + ")");
+      }
+      continue;
+    }
     if (value.numel() != 1 || value.scalar_type() == at::kBool || value.is_complex()) {
       problems.push_back("'" + field.name +
                          "' must be one whole number >= " + std::to_string(field.min) + ", got a " +
@@ -151,7 +160,7 @@ CheckedState LeafOptimizer::read_state(const at::Tensor& param,
   for (const auto& [name, value] : state) {
     for (const StateField& field : state_fields()) {
       if (field.name != name) continue;
-      if (field.kind == StateField::Kind::kLikeParam) {
+      if (field.kind != StateField::Kind::kCount) {
         out.tensors[name] = value;
       } else {
         out.counts[name] = value.item<int64_t>();

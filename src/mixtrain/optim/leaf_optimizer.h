@@ -47,6 +47,9 @@ struct StateField {
   enum class Kind {
     // A tensor of the parameter's shape, stored as a private copy in the parameter's dtype.
     kLikeParam,
+    // A tensor of the parameter's shape without its last dim (one value per row: NorMuon's
+    // normuon_v); its rows follow the parameter's rows when the parameter is sharded on dim 0.
+    kPerRow,
     // One whole number >= min (a step counter): a one-element integer tensor, or a floating
     // one holding a whole number (torch.optim saves `step` as a float32 tensor); 1.5 is refused.
     kCount,
@@ -60,7 +63,7 @@ struct StateField {
 // One parameter's state as read by LeafOptimizer::read_state: every declared field present in
 // the input, checked. Empty: the parameter has no state (an empty input list).
 struct CheckedState {
-  std::unordered_map<std::string, at::Tensor> tensors;  // kLikeParam fields, as given
+  std::unordered_map<std::string, at::Tensor> tensors;  // kLikeParam / kPerRow fields, as given
   std::unordered_map<std::string, int64_t> counts;      // kCount fields
   bool empty() const { return tensors.empty() && counts.empty(); }
 };

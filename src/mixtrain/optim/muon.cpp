@@ -13,6 +13,7 @@
 #include "mixtrain/core/dtype.h"
 #include "mixtrain/optim/kernels/muon_kernel.h"
 #include "mixtrain/optim/muon_fused.h"
+#include "mixtrain/optim/normuon.h"
 
 namespace mixtrain {
 
@@ -87,11 +88,21 @@ double muon_update_scale(int64_t rows, int64_t cols, AdjustLrFn fn, double match
 }
 
 void muon_apply_update(at::Tensor& param, const at::Tensor& orthogonalized, double lr,
-                       double weight_decay, double scale) {
+                       double weight_decay, double scale, bool cautious) {
   TORCH_CHECK(param.sizes() == orthogonalized.sizes(), "muon_apply_update: update shape ",
               orthogonalized.sizes(), " differs from parameter shape ", param.sizes());
   // Multiplying by exactly 1 changes nothing, so skip the pass.
-  if (weight_decay != 0.0) param.mul_(1.0 - lr * weight_decay);
+  if (weight_decay != 0.0 && cautious) {
+    // The factor in p.mul_'s compute dtype (float for bfloat16/float16 p), so where the mask
+    // holds p rounds exactly as the plain decay's p.mul_(1 - lr*wd) does, and stays put elsewhere.
+    const auto dtype = at::promote_types(param.scalar_type(), at::kFloat);
+    const auto options = param.options().dtype(dtype);
+    param.mul_(at::where(cautious_decay_mask(orthogonalized, param),
+                         at::scalar_tensor(1.0 - lr * weight_decay, options),
+                         at::scalar_tensor(1.0, options)));
+  } else if (weight_decay != 0.0) {
+    param.mul_(1.0 - lr * weight_decay);
+  }
   param.add_(orthogonalized, -lr * scale);
 }
 
@@ -131,7 +142,11 @@ MuonOptions MuonOptions::from_config(const MuonConfig& config) {
       .matched_adamw_rms(config.matched_adamw_rms)
       .adjust_lr_fn(parse_adjust_lr_fn(config.adjust_lr_fn))
       .momentum_style(parse_momentum_style(config.momentum_style))
-      .communication_dtype(parse_muon_communication_dtype(config.communication_dtype));
+      .communication_dtype(parse_muon_communication_dtype(config.communication_dtype))
+      .normuon(config.normuon)
+      .normuon_beta2(config.normuon_beta2)
+      .normuon_epsilon(config.normuon_epsilon)
+      .cautious_weight_decay(config.cautious_weight_decay);
   options.validate();
   return options;
 }
@@ -155,6 +170,12 @@ void MuonOptions::validate() const {
   if (communication_dtype() != at::kBFloat16 && communication_dtype() != at::kFloat) {
     fail("communication_dtype must be bfloat16 or float32, got " +
          dtype_name(communication_dtype()));
+  }
+  if (!(normuon_beta2() >= 0.0 && normuon_beta2() < 1.0)) {
+    fail("normuon_beta2 must be in [0, 1), got " + std::to_string(normuon_beta2()));
+  }
+  if (!(normuon_epsilon() > 0.0)) {
+    fail("normuon_epsilon must be > 0, got " + c10::str(normuon_epsilon()));
   }
   newton_schulz_schedule(ns_variant(), ns_steps(), ns_coefficients());  // throws if invalid
 }
@@ -275,6 +296,9 @@ void Muon::momentum_direction_into(const at::Tensor& p, const at::Tensor& grad,
     slot = std::move(fresh);
   }
   auto& state = static_cast<MuonParamState&>(*slot);
+  if (options.normuon() && !state.normuon_v().defined()) {
+    state.normuon_v(at::zeros(p.sizes().slice(0, p.dim() - 1), p.options().dtype(at::kFloat)));
+  }
   state.step(state.step() + 1);
   at::Tensor& buffer = state.momentum_buffer();
   const c10::Device device = buffer.device();
@@ -295,6 +319,27 @@ at::Tensor Muon::momentum_direction(const at::Tensor& p, const at::Tensor& grad,
   return u;
 }
 
+at::Tensor Muon::read_normuon_v(const at::Tensor& p) {
+  const StateLease lease(*this, p);
+  return static_cast<MuonParamState&>(*state_.at(state_key(p))).normuon_v().clone();
+}
+
+void Muon::write_normuon_v(const at::Tensor& p, const at::Tensor& value) {
+  const StateLease lease(*this, p);
+  at::Tensor& v = static_cast<MuonParamState&>(*state_.at(state_key(p))).normuon_v();
+  v.copy_(value.view(v.sizes()));
+}
+
+at::Tensor Muon::normuon_update(const MuonOptions& options, const at::Tensor& p,
+                                const at::Tensor& o) {
+  if (!options.normuon()) return o;
+  at::Tensor v = read_normuon_v(p);
+  const at::Tensor update =
+      normuon_normalize(o.view(p.sizes()), v, options.normuon_beta2(), options.normuon_epsilon());
+  write_normuon_v(p, v);
+  return update;
+}
+
 void Muon::apply_update(const at::Tensor& p, const at::Tensor& o, const MuonOptions& options,
                         double scale) {
   if (telemetry_) telemetry_->record_update(p, o, options.lr() * scale);
@@ -303,8 +348,9 @@ void Muon::apply_update(const at::Tensor& p, const at::Tensor& o, const MuonOpti
   const bool fuse_model =
       !model.defined() || (muon_fusable(model, false, device) &&
                            model.scalar_type() != at::kFloat && model.numel() == p.numel());
-  if (muon_fusable(p, /*float32_only=*/true, device) && muon_fusable(o, false, device) &&
-      o.numel() == p.numel() && fuse_model) {
+  const bool cautious = options.cautious_weight_decay() && options.weight_decay() != 0.0;
+  if (!cautious && muon_fusable(p, /*float32_only=*/true, device) &&
+      muon_fusable(o, false, device) && o.numel() == p.numel() && fuse_model) {
     MuonApplyScalars s;
     s.decay_param = options.weight_decay() != 0.0;  // as muon_apply_update skips the pass
     s.decay = static_cast<float>(1.0 - options.lr() * options.weight_decay());
@@ -313,7 +359,8 @@ void Muon::apply_update(const at::Tensor& p, const at::Tensor& o, const MuonOpti
     return;
   }
   at::Tensor param = p;
-  muon_apply_update(param, o.view(p.sizes()), options.lr(), options.weight_decay(), scale);
+  muon_apply_update(param, o.view(p.sizes()), options.lr(), options.weight_decay(), scale,
+                    options.cautious_weight_decay());
   if (model.defined()) model.copy_(p);  // copy_ rounds to nearest even, as to() does
 }
 
@@ -384,8 +431,13 @@ void Muon::step_slice(size_t group, const MuonOptions& options,
     const at::Tensor& p = batch.params[k];
     const int64_t count = p.numel() / matrix_elements;
     const at::Tensor o = orthogonalized.narrow(0, offset, count);
-    apply_update(p, batch.splits[k].dim == 1 ? merge_heads(o, p.sizes(), batch.splits[k]) : o,
-                 options, scale);
+    // NorMuon per parameter, on its merged O: the neuron rows of p as stored (normuon.h: the
+    // bits a batch would give, every reduction being per matrix).
+    apply_update(
+        p,
+        normuon_update(options, p,
+                       batch.splits[k].dim == 1 ? merge_heads(o, p.sizes(), batch.splits[k]) : o),
+        options, scale);
     offset += count;
   }
 }
@@ -453,12 +505,16 @@ NamedTensorList Muon::export_state(const at::Tensor& param) const {
   auto it = state_.find(state_key(param));
   if (it == state_.end()) return {};
   const auto& state = static_cast<const MuonParamState&>(*it->second);
-  return {{"momentum_buffer", state.momentum_buffer()},
-          {"step", at::scalar_tensor(state.step(), at::kLong)}};
+  NamedTensorList out = {{"momentum_buffer", state.momentum_buffer()},
+                         {"step", at::scalar_tensor(state.step(), at::kLong)}};
+  if (state.normuon_v().defined()) out.emplace_back("normuon_v", state.normuon_v());
+  return out;
 }
 
 std::vector<StateField> Muon::state_fields() const {
-  return {{"momentum_buffer"}, {"step", StateField::Kind::kCount}};
+  return {{"momentum_buffer"},
+          {"step", StateField::Kind::kCount},
+          {"normuon_v", StateField::Kind::kPerRow, /*required=*/false}};
 }
 
 void Muon::import_state(const at::Tensor& param, const NamedTensorList& state) {
@@ -473,6 +529,11 @@ void Muon::import_state(const at::Tensor& param, const NamedTensorList& state) {
                              .to(param.device(), param.scalar_type(), /*non_blocking=*/false,
                                  /*copy=*/true)
                              .contiguous());
+  const auto v = checked.tensors.find("normuon_v");
+  if (v != checked.tensors.end()) {
+    fresh->normuon_v(v->second.to(param.device(), at::kFloat, /*non_blocking=*/false, /*copy=*/true)
+                         .contiguous());
+  }
   state_[state_key(param)] = std::move(fresh);
 }
 
@@ -495,7 +556,11 @@ nlohmann::json Muon::group_hyperparameters(size_t group) const {
           {"matched_adamw_rms", options.matched_adamw_rms()},
           {"adjust_lr_fn", adjust_lr_fn_name(options.adjust_lr_fn())},
           {"momentum_style", momentum_style_name(options.momentum_style())},
-          {"communication_dtype", dtype_name(options.communication_dtype())}};
+          {"communication_dtype", dtype_name(options.communication_dtype())},
+          {"normuon", options.normuon()},
+          {"normuon_beta2", options.normuon_beta2()},
+          {"normuon_epsilon", options.normuon_epsilon()},
+          {"cautious_weight_decay", options.cautious_weight_decay()}};
 }
 
 std::unique_ptr<torch::optim::OptimizerOptions> Muon::options_with_hyperparameters(
@@ -539,7 +604,11 @@ std::unique_ptr<torch::optim::OptimizerOptions> Muon::options_with_hyperparamete
   candidate.ns_dtype(*parsed_ns_dtype)
       .adjust_lr_fn(parse_adjust_lr_fn(reader.string("adjust_lr_fn")))
       .momentum_style(parse_momentum_style(reader.string("momentum_style")))
-      .communication_dtype(parse_muon_communication_dtype(reader.string("communication_dtype")));
+      .communication_dtype(parse_muon_communication_dtype(reader.string("communication_dtype")))
+      .normuon(reader.boolean("normuon"))
+      .normuon_beta2(reader.number("normuon_beta2"))
+      .normuon_epsilon(reader.number("normuon_epsilon"))
+      .cautious_weight_decay(reader.boolean("cautious_weight_decay"));
   reader.finish();
   try {
     candidate.validate();

@@ -4,7 +4,9 @@
 //   momentum_buffer, u = muon_momentum_update(...)         (sum | ema | ema_add, Nesterov or not)
 //   O = newton_schulz(u, schedule(ns_variant, ns_steps), ns_epsilon, ns_dtype,
 //                     norm_scale(ns_variant, ns_steps))
+//   O = normuon_normalize(O, normuon_v, ...)                (muon_normuon only; normuon.h)
 //   p *= 1 - lr * weight_decay;  p -= lr * scale * O       (lr: the group's base lr)
+//     (cautious_weight_decay: the decay only where cautious_decay_mask(O, p), p before the step)
 //   scale = sqrt(max(1, A/B))               (adjust_lr_fn original)
 //         = matched_adamw_rms * sqrt(max(A, B))   (match_rms_adamw; A, B: last two dims)
 // A 3-D parameter [E, A, B] is E independent A x B matrices (MoE experts). Within a group, all
@@ -71,9 +73,11 @@ at::Tensor muon_momentum_update(at::Tensor& momentum_buffer, const at::Tensor& g
 double muon_update_scale(int64_t rows, int64_t cols, AdjustLrFn fn, double matched_adamw_rms);
 
 // p *= 1 - lr*weight_decay; p -= lr*scale*O. O (same shape as p) is added as p.add_(O, alpha)
-// does: in the promoted dtype of p and O, rounded once into p's dtype.
+// does: in the promoted dtype of p and O, rounded once into p's dtype. cautious: the decay only
+// where cautious_decay_mask(O, p) (normuon.h) holds for p before the update; elsewhere p keeps
+// its value before adding O (the factor is 1 there, rounded as p.mul_ rounds).
 void muon_apply_update(at::Tensor& param, const at::Tensor& orthogonalized, double lr,
-                       double weight_decay, double scale);
+                       double weight_decay, double scale, bool cautious = false);
 
 // Defaults are the YAML defaults of docs/architecture.md §5 (MuonConfig).
 struct MuonOptions : public torch::optim::OptimizerCloneableOptions<MuonOptions> {
@@ -92,6 +96,12 @@ struct MuonOptions : public torch::optim::OptimizerCloneableOptions<MuonOptions>
   TORCH_ARG(MomentumStyle, momentum_style) = MomentumStyle::kSum;
   // Wire dtype of u and O on the distributed paths (bfloat16 or float32; distributed_muon.h).
   TORCH_ARG(c10::ScalarType, communication_dtype) = c10::ScalarType::BFloat16;
+  // NorMuon (normuon.h): a float32 per-row second moment of O, state "normuon_v".
+  TORCH_ARG(bool, normuon) = false;
+  TORCH_ARG(double, normuon_beta2) = 0.95;
+  TORCH_ARG(double, normuon_epsilon) = 1e-10;
+  // Cautious weight decay (muon_apply_update).
+  TORCH_ARG(bool, cautious_weight_decay) = false;
 
  public:
   double get_lr() const override { return lr(); }
@@ -107,6 +117,8 @@ struct MuonOptions : public torch::optim::OptimizerCloneableOptions<MuonOptions>
 struct MuonParamState : public torch::optim::OptimizerCloneableParamState<MuonParamState> {
   TORCH_ARG(int64_t, step) = 0;
   TORCH_ARG(at::Tensor, momentum_buffer);  // param's dtype (float32 for main params)
+  // NorMuon only: float32, the param's shape without its last dim (one value per row).
+  TORCH_ARG(at::Tensor, normuon_v);
 };
 
 class Muon : public LeafOptimizer {
@@ -120,8 +132,8 @@ class Muon : public LeafOptimizer {
   at::Tensor step(LossClosure closure = nullptr) override;
   std::string kind() const override { return "muon"; }
 
-  // "momentum_buffer" (aliases the live buffer) and "step" (0-dim int64); empty before the
-  // parameter's first step.
+  // "momentum_buffer" (aliases the live buffer), "step" (0-dim int64) and, once the parameter
+  // stepped with normuon, "normuon_v" (float32, a kPerRow field); empty before the first step.
   NamedTensorList export_state(const at::Tensor& param) const override;
   // The same names (LeafOptimizer::read_state); an empty list clears the param's state.
   void import_state(const at::Tensor& param, const NamedTensorList& state) override;
@@ -131,7 +143,8 @@ class Muon : public LeafOptimizer {
 
   // {"weight_decay", "momentum", "nesterov", "ns_steps", "ns_variant", "ns_coefficients"
   // ([[a, b, c], ...]), "ns_epsilon", "ns_dtype", "matched_adamw_rms", "adjust_lr_fn",
-  // "momentum_style", "communication_dtype"}: MuonConfig's names and spellings (dtypes as
+  // "momentum_style", "communication_dtype", "normuon", "normuon_beta2", "normuon_epsilon",
+  // "cautious_weight_decay"}: MuonConfig's names and spellings (dtypes as
   // "bfloat16"/"float32"). options_with_hyperparameters checks the result with validate().
   nlohmann::json group_hyperparameters(size_t group) const override;
   std::unique_ptr<torch::optim::OptimizerOptions> options_with_hyperparameters(
@@ -184,7 +197,8 @@ class Muon : public LeafOptimizer {
   bool batches_match_groups() const;
   void step_batch(size_t group, const MuonOptions& options,
                   const std::vector<NsCoefficients>& schedule, const ShapeBatch& batch);
-  // Momentum, one newton_schulz() call and the update for the batch's params at `indices`.
+  // Momentum, one newton_schulz() call, NorMuon (if on) and the update for the batch's params at
+  // `indices`.
   void step_slice(size_t group, const MuonOptions& options,
                   const std::vector<NsCoefficients>& schedule, const ShapeBatch& batch,
                   const std::vector<size_t>& indices);
@@ -192,19 +206,28 @@ class Muon : public LeafOptimizer {
   // `split`; recorded for telemetry as group's. The distributed owners' call.
   at::Tensor orthogonalize(size_t group, const MuonOptions& options, const MuonHeadSplit& split,
                            const at::Tensor& u);
-  // Counts p's step, updates its momentum (state created, zeros in p's dtype, on first use) with
+  // Counts p's step, updates its momentum (state created, zeros in p's dtype, on first use; with
+  // normuon also normuon_v, float32 zeros) with
   // `grad` and writes u, the direction to orthogonalize, into `out` (p's numel, contiguous;
   // rounded to out's dtype as to() rounds). A float32 buffer, grad and out of float32, bfloat16
   // or float16, contiguous on one CPU or CUDA device, take the fused pass (muon_fused.h),
   // anything else muon_momentum_update; the bits are the same.
   void momentum_direction_into(const at::Tensor& p, const at::Tensor& grad,
                                const MuonOptions& options, const at::Tensor& out);
+  // NorMuon on `o`, the orthogonalized matrices of p (p's numel, in p's layout): p's normuon_v
+  // updated, the float32 update returned (p's shape); `o` itself when off.
+  at::Tensor normuon_update(const MuonOptions& options, const at::Tensor& p, const at::Tensor& o);
+  // For the distributed paths, each under its own state lease: a copy of p's normuon_v (which
+  // momentum_direction_into created), and writing `value` into it.
+  at::Tensor read_normuon_v(const at::Tensor& p);
+  void write_normuon_v(const at::Tensor& p, const at::Tensor& value);
   // The same into a fresh tensor of p's shape and `dtype`.
   at::Tensor momentum_direction(const at::Tensor& p, const at::Tensor& grad,
                                 const MuonOptions& options, c10::ScalarType dtype);
-  // muon_apply_update(p, o, lr, weight_decay, scale), then p's copy-back target (if any) rounded
-  // from p: one fused pass for a float32 p (muon_fused.h), the same bits either way. Recorded
-  // for telemetry when armed.
+  // muon_apply_update(p, o, lr, weight_decay, scale, cautious_weight_decay), then p's
+  // copy-back target (if any) rounded from p: one fused pass for a float32 p (muon_fused.h;
+  // cautious decay takes the unfused ops, which the fused kernels do not have), the same bits
+  // either way. Recorded for telemetry when armed.
   void apply_update(const at::Tensor& p, const at::Tensor& o, const MuonOptions& options,
                     double scale);
 
@@ -219,8 +242,12 @@ class Muon : public LeafOptimizer {
   void step_fsdp(Collectives& comm, const std::vector<DistributedParam>& params);
   void step_ddp(Collectives& comm, const std::vector<DistributedParam>& params);
   // The owner's part of both: the whole matrix (u's tp slices gathered over the tp group when
-  // split) orthogonalized (per head under a split); this rank's tp slice of O, flat, in `wire`.
-  at::Tensor owner_update(const DistributedParam& d, const at::Tensor& u, c10::ScalarType wire);
+  // split) orthogonalized (per head under a split), then (NorMuon) normuon_normalize of the
+  // whole O with the whole matrix's v rows (`v`: this rank's tp slice's rows, float32, the
+  // param's shape without its last dim; gathered like u, replaced by the new rows of the
+  // slice); this rank's tp slice of the update, flat, in `wire`. `v` is unused without NorMuon.
+  at::Tensor owner_update(const DistributedParam& d, const at::Tensor& u, c10::ScalarType wire,
+                          at::Tensor& v);
   const MuonOptions& group_options(size_t group) const;
 
   std::vector<std::vector<ShapeBatch>> batches_;         // per param group

@@ -32,7 +32,8 @@ namespace mixtrain {
 int64_t newton_schulz_flops(int64_t rows, int64_t cols, int64_t steps);
 
 struct MuonOwnerItem {
-  int64_t numel = 0;  // elements the owner assembles (what the bucket bound counts)
+  int64_t numel = 0;  // elements the owner assembles (what the bucket bound counts; NorMuon
+                      // matrices: their v rows too)
   std::string name;   // breaks FLOP ties, so every rank orders the items alike
   int64_t flops = 0;  // its Newton–Schulz cost (newton_schulz_flops of the matrix it becomes)
 };

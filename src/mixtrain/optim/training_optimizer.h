@@ -6,7 +6,7 @@
 //   prepare_grads(), clip over grads_for_clipping(), step_with_ready_grads(), zero_grad().
 // Every parameter is addressed by its model fully qualified name (fp32-main-params §7.3);
 // checkpoint keys follow docs/architecture.md §8:
-//   optimizer.state.<fqn>.<exp_avg|exp_avg_sq|momentum_buffer|step>
+//   optimizer.state.<fqn>.<exp_avg|exp_avg_sq|momentum_buffer|step|normuon_v>
 //   optimizer._mixed_precision_optimizer.fp32_from_fp16_params.<fqn>  (low-precision only)
 #pragma once
 

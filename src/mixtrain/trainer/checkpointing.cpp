@@ -49,7 +49,8 @@ std::string fqn_of(const std::string& key) {
 
 // Where this rank's `local` piece of `key` sits in the global tensor: the parameter's box
 // (ParamPlacement::global_offsets: FSDP rows or expert slice of its tensor-parallel slice; its
-// optimizer state and main param alike), whole otherwise; 0-dim state (step counters) is the
+// optimizer state and main param alike; per-row state: the box without the last dim), whole
+// otherwise; 0-dim state (step counters) is the
 // same on every rank. Pieces held alike by several ranks (replicas, tp_dim -1 on every tp
 // rank) have the same box and are written once.
 LocalChunk place(const FullyShardedModel* sharded, const std::string& key,
@@ -57,11 +58,19 @@ LocalChunk place(const FullyShardedModel* sharded, const std::string& key,
   LocalChunk chunk{key, local, local.sizes().vec(), std::vector<int64_t>(local.dim(), 0)};
   if (local.dim() == 0 || sharded == nullptr) return chunk;
   const ParamPlacement& placement = sharded->placement(fqn_of(key));
-  TORCH_CHECK(local.sizes() == at::IntArrayRef(placement.local_sizes()), "checkpoint: ", key,
-              " holds ", local.sizes(), " but its placement's box is ",
-              at::IntArrayRef(placement.local_sizes()));
+  std::vector<int64_t> box = placement.local_sizes();
   chunk.global_shape = placement.global_shape;
   chunk.offsets = placement.global_offsets();
+  // Per-row state (StateField::kPerRow, NorMuon's normuon_v): the box without its last dim, so
+  // its rows sit where the parameter's rows do (a tp split of the last dim leaves every tp rank
+  // the same rows: one box, written once).
+  if (local.dim() + 1 == static_cast<int64_t>(box.size())) {
+    box.pop_back();
+    chunk.global_shape.pop_back();
+    chunk.offsets.pop_back();
+  }
+  TORCH_CHECK(local.sizes() == at::IntArrayRef(box), "checkpoint: ", key, " holds ", local.sizes(),
+              " but its placement's box is ", at::IntArrayRef(box));
   return chunk;
 }
 

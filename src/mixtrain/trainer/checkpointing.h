@@ -5,7 +5,7 @@
 // Tensors, each a global tensor of which every rank passes the piece it holds (FSDP dim-0 row
 // ranges, expert-parallel slices, whole tensors on one rank; replicas are written once):
 //   model.<fqn>                                              model dtype
-//   optimizer.state.<fqn>.<exp_avg|exp_avg_sq|momentum_buffer|step>    (save_optimizer)
+//   optimizer.state.<fqn>.<exp_avg|exp_avg_sq|momentum_buffer|step|normuon_v>    (save_optimizer)
 //   optimizer._mixed_precision_optimizer.fp32_from_fp16_params.<fqn>   float32, low-precision
 //                                                            params only (none for fp32 models)
 // main_grad never. Non-tensor state: train step, LR schedule, data position, loss scaler,

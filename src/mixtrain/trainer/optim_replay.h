@@ -6,9 +6,9 @@
 //   grads file:  float32 gradients keyed "step.<k>.<name>", k = 1..steps, every parameter at
 //                every step, same shape as the parameter.
 //   out file:    "model.<name>" (model dtype), the optimizer state under the checkpoint keys
-//                ("optimizer.state.<name>.<exp_avg|exp_avg_sq|momentum_buffer|step>") and, with
-//                fp32_main_params, "optimizer._mixed_precision_optimizer.fp32_from_fp16_params.
-//                <name>" (float32, low-precision params only).
+//                ("optimizer.state.<name>.<exp_avg|exp_avg_sq|momentum_buffer|step|
+//                normuon_v>") and, with fp32_main_params, "optimizer._mixed_precision_optimizer.
+//                fp32_from_fp16_params.<name>" (float32, low-precision params only).
 //
 // Each step is the trainer's: the gradient arrives as the parameter's float32 main_grad (as
 // FSDP delivers it) with fp32_main_params, else as its .grad in the parameter's dtype; then

@@ -22,8 +22,8 @@ TEST(SchemaTest, KeysAreUniqueAndCoverEveryField) {
   // steps, seed, max_grad_norm, log_every, eval_every, profile, cpu_allocator) + lr_scheduler (3);
   // parallel (6: dp_shard, dp_replicate, ep, cp, tp, cp_rotate_method); distributed (1); checkpoint
   // (7); optimizer target, fp32_main_params, routing, swap_optimizer, swap_merge_buckets, swap_dir,
-  // swap_bucket_mb, muon_telemetry (8); adamw (4); muon (16); sgd (5); mix_precision (4); fsdp (1).
-  EXPECT_EQ(keys.size(), 3u + 25 + 7 + 8 + 3 + 6 + 1 + 7 + 8 + 4 + 16 + 5 + 4 + 1);
+  // swap_bucket_mb, muon_telemetry (8); adamw (4); muon (20); sgd (5); mix_precision (4); fsdp (1).
+  EXPECT_EQ(keys.size(), 3u + 25 + 7 + 8 + 3 + 6 + 1 + 7 + 8 + 4 + 20 + 5 + 4 + 1);
   for (const char* key : {"model_init_dtype",
                           "optimizer._target_",
                           "optimizer.fp32_main_params",
@@ -35,6 +35,10 @@ TEST(SchemaTest, KeysAreUniqueAndCoverEveryField) {
                           "optimizer.swap_merge_buckets",
                           "distributed.timeout_s",
                           "optimizer.muon_config.muon_communication_dtype",
+                          "optimizer.muon_config.muon_normuon",
+                          "optimizer.muon_config.muon_normuon_beta2",
+                          "optimizer.muon_config.muon_normuon_epsilon",
+                          "optimizer.muon_config.muon_cautious_weight_decay",
                           "optimizer.muon_config.muon_per_head",
                           "optimizer.muon_telemetry",
                           "optimizer.muon_config.muon_qk_clip_tau",

@@ -82,6 +82,22 @@ TEST(ShowTest, TomlShowsTheKeyAsWrittenAndDerivations) {
                                       "optimizer.muon_qk_clip_tau"}));
 }
 
+TEST(ShowTest, NorMuonAndCautiousWeightDecayKeys) {
+  TempDir dir;
+  const std::string text = format_config_show(load_config(
+      dir.write("c.toml",
+                "[optimizer]\nname = \"Muon\"\nmuon_normuon = true\nmuon_normuon_beta2 = "
+                "0.9\nmuon_cautious_weight_decay = true\n"),
+      {}));
+  EXPECT_EQ(row_of(text, "optimizer.muon_config.muon_normuon"),
+            (std::vector<std::string>{"optimizer.muon_config.muon_normuon", "true", "file",
+                                      "optimizer.muon_normuon"}));
+  EXPECT_EQ(row_of(text, "optimizer.muon_config.muon_normuon_beta2")[1], "0.9");
+  EXPECT_EQ(row_of(text, "optimizer.muon_config.muon_normuon_epsilon")[1], "1e-10");
+  EXPECT_EQ(row_of(text, "optimizer.muon_config.muon_normuon_epsilon")[2], "default");
+  EXPECT_EQ(row_of(text, "optimizer.muon_config.muon_cautious_weight_decay")[1], "true");
+}
+
 TEST(ShowTest, NotesSayWhichNewtonSchulzTriplesRun) {
   TempDir dir;
   const std::string m = "optimizer:\n  _target_: Muon\n  muon_config:\n";

@@ -94,6 +94,14 @@ TEST(StartupLogTest, EffectiveMuonDefaultConfiguredFinal) {
             (std::vector<std::string>{"muon_ns_variant", "asym5", "asym5", "(file)", "asym5"}));
   EXPECT_EQ(cells_of_row(block, "muon_matched_adamw_rms"),
             (std::vector<std::string>{"muon_matched_adamw_rms", "0.2", "-", "0.2"}));
+  EXPECT_EQ(cells_of_row(block, "muon_normuon"),
+            (std::vector<std::string>{"muon_normuon", "false", "-", "false"}));
+  EXPECT_EQ(cells_of_row(block, "muon_normuon_beta2"),
+            (std::vector<std::string>{"muon_normuon_beta2", "0.95", "-", "0.95"}));
+  EXPECT_EQ(cells_of_row(block, "muon_normuon_epsilon"),
+            (std::vector<std::string>{"muon_normuon_epsilon", "1e-10", "-", "1e-10"}));
+  EXPECT_EQ(cells_of_row(block, "muon_cautious_weight_decay"),
+            (std::vector<std::string>{"muon_cautious_weight_decay", "false", "-", "false"}));
   // optimizer.muon_telemetry lives beside muon_config but belongs to this block.
   EXPECT_EQ(cells_of_row(block, "muon_per_head"),
             (std::vector<std::string>{"muon_per_head", "false", "-", "false"}));

@@ -113,6 +113,26 @@ TEST(TomlFrontEndTest, MuonCommunicationDtype) {
             ValueSource::kFile);
 }
 
+TEST(TomlFrontEndTest, MuonNorMuonAndCautiousWeightDecay) {
+  const MuonConfig defaults = translate_text("").config.optimizer.muon;
+  EXPECT_FALSE(defaults.normuon);
+  EXPECT_EQ(defaults.normuon_beta2, 0.95);
+  EXPECT_EQ(defaults.normuon_epsilon, 1e-10);
+  EXPECT_FALSE(defaults.cautious_weight_decay);
+  const Translated t = translate_text(
+      "[optimizer]\nmuon_normuon = true\nmuon_normuon_beta2 = 0.9\nmuon_normuon_epsilon = "
+      "1e-8\nmuon_cautious_weight_decay = true\n");
+  EXPECT_TRUE(t.config.optimizer.muon.normuon);
+  EXPECT_EQ(t.config.optimizer.muon.normuon_beta2, 0.9);
+  EXPECT_EQ(t.config.optimizer.muon.normuon_epsilon, 1e-8);
+  EXPECT_TRUE(t.config.optimizer.muon.cautious_weight_decay);
+  for (const char* key : {"muon_normuon", "muon_normuon_beta2", "muon_normuon_epsilon",
+                          "muon_cautious_weight_decay"}) {
+    EXPECT_EQ(t.provenance.source(std::string("optimizer.muon_config.") + key), ValueSource::kFile)
+        << key;
+  }
+}
+
 TEST(TomlFrontEndTest, MuonPerHeadAndTelemetry) {
   EXPECT_FALSE(translate_text("").config.optimizer.muon.per_head);
   EXPECT_FALSE(translate_text("").config.optimizer.muon_telemetry);

@@ -373,6 +373,16 @@ TEST(ValidateTest, MuonRanges) {
             "got 'float16'");
   EXPECT_EQ(toml_error("[optimizer]\nmuon_communication_dtype = \"fp8\"\n"),
             "optimizer.muon_communication_dtype: must be one of bfloat16, float32, got 'fp8'");
+  EXPECT_EQ(yaml_error(m + "    muon_normuon_beta2: 1.0\n"),
+            "optimizer.muon_config.muon_normuon_beta2: must be in [0, 1), got 1");
+  EXPECT_EQ(yaml_error(m + "    muon_normuon_beta2: -0.5\n"),
+            "optimizer.muon_config.muon_normuon_beta2: must be in [0, 1), got -0.5");
+  EXPECT_EQ(toml_error("[optimizer]\nmuon_normuon_beta2 = 1.5\n"),
+            "optimizer.muon_normuon_beta2: must be in [0, 1), got 1.5");
+  EXPECT_EQ(yaml_error(m + "    muon_normuon_epsilon: 0\n"),
+            "optimizer.muon_config.muon_normuon_epsilon: must be > 0, got 0");
+  EXPECT_EQ(toml_error("[optimizer]\nmuon_normuon_epsilon = -1e-8\n"),
+            "optimizer.muon_normuon_epsilon: must be > 0, got -1e-08");
   EXPECT_EQ(yaml_error(m + "    muon_qk_clip_tau: -1\n"),
             "optimizer.muon_config.muon_qk_clip_tau: must be a finite number >= 0 (0: QK-clip "
             "off), got -1");

@@ -15,7 +15,10 @@
 // single-process update on the whole tensors. The whole u is gathered exactly (concatenation of
 // elementwise momentum slices), so Newton–Schulz sees the reference's matrix: bitwise under the
 // same conditions as above, kBf16WireTolerance for float32 Newton–Schulz over a bfloat16 wire
-// (u and O each rounded once to bfloat16, as on the FSDP path). muon_sharding_of's tp mapping
+// (u and O each rounded once to bfloat16, as on the FSDP path). With NorMuon and cautious
+// weight decay (float32 Newton-Schulz and wire) every layout is bitwise too: v's rows are
+// gathered like u's (a row split) or whole on every tp rank (a column split).
+// muon_sharding_of's tp mapping
 // and its refusals (an expert slice or a 3-D parameter with a tp split) in one process.
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
@@ -132,11 +135,15 @@ struct Combo {
   at::ScalarType ns_dtype;
   at::ScalarType wire;
   bool bitwise;
+  bool normuon = false;  // with NorMuon and cautious weight decay
 };
+// NorMuon: the owner normalizes the whole matrix (tp slices and dp shards of u and of v's rows
+// gathered), so the result is the reference's bit for bit.
 const std::vector<Combo> kCombos = {
     {at::kBFloat16, at::kBFloat16, true},
     {at::kFloat, at::kFloat, true},
     {at::kFloat, at::kBFloat16, false},
+    {at::kFloat, at::kFloat, true, true},
 };
 
 // Compares `got` (this rank's shard or replica) with the reference; returns one line per
@@ -149,8 +156,9 @@ std::string compare(const std::vector<at::Tensor>& got, const std::vector<at::Te
     const at::Tensor expected = kind == MuonSharding::Kind::kFsdp
                                     ? dim0_chunk(reference[i], group.rank(), group.size())
                                     : reference[i];
-    const std::string what = label + " " + c10::toString(combo.ns_dtype) + "/" +
-                             c10::toString(combo.wire) + " " + kShapes[i].name;
+    const std::string what = label + (combo.normuon ? " normuon " : " ") +
+                             c10::toString(combo.ns_dtype) + "/" + c10::toString(combo.wire) + " " +
+                             kShapes[i].name;
     expect_update(got[i], expected, combo.bitwise, what, report);
   }
   return report.str();
@@ -160,7 +168,9 @@ MIXTRAIN_WORKER(distributed_muon_paths) {
   DeviceMesh mesh = worker.make_mesh();
   std::ostringstream report;
   for (const auto& combo : kCombos) {
-    const MuonOptions options = options_for(combo.ns_dtype, combo.wire);
+    const MuonOptions options = options_for(combo.ns_dtype, combo.wire)
+                                    .normuon(combo.normuon)
+                                    .cautious_weight_decay(combo.normuon);
     const auto reference = run(options, MuonSharding::Kind::kLocal, nullptr);
     if (mesh.dp_shard > 1) {
       const auto got = run(options, MuonSharding::Kind::kFsdp, mesh.dp_shard_group);
@@ -235,7 +245,9 @@ MIXTRAIN_WORKER(distributed_muon_tp) {
   if (kinds.empty()) kinds.emplace_back("whole", ParamPlacement::Kind::kWhole);
   std::ostringstream report;
   for (const auto& combo : kCombos) {
-    const MuonOptions options = options_for(combo.ns_dtype, combo.wire);
+    const MuonOptions options = options_for(combo.ns_dtype, combo.wire)
+                                    .normuon(combo.normuon)
+                                    .cautious_weight_decay(combo.normuon);
     const auto reference = run(options, MuonSharding::Kind::kLocal, nullptr);
     for (const auto& [label, kind] : kinds) {
       std::vector<ParamPlacement> placements;
@@ -244,8 +256,9 @@ MIXTRAIN_WORKER(distributed_muon_tp) {
       report << "ran " << label << "\n";
       for (size_t i = 0; i < kShapes.size(); ++i) {
         const at::Tensor expected = box_of(reference[i], placements[i]);
-        const std::string what = label + " " + c10::toString(combo.ns_dtype) + "/" +
-                                 c10::toString(combo.wire) + " " + kShapes[i].name;
+        const std::string what = label + (combo.normuon ? " normuon " : " ") +
+                                 c10::toString(combo.ns_dtype) + "/" + c10::toString(combo.wire) +
+                                 " " + kShapes[i].name;
         expect_update(got[i], expected, combo.bitwise, what, report);
       }
     }
@@ -299,9 +312,10 @@ void run_case(const MeshCase& c) {
         EXPECT_NE(line.find("Float/BFloat16"), std::string::npos) << "rank " << r << ": " << line;
       }
     }
-    EXPECT_EQ(fsdp_runs, c.dp_shard > 1 ? 3 : 0) << "rank " << r;
-    EXPECT_EQ(ddp_runs, c.dp_replicate > 1 ? 3 : 0) << "rank " << r;
-    EXPECT_EQ(whole_runs, c.dp_shard * c.dp_replicate == 1 ? 3 : 0) << "rank " << r;
+    const int combos = static_cast<int>(kCombos.size());
+    EXPECT_EQ(fsdp_runs, c.dp_shard > 1 ? combos : 0) << "rank " << r;
+    EXPECT_EQ(ddp_runs, c.dp_replicate > 1 ? combos : 0) << "rank " << r;
+    EXPECT_EQ(whole_runs, c.dp_shard * c.dp_replicate == 1 ? combos : 0) << "rank " << r;
   }
 }
 

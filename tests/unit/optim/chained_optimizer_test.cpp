@@ -425,7 +425,11 @@ Hyper saved_hyper() {
               .matched_adamw_rms(0.18)
               .adjust_lr_fn(AdjustLrFn::kOriginal)
               .momentum_style(MomentumStyle::kEma)
-              .communication_dtype(at::kFloat)};
+              .communication_dtype(at::kFloat)
+              .normuon(false)  // true changes the state's keys (muon_test covers its round trip)
+              .normuon_beta2(0.9)
+              .normuon_epsilon(1e-8)
+              .cautious_weight_decay(true)};
 }
 
 // Every value differs from saved_hyper() except the no-decay group's weight decay (0 in both).
@@ -510,6 +514,10 @@ void expect_same_options(const ChainedOptimizer& a, const ChainedOptimizer& b) {
         EXPECT_EQ(m.adjust_lr_fn(), n.adjust_lr_fn());
         EXPECT_EQ(m.momentum_style(), n.momentum_style());
         EXPECT_EQ(m.communication_dtype(), n.communication_dtype());
+        EXPECT_EQ(m.normuon(), n.normuon());
+        EXPECT_EQ(m.normuon_beta2(), n.normuon_beta2());
+        EXPECT_EQ(m.normuon_epsilon(), n.normuon_epsilon());
+        EXPECT_EQ(m.cautious_weight_decay(), n.cautious_weight_decay());
       }
     }
   }
@@ -528,7 +536,9 @@ TEST(ChainedOptimizerParamGroups, StateListsEveryGroupWithModelNamesBaseLrAndHyp
      "ns_variant": "custom",
      "ns_coefficients": [[3.4445, -4.775, 2.0315], [3.0, -3.2, 1.2], [2.0, -1.5, 0.5]],
      "ns_epsilon": 1e-6, "ns_dtype": "float32", "matched_adamw_rms": 0.18,
-     "adjust_lr_fn": "original", "momentum_style": "ema", "communication_dtype": "float32"}
+     "adjust_lr_fn": "original", "momentum_style": "ema", "communication_dtype": "float32",
+     "normuon": false, "normuon_beta2": 0.9, "normuon_epsilon": 1e-8,
+     "cautious_weight_decay": true}
   ])");
   EXPECT_EQ(t.chain.param_groups_state(), expected) << t.chain.param_groups_state().dump(2);
   EXPECT_TRUE(t.chain.param_groups_state()[2]["ns_steps"].is_number_integer());
@@ -562,11 +572,14 @@ TEST(ChainedOptimizerParamGroups, RoundTripRestoresEveryOptionAndReportsTheDiffe
       "adamw group 1 eps: checkpoint 1e-08, config 1e-06",
       "muon group 0 adjust_lr_fn: checkpoint original, config match_rms_adamw",
       "muon group 0 base_lr: checkpoint 0.02, config 0.05",
+      "muon group 0 cautious_weight_decay: checkpoint true, config false",
       "muon group 0 communication_dtype: checkpoint float32, config bfloat16",
       "muon group 0 matched_adamw_rms: checkpoint 0.18, config 0.2",
       "muon group 0 momentum: checkpoint 0.9, config 0.95",
       "muon group 0 momentum_style: checkpoint ema, config sum",
       "muon group 0 nesterov: checkpoint true, config false",
+      "muon group 0 normuon_beta2: checkpoint 0.9, config 0.95",
+      "muon group 0 normuon_epsilon: checkpoint 1e-08, config 1e-10",
       "muon group 0 ns_coefficients: checkpoint [[3.4445,-4.775,2.0315],[3.0,-3.2,1.2],"
       "[2.0,-1.5,0.5]], config []",
       "muon group 0 ns_dtype: checkpoint float32, config bfloat16",

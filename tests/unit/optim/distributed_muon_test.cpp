@@ -383,8 +383,10 @@ void set_head_splits(Muon& muon, const std::vector<at::Tensor>& params, const Ru
 }
 
 // Single-process Muon on the full params for `steps` steps; returns the final params.
+// normuon_v: if given, each param's NorMuon state after the run.
 std::vector<at::Tensor> reference_run(const std::vector<NamedShape>& shapes, const RunSetup& setup,
-                                      int steps, at::ScalarType dtype) {
+                                      int steps, at::ScalarType dtype,
+                                      std::vector<at::Tensor>* normuon_v = nullptr) {
   std::vector<at::Tensor> params;
   for (size_t i = 0; i < shapes.size(); ++i) {
     params.push_back(random_normal(shapes[i].shape, 100 + i).to(dtype));
@@ -408,17 +410,22 @@ std::vector<at::Tensor> reference_run(const std::vector<NamedShape>& shapes, con
     }
     muon.step();
   }
+  if (normuon_v) {
+    normuon_v->clear();
+    for (const auto& p : params) normuon_v->push_back(muon.export_state(p).at(2).second.clone());
+  }
   return params;
 }
 
 // The same on n thread-ranks; kFsdp: each rank holds its dim-0 chunk, kReplicated: a copy.
 // Returns, per rank, its final params; calls[r] = the collectives rank r made.
-std::vector<std::vector<at::Tensor>> distributed_run(const std::vector<NamedShape>& shapes,
-                                                     const RunSetup& setup, int steps, int n,
-                                                     MuonSharding::Kind kind, at::ScalarType dtype,
-                                                     std::vector<std::vector<Call>>* calls) {
+std::vector<std::vector<at::Tensor>> distributed_run(
+    const std::vector<NamedShape>& shapes, const RunSetup& setup, int steps, int n,
+    MuonSharding::Kind kind, at::ScalarType dtype, std::vector<std::vector<Call>>* calls,
+    std::vector<std::vector<at::Tensor>>* normuon_v = nullptr) {
   auto group = make_thread_group(n);
   std::vector<std::vector<at::Tensor>> result(n);
+  if (normuon_v) normuon_v->assign(n, {});
   run_ranks(n, [&](int rank) {
     std::vector<at::Tensor> params;
     for (size_t i = 0; i < shapes.size(); ++i) {
@@ -449,6 +456,11 @@ std::vector<std::vector<at::Tensor>> distributed_run(const std::vector<NamedShap
       muon.step();
     }
     result[rank] = params;
+    if (normuon_v) {
+      for (const auto& p : params) {
+        (*normuon_v)[rank].push_back(muon.export_state(p).at(2).second.clone());
+      }
+    }
   });
   if (calls) {
     calls->clear();
@@ -520,6 +532,54 @@ TEST(DistributedMuonFsdpTest, EqualsSingleProcessMuonForOneToFourRanks) {
         for (size_t c = 1; c < 1 + 2 * buckets; ++c) {
           EXPECT_EQ(calls[r][c].op, "all_to_all");
           EXPECT_EQ(calls[r][c].dtype, wire);
+        }
+      }
+    }
+  }
+}
+
+// NorMuon is exact, not per shard: the owner normalizes the whole matrix with the whole
+// matrix's v rows (each rank's rows travel with its u), and each rank keeps the new v of its
+// rows. Every Newton-Schulz dtype and wire setting: a NorMuon bucket travels in float32, so the
+// result is the single-process one bit for bit (params and v), cautious decay included. DDP:
+// the owner appends the new v rows to the all_gather; every replica keeps all rows.
+TEST(DistributedMuonNorMuonTest, FsdpAndDdpEqualOneProcessBitwiseParamsAndState) {
+  for (const auto& combo : kCombos) {
+    RunSetup setup;
+    setup.options = MuonOptions()
+                        .lr(0.02)
+                        .weight_decay(0.1)
+                        .ns_dtype(combo.ns_dtype)
+                        .communication_dtype(combo.communication_dtype)
+                        .normuon(true)
+                        .cautious_weight_decay(true);
+    setup.two_groups = true;
+    std::vector<at::Tensor> expected_v;
+    const auto expected = reference_run(kShapes, setup, 3, at::kFloat, &expected_v);
+    for (int n = 2; n <= 4; n += 2) {
+      std::vector<std::vector<Call>> calls;
+      std::vector<std::vector<at::Tensor>> v;
+      const auto got =
+          distributed_run(kShapes, setup, 3, n, MuonSharding::Kind::kFsdp, at::kFloat, &calls, &v);
+      for (size_t i = 0; i < kShapes.size(); ++i) {
+        const std::string what = "fsdp n=" + std::to_string(n) + " ns " +
+                                 c10::toString(combo.ns_dtype) + " wire " +
+                                 c10::toString(combo.communication_dtype) + " " + kShapes[i].name;
+        EXPECT_TRUE(bitwise_equal(gather_rows(got, i), expected[i]))
+            << what << ": max diff " << max_abs_diff(gather_rows(got, i), expected[i]);
+        EXPECT_TRUE(bitwise_equal(gather_rows(v, i), expected_v[i])) << what << " normuon_v";
+      }
+      for (size_t c = 1; c < calls[0].size(); ++c) {
+        if (calls[0][c].op == "all_to_all") EXPECT_EQ(calls[0][c].dtype, at::kFloat);
+      }
+      const auto replicas = distributed_run(kShapes, setup, 3, n, MuonSharding::Kind::kReplicated,
+                                            at::kFloat, nullptr, &v);
+      for (int r = 0; r < n; ++r) {
+        for (size_t i = 0; i < kShapes.size(); ++i) {
+          const std::string what = "ddp n=" + std::to_string(n) + " rank " + std::to_string(r) +
+                                   " " + c10::toString(combo.ns_dtype) + " " + kShapes[i].name;
+          EXPECT_TRUE(bitwise_equal(replicas[r][i], expected[i])) << what;
+          EXPECT_TRUE(bitwise_equal(v[r][i], expected_v[i])) << what << " normuon_v";
         }
       }
     }
@@ -648,30 +708,45 @@ const std::vector<NamedShape> kHeadShapes = {{"layers.0.self_attn.q_proj.weight"
                                              {"layers.0.up", {37, 29}}};
 const std::vector<MuonHeadSplit> kHeadSplits = {{0, 24}, {0, 24}, {1, 24}, {}};
 
+// With NorMuon and cautious decay too: the owner normalizes the merged O (the heads joined
+// back into the matrix as stored), so v is per row of the parameter, as on one process.
 TEST(DistributedMuonPerHeadTest, FsdpAndDdpEqualOneProcessBitwise) {
-  for (const auto ns_dtype : {at::kFloat, at::kBFloat16}) {
-    RunSetup setup;
-    setup.options = MuonOptions()
-                        .lr(0.02)
-                        .weight_decay(0.1)
-                        .ns_dtype(ns_dtype)
-                        .communication_dtype(at::kFloat)
-                        .adjust_lr_fn(AdjustLrFn::kOriginal);  // o's heads: sqrt(40/24)
-    setup.head_splits = kHeadSplits;
-    const auto expected = reference_run(kHeadShapes, setup, 2, at::kFloat);
-    RunSetup whole = setup;
-    whole.head_splits.clear();
-    const auto whole_expected = reference_run(kHeadShapes, whole, 2, at::kFloat);
-    EXPECT_GT(max_abs_diff(expected[0], whole_expected[0]), 1e-4);  // the split matters
-    for (const auto kind : {MuonSharding::Kind::kFsdp, MuonSharding::Kind::kReplicated}) {
-      for (int n = 2; n <= 3; ++n) {
-        const auto got = distributed_run(kHeadShapes, setup, 2, n, kind, at::kFloat, nullptr);
-        for (size_t i = 0; i < kHeadShapes.size(); ++i) {
-          const at::Tensor full =
-              kind == MuonSharding::Kind::kFsdp ? gather_rows(got, i) : got[n - 1][i];
-          EXPECT_TRUE(bitwise_equal(full, expected[i]))
-              << muon_sharding_kind_name(kind) << " n=" << n << " " << c10::toString(ns_dtype)
-              << " " << kHeadShapes[i].name << ": max diff " << max_abs_diff(full, expected[i]);
+  for (const bool normuon : {false, true}) {
+    for (const auto ns_dtype : {at::kFloat, at::kBFloat16}) {
+      RunSetup setup;
+      setup.options = MuonOptions()
+                          .lr(0.02)
+                          .weight_decay(0.1)
+                          .ns_dtype(ns_dtype)
+                          .communication_dtype(at::kFloat)
+                          .adjust_lr_fn(AdjustLrFn::kOriginal)  // o's heads: sqrt(40/24)
+                          .normuon(normuon)
+                          .cautious_weight_decay(normuon);
+      setup.head_splits = kHeadSplits;
+      std::vector<at::Tensor> expected_v;
+      const auto expected =
+          reference_run(kHeadShapes, setup, 2, at::kFloat, normuon ? &expected_v : nullptr);
+      RunSetup whole = setup;
+      whole.head_splits.clear();
+      const auto whole_expected = reference_run(kHeadShapes, whole, 2, at::kFloat);
+      EXPECT_GT(max_abs_diff(expected[0], whole_expected[0]), 1e-4);  // the split matters
+      for (const auto kind : {MuonSharding::Kind::kFsdp, MuonSharding::Kind::kReplicated}) {
+        for (int n = 2; n <= 3; ++n) {
+          std::vector<std::vector<at::Tensor>> v;
+          const auto got = distributed_run(kHeadShapes, setup, 2, n, kind, at::kFloat, nullptr,
+                                           normuon ? &v : nullptr);
+          const bool fsdp = kind == MuonSharding::Kind::kFsdp;
+          for (size_t i = 0; i < kHeadShapes.size(); ++i) {
+            const std::string what = std::string(muon_sharding_kind_name(kind)) +
+                                     " n=" + std::to_string(n) + " " + c10::toString(ns_dtype) +
+                                     (normuon ? " normuon " : " ") + kHeadShapes[i].name;
+            const at::Tensor full = fsdp ? gather_rows(got, i) : got[n - 1][i];
+            EXPECT_TRUE(bitwise_equal(full, expected[i]))
+                << what << ": max diff " << max_abs_diff(full, expected[i]);
+            if (!normuon) continue;
+            const at::Tensor full_v = fsdp ? gather_rows(v, i) : v[n - 1][i];
+            EXPECT_TRUE(bitwise_equal(full_v, expected_v[i])) << what << " normuon_v";
+          }
         }
       }
     }
@@ -683,50 +758,68 @@ TEST(DistributedMuonPerHeadTest, FsdpAndDdpEqualOneProcessBitwise) {
 // data rank (kReplicated over a one-rank group, as muon_sharding_of maps kWhole with a tp
 // split). Whoever orthogonalizes gathers the whole matrix, splits it into heads and keeps its
 // slice: bitwise the one-process per-head step (float32 Newton–Schulz, float32 tp gather).
+// NorMuon: v rows of the row-split q/k (tp_dim 0) are gathered over tp like u, o's (tp_dim 1)
+// are all on each tp rank; the new rows come back sliced the same way.
 TEST(DistributedMuonPerHeadTest, TensorParallelSlicesEqualOneProcessBitwise) {
-  const std::vector<NamedShape> shapes = {{"q", {96, 40}}, {"k", {48, 40}}, {"o", {40, 96}}};
-  const std::vector<int64_t> tp_dims = {0, 0, 1};
-  RunSetup setup;
-  setup.options = MuonOptions()
-                      .lr(0.02)
-                      .weight_decay(0.1)
-                      .ns_dtype(at::kFloat)
-                      .communication_dtype(at::kFloat)
-                      .adjust_lr_fn(AdjustLrFn::kOriginal);
-  setup.head_splits = {{0, 24}, {0, 24}, {1, 24}};
-  const auto expected = reference_run(shapes, setup, 2, at::kFloat);
-  const int n = 2;
-  auto tp = make_thread_group(n);
-  std::vector<std::vector<at::Tensor>> got(n);
-  run_ranks(n, [&](int rank) {
-    auto slice = [&](const at::Tensor& full, size_t i) {
-      return full.chunk(n, tp_dims[i])[rank].contiguous();
-    };
-    std::vector<at::Tensor> params;
-    for (size_t i = 0; i < shapes.size(); ++i) {
-      params.push_back(slice(random_normal(shapes[i].shape, 100 + i), i));
-    }
-    Muon muon(params, setup.options);
-    set_head_splits(muon, params, setup);
-    for (size_t i = 0; i < shapes.size(); ++i) {
-      MuonSharding sharding{
-          MuonSharding::Kind::kReplicated, {}, make_local_collectives("one"), shapes[i].name};
-      sharding.tp_dim = tp_dims[i];
-      sharding.tp_group = tp[rank];
-      muon.set_sharding(params[i], sharding);
-    }
-    for (int step = 1; step <= 2; ++step) {
+  for (const bool normuon : {false, true}) {
+    const std::vector<NamedShape> shapes = {{"q", {96, 40}}, {"k", {48, 40}}, {"o", {40, 96}}};
+    const std::vector<int64_t> tp_dims = {0, 0, 1};
+    RunSetup setup;
+    setup.options = MuonOptions()
+                        .lr(0.02)
+                        .weight_decay(0.1)
+                        .ns_dtype(at::kFloat)
+                        .communication_dtype(at::kFloat)
+                        .adjust_lr_fn(AdjustLrFn::kOriginal)
+                        .normuon(normuon)
+                        .cautious_weight_decay(normuon);
+    setup.head_splits = {{0, 24}, {0, 24}, {1, 24}};
+    std::vector<at::Tensor> expected_v;
+    const auto expected =
+        reference_run(shapes, setup, 2, at::kFloat, normuon ? &expected_v : nullptr);
+    const int n = 2;
+    auto tp = make_thread_group(n);
+    std::vector<std::vector<at::Tensor>> got(n), got_v(n);
+    run_ranks(n, [&](int rank) {
+      auto slice = [&](const at::Tensor& full, size_t i) {
+        return full.chunk(n, tp_dims[i])[rank].contiguous();
+      };
+      std::vector<at::Tensor> params;
       for (size_t i = 0; i < shapes.size(); ++i) {
-        params[i].mutable_grad() = slice(random_normal(shapes[i].shape, 1000 * step + i), i);
+        params.push_back(slice(random_normal(shapes[i].shape, 100 + i), i));
       }
-      muon.step();
+      Muon muon(params, setup.options);
+      set_head_splits(muon, params, setup);
+      for (size_t i = 0; i < shapes.size(); ++i) {
+        MuonSharding sharding{
+            MuonSharding::Kind::kReplicated, {}, make_local_collectives("one"), shapes[i].name};
+        sharding.tp_dim = tp_dims[i];
+        sharding.tp_group = tp[rank];
+        muon.set_sharding(params[i], sharding);
+      }
+      for (int step = 1; step <= 2; ++step) {
+        for (size_t i = 0; i < shapes.size(); ++i) {
+          params[i].mutable_grad() = slice(random_normal(shapes[i].shape, 1000 * step + i), i);
+        }
+        muon.step();
+      }
+      got[rank] = params;
+      for (const auto& p : params) {
+        if (normuon) got_v[rank].push_back(muon.export_state(p).at(2).second.clone());
+      }
+    });
+    for (size_t i = 0; i < shapes.size(); ++i) {
+      const at::Tensor whole = at::cat({got[0][i], got[1][i]}, tp_dims[i]);
+      const std::string what = (normuon ? "normuon " : "") + shapes[i].name;
+      EXPECT_TRUE(bitwise_equal(whole, expected[i]))
+          << what << ": max diff " << max_abs_diff(whole, expected[i]);
+      if (!normuon) continue;
+      // v has the param's shape without its last dim: split with q/k's rows, whole for o.
+      const at::Tensor whole_v =
+          tp_dims[i] == 0 ? at::cat({got_v[0][i], got_v[1][i]}) : got_v[0][i];
+      EXPECT_TRUE(bitwise_equal(whole_v, expected_v[i])) << what << " normuon_v";
+      if (tp_dims[i] == 1) EXPECT_TRUE(bitwise_equal(got_v[0][i], got_v[1][i])) << what;
     }
-    got[rank] = params;
-  });
-  for (size_t i = 0; i < shapes.size(); ++i) {
-    const at::Tensor whole = at::cat({got[0][i], got[1][i]}, tp_dims[i]);
-    EXPECT_TRUE(bitwise_equal(whole, expected[i]))
-        << shapes[i].name << ": max diff " << max_abs_diff(whole, expected[i]);
   }
 }
 

@@ -236,6 +236,215 @@ TEST(MuonStepTest, MatchesAnIndependentFloat64Reference) {
   }
 }
 
+// ---- NorMuon and cautious weight decay against the formulas in float64 ----
+// Continues reference_step's O (sum momentum, Nesterov, asym5) with NorMuon (arXiv 2510.05491:
+// v = b2 v + (1-b2) mean_j O_ij^2, Ohat = O / (sqrt(v) + eps), update = Ohat ||O||_F /
+// (||Ohat||_F + eps) per matrix) and, if cautious, the decay only where O_ij p_ij >= 0 (arXiv
+// 2510.12402, with p before the step). Returns max_i of the row gain ||O||_F / ((sqrt(v_i) +
+// eps)(||Ohat||_F + eps)), for the tolerance.
+struct NorMuonReference {
+  at::Tensor p, buf, v;  // float64
+};
+
+double reference_normuon_step(NorMuonReference& r, const at::Tensor& grad, double lr, double wd,
+                              double mu, double beta2, bool cautious, double rms) {
+  const at::Tensor g = grad.to(at::kDouble);
+  r.buf = mu * r.buf + g;
+  const at::Tensor u = g + mu * r.buf;
+  const int64_t rows = r.p.size(-2), cols = r.p.size(-1);
+  const at::Tensor matrices = u.reshape({-1, rows, cols});
+  const at::Tensor v = r.v.view({-1, rows});
+  std::vector<at::Tensor> updates;
+  double gain = 0.0;
+  for (int64_t i = 0; i < matrices.size(0); ++i) {
+    const at::Tensor o = reference_orthogonalize(matrices[i], 1e-7);
+    v[i].copy_(beta2 * v[i] + (1 - beta2) * (o * o).sum(1) / static_cast<double>(cols));
+    const at::Tensor denominator = v[i].sqrt() + 1e-10;
+    const at::Tensor hat = o / denominator.unsqueeze(1);
+    const double ratio = std::sqrt((o * o).sum().item<double>()) /
+                         (std::sqrt((hat * hat).sum().item<double>()) + 1e-10);
+    gain = std::max(gain, ratio / denominator.min().item<double>());
+    updates.push_back(hat * ratio);
+  }
+  const at::Tensor update = at::stack(updates).view(r.p.sizes());
+  const double scale = rms * std::sqrt(static_cast<double>(std::max(rows, cols)));
+  const at::Tensor decay =
+      cautious ? at::where(update * r.p >= 0, 1 - lr * wd, 1.0) : at::full_like(r.p, 1 - lr * wd);
+  r.p = r.p * decay - lr * scale * update;
+  return gain;
+}
+
+// Tolerance: the float32 one of step_tolerance (in units of lr*scale*|O|) times the largest row
+// gain (NorMuon multiplies O's row i by it) times 3: a relative error d of O moves O_ij by d,
+// sqrt(v_i) by d (v is quadratic in O, the root halves it) and the norm ratio by d.
+// Measured: under 2% of it. A cautious mask that flips where float32 and float64 disagree on
+// a sign would cost lr*wd*|p| (~2e-3, far above); random data puts no |O_ij| that close to 0.
+TEST(MuonNorMuonTest, StepsMatchTheFormulasInFloat64WithAndWithoutCautiousDecay) {
+  const double lr = 0.02, wd = 0.1, mu = 0.95, beta2 = 0.95, rms = 0.2;
+  for (const bool cautious : {false, true}) {
+    at::Tensor wide = random_normal({4, 6}, 31);
+    at::Tensor experts = random_normal({2, 5, 3}, 32);
+    NorMuonReference ref_wide{wide.to(at::kDouble), at::zeros({4, 6}, at::kDouble),
+                              at::zeros({4}, at::kDouble)};
+    NorMuonReference ref_experts{experts.to(at::kDouble), at::zeros({2, 5, 3}, at::kDouble),
+                                 at::zeros({2, 5}, at::kDouble)};
+    Muon muon({wide, experts}, MuonOptions()
+                                   .lr(lr)
+                                   .weight_decay(wd)
+                                   .momentum(mu)
+                                   .ns_dtype(at::kFloat)
+                                   .normuon(true)
+                                   .normuon_beta2(beta2)
+                                   .cautious_weight_decay(cautious));
+    double tolerance_wide = 0.0, tolerance_experts = 0.0;
+    for (int step = 1; step <= 3; ++step) {
+      const at::Tensor g_wide = random_normal({4, 6}, 300 + step);
+      const at::Tensor g_experts = random_normal({2, 5, 3}, 400 + step);
+      wide.mutable_grad() = g_wide;
+      experts.mutable_grad() = g_experts;
+      muon.step();
+      const double gain_wide =
+          reference_normuon_step(ref_wide, g_wide, lr, wd, mu, beta2, cautious, rms);
+      const double gain_experts =
+          reference_normuon_step(ref_experts, g_experts, lr, wd, mu, beta2, cautious, rms);
+      tolerance_wide += 3 * gain_wide * step_tolerance(at::kFloat, lr * rms * std::sqrt(6.0), 1);
+      tolerance_experts +=
+          3 * gain_experts * step_tolerance(at::kFloat, lr * rms * std::sqrt(5.0), 1);
+      const std::string what =
+          std::string(cautious ? "cautious" : "plain") + " step " + std::to_string(step);
+      EXPECT_LT(max_abs_diff(wide, ref_wide.p), tolerance_wide) << what;
+      EXPECT_LT(max_abs_diff(experts, ref_experts.p), tolerance_experts) << what;
+    }
+    // The state: one float32 value per row (per expert row for the 3-D tensor).
+    const NamedTensorList state = muon.export_state(experts);
+    ASSERT_EQ(state.size(), 3u);
+    EXPECT_EQ(state[2].first, "normuon_v");
+    EXPECT_EQ(state[2].second.scalar_type(), at::kFloat);
+    EXPECT_EQ(state[2].second.sizes(), (at::IntArrayRef{2, 5}));
+    EXPECT_LT(max_abs_diff(state[2].second, ref_experts.v),
+              1e-4 * ref_experts.v.abs().max().item<double>());
+  }
+}
+
+// p = [[1, -2], [3, -4]], O = [[0.5, 0.5], [-1, 0]], lr 0.1, wd 0.5, scale 2, cautious:
+// Per-head with NorMuon: NorMuon runs on the merged O (the heads' O joined back into the
+// matrix as stored), so v is per row of the parameter and the norm-preserving rescale is of the
+// whole matrix. Written out for one step from v = 0: v = (1 - 0.95) * mean_j O_ij^2,
+// Ohat = O / (sqrt(v) + eps), update = Ohat * ||O||_F / (||Ohat||_F + eps), in float32 (O is
+// float32 here). Allowed 1e-6 as above (float32 rounding of O and of the row means, ~1e-7
+// relative, times lr*scale <= 0.16); v (~2e-3) to 1e-8, float32 rounding of O and of the mean
+// being ~1e-7 relative each. NorMuon per head block instead (a rescale per block)
+// would move q by > 1e-4, checked so the test tells the two apart.
+TEST(MuonPerHeadTest, NorMuonNormalizesTheMergedMatrix) {
+  const MuonOptions options =
+      MuonOptions().lr(0.1).ns_dtype(at::kFloat).adjust_lr_fn(AdjustLrFn::kOriginal).normuon(true);
+  at::Tensor q = random_normal({24, 20}, 171), o = random_normal({20, 24}, 172);
+  const at::Tensor q0 = q.clone(), o0 = o.clone();
+  Muon muon({q, o}, options);
+  muon.set_head_split(q, {0, 8});
+  muon.set_head_split(o, {1, 8});
+  const at::Tensor gq = random_normal({24, 20}, 181), go = random_normal({20, 24}, 182);
+  q.mutable_grad() = gq;
+  o.mutable_grad() = go;
+  muon.step();
+
+  const auto schedule = newton_schulz_schedule("asym5", 5);
+  auto ns = [&](const at::Tensor& u) { return newton_schulz(u, schedule, 1e-7, at::kFloat); };
+  auto u_of = [](const at::Tensor& g) { return g.add(g, 0.95); };  // buf = g; g + mu*buf
+  auto normuon = [](const at::Tensor& merged) {
+    const at::Tensor v = merged.square().mean(-1) * (1 - 0.95);
+    const at::Tensor hat = merged / (v.sqrt().unsqueeze(-1) + 1e-10);
+    return std::make_pair(hat * (merged.norm() / (hat.norm() + 1e-10)), v);
+  };
+  at::Tensor merged_q = at::empty_like(q0), merged_o = at::empty_like(o0);
+  for (int64_t h = 0; h < 3; ++h) {
+    merged_q.narrow(0, 8 * h, 8).copy_(ns(u_of(gq).narrow(0, 8 * h, 8)));
+    merged_o.narrow(1, 8 * h, 8).copy_(ns(u_of(go).narrow(1, 8 * h, 8).contiguous()));
+  }
+  const auto [update_q, v_q] = normuon(merged_q);
+  const auto [update_o, v_o] = normuon(merged_o);
+  // Scales of the head shapes: q's 8 x 20 heads 1, o's 20 x 8 heads sqrt(20/8).
+  EXPECT_LT(max_abs_diff(q, q0 - 0.1 * update_q), 1e-6);
+  EXPECT_LT(max_abs_diff(o, o0 - 0.1 * std::sqrt(20.0 / 8) * update_o), 1e-6);
+  EXPECT_LT(max_abs_diff(muon.export_state(q).at(2).second, v_q), 1e-8);
+  EXPECT_LT(max_abs_diff(muon.export_state(o).at(2).second, v_o), 1e-8);
+  at::Tensor per_block = at::empty_like(q0);
+  for (int64_t h = 0; h < 3; ++h) {
+    per_block.narrow(0, 8 * h, 8).copy_(normuon(merged_q.narrow(0, 8 * h, 8)).first);
+  }
+  EXPECT_GT(max_abs_diff(q, q0 - 0.1 * per_block), 1e-4);
+}
+
+// O*p = [[0.5, -1], [-3, 0]] >= 0 -> decay (x 0.95) at (0,0) and (1,1) only:
+// [[0.95, -2], [3, -3.8]]; p -= 0.2 O -> [[0.85, -2.1], [3.2, -3.8]].
+TEST(MuonApplyUpdateTest, CautiousDecayOnlyWhereSignsAgreeOrAZero) {
+  at::Tensor p = at::tensor({1.0f, -2.0f, 3.0f, -4.0f}).view({2, 2});
+  const at::Tensor o = at::tensor({0.5f, 0.5f, -1.0f, 0.0f}).view({2, 2});
+  muon_apply_update(p, o, 0.1, 0.5, 2.0, /*cautious=*/true);
+  EXPECT_LT(max_abs_diff(p, at::tensor({0.85, -2.1, 3.2, -3.8}).view({2, 2})), 1e-6);
+  // Where the mask holds, the bits of the plain decay; elsewhere p is untouched by it.
+  const at::Tensor start = random_normal({8, 8}, 41);
+  const at::Tensor update = random_normal({8, 8}, 42);
+  at::Tensor cautious = start.clone(), plain = start.clone();
+  muon_apply_update(cautious, update, 0.01, 0.3, 0.0, true);
+  muon_apply_update(plain, update, 0.01, 0.3, 0.0, false);
+  const at::Tensor mask = (update.to(at::kDouble) * start.to(at::kDouble)) >= 0;
+  EXPECT_TRUE(at::equal(at::where(mask, plain, start), cautious));
+  EXPECT_GT(mask.sum().item<int64_t>(), 0);
+  EXPECT_LT(mask.sum().item<int64_t>(), 64);
+}
+
+// NorMuon's v is checkpoint state: exported, imported (shape checked: one value per row), and a
+// resumed optimizer continues bitwise; also through the fused / unfused apply (cautious).
+TEST(MuonNorMuonTest, StateExportImportContinuesBitwise) {
+  for (const bool cautious : {false, true}) {
+    const MuonOptions options =
+        MuonOptions().weight_decay(0.1).normuon(true).cautious_weight_decay(cautious);
+    at::Tensor p = random_normal({5, 7}, 51);
+    Muon muon({p}, options);
+    for (int step = 1; step <= 2; ++step) {
+      p.mutable_grad() = random_normal({5, 7}, 51 + step);
+      muon.step();
+    }
+    const NamedTensorList exported = muon.export_state(p);
+    ASSERT_EQ(exported.size(), 3u);
+    EXPECT_EQ(exported[2].first, "normuon_v");
+    EXPECT_EQ(exported[2].second.sizes(), (at::IntArrayRef{5}));
+    EXPECT_GT(exported[2].second.min().item<float>(), 0.0f);
+
+    at::Tensor restored = p.clone();
+    Muon resumed({restored}, options);
+    resumed.import_state(restored, exported);
+    EXPECT_FALSE(resumed.export_state(restored)[2].second.is_same(exported[2].second));
+    const at::Tensor g = random_normal({5, 7}, 59);
+    p.mutable_grad() = g;
+    restored.mutable_grad() = g.clone();
+    muon.step();
+    resumed.step();
+    EXPECT_TRUE(at::equal(p, restored)) << cautious;
+    EXPECT_TRUE(
+        at::equal(muon.export_state(p)[2].second, resumed.export_state(restored)[2].second));
+
+    // The same momentum and step without v (started as zeros): the next step differs.
+    at::Tensor fresh = restored.clone();
+    Muon no_v({fresh}, options);
+    const NamedTensorList now = resumed.export_state(restored);
+    no_v.import_state(fresh, {now[0], now[1]});
+    fresh.mutable_grad() = random_normal({5, 7}, 60);
+    restored.mutable_grad() = fresh.grad().clone();
+    no_v.step();
+    resumed.step();
+    EXPECT_FALSE(at::equal(fresh, restored));
+
+    EXPECT_THROW(resumed.import_state(restored,
+                                      {exported[0], exported[1], {"normuon_v", at::zeros({5, 7})}}),
+                 std::invalid_argument);
+    EXPECT_THROW(
+        resumed.import_state(restored, {exported[0], exported[1], {"normuon_v", at::zeros({7})}}),
+        std::invalid_argument);
+  }
+}
+
 // original mode on a tall matrix: scale sqrt(6/2) and lr as given; checked through the update
 // size, which for an exactly orthogonalized full-rank tall matrix has every singular value of
 // O near 1 (hybrid10: within 6e-4 of 1 in float32), so ||delta p||_2 ~ lr * sqrt(3).
@@ -537,6 +746,10 @@ TEST(MuonTest, RejectsInvalidOptions) {
   EXPECT_THROW(Muon({at::zeros({2, 2})}, MuonOptions().ns_dtype(at::kHalf)), std::invalid_argument);
   EXPECT_THROW(Muon({at::zeros({2, 2})}, MuonOptions().ns_variant("custom")),
                std::invalid_argument);  // custom needs ns_steps coefficient sets
+  EXPECT_THROW(Muon({at::zeros({2, 2})}, MuonOptions().normuon_beta2(1.0)), std::invalid_argument);
+  EXPECT_THROW(Muon({at::zeros({2, 2})}, MuonOptions().normuon_beta2(-0.1)), std::invalid_argument);
+  EXPECT_THROW(Muon({at::zeros({2, 2})}, MuonOptions().normuon_epsilon(0.0)),
+               std::invalid_argument);
 }
 
 TEST(MuonTest, DefaultsAndFromConfigFollowTheConfig) {
@@ -553,6 +766,13 @@ TEST(MuonTest, DefaultsAndFromConfigFollowTheConfig) {
   EXPECT_EQ(d.matched_adamw_rms(), defaults.matched_adamw_rms);
   EXPECT_EQ(d.adjust_lr_fn(), AdjustLrFn::kMatchRmsAdamw);
   EXPECT_EQ(d.momentum_style(), MomentumStyle::kSum);
+  EXPECT_EQ(d.normuon(), defaults.normuon);
+  EXPECT_FALSE(d.normuon());
+  EXPECT_EQ(d.normuon_beta2(), defaults.normuon_beta2);
+  EXPECT_EQ(d.normuon_beta2(), 0.95);  // the paper's beta2
+  EXPECT_EQ(d.normuon_epsilon(), defaults.normuon_epsilon);
+  EXPECT_EQ(d.cautious_weight_decay(), defaults.cautious_weight_decay);
+  EXPECT_FALSE(d.cautious_weight_decay());
 
   MuonConfig toml;
   toml.lr = 2.2e-4;
@@ -563,7 +783,15 @@ TEST(MuonTest, DefaultsAndFromConfigFollowTheConfig) {
   toml.matched_adamw_rms = 0.18;
   toml.adjust_lr_fn = "original";
   toml.momentum_style = "ema_add";
+  toml.normuon = true;
+  toml.normuon_beta2 = 0.9;
+  toml.normuon_epsilon = 1e-8;
+  toml.cautious_weight_decay = true;
   const MuonOptions o = MuonOptions::from_config(toml);
+  EXPECT_TRUE(o.normuon());
+  EXPECT_EQ(o.normuon_beta2(), 0.9);
+  EXPECT_EQ(o.normuon_epsilon(), 1e-8);
+  EXPECT_TRUE(o.cautious_weight_decay());
   EXPECT_EQ(o.lr(), 2.2e-4);
   EXPECT_EQ(o.weight_decay(), 0.1);
   EXPECT_EQ(o.ns_steps(), 10);
@@ -586,14 +814,17 @@ TEST(MuonTest, GroupHyperparametersRoundTripAndAreCheckedBeforeTheyAreSet) {
     "weight_decay": 0.0, "momentum": 0.95, "nesterov": true, "ns_steps": 5,
     "ns_variant": "asym5", "ns_coefficients": [], "ns_epsilon": 1e-7, "ns_dtype": "bfloat16",
     "matched_adamw_rms": 0.2, "adjust_lr_fn": "match_rms_adamw", "momentum_style": "sum",
-    "communication_dtype": "bfloat16"})"));
+    "communication_dtype": "bfloat16", "normuon": false, "normuon_beta2": 0.95,
+    "normuon_epsilon": 1e-10, "cautious_weight_decay": false})"));
   EXPECT_THROW(optimizer.group_hyperparameters(1), std::out_of_range);
 
   const nlohmann::json values = nlohmann::json::parse(R"({
     "weight_decay": 0.1, "momentum": 0.5, "nesterov": false, "ns_steps": 2,
     "ns_variant": "custom", "ns_coefficients": [[3.0, -3.2, 1.2], [2.0, -1.5, 0.5]],
     "ns_epsilon": 1e-5, "ns_dtype": "float64", "matched_adamw_rms": 0.18,
-    "adjust_lr_fn": "original", "momentum_style": "ema_add", "communication_dtype": "float32"})");
+    "adjust_lr_fn": "original", "momentum_style": "ema_add", "communication_dtype": "float32",
+    "normuon": true, "normuon_beta2": 0.9, "normuon_epsilon": 1e-8,
+    "cautious_weight_decay": true})");
   optimizer.set_group_hyperparameters(0, values);
   const auto& o = static_cast<const MuonOptions&>(optimizer.param_groups()[0].options());
   EXPECT_EQ(o.lr(), 0.05);  // lr is not a hyper-parameter here
@@ -609,6 +840,10 @@ TEST(MuonTest, GroupHyperparametersRoundTripAndAreCheckedBeforeTheyAreSet) {
   EXPECT_EQ(o.adjust_lr_fn(), AdjustLrFn::kOriginal);
   EXPECT_EQ(o.momentum_style(), MomentumStyle::kEmaAdd);
   EXPECT_EQ(o.communication_dtype(), at::kFloat);
+  EXPECT_TRUE(o.normuon());
+  EXPECT_EQ(o.normuon_beta2(), 0.9);
+  EXPECT_EQ(o.normuon_epsilon(), 1e-8);
+  EXPECT_TRUE(o.cautious_weight_decay());
   EXPECT_EQ(optimizer.group_hyperparameters(0), values);
 
   const std::vector<std::pair<std::function<void(nlohmann::json&)>, std::string>> bad = {
@@ -633,6 +868,10 @@ TEST(MuonTest, GroupHyperparametersRoundTripAndAreCheckedBeforeTheyAreSet) {
       {[](nlohmann::json& j) { j["nesterov"] = 1; }, "field 'nesterov' must be a boolean"},
       {[](nlohmann::json& j) { j.erase("momentum_style"); }, "missing field 'momentum_style'"},
       {[](nlohmann::json& j) { j["lr"] = 0.1; }, "unexpected field 'lr'"},
+      {[](nlohmann::json& j) { j["normuon_beta2"] = 1.0; }, "normuon_beta2 must be in [0, 1)"},
+      {[](nlohmann::json& j) { j["normuon_epsilon"] = 0.0; }, "normuon_epsilon must be > 0"},
+      {[](nlohmann::json& j) { j["cautious_weight_decay"] = "yes"; },
+       "field 'cautious_weight_decay' must be a boolean"},
   };
   for (const auto& [edit, expected] : bad) {
     SCOPED_TRACE(expected);

@@ -47,6 +47,7 @@
 #include <vector>
 
 #include "bench_support.h"
+#include "bench_workers.h"
 #include "mixtrain/core/collectives.h"
 #include "mixtrain/core/posix_file.h"
 #include "mixtrain/distributed/device_mesh.h"
@@ -382,22 +383,9 @@ int main(int argc, char** argv) {
   for (int n : options.nprocs) {
     const std::string out = work_dir + "/n" + std::to_string(n);
     fs::create_directories(out);
-    const int port = mixtrain::pick_free_port();
-    std::vector<mixtrain::WorkerSpec> specs(n);
-    for (int rank = 0; rank < n; ++rank) {
-      mixtrain::WorkerSpec& spec = specs[rank];
-      spec.argv = {"bench_muon_overlap_worker"};
-      spec.env[kWorkerEnv] = out;
-      spec.env[kStepsEnv] = std::to_string(options.steps);
-      spec.env["RANK"] = std::to_string(rank);
-      spec.env["WORLD_SIZE"] = std::to_string(n);
-      spec.env["LOCAL_RANK"] = std::to_string(rank);
-      spec.env["MASTER_ADDR"] = "127.0.0.1";
-      spec.env["MASTER_PORT"] = std::to_string(port);
-      spec.env["MIXTRAIN_LAUNCHED"] = "1";
-      spec.env["OMP_NUM_THREADS"] = "1";
-      spec.output_path = out + "/rank" + std::to_string(rank) + ".log";
-    }
+    std::vector<mixtrain::WorkerSpec> specs = local_workers(
+        n, "bench_muon_overlap_worker",
+        {{kWorkerEnv, out}, {kStepsEnv, std::to_string(options.steps)}}, out + "/rank");
     mixtrain::LaunchOptions launch;
     launch.deadline_s = 1800;
     const auto outcomes = mixtrain::run_worker_processes(specs, launch);

@@ -193,9 +193,13 @@ void SwapFileTier::read(int64_t group, std::vector<SwapItem> items) {
 
 void SwapFileTier::write(std::vector<SwapItem> items) {
   for (const auto& item : items) {
-    int64_t end = offsets_.at(item.key).front();
-    for (const auto& t : item.tensors) end += state_nbytes(t);
-    written_end_ = std::max(written_end_, end);  // on this thread; a failed write fails the run
+    int64_t bytes = 0;
+    for (const auto& t : item.tensors) bytes += state_nbytes(t);
+    // An empty state (a parameter with no rows on this rank) writes nothing: its aligned offset
+    // may lie past the file's end without the file having been truncated.
+    if (bytes == 0) continue;
+    // On this thread; a failed write fails the run.
+    written_end_ = std::max(written_end_, offsets_.at(item.key).front() + bytes);
   }
   enqueue([this, work = work_of(items)] {
     for (const auto& [t, at] : work) {

@@ -31,6 +31,7 @@
 #include <vector>
 
 #include "bench_support.h"
+#include "bench_workers.h"
 #include "mixtrain/core/collectives.h"
 #include "mixtrain/distributed/context_parallel.h"
 #include "mixtrain/distributed/device_mesh.h"
@@ -162,23 +163,12 @@ int main(int argc, char** argv) {
       "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
   bool ok = true;
   for (const int n : nprocs) {
-    const int port = mixtrain::pick_free_port();
-    std::vector<mixtrain::WorkerSpec> specs(n);
-    for (int rank = 0; rank < n; ++rank) {
-      auto& spec = specs[rank];
-      spec.argv = {"bench_cp_attention_worker"};
-      spec.env[kWorkerEnv] = dir + "/n" + std::to_string(n) + "_rank" + std::to_string(rank);
-      spec.env[kSeqEnv] = seqs;
-      spec.env[kRepsEnv] = std::to_string(reps);
-      spec.env["RANK"] = std::to_string(rank);
-      spec.env["WORLD_SIZE"] = std::to_string(n);
-      spec.env["LOCAL_RANK"] = std::to_string(rank);
-      spec.env["MASTER_ADDR"] = "127.0.0.1";
-      spec.env["MASTER_PORT"] = std::to_string(port);
-      spec.env["MIXTRAIN_LAUNCHED"] = "1";
-      spec.env["OMP_NUM_THREADS"] = "1";
-      spec.output_path = spec.env[kWorkerEnv] + ".log";
-    }
+    const std::string prefix = dir + "/n" + std::to_string(n) + "_rank";
+    std::vector<mixtrain::WorkerSpec> specs =
+        local_workers(n, "bench_cp_attention_worker",
+                      {{kSeqEnv, seqs}, {kRepsEnv, std::to_string(reps)}}, prefix);
+    for (int rank = 0; rank < n; ++rank)
+      specs[rank].env[kWorkerEnv] = prefix + std::to_string(rank);
     mixtrain::LaunchOptions launch;
     launch.deadline_s = 1800;
     const auto outcomes = mixtrain::run_worker_processes(specs, launch);

@@ -181,7 +181,9 @@ TEST_F(DataPrepareTest, ShardsHoldHfIdsPlusEosPerDocumentAndTheFirstNAreHeldOut)
   for (const Shards* s : {&val, &train}) {
     for (size_t i = 0; i < s->counts.size(); ++i) {
       EXPECT_EQ(s->versions[i], 1);  // a 1204-token vocabulary fits uint16
-      if (i + 1 < s->counts.size()) EXPECT_EQ(s->counts[i], 40);
+      if (i + 1 < s->counts.size()) {
+        EXPECT_EQ(s->counts[i], 40);
+      }
       EXPECT_LE(s->counts[i], 40);
     }
   }

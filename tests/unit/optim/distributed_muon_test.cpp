@@ -570,7 +570,9 @@ TEST(DistributedMuonNorMuonTest, FsdpAndDdpEqualOneProcessBitwiseParamsAndState)
         EXPECT_TRUE(bitwise_equal(gather_rows(v, i), expected_v[i])) << what << " normuon_v";
       }
       for (size_t c = 1; c < calls[0].size(); ++c) {
-        if (calls[0][c].op == "all_to_all") EXPECT_EQ(calls[0][c].dtype, at::kFloat);
+        if (calls[0][c].op == "all_to_all") {
+          EXPECT_EQ(calls[0][c].dtype, at::kFloat);
+        }
       }
       const auto replicas = distributed_run(kShapes, setup, 3, n, MuonSharding::Kind::kReplicated,
                                             at::kFloat, nullptr, &v);
@@ -818,7 +820,9 @@ TEST(DistributedMuonPerHeadTest, TensorParallelSlicesEqualOneProcessBitwise) {
       const at::Tensor whole_v =
           tp_dims[i] == 0 ? at::cat({got_v[0][i], got_v[1][i]}) : got_v[0][i];
       EXPECT_TRUE(bitwise_equal(whole_v, expected_v[i])) << what << " normuon_v";
-      if (tp_dims[i] == 1) EXPECT_TRUE(bitwise_equal(got_v[0][i], got_v[1][i])) << what;
+      if (tp_dims[i] == 1) {
+        EXPECT_TRUE(bitwise_equal(got_v[0][i], got_v[1][i])) << what;
+      }
     }
   }
 }

@@ -10,6 +10,7 @@
 #include <fcntl.h>
 #include <sys/statfs.h>
 #include <sys/types.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -256,6 +257,14 @@ inline double median(std::vector<double> values) {
   std::sort(values.begin(), values.end());
   const size_t n = values.size();
   return n % 2 == 1 ? values[n / 2] : 0.5 * (values[n / 2 - 1] + values[n / 2]);
+}
+
+// CPU seconds so far of `clock`: CLOCK_PROCESS_CPUTIME_ID (every thread of this process) or
+// CLOCK_THREAD_CPUTIME_ID (the calling thread).
+inline double cpu_seconds(clockid_t clock) {
+  timespec t{};
+  clock_gettime(clock, &t);
+  return static_cast<double>(t.tv_sec) + 1e-9 * static_cast<double>(t.tv_nsec);
 }
 
 }  // namespace mixtrain::bench

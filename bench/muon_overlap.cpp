@@ -9,20 +9,25 @@
 //    ascending, ties by name, buckets of N, slot i -> rank i), at 2, 4 and 8 ranks: max/mean of
 //    the per-rank totals and the sum over buckets of the busiest owner / mean.
 // 2. Overlap, on N local worker processes (this binary again, loopback Gloo, one intra-op
-//    thread each): each holds its FSDP dim-0 shards (float32 main params, bfloat16 Newton–Schulz,
-//    5 asym5 steps, the config's), and times one Muon step four ways, median over R steps
-//    after one untimed step, a world barrier before each:
+//    thread each, the trainer's default CPU allocator: core/caching_cpu_allocator.h): each holds
+//    its FSDP dim-0 shards (float32 main params, bfloat16 Newton–Schulz, 5 asym5 steps, the
+//    config's), and times one Muon step four ways, median over R steps after one untimed step,
+//    a world barrier before each:
 //      overlapped  Muon::step over the Gloo group (async all_to_alls: the shipped path)
 //      serial      the same through a group whose async calls are the blocking ones
 //      compute     the same through a group that moves nothing (all_to_all returns zeros of
 //                  the right shape): momentum, Newton–Schulz of the owned matrices, updates
 //      comm        the all_to_all sequence the serial step made (counts, dtype), replayed
 //                  with zero payloads back to back, nothing else
-//    the seconds the overlapped step's all_to_all waits blocked (the communication counters:
-//    start + wait host time), and, from the serial step, its time minus the seconds its all_to_alls
-//    blocked (the communication counters): a second estimate of the compute, with the peer's data
-//    and reports, per rank count, the slowest rank's median of each and
-//    overlapped / max(compute, comm).
+//    and of the overlapped step also: the seconds its all_to_alls block the calling thread
+//    (the communication counters: start + wait host time), and the CPU seconds of the rank's
+//    other threads (Gloo's workers and device loop: what moving the bytes costs in CPU, with
+//    the kernel's TCP copies); of the serial step its time minus its blocked seconds (a
+//    second estimate of the compute); of the compute alone its CPU seconds. It reports, per
+//    rank count, the slowest rank's median of each, overlapped / max(compute, comm), and
+//    overlapped / the CPU-shared bound: max(compute, comm, N x (compute CPU + the overlapped
+//    step's other-thread CPU) / cores), the floor where every core runs a rank's compute and
+//    the bytes are moved by the same cores (a NIC or NVLink DMA would not take them).
 //
 // Usage: bench_muon_overlap [--nproc N]... [--steps R] [--work-dir DIR] [--keep]
 //   default N = 2, R = 5. Exit 0 when every run was measured.
@@ -48,6 +53,7 @@
 
 #include "bench_support.h"
 #include "bench_workers.h"
+#include "mixtrain/core/caching_cpu_allocator.h"
 #include "mixtrain/core/collectives.h"
 #include "mixtrain/core/posix_file.h"
 #include "mixtrain/distributed/device_mesh.h"
@@ -193,6 +199,8 @@ double seconds_since(Clock::time_point start) {
 
 int worker_main(const std::string& out) {
   using namespace mixtrain;
+  // The trainer's default (train.cpu_allocator: caching): a step reuses its buffers.
+  install_caching_cpu_allocator();
   const RankInfo rank_info = detect_rank_info();
   const int steps = std::atoi(std::getenv(kStepsEnv));
   ParallelConfig parallel;
@@ -230,53 +238,63 @@ int worker_main(const std::string& out) {
   auto no_comm = std::make_shared<NoCommGroup>(rank, n);
   Variant overlapped = make(gloo), serial = make(serial_group), compute = make(no_comm);
 
+  // One timed span after a world barrier: wall seconds, this thread's CPU seconds and the
+  // other threads' (Gloo's workers and device loop: the CPU that moving the bytes takes).
+  struct Span {
+    double wall, main_cpu, other_cpu;
+  };
   auto timed = [&](const std::function<void()>& body) {
     mesh.world->barrier();
+    const double process0 = cpu_seconds(CLOCK_PROCESS_CPUTIME_ID);
+    const double thread0 = cpu_seconds(CLOCK_THREAD_CPUTIME_ID);
     const auto start = Clock::now();
     body();
-    return seconds_since(start);
+    const double wall = seconds_since(start);
+    const double thread = cpu_seconds(CLOCK_THREAD_CPUTIME_ID) - thread0;
+    return Span{wall, thread, cpu_seconds(CLOCK_PROCESS_CPUTIME_ID) - process0 - thread};
   };
-  std::vector<double> t_overlapped, t_overlapped_waits, t_serial, t_serial_compute, t_compute,
-      t_comm;
-  std::vector<at::Tensor> payloads;            // the replay's inputs
-  for (int step = 0; step <= steps; ++step) {  // step 0: untimed (creates the momentum)
+  std::map<std::string, std::vector<double>> figures;  // per step, keyed as in the JSON
+  std::vector<at::Tensor> payloads;                    // the replay's inputs
+  for (int step = 0; step <= steps; ++step) {          // step 0: untimed (creates the momentum)
     serial_group->recording = step == 0;
     const CollectiveStats before_a = thread_collective_stats();
-    const double a = timed([&] { overlapped.muon->step(); });
+    const Span a = timed([&] { overlapped.muon->step(); });
     const double a_waits = (thread_collective_stats() - before_a)[CollectiveOp::kAllToAll].seconds;
     const CollectiveStats before = thread_collective_stats();
-    const double b = timed([&] { serial.muon->step(); });
+    const Span b = timed([&] { serial.muon->step(); });
     const double b_waits = (thread_collective_stats() - before)[CollectiveOp::kAllToAll].seconds;
-    const double c = timed([&] { compute.muon->step(); });
+    const Span c = timed([&] { compute.muon->step(); });
     if (step == 0) {
       for (const auto& call : serial_group->calls) {
         const int64_t rows = std::accumulate(call.send.begin(), call.send.end(), int64_t{0});
         payloads.push_back(at::zeros({rows}, call.dtype));  // made outside the timed span
       }
     }
-    const double d = timed([&] {
+    const Span d = timed([&] {
       for (size_t i = 0; i < payloads.size(); ++i) {
         const auto& call = serial_group->calls[i];
         group.all_to_all(payloads[i], call.send, call.recv);
       }
     });
     if (step == 0) continue;
-    t_overlapped.push_back(a);
-    t_overlapped_waits.push_back(a_waits);
-    t_serial.push_back(b);
-    t_serial_compute.push_back(b - b_waits);
-    t_compute.push_back(c);
-    t_comm.push_back(d);
+    const std::pair<const char*, double> row[] = {
+        {"overlapped_s", a.wall},
+        {"overlapped_waits_s", a_waits},
+        {"overlapped_main_cpu_s", a.main_cpu},
+        {"overlapped_other_cpu_s", a.other_cpu},
+        {"serial_s", b.wall},
+        {"serial_compute_s", b.wall - b_waits},
+        {"compute_s", c.wall},
+        {"compute_cpu_s", c.main_cpu + c.other_cpu},
+        {"comm_s", d.wall},
+
+    };
+    for (const auto& [key, value] : row) figures[key].push_back(value);
   }
   nlohmann::ordered_json result;
   result["rank"] = rank;
   result["all_to_alls"] = serial_group->calls.size();
-  result["overlapped_s"] = median(t_overlapped);
-  result["overlapped_waits_s"] = median(t_overlapped_waits);
-  result["serial_s"] = median(t_serial);
-  result["compute_s"] = median(t_compute);
-  result["serial_compute_s"] = median(t_serial_compute);
-  result["comm_s"] = median(t_comm);
+  for (const auto& [key, values] : figures) result[key] = median(values);
   const std::string path = out + "/rank" + std::to_string(rank) + ".json";
   AtomicFile file(path, path + ".tmp");
   file.write(result.dump() + "\n");
@@ -374,11 +392,13 @@ int main(int argc, char** argv) {
       "of %d steps after 1 untimed; slowest rank's median\n\n",
       sysconf(_SC_NPROCESSORS_ONLN), cpu_model().c_str(), options.steps);
   std::printf(
-      "| ranks | all_to_alls | overlapped (ms) | its all_to_all waits (ms) | serial (ms) | "
-      "compute alone (ms) | serial minus its all_to_all waits (ms) | comm alone (ms) | "
-      "overlapped / max(compute, comm) | serial / max |\n");
-  std::printf("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
-  std::fflush(stdout);
+      "| ranks | all_to_alls | overlapped (ms) | its all_to_all waits (ms) | its other threads' "
+      "CPU (ms) | serial (ms) | serial minus its waits (ms) | compute alone (ms) | comm alone "
+      "(ms) | compute alone CPU (ms) | overlapped / max(compute, comm) | serial / max | "
+      "CPU-shared bound (ms) | overlapped / CPU-shared bound |\n");
+  std::string separator = "|";
+  for (int column = 0; column < 14; ++column) separator += " --- |";
+  std::printf("%s\n", separator.c_str());
   bool ok = true;
   for (int n : options.nprocs) {
     const std::string out = work_dir + "/n" + std::to_string(n);
@@ -389,7 +409,8 @@ int main(int argc, char** argv) {
     mixtrain::LaunchOptions launch;
     launch.deadline_s = 1800;
     const auto outcomes = mixtrain::run_worker_processes(specs, launch);
-    double worst[6] = {0, 0, 0, 0, 0, 0};
+    // The slowest rank's median of each figure.
+    std::map<std::string, double> worst;
     int64_t calls = 0;
     bool all = true;
     for (int rank = 0; rank < n; ++rank) {
@@ -402,19 +423,31 @@ int main(int argc, char** argv) {
         break;
       }
       const auto r = nlohmann::json::parse(in);
-      const char* keys[6] = {"overlapped_s", "serial_s",         "compute_s",
-                             "comm_s",       "serial_compute_s", "overlapped_waits_s"};
-      for (int k = 0; k < 6; ++k) worst[k] = std::max(worst[k], r[keys[k]].get<double>());
+      for (const auto& [key, value] : r.items()) {
+        if (key != "rank" && key != "all_to_alls")
+          worst[key] = std::max(worst[key], value.get<double>());
+      }
       calls = r["all_to_alls"].get<int64_t>();
     }
     if (!all) {
       ok = false;
       continue;
     }
-    const double bound = std::max(worst[2], worst[3]);
-    std::printf("| %d | %lld | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f | %.2f | %.2f |\n", n,
-                static_cast<long long>(calls), worst[0] * 1e3, worst[5] * 1e3, worst[1] * 1e3,
-                worst[2] * 1e3, worst[4] * 1e3, worst[3] * 1e3, worst[0] / bound, worst[1] / bound);
+    const double bound = std::max(worst["compute_s"], worst["comm_s"]);
+    // With a compute thread per rank on every core, the CPU that moves the bytes (the overlapped
+    // step's other threads) is taken from the compute: n ranks' compute CPU plus that, over
+    // the cores, bounds the step from below too.
+    const double cpu_bound =
+        std::max(bound, n * (worst["compute_cpu_s"] + worst["overlapped_other_cpu_s"]) /
+                            static_cast<double>(sysconf(_SC_NPROCESSORS_ONLN)));
+    std::printf(
+        "| %d | %lld | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f | %.2f | %.2f | "
+        "%.1f | %.2f |\n",
+        n, static_cast<long long>(calls), worst["overlapped_s"] * 1e3,
+        worst["overlapped_waits_s"] * 1e3, worst["overlapped_other_cpu_s"] * 1e3,
+        worst["serial_s"] * 1e3, worst["serial_compute_s"] * 1e3, worst["compute_s"] * 1e3,
+        worst["comm_s"] * 1e3, worst["compute_cpu_s"] * 1e3, worst["overlapped_s"] / bound,
+        worst["serial_s"] / bound, cpu_bound * 1e3, worst["overlapped_s"] / cpu_bound);
     std::fflush(stdout);
   }
   keep_or_remove(work_dir, options.keep || !ok, "\nruns kept in ");

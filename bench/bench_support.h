@@ -2,8 +2,9 @@
 // Benchmark program may use the figures): what machine a benchmark ran on, for the figures it
 // prints (the CPU model, the memory, the filesystem of a directory: a checkpoint or swap file on
 // tmpfs never reaches a disk); and the plumbing around a measurement (failing with the program's
-// name, an option's value, a fresh work directory, a child process logging to a file, the end of
-// that log, a JSON-lines file, a median); and the ~41M-parameter config two of them train.
+// name, the command line, an option's value, a fresh work directory, a child process logging to
+// a file, the end of that log, a JSON-lines file, a median); and the configs they write: the
+// optimizer and precision sections they share, and the ~41M-parameter config two of them train.
 // Header-only.
 #pragma once
 
@@ -21,6 +22,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <system_error>
@@ -106,6 +108,48 @@ inline std::string option_value(int argc, char** argv, int& i) {
   return argv[++i];
 }
 
+// The whole number `text` (an option's value, by atoi); fail()s with "<option> must be >=
+// <minimum>", followed by " (<why>)" when `why` is given, when it is smaller.
+inline int int_at_least(const std::string& text, const char* option, int minimum,
+                        const char* why = nullptr) {
+  const int value = std::atoi(text.c_str());
+  if (value < minimum) {
+    fail(std::string(option) + " must be >= " + std::to_string(minimum) +
+         (why != nullptr ? std::string(" (") + why + ")" : ""));
+  }
+  return value;
+}
+
+// Parses the command line of a program whose own options `own` takes: own(arg, value) handles
+// the option `arg` (value() is its value, through option_value) and returns true, or returns
+// false for one it does not know. The programs' common arguments are handled here: -h/--help
+// prints "usage: <argv[0]> <usage>" (the rest of the usage line and the help text) and exits 0;
+// --work-dir DIR sets `work_dir`, --keep sets `keep`; where `binary` is not null, an argument
+// not starting with '-' sets *binary (the mixtrain binary to run). Any other argument fail()s
+// with "unknown argument <arg> (see --help)".
+inline void parse_arguments(
+    int argc, char** argv, const char* usage, std::string* binary, std::string& work_dir,
+    bool& keep,
+    const std::function<bool(const std::string&, const std::function<std::string()>&)>& own) {
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    const std::function<std::string()> value = [&] { return option_value(argc, argv, i); };
+    if (own(arg, value)) continue;
+    if (arg == "--work-dir") {
+      work_dir = value();
+    } else if (arg == "--keep") {
+      keep = true;
+    } else if (arg == "-h" || arg == "--help") {
+      std::printf("usage: %s %s", argv[0], usage);
+      std::exit(0);
+    } else if (binary != nullptr && !arg.empty() && arg[0] != '-') {
+      *binary = arg;
+    } else {
+      fail("unknown argument " + arg + " (see --help)");
+    }
+  }
+}
+
 // fail()s with "cannot run <path> (build the mixtrain target, or pass its path)" unless `path`
 // is executable (the `mixtrain` binary a program runs as a child).
 inline void require_executable(const std::string& path) {
@@ -116,13 +160,10 @@ inline void require_executable(const std::string& path) {
 
 // --- configs ------------------------------------------------------------------------------
 
-// A ~41M-parameter Qwen2-MoE with configs/qwen2_moe_tiny.yaml's optimizer and precision sections
-// (bfloat16 model, fp32 main params, Muon + AdamW): vocab 16000, hidden 384, 6 layers, 8 experts
-// of 384 (top 2), shared expert 768, 128-token sequences, global batch 4 in micro-batches of 2.
-// bench_train_throughput and bench_twin_ratio train it.
-inline constexpr const char* kMedium41MConfig =
-    R"(# Written by a mixtrain bench program (bench/bench_support.h).
-model_init_dtype: bfloat16
+// configs/qwen2_moe_tiny.yaml's optimizer and precision sections (fp32-main-params §1: bfloat16
+// model, fp32 main params, Muon + AdamW, FSDP reducing in float32), for the configs the
+// programs write: a comment line first, these sections, then the model and what follows it.
+inline constexpr const char* kMuonAdamWSections = R"(model_init_dtype: bfloat16
 optimizer:
   _target_: Muon
   fp32_main_params: true
@@ -142,7 +183,14 @@ fsdp_config:
     reduce_dtype: float32
     output_dtype: bfloat16
     cast_forward_inputs: true
-model:
+)";
+
+// A ~41M-parameter Qwen2-MoE with kMuonAdamWSections: vocab 16000, hidden 384, 6 layers, 8
+// experts of 384 (top 2), shared expert 768, 128-token sequences, global batch 4 in micro-batches
+// of 2. bench_train_throughput and bench_twin_ratio train it.
+inline const std::string kMedium41MConfig =
+    std::string("# Written by a mixtrain bench program (bench/bench_support.h).\n") +
+    kMuonAdamWSections + R"(model:
   name: qwen2_moe
   vocab_size: 16000
   hidden_size: 384

@@ -1,10 +1,17 @@
-// The benchmarks' local multi-process runs: N worker processes of this binary on loopback Gloo.
+// The benchmarks' local multi-process runs: N worker processes of this binary on loopback Gloo,
+// each writing its figures to <out>/rank<r>.json, and the worker side's exit code.
 #pragma once
 
+#include <cstdio>
+#include <exception>
+#include <filesystem>
+#include <fstream>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
+#include "bench_support.h"
 #include "mixtrain/distributed/launcher.h"
 
 namespace mixtrain::bench {
@@ -31,6 +38,43 @@ inline std::vector<mixtrain::WorkerSpec> local_workers(
     spec.output_path = log_prefix + std::to_string(rank) + ".log";
   }
   return specs;
+}
+
+// Runs n local workers (local_workers(n, name, env, out + "/rank"), `out` created first) with a
+// 30-minute deadline and returns each rank's <out>/rank<r>.json. When a rank failed or wrote no
+// file, prints "<program_name()>: <n> ranks: rank <r> <how it ended>; end of its log:" and the
+// log's last 8 lines to stderr, and returns no rows.
+inline std::vector<nlohmann::json> run_local_workers(int n, const std::string& name,
+                                                     const std::map<std::string, std::string>& env,
+                                                     const std::string& out) {
+  std::filesystem::create_directories(out);
+  const std::vector<mixtrain::WorkerSpec> specs = local_workers(n, name, env, out + "/rank");
+  mixtrain::LaunchOptions launch;
+  launch.deadline_s = 1800;
+  const auto outcomes = mixtrain::run_worker_processes(specs, launch);
+  std::vector<nlohmann::json> ranks;
+  for (int rank = 0; rank < n; ++rank) {
+    std::ifstream in(out + "/rank" + std::to_string(rank) + ".json");
+    if (!outcomes[rank].ok() || !in) {
+      std::fprintf(stderr, "%s: %d ranks: rank %d %s; end of its log:\n%s", program_name().c_str(),
+                   n, rank, outcomes[rank].describe().c_str(),
+                   tail_of_file(specs[rank].output_path, 8).c_str());
+      return {};
+    }
+    ranks.push_back(nlohmann::json::parse(in));
+  }
+  return ranks;
+}
+
+// A worker process's exit code: work()'s, or 1 with "ERROR: <what>" on stderr when it throws.
+template <class Work>
+int worker_exit_code(Work&& work) {
+  try {
+    return work();
+  } catch (const std::exception& error) {
+    std::fprintf(stderr, "ERROR: %s\n", error.what());
+    return 1;
+  }
 }
 
 }  // namespace mixtrain::bench

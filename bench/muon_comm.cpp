@@ -35,8 +35,6 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
-#include <exception>
-#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -62,35 +60,16 @@ namespace {
 
 using namespace mixtrain::bench;  // bench_support.h
 
-namespace fs = std::filesystem;
-
 constexpr const char* kWorkerEnv = "MIXTRAIN_MUON_COMM_WORKER";  // the config path
 constexpr const char* kOutEnv = "MIXTRAIN_MUON_COMM_OUT";        // where ranks write results
 constexpr const char* kStepsEnv = "MIXTRAIN_MUON_COMM_STEPS";
 
-// configs/qwen2_moe_tiny.yaml's optimizer and precision sections on a wider, deeper model:
-// 8 layers x (q, k, v, o, shared-expert gate/up/down, router, shared-expert gate) 2-D Muon
-// matrices, 8 experts of 256 (3-D, stepped locally).
-constexpr const char* kConfig = R"(# Written by bench_muon_comm (bench/muon_comm.cpp).
-model_init_dtype: bfloat16
-optimizer:
-  _target_: Muon
-  fp32_main_params: true
-  muon_config:
-    muon_lr: 0.02
-    muon_momentum: 0.95
-    muon_nesterov: true
-    muon_ns_steps: 5
-    muon_ns_variant: asym5
-  adamw_config:
-    adamw_lr: 0.001
-    adamw_weight_decay: 0.01
-fsdp_config:
-  mix_precision:
-    param_dtype: bfloat16
-    reduce_dtype: float32
-    output_dtype: bfloat16
-model:
+// configs/qwen2_moe_tiny.yaml's optimizer and precision sections (kMuonAdamWSections) on a wider,
+// deeper model: 8 layers x (q, k, v, o, shared-expert gate/up/down, router, shared-expert gate)
+// 2-D Muon matrices, 8 experts of 256 (3-D, stepped locally).
+const std::string kConfig = std::string("# Written by bench_muon_comm (bench/muon_comm.cpp).\n") +
+                            kMuonAdamWSections +
+                            R"(model:
   name: qwen2_moe
   vocab_size: 4096
   hidden_size: 256
@@ -210,31 +189,21 @@ struct Options {
 
 Options parse_options(int argc, char** argv) {
   Options options;
-  for (int i = 1; i < argc; ++i) {
-    const std::string arg = argv[i];
-    auto value = [&] { return option_value(argc, argv, i); };
-    if (arg == "--nproc") {
-      const int n = std::atoi(value().c_str());
-      if (n < 2) fail("--nproc must be >= 2");
-      options.nprocs.push_back(n);
-    } else if (arg == "--steps") {
-      options.steps = std::atoi(value().c_str());
-      if (options.steps < 2) fail("--steps must be >= 2 (step 1 is not measured)");
-    } else if (arg == "--work-dir") {
-      options.work_dir = value();
-    } else if (arg == "--keep") {
-      options.keep = true;
-    } else if (arg == "-h" || arg == "--help") {
-      std::printf(
-          "usage: %s [--nproc N]... [--steps S] [--work-dir DIR] [--keep]\n"
-          "Bytes each rank sends per step in distributed Muon's all_to_alls (FSDP owner path,\n"
-          "measured) vs all-gathering every Muon matrix (computed from the shapes).\n",
-          argv[0]);
-      std::exit(0);
-    } else {
-      fail("unknown argument " + arg + " (see --help)");
-    }
-  }
+  parse_arguments(
+      argc, argv,
+      "[--nproc N]... [--steps S] [--work-dir DIR] [--keep]\n"
+      "Bytes each rank sends per step in distributed Muon's all_to_alls (FSDP owner path,\n"
+      "measured) vs all-gathering every Muon matrix (computed from the shapes).\n",
+      nullptr, options.work_dir, options.keep, [&](const std::string& arg, const auto& value) {
+        if (arg == "--nproc") {
+          options.nprocs.push_back(int_at_least(value(), "--nproc", 2));
+        } else if (arg == "--steps") {
+          options.steps = int_at_least(value(), "--steps", 2, "step 1 is not measured");
+        } else {
+          return false;
+        }
+        return true;
+      });
   if (options.nprocs.empty()) options.nprocs = {2, 4};
   return options;
 }
@@ -250,14 +219,7 @@ std::string mib(double bytes) {
 int main(int argc, char** argv) {
   program_name() = "bench_muon_comm";
   const std::string worker_config = env_or(kWorkerEnv, "");
-  if (!worker_config.empty()) {
-    try {
-      return worker_main(worker_config);
-    } catch (const std::exception& error) {
-      std::fprintf(stderr, "ERROR: %s\n", error.what());
-      return 1;
-    }
-  }
+  if (!worker_config.empty()) return worker_exit_code([&] { return worker_main(worker_config); });
 
   const Options options = parse_options(argc, argv);
   const std::string work_dir = make_work_dir(options.work_dir, "mixtrain-muon-comm");
@@ -280,27 +242,14 @@ int main(int argc, char** argv) {
   std::vector<std::string> notes;
   for (int n : options.nprocs) {
     const std::string out = work_dir + "/n" + std::to_string(n);
-    fs::create_directories(out);
-    std::vector<mixtrain::WorkerSpec> specs = local_workers(
+    const std::vector<nlohmann::json> ranks = run_local_workers(
         n, "bench_muon_comm_worker",
         {{kWorkerEnv, config_path}, {kOutEnv, out}, {kStepsEnv, std::to_string(options.steps)}},
-        out + "/rank");
-    mixtrain::LaunchOptions launch;
-    launch.deadline_s = 1800;
-    const auto outcomes = mixtrain::run_worker_processes(specs, launch);
-    std::vector<nlohmann::json> ranks;
-    for (int rank = 0; rank < n; ++rank) {
-      std::ifstream in(out + "/rank" + std::to_string(rank) + ".json");
-      if (!outcomes[rank].ok() || !in) {
-        std::fprintf(stderr, "bench_muon_comm: %d ranks: rank %d %s; end of its log:\n%s", n, rank,
-                     outcomes[rank].describe().c_str(),
-                     tail_of_file(specs[rank].output_path, 8).c_str());
-        ok = false;
-        break;
-      }
-      ranks.push_back(nlohmann::json::parse(in));
+        out);
+    if (ranks.empty()) {
+      ok = false;
+      continue;
     }
-    if (static_cast<int>(ranks.size()) != n) continue;
     double sum = 0, most = 0, calls = 0, seconds = 0, gather = 0, other = 0;
     for (const auto& r : ranks) {
       const double bytes = r["all_to_all_bytes"].get<double>();

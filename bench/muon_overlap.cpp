@@ -313,29 +313,21 @@ struct Options {
 
 Options parse_options(int argc, char** argv) {
   Options options;
-  for (int i = 1; i < argc; ++i) {
-    const std::string arg = argv[i];
-    if (arg == "--nproc") {
-      options.nprocs.push_back(std::atoi(option_value(argc, argv, i).c_str()));
-      if (options.nprocs.back() < 2) fail("--nproc must be >= 2");
-    } else if (arg == "--steps") {
-      options.steps = std::atoi(option_value(argc, argv, i).c_str());
-      if (options.steps < 1) fail("--steps must be >= 1");
-    } else if (arg == "--work-dir") {
-      options.work_dir = option_value(argc, argv, i);
-    } else if (arg == "--keep") {
-      options.keep = true;
-    } else if (arg == "-h" || arg == "--help") {
-      std::printf(
-          "usage: %s [--nproc N]... [--steps R] [--work-dir DIR] [--keep]\n"
-          "Distributed Muon's owner balance (FLOP plan vs round-robin) on the 41M config's\n"
-          "matrices, and its step overlapped vs serial vs compute alone vs comm alone.\n",
-          argv[0]);
-      std::exit(0);
-    } else {
-      fail("unknown argument " + arg + " (see --help)");
-    }
-  }
+  parse_arguments(
+      argc, argv,
+      "[--nproc N]... [--steps R] [--work-dir DIR] [--keep]\n"
+      "Distributed Muon's owner balance (FLOP plan vs round-robin) on the 41M config's\n"
+      "matrices, and its step overlapped vs serial vs compute alone vs comm alone.\n",
+      nullptr, options.work_dir, options.keep, [&](const std::string& arg, const auto& value) {
+        if (arg == "--nproc") {
+          options.nprocs.push_back(int_at_least(value(), "--nproc", 2));
+        } else if (arg == "--steps") {
+          options.steps = int_at_least(value(), "--steps", 1);
+        } else {
+          return false;
+        }
+        return true;
+      });
   if (options.nprocs.empty()) options.nprocs = {2};
   return options;
 }
@@ -377,12 +369,7 @@ void print_balance() {
 int main(int argc, char** argv) {
   program_name() = "bench_muon_overlap";
   if (const char* out = std::getenv(kWorkerEnv)) {
-    try {
-      return worker_main(out);
-    } catch (const std::exception& error) {
-      std::fprintf(stderr, "ERROR: %s\n", error.what());
-      return 1;
-    }
+    return worker_exit_code([&] { return worker_main(out); });
   }
   const Options options = parse_options(argc, argv);
   print_balance();
@@ -402,36 +389,22 @@ int main(int argc, char** argv) {
   bool ok = true;
   for (int n : options.nprocs) {
     const std::string out = work_dir + "/n" + std::to_string(n);
-    fs::create_directories(out);
-    std::vector<mixtrain::WorkerSpec> specs = local_workers(
-        n, "bench_muon_overlap_worker",
-        {{kWorkerEnv, out}, {kStepsEnv, std::to_string(options.steps)}}, out + "/rank");
-    mixtrain::LaunchOptions launch;
-    launch.deadline_s = 1800;
-    const auto outcomes = mixtrain::run_worker_processes(specs, launch);
+    const std::vector<nlohmann::json> ranks =
+        run_local_workers(n, "bench_muon_overlap_worker",
+                          {{kWorkerEnv, out}, {kStepsEnv, std::to_string(options.steps)}}, out);
+    if (ranks.empty()) {
+      ok = false;
+      continue;
+    }
     // The slowest rank's median of each figure.
     std::map<std::string, double> worst;
     int64_t calls = 0;
-    bool all = true;
-    for (int rank = 0; rank < n; ++rank) {
-      std::ifstream in(out + "/rank" + std::to_string(rank) + ".json");
-      if (!outcomes[rank].ok() || !in) {
-        std::fprintf(stderr, "bench_muon_overlap: %d ranks: rank %d %s; end of its log:\n%s", n,
-                     rank, outcomes[rank].describe().c_str(),
-                     tail_of_file(specs[rank].output_path, 8).c_str());
-        all = false;
-        break;
-      }
-      const auto r = nlohmann::json::parse(in);
+    for (const nlohmann::json& r : ranks) {
       for (const auto& [key, value] : r.items()) {
         if (key != "rank" && key != "all_to_alls")
           worst[key] = std::max(worst[key], value.get<double>());
       }
       calls = r["all_to_alls"].get<int64_t>();
-    }
-    if (!all) {
-      ok = false;
-      continue;
     }
     const double bound = std::max(worst["compute_s"], worst["comm_s"]);
     // With a compute thread per rank on every core, the CPU that moves the bytes (the overlapped

@@ -60,31 +60,10 @@ using namespace mixtrain::bench;  // bench_support.h
 // The benchmark model: 6 layers of the tiny Qwen2-MoE scaled up to hidden 512, 8 experts
 // and a 32000-token vocabulary (~85M parameters), one 128-token sample per step so that a step
 // takes seconds on two cores. The optimizer and precision sections are
-// configs/qwen2_moe_tiny.yaml's.
-constexpr const char* kConfig = R"(# Written by bench_swap_optimizer (bench/swap_optimizer.cpp).
-model_init_dtype: bfloat16
-
-optimizer:
-  _target_: Muon
-  fp32_main_params: true
-  muon_config:
-    muon_lr: 0.02
-    muon_weight_decay: 0.0
-    muon_momentum: 0.95
-    muon_nesterov: true
-    muon_ns_steps: 5
-    muon_ns_variant: asym5
-  adamw_config:
-    adamw_lr: 0.001
-    adamw_weight_decay: 0.01
-
-fsdp_config:
-  mix_precision:
-    param_dtype: bfloat16
-    reduce_dtype: float32
-    output_dtype: bfloat16
-    cast_forward_inputs: true
-
+// configs/qwen2_moe_tiny.yaml's (kMuonAdamWSections).
+const std::string kConfig =
+    std::string("# Written by bench_swap_optimizer (bench/swap_optimizer.cpp).\n") +
+    kMuonAdamWSections + R"(
 model:
   name: qwen2_moe
   vocab_size: 32000
@@ -153,29 +132,16 @@ struct RunResult {
 
 Options parse_options(int argc, char** argv) {
   Options options;
-  for (int i = 1; i < argc; ++i) {
-    const std::string arg = argv[i];
-    auto value = [&] { return option_value(argc, argv, i); };
-    if (arg == "--steps") {
-      options.steps = std::atoi(value().c_str());
-      if (options.steps < 3) fail("--steps must be >= 3 (step 1 is not timed)");
-    } else if (arg == "--work-dir") {
-      options.work_dir = value();
-    } else if (arg == "--keep") {
-      options.keep = true;
-    } else if (arg == "-h" || arg == "--help") {
-      std::printf(
-          "usage: %s [MIXTRAIN_BINARY] [--steps N] [--work-dir DIR] [--keep]\n"
-          "Trains a ~85M-parameter model N steps (default 6) without and with\n"
-          "optimizer.swap_optimizer and compares peak RSS and step time.\n",
-          argv[0]);
-      std::exit(0);
-    } else if (!arg.empty() && arg[0] != '-') {
-      options.binary = arg;
-    } else {
-      fail("unknown argument " + arg + " (see --help)");
-    }
-  }
+  parse_arguments(argc, argv,
+                  "[MIXTRAIN_BINARY] [--steps N] [--work-dir DIR] [--keep]\n"
+                  "Trains a ~85M-parameter model N steps (default 6) without and with\n"
+                  "optimizer.swap_optimizer and compares peak RSS and step time.\n",
+                  &options.binary, options.work_dir, options.keep,
+                  [&](const std::string& arg, const auto& value) {
+                    if (arg != "--steps") return false;
+                    options.steps = int_at_least(value(), "--steps", 3, "step 1 is not timed");
+                    return true;
+                  });
   return options;
 }
 

@@ -68,33 +68,23 @@ Options parse_options(int argc, char** argv) {
   Options options;
   // The source tree this program was built from (__FILE__ is relative with Ninja).
   options.tiny_config = std::string(MIXTRAIN_SOURCE_DIR) + "/configs/qwen2_moe_tiny.yaml";
-  for (int i = 1; i < argc; ++i) {
-    const std::string arg = argv[i];
-    auto value = [&] { return option_value(argc, argv, i); };
-    if (arg == "--steps") {
-      options.steps = std::atoi(value().c_str());
-      if (options.steps < 3) fail("--steps must be >= 3 (step 1 is not counted)");
-    } else if (arg == "--tiny-config") {
-      options.tiny_config = value();
-    } else if (arg == "--work-dir") {
-      options.work_dir = value();
-    } else if (arg == "--keep") {
-      options.keep = true;
-    } else if (arg == "-h" || arg == "--help") {
-      std::printf(
-          "usage: %s [MIXTRAIN_BINARY] [--steps S] [--tiny-config FILE] [--work-dir DIR] "
-          "[--keep]\n"
-          "Trains configs/qwen2_moe_tiny.yaml and a ~41M-parameter config S steps (default 8)\n"
-          "on 1 and 2 ranks with train.profile=true; prints tokens/s and the median phase\n"
-          "split of steps 2..S.\n",
-          argv[0]);
-      std::exit(0);
-    } else if (!arg.empty() && arg[0] != '-') {
-      options.binary = arg;
-    } else {
-      fail("unknown argument " + arg + " (see --help)");
-    }
-  }
+  parse_arguments(
+      argc, argv,
+      "[MIXTRAIN_BINARY] [--steps S] [--tiny-config FILE] [--work-dir DIR] [--keep]\n"
+      "Trains configs/qwen2_moe_tiny.yaml and a ~41M-parameter config S steps (default 8)\n"
+      "on 1 and 2 ranks with train.profile=true; prints tokens/s and the median phase\n"
+      "split of steps 2..S.\n",
+      &options.binary, options.work_dir, options.keep,
+      [&](const std::string& arg, const auto& value) {
+        if (arg == "--steps") {
+          options.steps = int_at_least(value(), "--steps", 3, "step 1 is not counted");
+        } else if (arg == "--tiny-config") {
+          options.tiny_config = value();
+        } else {
+          return false;
+        }
+        return true;
+      });
   return options;
 }
 

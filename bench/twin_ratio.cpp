@@ -75,55 +75,41 @@ struct Options {
   bool keep = false;
 };
 
-int positive(const std::string& text, const char* option, int minimum) {
-  const int value = std::atoi(text.c_str());
-  if (value < minimum) fail(std::string(option) + " must be >= " + std::to_string(minimum));
-  return value;
-}
-
 Options parse_options(int argc, char** argv) {
   Options options;
-  for (int i = 1; i < argc; ++i) {
-    const std::string arg = argv[i];
-    auto value = [&] { return option_value(argc, argv, i); };
-    if (arg == "--rounds") {
-      options.rounds = positive(value(), "--rounds", 1);
-    } else if (arg == "--steps") {
-      options.steps = positive(value(), "--steps", 3);  // step 1 is not counted
-    } else if (arg == "--tiny-steps") {
-      options.tiny_steps = positive(value(), "--tiny-steps", 3);
-    } else if (arg == "--python") {
-      options.python = value();
-    } else if (arg == "--twin") {
-      options.twin = value();
-    } else if (arg == "--malloc-bytes") {
-      options.malloc_bytes = std::atoll(value().c_str());
-      if (options.malloc_bytes < 4096) fail("--malloc-bytes must be >= 4096");
-    } else if (arg == "--tiny-config") {
-      options.tiny_config = value();
-    } else if (arg == "--work-dir") {
-      options.work_dir = value();
-    } else if (arg == "--keep") {
-      options.keep = true;
-    } else if (arg == "-h" || arg == "--help") {
-      std::printf(
-          "usage: %s [MIXTRAIN_BINARY] [--rounds R] [--steps S] [--tiny-steps S] [--python PY]\n"
-          "          [--twin SCRIPT] [--malloc-bytes B] [--tiny-config FILE] [--work-dir DIR] "
-          "[--keep]\n"
-          "Trains configs/qwen2_moe_tiny.yaml (--tiny-steps, default 30) and a 41M config\n"
-          "(--steps, default 6) with mixtrain and with its eager PyTorch twin, one thread each,\n"
-          "alternately, R rounds (default 3), at the defaults, with ours on\n"
-          "train.cpu_allocator=system, and with MALLOC_{MMAP_THRESHOLD,TRIM_THRESHOLD,TOP_PAD}_=B\n"
-          "(default 1 GiB) for both; prints tokens/s,\n"
-          "the ratio ours/twin, peak RSS and the phase split.\n",
-          argv[0]);
-      std::exit(0);
-    } else if (!arg.empty() && arg[0] != '-') {
-      options.binary = arg;
-    } else {
-      fail("unknown argument " + arg + " (see --help)");
-    }
-  }
+  parse_arguments(
+      argc, argv,
+      "[MIXTRAIN_BINARY] [--rounds R] [--steps S] [--tiny-steps S] [--python PY]\n"
+      "          [--twin SCRIPT] [--malloc-bytes B] [--tiny-config FILE] [--work-dir DIR] "
+      "[--keep]\n"
+      "Trains configs/qwen2_moe_tiny.yaml (--tiny-steps, default 30) and a 41M config\n"
+      "(--steps, default 6) with mixtrain and with its eager PyTorch twin, one thread each,\n"
+      "alternately, R rounds (default 3), at the defaults, with ours on\n"
+      "train.cpu_allocator=system, and with MALLOC_{MMAP_THRESHOLD,TRIM_THRESHOLD,TOP_PAD}_=B\n"
+      "(default 1 GiB) for both; prints tokens/s,\n"
+      "the ratio ours/twin, peak RSS and the phase split.\n",
+      &options.binary, options.work_dir, options.keep,
+      [&](const std::string& arg, const auto& value) {
+        if (arg == "--rounds") {
+          options.rounds = int_at_least(value(), "--rounds", 1);
+        } else if (arg == "--steps") {
+          options.steps = int_at_least(value(), "--steps", 3);  // step 1 is not counted
+        } else if (arg == "--tiny-steps") {
+          options.tiny_steps = int_at_least(value(), "--tiny-steps", 3);
+        } else if (arg == "--python") {
+          options.python = value();
+        } else if (arg == "--twin") {
+          options.twin = value();
+        } else if (arg == "--malloc-bytes") {
+          options.malloc_bytes = std::atoll(value().c_str());
+          if (options.malloc_bytes < 4096) fail("--malloc-bytes must be >= 4096");
+        } else if (arg == "--tiny-config") {
+          options.tiny_config = value();
+        } else {
+          return false;
+        }
+        return true;
+      });
   return options;
 }
 

@@ -5,35 +5,23 @@
 #include "mixtrain/config/toml_reader.h"
 #include "mixtrain/core/logging.h"
 #include "unit/config/temp_config.h"
+#include "unit/config/translated.h"
 
 namespace mixtrain {
 namespace {
 
-using testing::config_error_of;
-using testing::TempDir;
+using testing::Translated;
 
-struct Translated {
-  TrainerConfig config;
-  Provenance provenance;
-};
+void toml_front_end(const std::string& path, TrainerConfig& config, Provenance& provenance) {
+  translate_toml(read_toml_file(path), config, provenance);
+}
 
 Translated translate_text(const std::string& text) {
-  TempDir dir;
-  Translated t;
-  t.provenance.file = dir.write("c.toml", text);
-  translate_toml(read_toml_file(t.provenance.file), t.config, t.provenance);
-  return t;
+  return testing::translate_file("c.toml", text, toml_front_end);
 }
 
 std::string error_of(const std::string& text) {
-  TempDir dir;
-  Provenance provenance;
-  provenance.file = dir.write("c.toml", text);
-  TrainerConfig config;
-  std::string message =
-      config_error_of([&] { translate_toml(read_toml_file(provenance.file), config, provenance); });
-  const std::string prefix = provenance.file + ": ";
-  return message.rfind(prefix, 0) == 0 ? message.substr(prefix.size()) : message;
+  return testing::front_end_error("c.toml", text, toml_front_end);
 }
 
 TEST(TomlFrontEndTest, Example1MatchRmsAdamwDerivedValues) {

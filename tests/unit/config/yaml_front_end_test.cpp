@@ -4,36 +4,25 @@
 
 #include "mixtrain/config/yaml_reader.h"
 #include "unit/config/temp_config.h"
+#include "unit/config/translated.h"
 
 namespace mixtrain {
 namespace {
 
-using testing::config_error_of;
-using testing::TempDir;
+using testing::Translated;
 
-struct Translated {
-  TrainerConfig config;
-  Provenance provenance;
-};
+void yaml_front_end(const std::string& path, TrainerConfig& config, Provenance& provenance) {
+  translate_yaml(read_yaml_file(path), config, provenance);
+}
 
 Translated translate_text(const std::string& text) {
-  TempDir dir;
-  Translated t;
-  t.provenance.file = dir.write("c.yaml", text);
-  translate_yaml(read_yaml_file(t.provenance.file), t.config, t.provenance);
+  Translated t = testing::translate_file("c.yaml", text, yaml_front_end);
   t.provenance.file = "c.yaml";  // the temp dir is gone; keep messages readable
   return t;
 }
 
 std::string error_of(const std::string& text) {
-  TempDir dir;
-  Provenance provenance;
-  provenance.file = dir.write("c.yaml", text);
-  TrainerConfig config;
-  std::string message =
-      config_error_of([&] { translate_yaml(read_yaml_file(provenance.file), config, provenance); });
-  const std::string prefix = provenance.file + ": ";
-  return message.rfind(prefix, 0) == 0 ? message.substr(prefix.size()) : message;
+  return testing::front_end_error("c.yaml", text, yaml_front_end);
 }
 
 TEST(YamlFrontEndTest, RfcSection1Verbatim) {

@@ -34,6 +34,7 @@
 #include "mixtrain/optim/distributed_muon.h"
 #include "mixtrain/optim/grad_clip.h"
 #include "mixtrain/optim/mixed_precision_optimizer.h"
+#include "support/case_2_1.h"
 #include "support/multiprocess.h"
 
 namespace mixtrain {
@@ -181,54 +182,15 @@ TEST(ExpertParallelDispatch, RanksThatSendNothingStillTakePart) {
 // ---- fp32-main-params §2.1 with expert parallelism
 // ---------------------------------------------------
 
-using test_support::tiny_config;
-
-TrainerConfig rfc_config(const std::string& target) {
-  TrainerConfig config;
-  config.model = tiny_config();
-  config.model_init_dtype = "bfloat16";
-  config.optimizer.target = target;
-  config.optimizer.fp32_main_params = true;
-  config.optimizer.adamw.lr = 1e-2;
-  config.mix_precision.param_dtype = "bfloat16";
-  config.mix_precision.reduce_dtype = "float32";
-  config.mix_precision.output_dtype = "bfloat16";
-  config.train.max_grad_norm = 0.5;
-  return config;
-}
-
-torch::Tensor ids_for_step(const ModelConfig& c, int64_t step, int64_t batch, int64_t seq) {
-  auto gen = at::make_generator<at::CPUGeneratorImpl>(1000 + step);
-  return torch::randint(c.vocab_size, {batch, seq}, gen, torch::kInt64);
-}
-
-torch::Tensor loss_of(const CausalLMOutput& out, const torch::Tensor& ids, double aux_coef) {
-  const int64_t vocab = out.logits.size(-1);
-  const auto ce = torch::nn::functional::cross_entropy(
-      out.logits.reshape({-1, vocab}).to(torch::kFloat), ids.roll(-1, 1).reshape({-1}));
-  return ce + aux_coef * out.aux_loss;
-}
-
-std::vector<std::pair<std::string, at::Tensor>> named_params(torch::nn::Module& m) {
-  std::vector<std::pair<std::string, at::Tensor>> out;
-  for (auto& item : m.named_parameters()) out.emplace_back(item.key(), item.value());
-  return out;
-}
-
-constexpr int64_t kGlobalBatch = 4, kSeq = 8;
-
-struct Tolerances {
-  double main_grad, main_param, loss, grad_norm;
-};
-
-struct Diffs {
-  double loss = 0, grad_norm = 0, main_grad = 0, main_param = 0;
-};
-
-double rel_diff(const at::Tensor& a, const at::Tensor& b) {
-  const double scale = std::max(b.abs().max().item<double>(), 1e-30);
-  return (a.to(torch::kDouble) - b.to(torch::kDouble)).abs().max().item<double>() / scale;
-}
+using test_support::ids_for_step;
+using test_support::kGlobalBatch;
+using test_support::kSeq;
+using test_support::loss_of;
+using test_support::named_params;
+using test_support::rel_diff;
+using test_support::rfc_config;
+using test_support::run_and_report;
+using test_support::Tolerances;
 
 void run_ep_case_2_1(const testing::WorkerEnv& worker, const std::string& target, int steps,
                      const Tolerances& first_step, const Tolerances& later_steps) {
@@ -236,27 +198,14 @@ void run_ep_case_2_1(const testing::WorkerEnv& worker, const std::string& target
   ASSERT_GT(mesh.ep, 1);
   const TrainerConfig config = rfc_config(target);
   const ModelConfig& c = config.model;
-  const int64_t dp = mesh.world_size, rows_per_rank = kGlobalBatch / dp;
-
-  auto ref_model = qwen2_moe::make_qwen2_moe(c, 21);
-  apply_model_init_dtype(*ref_model, torch::kBFloat16);
-  auto ref_opt = build_optimizer(named_params(*ref_model), config);
-  auto* ref_mp = dynamic_cast<MixedPrecisionOptimizer*>(ref_opt.get());
-  ASSERT_NE(ref_mp, nullptr);
-
-  auto model = qwen2_moe::make_qwen2_moe(c, 21);
-  apply_model_init_dtype(*model, torch::kBFloat16);
-  FsdpOptions options{config.mix_precision, true, true};
-  auto fsdp = shard_model(*model, mesh, options);
-  auto opt = build_optimizer(named_params(*model), config);
-  auto* mp = dynamic_cast<MixedPrecisionOptimizer*>(opt.get());
-  ASSERT_NE(mp, nullptr);
-  fsdp->set_main_grads(opt.get());
+  test_support::Case21Stacks s =
+      test_support::build_case_2_1(config, mesh, FsdpOptions{config.mix_precision, true, true});
+  ASSERT_NE(s.ref_mp, nullptr);
+  ASSERT_NE(s.mp, nullptr);
   std::map<std::string, MuonSharding> sharding;
-  for (const auto& placement : fsdp->placements()) {
+  for (const auto& placement : s.fsdp->placements()) {
     sharding[placement.name] = muon_sharding_of(placement);
   }
-  mp->chained().set_placements(fsdp->placements());
 
   // The built state: expert tensors hold this ep rank's E/ep whole experts (kLocal for Muon),
   // everything else its dp_shard chunk; bf16 model params, each with its own fp32 main param.
@@ -264,82 +213,27 @@ void run_ep_case_2_1(const testing::WorkerEnv& worker, const std::string& target
   const int64_t ep_rank = mesh.ep_group->rank();
   std::set<c10::TensorImpl*> mains;
   int expert_params = 0;
-  for (auto& [name, p] : named_params(*model)) {
+  for (auto& [name, p] : named_params(*s.model)) {
     EXPECT_EQ(p.scalar_type(), torch::kBFloat16) << name;
-    if (is_expert_param(*model, name)) {
+    if (is_expert_param(*s.model, name)) {
       ++expert_params;
-      EXPECT_TRUE(fsdp->is_expert_parallel(name)) << name;
+      EXPECT_TRUE(s.fsdp->is_expert_parallel(name)) << name;
       EXPECT_EQ(p.size(0), local_experts) << name;
-      EXPECT_EQ(fsdp->layout(name).offset, ep_rank * local_experts) << name;
+      EXPECT_EQ(s.fsdp->layout(name).offset, ep_rank * local_experts) << name;
       EXPECT_EQ(sharding.at(name).kind, MuonSharding::Kind::kLocal) << name;
     } else {
-      EXPECT_FALSE(fsdp->is_expert_parallel(name)) << name;
-      EXPECT_EQ(p.size(0), fsdp->layout(name).rows) << name;
+      EXPECT_FALSE(s.fsdp->is_expert_parallel(name)) << name;
+      EXPECT_EQ(p.size(0), s.fsdp->layout(name).rows) << name;
     }
-    const at::Tensor& main = mp->main_param(name);
+    const at::Tensor& main = s.mp->main_param(name);
     EXPECT_EQ(main.scalar_type(), torch::kFloat32) << name;
     EXPECT_EQ(main.sizes(), p.sizes()) << name;
     EXPECT_TRUE(mains.insert(main.unsafeGetTensorImpl()).second) << name << " shares a main";
   }
   EXPECT_EQ(expert_params, 3 * c.num_layers);
-
-  Diffs diffs;
-  for (int step = 1; step <= steps; ++step) {
-    const Tolerances& tol = step == 1 ? first_step : later_steps;
-    const auto ids = ids_for_step(c, step, kGlobalBatch, kSeq);
-    double ref_loss = 0;
-    for (int64_t r = 0; r < dp; ++r) {
-      const auto micro = ids.narrow(0, r * rows_per_rank, rows_per_rank);
-      const auto loss = loss_of(ref_model->forward(micro), micro, c.router_aux_loss_coef);
-      (loss / static_cast<double>(dp)).backward();
-      ref_opt->accumulate_model_grads();
-      ref_loss += loss.item<double>() / static_cast<double>(dp);
-    }
-    std::map<std::string, at::Tensor> ref_main_grads;
-    for (auto& [name, p] : named_params(*ref_model)) {
-      ref_main_grads[name] = ref_opt->main_grad(name).clone();
-    }
-    ref_opt->prepare_grads();
-    const double ref_norm = clip_grad_norm(ref_opt->grads_for_clipping(), 0.5);
-    ref_opt->step_with_ready_grads();
-    ref_opt->zero_grad();
-
-    const auto micro = ids.narrow(0, mesh.rank * rows_per_rank, rows_per_rank);
-    const auto local_loss = loss_of(model->forward(micro), micro, c.router_aux_loss_coef);
-    local_loss.backward();
-    const double loss = average_over_data_parallel(local_loss.item<double>(), mesh);
-    for (auto& [name, p] : named_params(*model)) {
-      EXPECT_FALSE(p.grad().defined()) << name << ": .grad must stay empty (fp32-main-params §8.1)";
-      const at::Tensor& main_grad = opt->main_grad(name);
-      EXPECT_EQ(main_grad.scalar_type(), torch::kFloat32) << name;
-      const auto full = fsdp->gather_full(name, main_grad);
-      const double d = rel_diff(full, ref_main_grads.at(name));
-      diffs.main_grad = std::max(diffs.main_grad, d);
-      EXPECT_LE(d, tol.main_grad) << "step " << step << " main_grad " << name;
-    }
-    opt->prepare_grads();
-    // The trainer's EP norm: expert slices counted once per ep block (matters for dp_shard > ep).
-    const double norm = mp->chained().clip_grad_norm(0.5);
-    opt->step_with_ready_grads();
-    opt->zero_grad();
-
-    diffs.loss = std::max(diffs.loss, std::abs(loss - ref_loss) / std::abs(ref_loss));
-    diffs.grad_norm = std::max(diffs.grad_norm, std::abs(norm - ref_norm) / ref_norm);
-    EXPECT_LE(std::abs(loss - ref_loss), tol.loss * std::abs(ref_loss)) << "step " << step;
-    EXPECT_LE(std::abs(norm - ref_norm), tol.grad_norm * ref_norm) << "step " << step;
-
-    for (auto& [name, p] : named_params(*model)) {
-      const at::Tensor& main = mp->main_param(name);
-      EXPECT_TRUE(torch::equal(p.detach(), main.to(torch::kBFloat16))) << name;
-      const auto full_main = fsdp->gather_full(name, main);
-      const double d = rel_diff(full_main, ref_mp->main_param(name));
-      diffs.main_param = std::max(diffs.main_param, d);
-      EXPECT_LE(d, tol.main_param) << "step " << step << " main param " << name;
-    }
-  }
-  std::ostringstream text;
-  text << diffs.loss << " " << diffs.grad_norm << " " << diffs.main_grad << " " << diffs.main_param;
-  worker.write_text("diffs_" + std::to_string(mesh.rank), text.str());
+  // The norm: the trainer's EP norm (the chained optimizer's clip_grad_norm), expert slices
+  // counted once per ep block (matters for dp_shard > ep).
+  test_support::compare_case_2_1_steps(worker, mesh, config, s, steps, first_step, later_steps);
 }
 
 // Tolerances (relative to the reference tensor's max |element|), with the measured values.
@@ -426,17 +320,6 @@ MIXTRAIN_WORKER(ep_forward_every_expert) {
   const int64_t differing = got.logits.ne(want.logits).sum().item<int64_t>();
   EXPECT_EQ(differing, 0) << "of " << want.logits.numel() << " logits differ";
   EXPECT_TRUE(torch::equal(got.aux_loss, want.aux_loss));
-}
-
-void run_and_report(const std::string& worker, int nproc, const ParallelConfig& parallel) {
-  const auto result = testing::run_workers(worker, nproc, parallel, {}, 120);
-  ASSERT_TRUE(result.all_ok()) << result.summary();
-  for (int r = 0; r < nproc; ++r) {
-    const std::string diffs = result.read_text("diffs_" + std::to_string(r));
-    ::testing::Test::RecordProperty("diffs_rank" + std::to_string(r), diffs);
-    std::cout << worker << " rank " << r << " diffs (loss norm main_grad main_param): " << diffs
-              << "\n";
-  }
 }
 
 TEST(ExpertParallelCase21, TwoRankEpMatchesUnshardedReference) {

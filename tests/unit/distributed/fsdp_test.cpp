@@ -32,6 +32,7 @@
 #include "mixtrain/optim/distributed_muon.h"
 #include "mixtrain/optim/grad_clip.h"
 #include "mixtrain/optim/mixed_precision_optimizer.h"
+#include "support/case_2_1.h"
 #include "support/multiprocess.h"
 
 namespace mixtrain {
@@ -39,38 +40,10 @@ namespace {
 
 using test_support::tiny_config;
 
-// fp32-main-params §2.1: bfloat16 model, fp32 main params, param/output bfloat16, reduce float32.
-TrainerConfig rfc_config(const std::string& target) {
-  TrainerConfig config;
-  config.model = tiny_config();
-  config.model_init_dtype = "bfloat16";
-  config.optimizer.target = target;
-  config.optimizer.fp32_main_params = true;
-  config.optimizer.adamw.lr = 1e-2;  // large enough that every step moves the bf16 params
-  config.mix_precision.param_dtype = "bfloat16";
-  config.mix_precision.reduce_dtype = "float32";
-  config.mix_precision.output_dtype = "bfloat16";
-  config.train.max_grad_norm = 0.5;  // below the tiny model's norm: clipping is exercised
-  return config;
-}
-
-torch::Tensor ids_for_step(const ModelConfig& c, int64_t step, int64_t batch, int64_t seq) {
-  auto gen = at::make_generator<at::CPUGeneratorImpl>(1000 + step);
-  return torch::randint(c.vocab_size, {batch, seq}, gen, torch::kInt64);
-}
-
-torch::Tensor loss_of(const CausalLMOutput& out, const torch::Tensor& ids, double aux_coef) {
-  const int64_t vocab = out.logits.size(-1);
-  const auto ce = torch::nn::functional::cross_entropy(
-      out.logits.reshape({-1, vocab}).to(torch::kFloat), ids.roll(-1, 1).reshape({-1}));
-  return ce + aux_coef * out.aux_loss;
-}
-
-std::vector<std::pair<std::string, at::Tensor>> named_params(torch::nn::Module& m) {
-  std::vector<std::pair<std::string, at::Tensor>> out;
-  for (auto& item : m.named_parameters()) out.emplace_back(item.key(), item.value());
-  return out;
-}
+using test_support::ids_for_step;
+using test_support::loss_of;
+using test_support::named_params;
+using test_support::rfc_config;
 
 // A materializer that computes with a copy made by a custom Function whose backward passes the
 // gradient through: the one-rank FSDP shape of the hook, with no communication.
@@ -232,34 +205,13 @@ TEST(FsdpSingleProcess, MainParamsNeedFloat32Reduce) {
 // ---- multi-process: fp32-main-params §2.1
 // ------------------------------------------------------------
 
-constexpr int64_t kGlobalBatch = 4, kSeq = 8;
+using test_support::Tolerances;
 
-// Relative tolerances (max |diff| / max |ref| per tensor) for steps after the first; the first
-// step always uses `exact` (see run_case_2_1).
-struct Tolerances {
-  double main_grad, main_param, loss, grad_norm;
-};
 // Identical forward/backward per micro-batch on identical bf16 params, so only float32 sum order
 // may differ (HSDP: (g0+g1)+(g2+g3) vs ((g0+g1)+g2)+g3): a few float32 ulps of the largest
 // element; AdamW is elementwise, so equal grads give equal updates; the loss is a double sum
 // of bit-identical per-rank losses; the norm sums float32 squares in double, regrouped.
 constexpr Tolerances kExact{1e-6, 1e-6, 1e-12, 1e-6};
-
-struct Diffs {
-  double loss = 0, grad_norm = 0, main_grad = 0, main_param = 0;  // max relative differences
-  void merge(const Diffs& o) {
-    loss = std::max(loss, o.loss);
-    grad_norm = std::max(grad_norm, o.grad_norm);
-    main_grad = std::max(main_grad, o.main_grad);
-    main_param = std::max(main_param, o.main_param);
-  }
-};
-
-// max |a - b| / max(max |b|, tiny)
-double rel_diff(const at::Tensor& a, const at::Tensor& b) {
-  const double scale = std::max(b.abs().max().item<double>(), 1e-30);
-  return (a.to(torch::kDouble) - b.to(torch::kDouble)).abs().max().item<double>() / scale;
-}
 
 // The case-2.1 run on this rank: target optimizer, `steps` steps, tolerances for step 1 (where
 // the params are still bit-identical) and the later steps; EXPECTs inside, and the max
@@ -269,106 +221,31 @@ void run_case_2_1(const testing::WorkerEnv& worker, const std::string& target, i
                   const Tolerances& later_steps) {
   DeviceMesh mesh = worker.make_mesh();
   const TrainerConfig config = rfc_config(target);
-  const ModelConfig& c = config.model;
-  const int64_t dp = mesh.world_size, rows_per_rank = kGlobalBatch / dp;
-
   // Reference: one process, unsharded, accumulating the dp micro-batches in rank order.
-  auto ref_model = qwen2_moe::make_qwen2_moe(c, 21);
-  apply_model_init_dtype(*ref_model, torch::kBFloat16);
-  auto ref_opt = build_optimizer(named_params(*ref_model), config);
-  auto* ref_mp = dynamic_cast<MixedPrecisionOptimizer*>(ref_opt.get());
-  ASSERT_NE(ref_mp, nullptr);
-
-  // Tested: the same model sharded over the mesh (fp32-main-params §6.1 order: init dtype, shard,
-  // optimizer).
-  auto model = qwen2_moe::make_qwen2_moe(c, 21);
-  apply_model_init_dtype(*model, torch::kBFloat16);
-  FsdpOptions options{config.mix_precision, true, reshard_after_forward};
-  auto fsdp = shard_model(*model, mesh, options);
-  auto opt = build_optimizer(named_params(*model), config);
-  auto* mp = dynamic_cast<MixedPrecisionOptimizer*>(opt.get());
-  ASSERT_NE(mp, nullptr);
-  fsdp->set_main_grads(opt.get());
-  mp->chained().set_placements(fsdp->placements());
+  // Tested: the same model sharded over the mesh.
+  test_support::Case21Stacks s = test_support::build_case_2_1(
+      config, mesh, FsdpOptions{config.mix_precision, true, reshard_after_forward});
+  ASSERT_NE(s.ref_mp, nullptr);
+  ASSERT_NE(s.mp, nullptr);
 
   // fp32-main-params §2.1 checks on the built state: bf16 model params, each with its own fp32 main
   // param.
   std::set<c10::TensorImpl*> mains;
-  for (auto& [name, p] : named_params(*model)) {
+  for (auto& [name, p] : named_params(*s.model)) {
     EXPECT_EQ(p.scalar_type(), torch::kBFloat16) << name;
-    EXPECT_EQ(p.size(0), fsdp->layout(name).rows) << name;
-    EXPECT_FALSE(mp->is_own_main_param(name)) << name;
-    const at::Tensor& main = mp->main_param(name);
+    EXPECT_EQ(p.size(0), s.fsdp->layout(name).rows) << name;
+    EXPECT_FALSE(s.mp->is_own_main_param(name)) << name;
+    const at::Tensor& main = s.mp->main_param(name);
     EXPECT_EQ(main.scalar_type(), torch::kFloat32) << name;
     EXPECT_EQ(main.sizes(), p.sizes()) << name;
     EXPECT_TRUE(mains.insert(main.unsafeGetTensorImpl()).second) << name << " shares a main";
   }
-  for (auto& item : model->named_buffers()) {
+  for (auto& item : s.model->named_buffers()) {
     if (at::isFloatingType(item.value().scalar_type())) {
       EXPECT_EQ(item.value().scalar_type(), torch::kBFloat16) << item.key();
     }
   }
-
-  Diffs diffs;
-  for (int step = 1; step <= steps; ++step) {
-    const Tolerances& tol = step == 1 ? first_step : later_steps;
-    const auto ids = ids_for_step(c, step, kGlobalBatch, kSeq);
-    // Reference step.
-    double ref_loss = 0;
-    for (int64_t r = 0; r < dp; ++r) {
-      const auto micro = ids.narrow(0, r * rows_per_rank, rows_per_rank);
-      const auto loss = loss_of(ref_model->forward(micro), micro, c.router_aux_loss_coef);
-      (loss / static_cast<double>(dp)).backward();
-      ref_opt->accumulate_model_grads();
-      ref_loss += loss.item<double>() / static_cast<double>(dp);
-    }
-    std::map<std::string, at::Tensor> ref_main_grads;
-    for (auto& [name, p] : named_params(*ref_model)) {
-      ref_main_grads[name] = ref_opt->main_grad(name).clone();
-    }
-    ref_opt->prepare_grads();
-    const double ref_norm = clip_grad_norm(ref_opt->grads_for_clipping(), 0.5);
-    ref_opt->step_with_ready_grads();
-    ref_opt->zero_grad();
-
-    // Tested step: this rank's slice of the same global batch.
-    const auto micro = ids.narrow(0, mesh.rank * rows_per_rank, rows_per_rank);
-    const auto local_loss = loss_of(model->forward(micro), micro, c.router_aux_loss_coef);
-    local_loss.backward();
-    const double loss = average_over_data_parallel(local_loss.item<double>(), mesh);
-    for (auto& [name, p] : named_params(*model)) {
-      EXPECT_FALSE(p.grad().defined()) << name << ": .grad must stay empty (fp32-main-params §8.1)";
-      const at::Tensor& main_grad = opt->main_grad(name);
-      EXPECT_EQ(main_grad.scalar_type(), torch::kFloat32) << name;
-      const auto full = fsdp->gather_full(name, main_grad);
-      const double d = rel_diff(full, ref_main_grads.at(name));
-      diffs.main_grad = std::max(diffs.main_grad, d);
-      EXPECT_LE(d, tol.main_grad) << "step " << step << " main_grad " << name;
-    }
-    opt->prepare_grads();
-    const double norm = opt->chained().clip_grad_norm(0.5);
-    opt->step_with_ready_grads();
-    opt->zero_grad();
-
-    diffs.loss = std::max(diffs.loss, std::abs(loss - ref_loss) / std::abs(ref_loss));
-    diffs.grad_norm = std::max(diffs.grad_norm, std::abs(norm - ref_norm) / ref_norm);
-    EXPECT_LE(std::abs(loss - ref_loss), tol.loss * std::abs(ref_loss)) << "step " << step;
-    EXPECT_LE(std::abs(norm - ref_norm), tol.grad_norm * ref_norm) << "step " << step;
-
-    for (auto& [name, p] : named_params(*model)) {
-      const at::Tensor& main = mp->main_param(name);
-      // fp32-main-params §2.1: after each step the model param is its main param rounded to
-      // bfloat16.
-      EXPECT_TRUE(torch::equal(p.detach(), main.to(torch::kBFloat16))) << name;
-      const auto full_main = fsdp->gather_full(name, main);
-      const double d = rel_diff(full_main, ref_mp->main_param(name));
-      diffs.main_param = std::max(diffs.main_param, d);
-      EXPECT_LE(d, tol.main_param) << "step " << step << " main param " << name;
-    }
-  }
-  std::ostringstream text;
-  text << diffs.loss << " " << diffs.grad_norm << " " << diffs.main_grad << " " << diffs.main_param;
-  worker.write_text("diffs_" + std::to_string(mesh.rank), text.str());
+  test_support::compare_case_2_1_steps(worker, mesh, config, s, steps, first_step, later_steps);
 }
 
 MIXTRAIN_WORKER(fsdp_case_2_1_adamw) {
@@ -401,15 +278,7 @@ ParallelConfig degrees(int64_t replicate, int64_t shard) {
   return p;
 }
 
-void run_and_report(const std::string& worker, int nproc, const ParallelConfig& parallel,
-                    std::map<std::string, std::string> env = {}) {
-  const auto result = testing::run_workers(worker, nproc, parallel, std::move(env), 120);
-  ASSERT_TRUE(result.all_ok()) << result.summary();
-  for (int r = 0; r < nproc; ++r) {
-    ::testing::Test::RecordProperty("diffs_rank" + std::to_string(r),
-                                    result.read_text("diffs_" + std::to_string(r)));
-  }
-}
+using test_support::run_and_report;
 
 TEST(FsdpCase21, TwoRankFsdpMatchesUnshardedReference) {
   run_and_report("fsdp_case_2_1_adamw", 2, degrees(1, 2));

@@ -382,6 +382,24 @@ void set_head_splits(Muon& muon, const std::vector<at::Tensor>& params, const Ru
   }
 }
 
+// The param groups of `params` as `setup` says: one group, or (two_groups) the first half and
+// the second half, the second with half the lr and weight decay 0.2.
+std::vector<OptimizerParamGroup> param_groups(const std::vector<at::Tensor>& params,
+                                              const RunSetup& setup) {
+  std::vector<OptimizerParamGroup> groups;
+  if (!setup.two_groups) {
+    groups.emplace_back(params);
+    return groups;
+  }
+  const size_t half = params.size() / 2;
+  groups.emplace_back(std::vector<at::Tensor>(params.begin(), params.begin() + half));
+  MuonOptions second = setup.options;
+  second.lr(setup.options.lr() * 0.5).weight_decay(0.2);
+  groups.emplace_back(std::vector<at::Tensor>(params.begin() + half, params.end()),
+                      std::make_unique<MuonOptions>(second));
+  return groups;
+}
+
 // Single-process Muon on the full params for `steps` steps; returns the final params.
 // normuon_v: if given, each param's NorMuon state after the run.
 std::vector<at::Tensor> reference_run(const std::vector<NamedShape>& shapes, const RunSetup& setup,
@@ -391,18 +409,7 @@ std::vector<at::Tensor> reference_run(const std::vector<NamedShape>& shapes, con
   for (size_t i = 0; i < shapes.size(); ++i) {
     params.push_back(random_normal(shapes[i].shape, 100 + i).to(dtype));
   }
-  std::vector<OptimizerParamGroup> groups;
-  if (setup.two_groups) {
-    const size_t half = params.size() / 2;
-    groups.emplace_back(std::vector<at::Tensor>(params.begin(), params.begin() + half));
-    MuonOptions second = setup.options;
-    second.lr(setup.options.lr() * 0.5).weight_decay(0.2);
-    groups.emplace_back(std::vector<at::Tensor>(params.begin() + half, params.end()),
-                        std::make_unique<MuonOptions>(second));
-  } else {
-    groups.emplace_back(params);
-  }
-  Muon muon(std::move(groups), setup.options);
+  Muon muon(param_groups(params, setup), setup.options);
   set_head_splits(muon, params, setup);
   for (int step = 1; step <= steps; ++step) {
     for (size_t i = 0; i < params.size(); ++i) {
@@ -432,18 +439,7 @@ std::vector<std::vector<at::Tensor>> distributed_run(
       at::Tensor full = random_normal(shapes[i].shape, 100 + i).to(dtype);
       params.push_back(kind == MuonSharding::Kind::kFsdp ? dim0_chunk(full, rank, n) : full);
     }
-    std::vector<OptimizerParamGroup> groups;
-    if (setup.two_groups) {
-      const size_t half = params.size() / 2;
-      groups.emplace_back(std::vector<at::Tensor>(params.begin(), params.begin() + half));
-      MuonOptions second = setup.options;
-      second.lr(setup.options.lr() * 0.5).weight_decay(0.2);
-      groups.emplace_back(std::vector<at::Tensor>(params.begin() + half, params.end()),
-                          std::make_unique<MuonOptions>(second));
-    } else {
-      groups.emplace_back(params);
-    }
-    Muon muon(std::move(groups), setup.options);
+    Muon muon(param_groups(params, setup), setup.options);
     set_head_splits(muon, params, setup);  // before the sharding, as build_optimizer does
     for (size_t i = 0; i < shapes.size(); ++i) {
       muon.set_sharding(params[i], {kind, shapes[i].shape, group[rank], shapes[i].name});
@@ -496,15 +492,32 @@ const std::vector<Combo> kCombos = {
     {at::kFloat, at::kBFloat16, false},
 };
 
+// lr 0.02, weight decay 0.1, the combo's dtypes, two groups.
+RunSetup combo_setup(const Combo& combo) {
+  RunSetup setup;
+  setup.options = MuonOptions()
+                      .lr(0.02)
+                      .weight_decay(0.1)
+                      .ns_dtype(combo.ns_dtype)
+                      .communication_dtype(combo.communication_dtype);
+  setup.two_groups = true;
+  return setup;
+}
+
+// `got` equals `expected` bitwise where the combo is exact, else within kBf16WireTolerance.
+void expect_combo_equal(const at::Tensor& got, const at::Tensor& expected, const Combo& combo,
+                        const std::string& what) {
+  if (combo.bitwise) {
+    EXPECT_TRUE(bitwise_equal(got, expected))
+        << what << ": max diff " << max_abs_diff(got, expected);
+  } else {
+    EXPECT_LT(max_abs_diff(got, expected), kBf16WireTolerance) << what;
+  }
+}
+
 TEST(DistributedMuonFsdpTest, EqualsSingleProcessMuonForOneToFourRanks) {
   for (const auto& combo : kCombos) {
-    RunSetup setup;
-    setup.options = MuonOptions()
-                        .lr(0.02)
-                        .weight_decay(0.1)
-                        .ns_dtype(combo.ns_dtype)
-                        .communication_dtype(combo.communication_dtype);
-    setup.two_groups = true;
+    const RunSetup setup = combo_setup(combo);
     const auto expected = reference_run(kShapes, setup, 3, at::kFloat);
     for (int n = 1; n <= 4; ++n) {
       std::vector<std::vector<Call>> calls;
@@ -515,12 +528,7 @@ TEST(DistributedMuonFsdpTest, EqualsSingleProcessMuonForOneToFourRanks) {
         const std::string what = "n=" + std::to_string(n) + " ns " + c10::toString(combo.ns_dtype) +
                                  " wire " + c10::toString(combo.communication_dtype) + " " +
                                  kShapes[i].name;
-        if (combo.bitwise) {
-          EXPECT_TRUE(bitwise_equal(full, expected[i]))
-              << what << ": max diff " << max_abs_diff(full, expected[i]);
-        } else {
-          EXPECT_LT(max_abs_diff(full, expected[i]), kBf16WireTolerance) << what;
-        }
+        expect_combo_equal(full, expected[i], combo, what);
       }
       // Per step: one check, then two all_to_alls per bucket of the plan.
       const size_t buckets = kShapesBuckets[n];
@@ -545,15 +553,8 @@ TEST(DistributedMuonFsdpTest, EqualsSingleProcessMuonForOneToFourRanks) {
 // the owner appends the new v rows to the all_gather; every replica keeps all rows.
 TEST(DistributedMuonNorMuonTest, FsdpAndDdpEqualOneProcessBitwiseParamsAndState) {
   for (const auto& combo : kCombos) {
-    RunSetup setup;
-    setup.options = MuonOptions()
-                        .lr(0.02)
-                        .weight_decay(0.1)
-                        .ns_dtype(combo.ns_dtype)
-                        .communication_dtype(combo.communication_dtype)
-                        .normuon(true)
-                        .cautious_weight_decay(true);
-    setup.two_groups = true;
+    RunSetup setup = combo_setup(combo);
+    setup.options.normuon(true).cautious_weight_decay(true);
     std::vector<at::Tensor> expected_v;
     const auto expected = reference_run(kShapes, setup, 3, at::kFloat, &expected_v);
     for (int n = 2; n <= 4; n += 2) {
@@ -829,13 +830,7 @@ TEST(DistributedMuonPerHeadTest, TensorParallelSlicesEqualOneProcessBitwise) {
 
 TEST(DistributedMuonDdpTest, EqualsSingleProcessMuonOnEveryRank) {
   for (const auto& combo : kCombos) {
-    RunSetup setup;
-    setup.options = MuonOptions()
-                        .lr(0.02)
-                        .weight_decay(0.1)
-                        .ns_dtype(combo.ns_dtype)
-                        .communication_dtype(combo.communication_dtype);
-    setup.two_groups = true;
+    const RunSetup setup = combo_setup(combo);
     const auto expected = reference_run(kShapes, setup, 3, at::kFloat);
     for (int n = 2; n <= 4; ++n) {
       std::vector<std::vector<Call>> calls;
@@ -846,11 +841,8 @@ TEST(DistributedMuonDdpTest, EqualsSingleProcessMuonOnEveryRank) {
           const std::string what = "n=" + std::to_string(n) + " rank " + std::to_string(r) + " " +
                                    c10::toString(combo.ns_dtype) + "/" +
                                    c10::toString(combo.communication_dtype) + " " + kShapes[i].name;
-          if (combo.bitwise) {
-            EXPECT_TRUE(bitwise_equal(got[r][i], expected[i]))
-                << what << ": max diff " << max_abs_diff(got[r][i], expected[i]);
-          } else {
-            EXPECT_LT(max_abs_diff(got[r][i], expected[i]), kBf16WireTolerance) << what;
+          expect_combo_equal(got[r][i], expected[i], combo, what);
+          if (!combo.bitwise) {
             EXPECT_TRUE(bitwise_equal(got[r][i], got[0][i])) << what << " vs rank 0";
           }
         }
@@ -960,6 +952,47 @@ TEST(DistributedMuonTest, RanksSteppingDifferentParamsFailOnEveryRank) {
   }
 }
 
+// ---- the trainer's path: build_optimizer over named params ----
+
+// The params init(i) of `shapes` by name, requiring grad: the one-process model.
+std::vector<std::pair<std::string, at::Tensor>> whole_params(
+    const std::vector<NamedShape>& shapes, const std::function<at::Tensor(size_t)>& init) {
+  std::vector<std::pair<std::string, at::Tensor>> params;
+  for (size_t i = 0; i < shapes.size(); ++i) {
+    params.emplace_back(shapes[i].name, init(i).requires_grad_(true));
+  }
+  return params;
+}
+
+// Rank `rank` of n's dim-0 chunk of each param init(i), requiring grad, and the kDim0Shard
+// placements over `group` that set_placements takes, as the trainer hands them over.
+struct RankShards {
+  std::vector<std::pair<std::string, at::Tensor>> params;
+  std::vector<ParamPlacement> layout;
+};
+RankShards dim0_shards(const std::vector<NamedShape>& shapes,
+                       const std::function<at::Tensor(size_t)>& init, int rank, int n,
+                       const std::shared_ptr<ThreadCollectives>& group) {
+  RankShards shards;
+  for (size_t i = 0; i < shapes.size(); ++i) {
+    shards.params.emplace_back(shapes[i].name, dim0_chunk(init(i), rank, n).requires_grad_(true));
+    ParamPlacement placement = whole_placement(shapes[i].name, shapes[i].shape);
+    placement.kind = ParamPlacement::Kind::kDim0Shard;
+    placement.shard_group = group;
+    shards.layout.push_back(placement);
+  }
+  return shards;
+}
+
+// The ranks' main params of param i (main[rank][i], dim-0 chunks) joined equal the one-process
+// main param `name` bit for bit.
+void expect_main_param_equal(const std::vector<std::vector<at::Tensor>>& main,
+                             const MixedPrecisionOptimizer& ref, const std::string& name,
+                             size_t i) {
+  EXPECT_TRUE(bitwise_equal(gather_rows(main, i), ref.main_param(name)))
+      << name << ": max diff " << max_abs_diff(gather_rows(main, i), ref.main_param(name));
+}
+
 // The path the trainer takes: build_optimizer with fp32 main params on each rank's shards,
 // set_placements by name, main_grad = the shard of the reduced gradient. Every model param
 // (bfloat16) and main param must equal the one-process stack's.
@@ -985,12 +1018,10 @@ TEST(DistributedMuonTest, MixedPrecisionStackWithSetMuonShardingEqualsOneProcess
   config.optimizer.muon.weight_decay = 0.1;
   const int steps = 2;
   auto init = [&](size_t i) { return random_normal(shapes[i].shape, 7 + i).to(at::kBFloat16); };
-  auto trainable = [](at::Tensor t) { return t.requires_grad_(true); };
   auto grad = [&](size_t i, int step) { return random_normal(shapes[i].shape, 500 * step + i); };
 
   // One process.
-  std::vector<std::pair<std::string, at::Tensor>> full;
-  for (size_t i = 0; i < shapes.size(); ++i) full.emplace_back(shapes[i].name, trainable(init(i)));
+  auto full = whole_params(shapes, init);
   auto reference = build_optimizer(full, config);
   for (int step = 1; step <= steps; ++step) {
     for (size_t i = 0; i < shapes.size(); ++i) {
@@ -1004,15 +1035,7 @@ TEST(DistributedMuonTest, MixedPrecisionStackWithSetMuonShardingEqualsOneProcess
   auto group = make_thread_group(n);
   std::vector<std::vector<at::Tensor>> model(n), main(n);
   run_ranks(n, [&](int rank) {
-    std::vector<std::pair<std::string, at::Tensor>> shard;
-    std::vector<ParamPlacement> layout;
-    for (size_t i = 0; i < shapes.size(); ++i) {
-      shard.emplace_back(shapes[i].name, trainable(dim0_chunk(init(i), rank, n)));
-      ParamPlacement placement = whole_placement(shapes[i].name, shapes[i].shape);
-      placement.kind = ParamPlacement::Kind::kDim0Shard;
-      placement.shard_group = group[rank];
-      layout.push_back(placement);
-    }
+    auto [shard, layout] = dim0_shards(shapes, init, rank, n, group[rank]);
     auto built = build_optimizer(shard, config);
     dynamic_cast<MixedPrecisionOptimizer&>(*built).chained().set_placements(layout);
     for (int step = 1; step <= steps; ++step) {
@@ -1030,9 +1053,7 @@ TEST(DistributedMuonTest, MixedPrecisionStackWithSetMuonShardingEqualsOneProcess
   });
   auto& ref = dynamic_cast<MixedPrecisionOptimizer&>(*reference);
   for (size_t i = 0; i < shapes.size(); ++i) {
-    EXPECT_TRUE(bitwise_equal(gather_rows(main, i), ref.main_param(shapes[i].name)))
-        << shapes[i].name << ": max diff "
-        << max_abs_diff(gather_rows(main, i), ref.main_param(shapes[i].name));
+    expect_main_param_equal(main, ref, shapes[i].name, i);
     EXPECT_TRUE(bitwise_equal(gather_rows(model, i), full[i].second)) << shapes[i].name;
   }
 }
@@ -1072,11 +1093,9 @@ TEST(DistributedMuonTest, PerHeadStackAndTelemetryOnTwoRanksEqualOneProcess) {
   config.model.head_dim = 8;
   const int64_t all_matrices = 4 + 3 + 3 + 4 + 1 + 4 + 4;
   auto init = [&](size_t i) { return random_normal(shapes[i].shape, 9 + i).to(at::kBFloat16); };
-  auto trainable = [](at::Tensor t) { return t.requires_grad_(true); };
   auto grad = [&](size_t i, int step) { return random_normal(shapes[i].shape, 700 * step + i); };
 
-  std::vector<std::pair<std::string, at::Tensor>> full;
-  for (size_t i = 0; i < shapes.size(); ++i) full.emplace_back(shapes[i].name, trainable(init(i)));
+  auto full = whole_params(shapes, init);
   auto reference = build_optimizer(full, config);
   auto& ref = dynamic_cast<MixedPrecisionOptimizer&>(*reference);
   EXPECT_EQ(dynamic_cast<Muon&>(ref.chained().leaf_of(shapes[4].name))
@@ -1114,15 +1133,7 @@ TEST(DistributedMuonTest, PerHeadStackAndTelemetryOnTwoRanksEqualOneProcess) {
   std::vector<std::vector<at::Tensor>> main(n);
   std::vector<std::vector<MuonGroupTelemetry>> got(n);
   run_ranks(n, [&](int rank) {
-    std::vector<std::pair<std::string, at::Tensor>> shard;
-    std::vector<ParamPlacement> layout;
-    for (size_t i = 0; i < shapes.size(); ++i) {
-      shard.emplace_back(shapes[i].name, trainable(dim0_chunk(init(i), rank, n)));
-      ParamPlacement placement = whole_placement(shapes[i].name, shapes[i].shape);
-      placement.kind = ParamPlacement::Kind::kDim0Shard;
-      placement.shard_group = group[rank];
-      layout.push_back(placement);
-    }
+    auto [shard, layout] = dim0_shards(shapes, init, rank, n, group[rank]);
     auto built = build_optimizer(shard, config);
     auto& wrapper = dynamic_cast<MixedPrecisionOptimizer&>(*built);
     wrapper.chained().set_placements(layout);
@@ -1138,9 +1149,7 @@ TEST(DistributedMuonTest, PerHeadStackAndTelemetryOnTwoRanksEqualOneProcess) {
     for (const auto& shape : shapes) main[rank].push_back(wrapper.main_param(shape.name));
   });
   for (size_t i = 0; i < shapes.size(); ++i) {
-    EXPECT_TRUE(bitwise_equal(gather_rows(main, i), ref.main_param(shapes[i].name)))
-        << shapes[i].name << ": max diff "
-        << max_abs_diff(gather_rows(main, i), ref.main_param(shapes[i].name));
+    expect_main_param_equal(main, ref, shapes[i].name, i);
   }
   for (int r = 0; r < n; ++r) {
     ASSERT_EQ(got[r].size(), 1u);

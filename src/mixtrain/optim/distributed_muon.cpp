@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <memory>
+#include <numeric>
 #include <stdexcept>
 #include <utility>
 
@@ -401,18 +402,25 @@ void Muon::step_fsdp(Collectives& comm, const std::vector<DistributedParam>& all
     }
     return layout;
   };
-  // 1. Momentum on the shards, every owner's in one buffer, and its exchange started.
+  // 1. Momentum on the shards, written straight into one send buffer (every owner's part, in
+  //    send order), and its exchange started.
   auto start_u = [&](const Layout& layout) {
-    std::vector<at::Tensor> pieces;
+    const int64_t total =
+        std::accumulate(layout.send_counts.begin(), layout.send_counts.end(), int64_t{0});
+    at::Tensor packed = at::empty({total}, at::TensorOptions().dtype(layout.wire).device(device));
+    int64_t offset = 0;
     for (size_t item : layout.sent) {
       const DistributedParam& d = *params[item];
-      pieces.push_back(
-          momentum_direction(d.param, d.param.grad(), group_options(d.group), layout.wire)
-              .reshape({-1}));
-      if (v_rows_of(item) > 0) pieces.push_back(read_normuon_v(d.param).reshape({-1}));
+      const int64_t count = d.param.numel();
+      momentum_direction_into(d.param, d.param.grad(), group_options(d.group),
+                              packed.narrow(0, offset, count).view(d.param.sizes()));
+      offset += count;
+      const int64_t v_rows = v_rows_of(item);
+      if (v_rows == 0) continue;
+      packed.narrow(0, offset, v_rows).copy_(read_normuon_v(d.param).reshape({-1}));
+      offset += v_rows;
     }
-    return comm.all_to_all_async(concat_flat(pieces, layout.wire, device), layout.send_counts,
-                                 layout.recv_counts);
+    return comm.all_to_all_async(packed, layout.send_counts, layout.recv_counts);
   };
   // 2. The owner assembles each owned matrix (and NorMuon's v rows) from every rank's rows
   //    (rank order: row-major), orthogonalizes it, applies NorMuon to the whole O and sends

@@ -137,7 +137,7 @@ class SerialGroup final : public mixtrain::Collectives {
   int rank() const override { return inner_.rank(); }
   int size() const override { return inner_.size(); }
   std::string name() const override { return inner_.name(); }
-  void all_reduce_sum(at::Tensor& t) override { inner_.all_reduce_sum(t); }
+  void all_reduce(at::Tensor& t, mixtrain::ReduceOp op) override { inner_.all_reduce(t, op); }
   at::Tensor all_gather(const at::Tensor& t) override { return inner_.all_gather(t); }
   at::Tensor reduce_scatter_sum(const at::Tensor& t) override {
     return inner_.reduce_scatter_sum(t);
@@ -170,7 +170,9 @@ class NoCommGroup final : public mixtrain::Collectives {
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   std::string name() const override { return "no_comm"; }
-  void all_reduce_sum(at::Tensor& t) override { t.mul_(size_); }
+  void all_reduce(at::Tensor& t, mixtrain::ReduceOp op) override {
+    if (op == mixtrain::ReduceOp::kSum) t.mul_(size_);  // the max of equal values is the value
+  }
   at::Tensor all_gather(const at::Tensor& t) override { return at::cat(std::vector(size_, t)); }
   at::Tensor reduce_scatter_sum(const at::Tensor& t) override {
     return t.narrow(0, 0, t.size(0) / size_).mul(size_);

@@ -17,7 +17,7 @@ class RankOnlyGroup : public Collectives {
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   std::string name() const override { return "tp"; }
-  void all_reduce_sum(at::Tensor&) override { unused(); }
+  void all_reduce(at::Tensor&, ReduceOp) override { unused(); }
   at::Tensor all_gather(const at::Tensor&) override { unused(); }
   at::Tensor reduce_scatter_sum(const at::Tensor&) override { unused(); }
   at::Tensor all_to_all(const at::Tensor&, const std::vector<int64_t>&,

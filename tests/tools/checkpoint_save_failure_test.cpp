@@ -67,7 +67,7 @@ class KillAtCall final : public Collectives {
   int rank() const override { return inner_->rank(); }
   int size() const override { return inner_->size(); }
   std::string name() const override { return inner_->name(); }
-  void all_reduce_sum(at::Tensor& t) override { tick(), inner_->all_reduce_sum(t); }
+  void all_reduce(at::Tensor& t, ReduceOp op) override { tick(), inner_->all_reduce(t, op); }
   at::Tensor all_gather(const at::Tensor& t) override { return tick(), inner_->all_gather(t); }
   at::Tensor reduce_scatter_sum(const at::Tensor& t) override {
     return tick(), inner_->reduce_scatter_sum(t);

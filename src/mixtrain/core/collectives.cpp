@@ -39,7 +39,7 @@ class LocalCollectives final : public Collectives {
   int rank() const override { return 0; }
   int size() const override { return 1; }
   std::string name() const override { return name_; }
-  void all_reduce_sum(at::Tensor&) override {
+  void all_reduce(at::Tensor&, ReduceOp) override {
     CollectiveCallRecord record(CollectiveOp::kAllReduce, 0);
   }
   at::Tensor all_gather(const at::Tensor& local) override {
@@ -159,12 +159,6 @@ std::unique_ptr<CollectiveWork> Collectives::all_gather_async(const at::Tensor& 
 
 std::unique_ptr<Collectives> make_local_collectives(const std::string& name) {
   return std::make_unique<LocalCollectives>(name);
-}
-
-at::Tensor all_reduce_max(Collectives& group, const at::Tensor& local) {
-  if (group.size() == 1) return local.clone();
-  const at::Tensor gathered = group.all_gather(local.contiguous().unsqueeze(0));
-  return gathered.amax(0);
 }
 
 std::vector<std::string> all_gather_strings(Collectives& group, const std::string& text) {

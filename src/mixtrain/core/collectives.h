@@ -34,6 +34,10 @@ class CollectiveWork {
   virtual at::Tensor wait() = 0;
 };
 
+// The elementwise reduction of all_reduce. Max rounds nothing, so for NaN-free inputs every
+// rank gets the same bits whatever order the backend combines them in.
+enum class ReduceOp { kSum, kMax };
+
 class Collectives {
  public:
   virtual ~Collectives() = default;
@@ -42,8 +46,9 @@ class Collectives {
   virtual int size() const = 0;          // ranks in this group
   virtual std::string name() const = 0;  // e.g. "dp_shard", for error messages
 
-  // In-place sum over the group (float32/float64/int64).
-  virtual void all_reduce_sum(at::Tensor& tensor) = 0;
+  // In-place elementwise `op` over the group (float32/float64/int64).
+  virtual void all_reduce(at::Tensor& tensor, ReduceOp op) = 0;
+  void all_reduce_sum(at::Tensor& tensor) { all_reduce(tensor, ReduceOp::kSum); }
   // Concatenation along dim 0 of every rank's `local` (equal shapes), in rank order.
   virtual at::Tensor all_gather(const at::Tensor& local) = 0;
   // `full` has size() equal chunks along dim 0; returns the sum over ranks of chunk rank()
@@ -71,11 +76,6 @@ class Collectives {
 
 // A CollectiveWork that is already done: wait() returns `result`.
 std::unique_ptr<CollectiveWork> finished_collective_work(at::Tensor result);
-// The elementwise max over the group of every rank's `local` (equal shapes; any dtype
-// all_gather carries). No max reduction exists among the collectives above, so this gathers
-// every rank's tensor and takes the max: size() x its bytes received, for the small tensors it
-// serves (QK-clip's per-head statistic). Collective.
-at::Tensor all_reduce_max(Collectives& group, const at::Tensor& local);
 
 // Every rank's `text`, in rank order (variable lengths: the lengths travel first). Collective.
 std::vector<std::string> all_gather_strings(Collectives& group, const std::string& text);
@@ -94,7 +94,8 @@ std::unique_ptr<Collectives> make_local_collectives(const std::string& name = "l
 // Bytes: what this rank's own data must put on the wire to reach the peers that need it, as a
 // bandwidth-optimal algorithm sends it (a ring for the reductions and the gather, direct
 // sends for all_to_all). n = group size, B = nbytes of the tensor passed in:
-//   all_reduce      2 (n-1)/n B   ring all-reduce = reduce-scatter + all-gather (rounded down)
+//   all_reduce      2 (n-1)/n B   ring all-reduce = reduce-scatter + all-gather (rounded down);
+//                                 sum and max alike, under the one key (same traffic)
 //   all_gather      (n-1) B       the local block reaches n-1 peers: (n-1)/n of the result
 //   reduce_scatter  (n-1)/n B     B is the full input; the n-1 chunks that belong to the peers
 //   all_to_all      sum over peers i != rank of send_counts[i] rows x the bytes of one row

@@ -93,11 +93,12 @@ void GlooCollectives::check_input(const at::Tensor& tensor, const char* op) cons
   check_payload_dtype(name_, op, tensor.scalar_type());
 }
 
-void GlooCollectives::all_reduce_sum(at::Tensor& tensor) {
-  check_input(tensor, "all_reduce_sum");
+void GlooCollectives::all_reduce(at::Tensor& tensor, ReduceOp op) {
+  const char* what = op == ReduceOp::kSum ? "all_reduce_sum" : "all_reduce_max";
+  check_input(tensor, what);
   if (tensor.scalar_type() == at::kBFloat16) {
     // Gloo would sum in bfloat16, rounding every partial sum: reductions are float32 here.
-    throw std::invalid_argument(name_ + ": all_reduce_sum of bfloat16 is not offered; reduce " +
+    throw std::invalid_argument(name_ + ": " + what + " of bfloat16 is not offered; reduce " +
                                 "in float32");
   }
   // Ring all-reduce: reduce-scatter then all-gather, (n-1)/n of the tensor each.
@@ -105,7 +106,9 @@ void GlooCollectives::all_reduce_sum(at::Tensor& tensor) {
   CollectiveCallRecord record(CollectiveOp::kAllReduce,
                               2 * (n - 1) * static_cast<int64_t>(tensor.nbytes()) / n);
   std::vector<at::Tensor> tensors = {tensor};
-  wait(group_->allreduce(tensors), "all_reduce_sum");
+  c10d::AllreduceOptions options;
+  options.reduceOp = op == ReduceOp::kSum ? c10d::ReduceOp::SUM : c10d::ReduceOp::MAX;
+  wait(group_->allreduce(tensors, options), what);
 }
 
 at::Tensor GlooCollectives::all_gather(const at::Tensor& local) {

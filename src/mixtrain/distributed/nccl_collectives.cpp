@@ -147,19 +147,23 @@ at::Tensor NcclCollectives::on_device(const at::Tensor& tensor, const char* op) 
                               " but the group is on " + device.str());
 }
 
-void NcclCollectives::all_reduce_sum(at::Tensor& tensor) {
+void NcclCollectives::all_reduce(at::Tensor& tensor, ReduceOp op) {
+  const char* what = op == ReduceOp::kSum ? "all_reduce_sum" : "all_reduce_max";
   if (tensor.defined() && tensor.scalar_type() == at::kBFloat16) {
-    throw std::invalid_argument(name_ + ": all_reduce_sum of bfloat16 is not offered; reduce " +
+    throw std::invalid_argument(name_ + ": " + what + " of bfloat16 is not offered; reduce " +
                                 "in float32");
   }
-  at::Tensor reduced = on_device(tensor, "all_reduce_sum");
+  at::Tensor reduced = on_device(tensor, what);
+  // float16 sums in float32 and rounds once; its max is exact either way.
   if (reduced.scalar_type() == at::kHalf) reduced = reduced.to(at::kFloat);
   // Ring all-reduce: reduce-scatter then all-gather, (n-1)/n of the tensor each.
   const int64_t n = size_;
   CollectiveCallRecord record(CollectiveOp::kAllReduce,
                               2 * (n - 1) * static_cast<int64_t>(reduced.nbytes()) / n);
   std::vector<at::Tensor> tensors = {reduced};
-  run("all_reduce_sum", [&](c10d::Backend& group) { return group.allreduce(tensors); });
+  c10d::AllreduceOptions options;
+  options.reduceOp = op == ReduceOp::kSum ? c10d::ReduceOp::SUM : c10d::ReduceOp::MAX;  // ncclMax
+  run(what, [&](c10d::Backend& group) { return group.allreduce(tensors, options); });
   if (!reduced.is_same(tensor)) tensor.copy_(reduced);  // back to the host, or float16 once
 }
 

@@ -70,7 +70,7 @@ class NcclCollectives final : public Collectives {
   int size() const override { return size_; }
   std::string name() const override { return name_; }
 
-  void all_reduce_sum(at::Tensor& tensor) override;
+  void all_reduce(at::Tensor& tensor, ReduceOp op) override;
   at::Tensor all_gather(const at::Tensor& local) override;
   at::Tensor reduce_scatter_sum(const at::Tensor& full) override;
   at::Tensor all_to_all(const at::Tensor& input, const std::vector<int64_t>& send_counts,

@@ -92,7 +92,9 @@ std::map<std::string, std::vector<double>> reduce_max_logits(
   }
   std::vector<at::Tensor> rows;
   for (const auto& [name, heads] : layers) rows.push_back(heads.detach().to(at::kCPU, at::kFloat));
-  const at::Tensor reduced = all_reduce_max(world, at::stack(rows)).to(at::kDouble).contiguous();
+  at::Tensor stacked = at::stack(rows);
+  world.all_reduce(stacked, ReduceOp::kMax);
+  const at::Tensor reduced = stacked.to(at::kDouble).contiguous();
   const double* value = reduced.data_ptr<double>();
   const int64_t heads = reduced.size(1);
   int64_t i = 0;

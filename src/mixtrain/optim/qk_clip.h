@@ -57,7 +57,7 @@ struct QkClipStats {
 
 // The recorder's layers (prefix -> float32 [Hq], any device), max-reduced elementwise over
 // `world` (every rank must hold the same layer keys): -> prefix -> the global S_h on the host.
-// Collective over world (one all_gather of layers x Hq floats).
+// Collective over world (one max all_reduce of layers x Hq float32).
 std::map<std::string, std::vector<double>> reduce_max_logits(
     Collectives& world, const std::map<std::string, at::Tensor>& layers);
 

@@ -207,6 +207,13 @@ StepLoss accumulate_gradients(CausalLM& model, TokenDataset& data, const Trainer
   return total;
 }
 
+// The steps the trainer logs: every log_every-th and the last, as the progress line prints
+// them. log_every <= 0 (validate refuses it; a hand-built config could pass it): the last only,
+// rather than a division by zero.
+bool is_log_step(int64_t step, int64_t log_every, int64_t steps) {
+  return step == steps || (log_every > 0 && step % log_every == 0);
+}
+
 }  // namespace
 
 c10::Device resolve_train_device(const TrainerConfig& config) {
@@ -402,10 +409,6 @@ StepResult Trainer::compute_gradients() {
   return result;
 }
 
-bool is_log_step(int64_t step, int64_t log_every, int64_t steps) {
-  return step == steps || (log_every > 0 && step % log_every == 0);
-}
-
 void Trainer::apply_update() {
   const TrainConfig& train = resolved_.config.train;
   const bool telemetry = resolved_.config.optimizer.muon_telemetry &&
@@ -581,14 +584,14 @@ TrainSummary run_training(const ResolvedConfig& resolved, const TrainOptions& op
       if (!row.muon.empty()) {
         log_info("step " + std::to_string(step) + ": " + format_muon_telemetry(row.muon));
       }
-      if (row.qk_clip && (step % config.train.log_every == 0 || step == config.train.steps)) {
+      if (row.qk_clip && is_log_step(step, config.train.log_every, config.train.steps)) {
         log_info("step " + std::to_string(step) + " QK-clip: max attention logit " +
                  format_number(row.qk_clip->max_logit) + ", " +
                  std::to_string(row.qk_clip->heads_clipped) + " head(s) clipped");
       }
       if (config.train.profile) {
         profile.add(step, times, tokens_per_step);
-        if (step % config.train.log_every == 0 || step == config.train.steps) {
+        if (is_log_step(step, config.train.log_every, config.train.steps)) {
           log_info(profile.format());
           profile.clear();
         }

@@ -17,11 +17,11 @@
 // end, also after Ctrl-C). With train.profile it adds each step's phase times (step_profile.h)
 // to metrics.jsonl and logs their average every train.log_every steps. With
 // optimizer.muon_telemetry it adds Muon's figures (optim/muon_telemetry.h) to the rows and the
-// log of the log steps (is_log_step) and computes them on those steps only. With train.eval_every
-// it evaluates data.eval_path (trainer/evaluator.h) every eval_every steps and at the last one,
-// after that step's row, and rank 0 adds an eval row (metrics_writer.h) and the eval series of
-// loss.svg; the evaluation reads neither the RNG nor the training data, so the training run is
-// the same with and without it.
+// log of the log steps (every train.log_every-th and the last) and computes them on those steps
+// only. With train.eval_every it evaluates data.eval_path (trainer/evaluator.h) every eval_every
+// steps and at the last one, after that step's row, and rank 0 adds an eval row (metrics_writer.h)
+// and the eval series of loss.svg; the evaluation reads neither the RNG nor the training data, so
+// the training run is the same with and without it.
 #pragma once
 
 #include <cstdint>
@@ -83,8 +83,9 @@ class Trainer {
   // Forward/backward over the step's micro-batches, prepare_grads, clipping. Collective.
   StepResult compute_gradients();
   void apply_update();
-  // optimizer.muon_telemetry: the figures of the last step if it was a log step
-  // (is_log_step), else empty. Computed inside apply_update (collective on those steps).
+  // optimizer.muon_telemetry: the figures of the last step if it was a log step (every
+  // train.log_every-th and the last), else empty. Computed inside apply_update (collective on those
+  // steps).
   const std::vector<MuonGroupTelemetry>& muon_telemetry() const { return muon_telemetry_; }
   // The phase times of the last step: compute_gradients() restarts them and fills forward,
   // backward, reduce, clip (and its prepare_grads into optimizer); apply_update() adds the
@@ -128,10 +129,6 @@ class Trainer {
   std::vector<MuonGroupTelemetry> muon_telemetry_;
   std::shared_ptr<MaxLogitRecorder> max_logits_;  // QK-clip on: the forwards' max logits
 };
-
-// The steps the trainer logs: every log_every-th and the last (log_every <= 0: the last only),
-// as the progress line prints them.
-bool is_log_step(int64_t step, int64_t log_every, int64_t steps);
 
 struct TrainOptions {
   std::string run_dir;

@@ -1,11 +1,13 @@
 // Communication counters (core/collectives.h) on the one-rank LocalCollectives: every call is
-// counted with 0 bytes, per op kind; process and thread counters; snapshots subtract; reset;
-// concurrent threads lose no count. Byte counts of real groups: distributed/gloo_collectives_test.
+// counted with 0 bytes, per op kind (a max all-reduce as an all_reduce); process and thread
+// counters; snapshots subtract; reset; concurrent threads lose no count. Byte counts of real
+// groups: distributed/gloo_collectives_test.
 #include "mixtrain/core/collectives.h"
 
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <stdexcept>
 #include <thread>
 #include <vector>
@@ -54,6 +56,21 @@ TEST(CollectiveStatsTest, LocalCollectivesCountCallsWithZeroBytes) {
     EXPECT_EQ(stats.total().calls, 13);
     EXPECT_EQ(stats.total().bytes, 0);
   }
+}
+
+// The max all-reduce on one rank leaves the tensor as it was and counts as an all_reduce.
+TEST(CollectiveStatsTest, LocalMaxAllReduceIsIdentityCountedAsAllReduce) {
+  reset_collective_stats();
+  auto group = make_local_collectives();
+  at::Tensor t = at::tensor({-3.5f, 0.25f, -0.0f, 7.0f});
+  const at::Tensor before = t.clone();
+  group->all_reduce(t, ReduceOp::kMax);
+  EXPECT_EQ(std::memcmp(t.data_ptr(), before.data_ptr(), t.nbytes()), 0);
+  group->all_reduce_sum(t);
+  const CollectiveStats stats = thread_collective_stats();
+  EXPECT_EQ(stats[CollectiveOp::kAllReduce].calls, 2);
+  EXPECT_EQ(stats.total().calls, 2);
+  EXPECT_EQ(stats.total().bytes, 0);
 }
 
 TEST(CollectiveStatsTest, ArgumentErrorsAreNotCounted) {

@@ -2,10 +2,15 @@
 // moves its bytes), float16 and int64, uneven all_to_all splits (with empty ones) and
 // reduce_scatter_sum against the sum written out by hand. Expected values are closed-form
 // functions of (sender, receiver, row, column), computed on each rank without communication.
-// Also the communication counters: calls, seconds and the bytes each rank sends, per op; and
-// the async all_to_all / all_gather, several in flight at once, waited in another order.
+// all_reduce with ReduceOp::kMax (float32 with negatives, float64, int64) bitwise against the
+// max taken in the test. Also the communication counters: calls, seconds and the bytes each
+// rank sends, per op; and the async all_to_all / all_gather, several in flight at once, waited
+// in another order.
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
 
 #include "mixtrain/core/error.h"
 #include "mixtrain/distributed/gloo_collectives.h"
@@ -52,6 +57,16 @@ at::Tensor bf16_bits(int rank) {
 bool same_bits(const at::Tensor& a, const at::Tensor& b) {
   return a.sizes() == b.sizes() && a.scalar_type() == b.scalar_type() &&
          std::memcmp(a.data_ptr(), b.data_ptr(), a.nbytes()) == 0;
+}
+
+// Rank `sender`'s input to the max all-reduce: element 0 negative on every rank (the max is
+// rank 0's -1.5), the others 100 sin(1.3 s + 0.7 i), so the winning rank varies by element
+// and many are negative; no NaN. Every rank computes every rank's row alike (same code).
+at::Tensor max_input(int sender, at::ScalarType type) {
+  at::Tensor t = at::empty({9}, at::kDouble);
+  t[0] = -1.5 - 0.25 * sender;
+  for (int64_t i = 1; i < 9; ++i) t[i] = 100.0 * std::sin(1.3 * sender + 0.7 * i);
+  return t.to(type);  // int64 truncates toward zero: still signed, rank-dependent
 }
 
 MIXTRAIN_WORKER(all_ops) {
@@ -106,6 +121,7 @@ MIXTRAIN_WORKER(all_ops) {
       // Reductions of bfloat16 are refused (a bfloat16 sum rounds every partial sum).
       at::Tensor t = at::ones({2}, type);
       EXPECT_THROW(world.all_reduce_sum(t), std::invalid_argument);
+      EXPECT_THROW(world.all_reduce(t, ReduceOp::kMax), std::invalid_argument);
       EXPECT_THROW(world.reduce_scatter_sum(at::ones({2 * n}, type)), std::invalid_argument);
       continue;
     }
@@ -127,6 +143,26 @@ MIXTRAIN_WORKER(all_ops) {
     }
     EXPECT_TRUE(same_bits(scattered, by_hand.to(type))) << scattered;
   }
+
+  // all_reduce max: every rank ends with the elementwise max of all ranks' inputs, bit for bit
+  // (max rounds nothing); counted as one all_reduce with the ring's 2 (n-1)/n bytes.
+  for (at::ScalarType type : {at::kFloat, at::kDouble, at::kLong}) {
+    SCOPED_TRACE(c10::toString(type));
+    at::Tensor expected_max = max_input(0, type);
+    for (int s = 1; s < n; ++s) expected_max = at::maximum(expected_max, max_input(s, type));
+    at::Tensor maxed = max_input(rank, type);
+    const CollectiveStats before = thread_collective_stats();
+    world.all_reduce(maxed, ReduceOp::kMax);
+    const CollectiveOpStats counted =
+        (thread_collective_stats() - before)[CollectiveOp::kAllReduce];
+    EXPECT_TRUE(same_bits(maxed, expected_max)) << maxed << expected_max;
+    EXPECT_EQ(counted.calls, 1);
+    EXPECT_EQ(counted.bytes, 2 * (n - 1) * static_cast<int64_t>(maxed.nbytes()) / n);
+  }
+  const at::Tensor max_of_two = at::maximum(max_input(0, at::kFloat), max_input(1, at::kFloat));
+  EXPECT_EQ(max_of_two[0].item<float>(), -1.5f);                  // the all-negative element
+  EXPECT_FALSE(at::equal(max_of_two, max_input(0, at::kFloat)));  // rank 1 wins somewhere
+  EXPECT_FALSE(at::equal(max_of_two, max_input(1, at::kFloat)));  // and rank 0 somewhere
 
   // bfloat16 bit patterns through every data-movement op.
   at::Tensor bits = world.all_gather(bf16_bits(rank));

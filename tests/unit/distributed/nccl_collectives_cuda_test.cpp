@@ -1,8 +1,8 @@
 // NcclCollectives on one GPU (label cuda; skipped without a CUDA device). Multi-rank NCCL needs
 // a GPU per rank; here a world-size-1 NCCL group (rank 0 of 1 on cuda:0, a FileStore in a temp
 // dir) is checked against each op's definition at n = 1: all_gather, reduce_scatter_sum,
-// all_to_all, all_reduce_sum and broadcast are the identity, bitwise (one rank's sum is its own
-// value; float16 goes to float32 and back, which is exact), for every payload dtype the op
+// all_to_all, all_reduce (sum and max) and broadcast are the identity, bitwise (one rank's sum is
+// its own value; float16 goes to float32 and back, which is exact), for every payload dtype the op
 // offers; the refusals; host tensors staged through the device; stream order on a side stream;
 // the counters (a call each, 0 bytes at n = 1); the async all_to_all / all_gather, several in
 // flight, waited in reverse order. And the failure path, fast: rank 1 of a 2-rank group whose
@@ -115,6 +115,10 @@ TEST_F(NcclOneRank, ReductionsOfOneRankAreItsOwnValues) {
     comm_->all_reduce_sum(reduced);
     EXPECT_EQ(reduced.device(), kDevice);
     EXPECT_TRUE(same_bits(reduced, original));
+    at::Tensor maxed = original.clone();  // ncclMax of one rank: its own value
+    comm_->all_reduce(maxed, ReduceOp::kMax);
+    EXPECT_EQ(maxed.device(), kDevice);
+    EXPECT_TRUE(same_bits(maxed, original));
     const at::Tensor scattered = comm_->reduce_scatter_sum(original);
     EXPECT_EQ(scattered.device(), kDevice);
     EXPECT_TRUE(same_bits(scattered, original));  // dtype kept (float16 is not left widened)

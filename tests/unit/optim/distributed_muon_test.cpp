@@ -127,11 +127,17 @@ class ThreadCollectives final : public Collectives {
   std::string name() const override { return "threads"; }
   const std::vector<Call>& calls() const { return calls_; }
 
-  void all_reduce_sum(at::Tensor& tensor) override {
-    auto all = run({"all_reduce_sum", tensor, {}, {}});
-    at::Tensor sum = at::zeros_like(tensor);
-    for (const auto& post : all) sum.add_(post.tensor);
-    tensor.copy_(sum);
+  void all_reduce(at::Tensor& tensor, ReduceOp op) override {
+    auto all = run({op == ReduceOp::kSum ? "all_reduce_sum" : "all_reduce_max", tensor, {}, {}});
+    at::Tensor result = op == ReduceOp::kSum ? at::zeros_like(tensor) : all[0].tensor.clone();
+    for (const auto& post : all) {
+      if (op == ReduceOp::kSum) {
+        result.add_(post.tensor);
+      } else {
+        result = at::maximum(result, post.tensor);
+      }
+    }
+    tensor.copy_(result);
   }
   at::Tensor all_gather(const at::Tensor& local) override {
     auto all = run({"all_gather", local, {}, {}});

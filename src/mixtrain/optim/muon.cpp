@@ -460,6 +460,14 @@ at::Tensor Muon::orthogonalize(size_t group, const MuonOptions& options, const M
   return merge_heads(heads, u.sizes(), split);
 }
 
+void Muon::set_owner_min_bucket_numel(int64_t numel) {
+  if (numel < 0) {
+    throw std::invalid_argument("Muon: owner_min_bucket_numel must be >= 0, got " +
+                                std::to_string(numel));
+  }
+  owner_min_bucket_numel_ = numel;
+}
+
 void Muon::set_head_split(const at::Tensor& param, MuonHeadSplit split) {
   if (!batches_match_groups()) rebuild_batches();  // sizes head_split_ like the groups
   for (size_t g = 0; g < param_groups_.size(); ++g) {

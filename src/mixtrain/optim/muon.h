@@ -46,6 +46,7 @@
 #include "mixtrain/optim/distributed_muon.h"
 #include "mixtrain/optim/leaf_optimizer.h"
 #include "mixtrain/optim/muon_heads.h"
+#include "mixtrain/optim/muon_owner_plan.h"
 #include "mixtrain/optim/muon_telemetry.h"
 #include "mixtrain/optim/newton_schulz.h"
 
@@ -171,6 +172,10 @@ class Muon : public LeafOptimizer {
   // kLocal for a parameter that was never given one.
   const MuonSharding& sharding(const at::Tensor& param) const;
 
+  // The smallest bucket bound of the distributed owner plan (muon_owner_plan.h; >= 0, else
+  // std::invalid_argument); kMuonOwnerMinBucketNumel unless set. Every rank must set the same.
+  void set_owner_min_bucket_numel(int64_t numel);
+
   // Orthogonalize `param` per head (muon_heads.h). Throws std::invalid_argument when it is in
   // no group, not 2-D, or split.dim is not 0 or 1 or block < 1; a matrix (whole, as the step
   // sees it) whose split dim is no multiple of block makes step() throw. Kept by position in
@@ -255,6 +260,7 @@ class Muon : public LeafOptimizer {
   // Per group, per param position (parallel to param_groups_[g].params()).
   std::vector<std::vector<MuonSharding>> sharding_;
   std::vector<std::vector<MuonHeadSplit>> head_split_;
+  int64_t owner_min_bucket_numel_ = kMuonOwnerMinBucketNumel;
   std::string split_problem_;  // a local matrix its head split does not divide; step() throws
   std::unique_ptr<MuonTelemetryRecorder> telemetry_;  // armed: records every path's step
 };

@@ -16,8 +16,12 @@ int64_t newton_schulz_flops(int64_t rows, int64_t cols, int64_t steps) {
   return steps * (4 * m * m * n + 2 * m * m * m);
 }
 
-std::vector<MuonOwnerBucket> muon_owner_plan(const std::vector<MuonOwnerItem>& items, int ranks) {
+std::vector<MuonOwnerBucket> muon_owner_plan(const std::vector<MuonOwnerItem>& items, int ranks,
+                                             int64_t min_bucket_numel) {
   if (ranks < 1) throw std::invalid_argument("muon_owner_plan: ranks must be >= 1");
+  if (min_bucket_numel < 0) {
+    throw std::invalid_argument("muon_owner_plan: min_bucket_numel must be >= 0");
+  }
   std::vector<size_t> order(items.size());
   std::iota(order.begin(), order.end(), size_t{0});
   std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
@@ -25,7 +29,7 @@ std::vector<MuonOwnerBucket> muon_owner_plan(const std::vector<MuonOwnerItem>& i
     if (items[a].name != items[b].name) return items[a].name < items[b].name;
     return items[a].numel > items[b].numel;  // equal names (tests): still one order everywhere
   });
-  int64_t bucket_numel = 0;
+  int64_t bucket_numel = min_bucket_numel;
   for (const auto& item : items) bucket_numel = std::max(bucket_numel, item.numel);
 
   std::vector<int64_t> load(static_cast<size_t>(ranks), 0);       // FLOPs, whole step

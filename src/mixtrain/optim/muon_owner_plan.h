@@ -15,11 +15,13 @@
 // (earlier buckets included), ties to the lowest rank. A rank may own several matrices of a
 // bucket, or none. Buckets cut that sequence: an item opens a new bucket when its owner
 // would otherwise assemble more than `bucket_numel` elements in the current one, with
-// bucket_numel = the largest item's numel. So no owner holds more than one largest matrix of
-// assembled u per bucket (the round-robin buckets of one matrix per rank had the same bound),
-// while small matrices share a bucket (fewer collectives). Peak per rank with the overlapped
-// step: about three buckets' worth (k-1's update coming back, k's u being orthogonalized,
-// k+1's u in flight).
+// bucket_numel = max(the largest item's numel, min_bucket_numel). So no owner holds more than
+// one largest matrix of assembled u per bucket when matrices are large (the round-robin
+// buckets of one matrix per rank had the same bound), while small matrices share a bucket: a
+// collective costs a fixed latency (Gloo on loopback: ~0.2 ms a call, bench/README.md
+// muon_overlap), which buckets of at least kMuonOwnerMinBucketNumel elements (2 MiB of
+// bfloat16 per owner) amortize. Peak per rank with the overlapped step: about three buckets'
+// worth (k-1's update coming back, k's u being orthogonalized, k+1's u in flight).
 #pragma once
 
 #include <cstdint>
@@ -43,9 +45,14 @@ struct MuonOwnerBucket {
   std::vector<int> owners;    // owners[j]: the rank that orthogonalizes items[j]
 };
 
-// The plan above over `ranks` ranks (>= 1; std::invalid_argument otherwise). Deterministic:
-// depends only on (flops, name, numel, index) of each item.
-std::vector<MuonOwnerBucket> muon_owner_plan(const std::vector<MuonOwnerItem>& items, int ranks);
+// The default smallest bucket bound: 2^20 elements per owner.
+inline constexpr int64_t kMuonOwnerMinBucketNumel = int64_t{1} << 20;
+
+// The plan above over `ranks` ranks (>= 1) with buckets bounded by max(largest numel,
+// min_bucket_numel >= 0); std::invalid_argument otherwise. Deterministic: depends only on
+// (flops, name, numel, index) of each item.
+std::vector<MuonOwnerBucket> muon_owner_plan(const std::vector<MuonOwnerItem>& items, int ranks,
+                                             int64_t min_bucket_numel = kMuonOwnerMinBucketNumel);
 
 // FLOPs each rank owns over the whole plan, and the two balance figures of bench/README.md:
 // max / mean of the per-rank totals, and the sum over buckets of the busiest rank's FLOPs in

@@ -267,7 +267,7 @@ TEST(MuonOwnerPlanTest, LongestFirstToTheLeastLoadedRank) {
   // (the earlier plan) gave 2+3+5 = 10 and 3+4+7 = 14.
   const std::vector<MuonOwnerItem> items = {{1, "c", 4}, {1, "a", 7}, {1, "f", 2},
                                             {1, "d", 3}, {1, "b", 5}, {1, "e", 3}};
-  const auto plan = muon_owner_plan(items, 2);
+  const auto plan = muon_owner_plan(items, 2, 0);
   ASSERT_EQ(plan.size(), 3u);
   EXPECT_EQ(plan[0].items, (std::vector<size_t>{1, 4}));  // a, b
   EXPECT_EQ(plan[0].owners, (std::vector<int>{0, 1}));
@@ -286,14 +286,14 @@ TEST(MuonOwnerPlanTest, SeveralMatricesPerOwnerAndRanksOwningNothing) {
   // least-loaded rank's room in bucket 0, so rank 1 owns four there.
   const std::vector<MuonOwnerItem> mixed = {
       {10, "big", 100}, {2, "s1", 10}, {2, "s2", 10}, {2, "s3", 10}, {2, "s4", 10}};
-  const auto two = muon_owner_plan(mixed, 2);
+  const auto two = muon_owner_plan(mixed, 2, 0);
   ASSERT_EQ(two.size(), 1u);
   EXPECT_EQ(two[0].owners, (std::vector<int>{0, 1, 1, 1, 1}));
   // Four equal-sized matrices on 3 ranks: the fourth goes to rank 0 (ties: lowest rank) whose
   // room in bucket 0 is used up, so bucket 1 holds it alone: ranks 1 and 2 own nothing there.
   const std::vector<MuonOwnerItem> four = {
       {10, "a", 100}, {10, "b", 100}, {10, "c", 100}, {10, "d", 50}};
-  const auto three = muon_owner_plan(four, 3);
+  const auto three = muon_owner_plan(four, 3, 0);
   ASSERT_EQ(three.size(), 2u);
   EXPECT_EQ(three[0].owners, (std::vector<int>{0, 1, 2}));
   EXPECT_EQ(three[1].items, (std::vector<size_t>{3}));
@@ -303,6 +303,29 @@ TEST(MuonOwnerPlanTest, SeveralMatricesPerOwnerAndRanksOwningNothing) {
   EXPECT_DOUBLE_EQ(load.max_over_mean, 150.0 / (350.0 / 3));
   EXPECT_TRUE(muon_owner_plan({}, 4).empty());
   EXPECT_THROW(muon_owner_plan(four, 0), std::invalid_argument);
+  EXPECT_THROW(muon_owner_plan(four, 2, -1), std::invalid_argument);
+}
+
+TEST(MuonOwnerPlanTest, MinimumBucketBoundLetsSmallMatricesShareABucket) {
+  // The items of LongestFirstToTheLeastLoadedRank (one element each, FLOPs 7 5 4 3 3 2) with
+  // min_bucket_numel 2: each owner assembles up to 2 per bucket. By hand: 7 -> r0; 5 -> r1;
+  // 4 -> r1 (5 < 7; r1 holds 2 now); 3 -> r0 (7 < 9; r0 holds 2); 3 -> r1 (9 < 10, full:
+  // bucket 1); 2 -> r0 (10 < 12). The same owners and totals as the bound 1, two buckets.
+  const std::vector<MuonOwnerItem> items = {{1, "c", 4}, {1, "a", 7}, {1, "f", 2},
+                                            {1, "d", 3}, {1, "b", 5}, {1, "e", 3}};
+  const auto plan = muon_owner_plan(items, 2, 2);
+  ASSERT_EQ(plan.size(), 2u);
+  EXPECT_EQ(plan[0].items, (std::vector<size_t>{1, 4, 0, 3}));  // a, b, c, d
+  EXPECT_EQ(plan[0].owners, (std::vector<int>{0, 1, 1, 0}));
+  EXPECT_EQ(plan[1].items, (std::vector<size_t>{5, 2}));  // e, f
+  EXPECT_EQ(plan[1].owners, (std::vector<int>{1, 0}));
+  EXPECT_EQ(muon_owner_load(items, plan, 2).per_rank, (std::vector<int64_t>{12, 12}));
+  // The default bound (2^20 elements) holds them all in one bucket; a matrix larger than it
+  // still bounds by itself: two of 3 * 2^19 elements on one rank take two buckets.
+  EXPECT_EQ(muon_owner_plan(items, 2).size(), 1u);
+  const int64_t big = 3 * (int64_t{1} << 19);
+  EXPECT_EQ(muon_owner_plan({{big, "x", 9}, {big, "y", 8}}, 1).size(), 2u);
+  EXPECT_EQ(muon_owner_plan({{big, "x", 9}, {big, "y", 8}}, 2).size(), 1u);
 }
 
 TEST(MuonOwnerPlanTest, DeterministicWhateverTheInputOrder) {
@@ -313,7 +336,7 @@ TEST(MuonOwnerPlanTest, DeterministicWhateverTheInputOrder) {
                                       {9, "w.up", 90}, {1, "w.g", 1},  {3, "w.o", 30}};
   auto by_name = [](const std::vector<MuonOwnerItem>& list, int ranks) {
     std::vector<std::pair<std::string, int>> named;
-    for (const auto& bucket : muon_owner_plan(list, ranks)) {
+    for (const auto& bucket : muon_owner_plan(list, ranks, 0)) {
       for (size_t j = 0; j < bucket.items.size(); ++j) {
         named.emplace_back(list[bucket.items[j]].name, bucket.owners[j]);
       }
@@ -380,6 +403,7 @@ struct RunSetup {
   MuonOptions options;
   bool two_groups = false;  // second half of the params in a group with its own lr and wd
   std::vector<MuonHeadSplit> head_splits;  // per shape (muon_per_head); empty: none
+  int64_t min_bucket_numel = 0;  // the plan's bound is then the largest matrix: several buckets
 };
 
 void set_head_splits(Muon& muon, const std::vector<at::Tensor>& params, const RunSetup& setup) {
@@ -446,6 +470,7 @@ std::vector<std::vector<at::Tensor>> distributed_run(
       params.push_back(kind == MuonSharding::Kind::kFsdp ? dim0_chunk(full, rank, n) : full);
     }
     Muon muon(param_groups(params, setup), setup.options);
+    muon.set_owner_min_bucket_numel(setup.min_bucket_numel);
     set_head_splits(muon, params, setup);  // before the sharding, as build_optimizer does
     for (size_t i = 0; i < shapes.size(); ++i) {
       muon.set_sharding(params[i], {kind, shapes[i].shape, group[rank], shapes[i].name});

@@ -112,19 +112,7 @@ void GlooCollectives::all_reduce(at::Tensor& tensor, ReduceOp op) {
 }
 
 at::Tensor GlooCollectives::all_gather(const at::Tensor& local) {
-  check_input(local, "all_gather");
-  std::vector<int64_t> shape = local.sizes().vec();
-  if (shape.empty()) shape.push_back(1);  // a scalar gathers into a vector
-  const int64_t rows = shape[0];
-  shape[0] = rows * size_;
-  at::Tensor result = at::empty(shape, local.options());
-  // The local block reaches the n-1 peers.
-  CollectiveCallRecord record(CollectiveOp::kAllGather,
-                              (size_ - 1) * static_cast<int64_t>(local.nbytes()));
-  if (result.numel() == 0) return result;
-  at::Tensor input = local.reshape(result.narrow(0, 0, rows).sizes());
-  wait(group_->_allgather_base(result, input), "all_gather");
-  return result;
+  return all_gather_async(local)->wait();  // the same call, waited for at once
 }
 
 at::Tensor GlooCollectives::reduce_scatter_sum(const at::Tensor& full) {

@@ -168,20 +168,7 @@ void NcclCollectives::all_reduce(at::Tensor& tensor, ReduceOp op) {
 }
 
 at::Tensor NcclCollectives::all_gather(const at::Tensor& local) {
-  at::Tensor input = on_device(local, "all_gather");
-  std::vector<int64_t> shape = input.sizes().vec();
-  if (shape.empty()) shape.push_back(1);  // a scalar gathers into a vector
-  const int64_t rows = shape[0];
-  shape[0] = rows * size_;
-  at::Tensor result = at::empty(shape, input.options());
-  // The local block reaches the n-1 peers.
-  CollectiveCallRecord record(CollectiveOp::kAllGather,
-                              (size_ - 1) * static_cast<int64_t>(input.nbytes()));
-  if (result.numel() > 0) {
-    input = input.reshape(result.narrow(0, 0, rows).sizes());
-    run("all_gather", [&](c10d::Backend& group) { return group._allgather_base(result, input); });
-  }
-  return local.device() == result.device() ? result : result.to(local.device());
+  return all_gather_async(local)->wait();  // the same call, waited for at once
 }
 
 at::Tensor NcclCollectives::reduce_scatter_sum(const at::Tensor& full) {

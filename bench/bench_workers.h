@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "bench_support.h"
+#include "mixtrain/core/posix_file.h"
 #include "mixtrain/distributed/launcher.h"
 
 namespace mixtrain::bench {
@@ -64,6 +65,45 @@ inline std::vector<nlohmann::json> run_local_workers(int n, const std::string& n
     ranks.push_back(nlohmann::json::parse(in));
   }
   return ranks;
+}
+
+// A worker's figures: <out>/rank<rank>.json, published whole (the launcher never reads half a
+// file).
+inline void write_rank_result(const std::string& out, int rank, const nlohmann::json& result) {
+  const std::string path = out + "/rank" + std::to_string(rank) + ".json";
+  mixtrain::AtomicFile file(path, path + ".tmp");
+  file.write(result.dump() + "\n");
+  file.publish(/*sync_directory=*/false);
+}
+
+// The command line of a program that runs its workers at several rank counts: --nproc N
+// (repeatable, each >= 2; `default_nprocs` when none), --steps S (>= min_steps; `why_min` says
+// why, as int_at_least prints it), --work-dir, --keep, --help with `usage` (parse_arguments).
+struct RankSweepOptions {
+  std::vector<int> nprocs;
+  int steps = 0;
+  std::string work_dir;
+  bool keep = false;
+};
+inline RankSweepOptions parse_rank_sweep_options(int argc, char** argv, const char* usage,
+                                                 int default_steps, int min_steps,
+                                                 const char* why_min,
+                                                 std::vector<int> default_nprocs) {
+  RankSweepOptions options;
+  options.steps = default_steps;
+  parse_arguments(argc, argv, usage, nullptr, options.work_dir, options.keep,
+                  [&](const std::string& arg, const auto& value) {
+                    if (arg == "--nproc") {
+                      options.nprocs.push_back(int_at_least(value(), "--nproc", 2));
+                    } else if (arg == "--steps") {
+                      options.steps = int_at_least(value(), "--steps", min_steps, why_min);
+                    } else {
+                      return false;
+                    }
+                    return true;
+                  });
+  if (options.nprocs.empty()) options.nprocs = std::move(default_nprocs);
+  return options;
 }
 
 // A worker process's exit code: work()'s, or 1 with "ERROR: <what>" on stderr when it throws.

@@ -45,7 +45,6 @@
 #include "mixtrain/config/load.h"
 #include "mixtrain/core/collectives.h"
 #include "mixtrain/core/logging.h"
-#include "mixtrain/core/posix_file.h"
 #include "mixtrain/distributed/device_mesh.h"
 #include "mixtrain/distributed/fsdp.h"
 #include "mixtrain/distributed/launcher.h"
@@ -171,41 +170,19 @@ int worker_main(const std::string& config_path) {
   result["all_gather_bytes"] = gather_bytes;
   result["local_tensors"] = local_tensors;
   result["local_elements"] = local_elements;
-  const std::string path = out + "/rank" + std::to_string(rank.rank) + ".json";
-  mixtrain::AtomicFile file(path, path + ".tmp");  // the launcher never reads half a file
-  file.write(result.dump() + "\n");
-  file.publish(/*sync_directory=*/false);
+  write_rank_result(out, rank.rank, result);
   return 0;
 }
 
 // ---- launcher: one run per rank count ----
 
-struct Options {
-  std::vector<int> nprocs;
-  int steps = 3;
-  std::string work_dir;
-  bool keep = false;
-};
-
-Options parse_options(int argc, char** argv) {
-  Options options;
-  parse_arguments(
+RankSweepOptions parse_options(int argc, char** argv) {
+  return parse_rank_sweep_options(
       argc, argv,
       "[--nproc N]... [--steps S] [--work-dir DIR] [--keep]\n"
       "Bytes each rank sends per step in distributed Muon's all_to_alls (FSDP owner path,\n"
       "measured) vs all-gathering every Muon matrix (computed from the shapes).\n",
-      nullptr, options.work_dir, options.keep, [&](const std::string& arg, const auto& value) {
-        if (arg == "--nproc") {
-          options.nprocs.push_back(int_at_least(value(), "--nproc", 2));
-        } else if (arg == "--steps") {
-          options.steps = int_at_least(value(), "--steps", 2, "step 1 is not measured");
-        } else {
-          return false;
-        }
-        return true;
-      });
-  if (options.nprocs.empty()) options.nprocs = {2, 4};
-  return options;
+      3, 2, "step 1 is not measured", {2, 4});
 }
 
 std::string mib(double bytes) {
@@ -221,7 +198,7 @@ int main(int argc, char** argv) {
   const std::string worker_config = env_or(kWorkerEnv, "");
   if (!worker_config.empty()) return worker_exit_code([&] { return worker_main(worker_config); });
 
-  const Options options = parse_options(argc, argv);
+  const RankSweepOptions options = parse_options(argc, argv);
   const std::string work_dir = make_work_dir(options.work_dir, "mixtrain-muon-comm");
   const std::string config_path = work_dir + "/muon_comm.yaml";
   std::ofstream(config_path) << kConfig;

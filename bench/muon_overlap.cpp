@@ -55,7 +55,6 @@
 #include "bench_workers.h"
 #include "mixtrain/core/caching_cpu_allocator.h"
 #include "mixtrain/core/collectives.h"
-#include "mixtrain/core/posix_file.h"
 #include "mixtrain/distributed/device_mesh.h"
 #include "mixtrain/distributed/launcher.h"
 #include "mixtrain/distributed/rendezvous.h"
@@ -297,41 +296,19 @@ int worker_main(const std::string& out) {
   result["rank"] = rank;
   result["all_to_alls"] = serial_group->calls.size();
   for (const auto& [key, values] : figures) result[key] = median(values);
-  const std::string path = out + "/rank" + std::to_string(rank) + ".json";
-  AtomicFile file(path, path + ".tmp");
-  file.write(result.dump() + "\n");
-  file.publish(/*sync_directory=*/false);
+  write_rank_result(out, rank, result);
   return 0;
 }
 
 // ---- launcher ----
 
-struct Options {
-  std::vector<int> nprocs;
-  int steps = 5;
-  std::string work_dir;
-  bool keep = false;
-};
-
-Options parse_options(int argc, char** argv) {
-  Options options;
-  parse_arguments(
+RankSweepOptions parse_options(int argc, char** argv) {
+  return parse_rank_sweep_options(
       argc, argv,
       "[--nproc N]... [--steps R] [--work-dir DIR] [--keep]\n"
       "Distributed Muon's owner balance (FLOP plan vs round-robin) on the 41M config's\n"
       "matrices, and its step overlapped vs serial vs compute alone vs comm alone.\n",
-      nullptr, options.work_dir, options.keep, [&](const std::string& arg, const auto& value) {
-        if (arg == "--nproc") {
-          options.nprocs.push_back(int_at_least(value(), "--nproc", 2));
-        } else if (arg == "--steps") {
-          options.steps = int_at_least(value(), "--steps", 1);
-        } else {
-          return false;
-        }
-        return true;
-      });
-  if (options.nprocs.empty()) options.nprocs = {2};
-  return options;
+      5, 1, nullptr, {2});
 }
 
 void print_balance() {
@@ -373,7 +350,7 @@ int main(int argc, char** argv) {
   if (const char* out = std::getenv(kWorkerEnv)) {
     return worker_exit_code([&] { return worker_main(out); });
   }
-  const Options options = parse_options(argc, argv);
+  const RankSweepOptions options = parse_options(argc, argv);
   print_balance();
   const std::string work_dir = make_work_dir(options.work_dir, "mixtrain-muon-overlap");
   std::printf(

@@ -64,7 +64,8 @@ SHAPES = {  # rows > cols (transposed), rows < cols, square
 MAIN = util.MAIN
 
 
-def config(ns_dtype, adjust_lr_fn, nesterov):
+def config(ns_dtype, adjust_lr_fn, nesterov, momentum_style="ema", extra=""):
+    """The replay's Muon config; `extra`: more muon_config lines (4-space indented)."""
     return f"""optimizer:
   _target_: Muon
   fp32_main_params: true
@@ -79,8 +80,8 @@ def config(ns_dtype, adjust_lr_fn, nesterov):
     muon_ns_dtype: {ns_dtype}
     muon_adjust_lr_fn: {adjust_lr_fn}
     muon_matched_adamw_rms: 0.2
-    muon_momentum_style: ema
-""" + util.REPLAY_MIXED_PRECISION
+    muon_momentum_style: {momentum_style}
+{extra}""" + util.REPLAY_MIXED_PRECISION
 
 
 def check_torch_constants(check):
@@ -398,26 +399,17 @@ NORMUON_BETA2, NORMUON_EPS = 0.95, 1e-10
 
 
 def normuon_config(cautious):
-    return f"""optimizer:
-  _target_: Muon
-  fp32_main_params: true
-  muon_config:
-    muon_lr: {LR}
-    muon_weight_decay: {WD}
-    muon_momentum: {MU}
-    muon_nesterov: true
-    muon_ns_variant: legacy
-    muon_ns_steps: 5
-    muon_ns_epsilon: {EPS}
-    muon_ns_dtype: float32
-    muon_adjust_lr_fn: match_rms_adamw
-    muon_matched_adamw_rms: 0.2
-    muon_momentum_style: sum
-    muon_normuon: true
+    return config(
+        "float32",
+        "match_rms_adamw",
+        True,
+        momentum_style="sum",
+        extra=f"""    muon_normuon: true
     muon_normuon_beta2: {NORMUON_BETA2}
     muon_normuon_epsilon: {NORMUON_EPS}
     muon_cautious_weight_decay: {str(cautious).lower()}
-""" + util.REPLAY_MIXED_PRECISION
+""",
+    )
 
 
 def normuon_reference(params, grads, cautious, dtype):

@@ -12,8 +12,11 @@ all: build
 setup:
 	@bash scripts/setup.sh
 
+# CMAKE_ARGS: more configure options, e.g. CMAKE_ARGS=-DMIXTRAIN_CUDA=OFF (docs/development.md).
+CMAKE_ARGS ?=
+
 $(BUILD_DIR)/CMakeCache.txt: | setup
-	cmake -S . -B $(BUILD_DIR) -DCMAKE_BUILD_TYPE=Release
+	cmake -S . -B $(BUILD_DIR) -G Ninja -DCMAKE_BUILD_TYPE=Release $(CMAKE_ARGS)
 
 configure: setup $(BUILD_DIR)/CMakeCache.txt
 
@@ -25,7 +28,9 @@ build: configure
 test: build
 	ctest --test-dir $(BUILD_DIR) --output-on-failure --no-tests=error -j $(JOBS)
 
-train: build
+# Only what training needs: the mixtrain binary.
+train: configure
+	cmake --build $(BUILD_DIR) --target mixtrain -j $(JOBS)
 	$(BUILD_DIR)/mixtrain train --config $(CONFIG) --nproc $(NPROC) --run-dir $(RUN_DIR)
 
 # Every benchmark program under bench/, one after the other (figures: bench/README.md).

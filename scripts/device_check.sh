@@ -119,7 +119,7 @@ phase_configure() {
   # shellcheck disable=SC2086  # MIXTRAIN_CMAKE_ARGS: several words
   cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release \
     -DMIXTRAIN_PYTHON="$MIXTRAIN_PYTHON" -DMIXTRAIN_DEPS_DIR="$MIXTRAIN_DEPS_DIR" \
-    -DMIXTRAIN_CUDA_ARCHITECTURES=90 $MIXTRAIN_CMAKE_ARGS >>"$BUILD_LOG" 2>&1
+    -DMIXTRAIN_CUDA=ON -DMIXTRAIN_CUDA_ARCHITECTURES=90 $MIXTRAIN_CMAKE_ARGS >>"$BUILD_LOG" 2>&1
   local rc=$?
   grep -E 'mixtrain:|Found (Torch|CUDA|GTest|nlohmann|PkgConfig)|Found (sleef|libxxhash)|CMake Error' \
     "$BUILD_LOG" | sed 's/^/  /'
@@ -128,12 +128,13 @@ phase_configure() {
   return $rc
 }
 
-# The targets: tests labelled cuda, SANITY_TESTS and bench_*cuda* that exist as Ninja targets.
+# The targets: the executables of the tests labelled cuda and of SANITY_TESTS (one executable
+# holds a test folder: tests/tests.cmake), and bench_*cuda* that exist as Ninja targets.
 phase_build() {
   local all wanted=() t
   all=$(ninja -C "$BUILD_DIR" -t targets all | sed -n 's/^\([A-Za-z0-9_]*\): .*/\1/p' | sort -u)
-  for t in $(ctest --test-dir "$BUILD_DIR" -N -L cuda | sed -n 's/^ *Test *#[0-9]*: //p') $SANITY_TESTS \
-           $(grep -E '^bench_[A-Za-z0-9_]*cuda' <<<"$all"); do
+  for t in $(test_executables $(ctest --test-dir "$BUILD_DIR" -N -L cuda | sed -n 's/^ *Test *#[0-9]*: //p') \
+             $SANITY_TESTS) $(grep -E '^bench_[A-Za-z0-9_]*cuda' <<<"$all"); do
     if grep -qx "$t" <<<"$all"; then wanted+=("$t"); else echo "no target $t"; fi
   done
   echo "targets: mixtrain ${wanted[*]}"
@@ -143,6 +144,16 @@ phase_build() {
   grep -E 'FAILED:|error:|undefined reference' "$BUILD_LOG" | head -40
   tail -3 "$BUILD_LOG"
   return $rc
+}
+
+# The executables (basenames) that run the named CTest tests, from ctest's JSON listing.
+test_executables() {
+  ctest --test-dir "$BUILD_DIR" --show-only=json-v1 | "$MIXTRAIN_PYTHON" -c '
+import json, os, sys
+wanted = set(sys.argv[1:])
+tests = json.load(sys.stdin)["tests"]
+print(" ".join(sorted({os.path.basename(t["command"][0]) for t in tests
+                       if t["name"] in wanted and t.get("command")})))' "$@"
 }
 
 phase_sanity() {

@@ -11,8 +11,9 @@ cd "$(dirname "$0")/.."
 # libpcre2-dev: the regex engine of the tokenizer's pre-tokenizer (data/bpe_tokenizer).
 # libgloo-dev: headers only. The torch wheel carries Gloo inside libtorch_cpu but not its
 # headers, which c10d's ProcessGroupGloo.hpp includes.
+# ninja-build and lld: the build's generator and linker (docs/development.md).
 PACKAGES=(
-  build-essential cmake pkg-config ccache clang-format python3 python3-venv
+  build-essential cmake ninja-build lld pkg-config ccache clang-format python3 python3-venv
   libgloo-dev libsleef-dev
   libyaml-cpp-dev libtoml11-dev nlohmann-json3-dev libcli11-dev libxxhash-dev libpcre2-dev
   libgtest-dev libgmock-dev libbenchmark-dev

@@ -1,13 +1,15 @@
-// main() of the CUDA tests (tests/**/*_cuda_test.cpp, label cuda). Without a usable CUDA device
+// main() of the CUDA tests (tests/**/*_cuda_test.cpp, label cuda; one executable per folder,
+// selected per file: support/run_tests.h). Without a usable CUDA device
 // it prints why and exits 77, which CTest reports as "Skipped" (SKIP_RETURN_CODE), never as
 // passed. MIXTRAIN_REQUIRE_CUDA=1 (scripts/device_check.sh sets it on a GPU machine) turns that
 // into a failure, so a broken driver there cannot pass as a skip.
 #include <cuda_runtime_api.h>
-#include <gtest/gtest.h>
 
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+
+#include "support/run_tests.h"
 
 int main(int argc, char** argv) {
   int devices = 0;
@@ -22,6 +24,5 @@ int main(int argc, char** argv) {
     std::printf("skipped: no CUDA device (%s)\n", reason);
     return 77;
   }
-  testing::InitGoogleTest(&argc, argv);
-  return RUN_ALL_TESTS();
+  return mixtrain::testing::run_selected_tests(argc, argv);
 }

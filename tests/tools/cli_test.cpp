@@ -8,6 +8,7 @@
 #include <sstream>
 #include <string>
 
+#include "mixtrain/core/build_info.h"
 #include "tools/cli_test_util.h"
 
 namespace mixtrain::testing {
@@ -28,8 +29,9 @@ TEST(Cli, TypoedCommandNamesTheNearestCommand) {
   EXPECT_FALSE(contains(r.output, "A subcommand is required")) << r.output;
 }
 
-// `mixtrain version` names LibTorch >= 2.11 (the wheel scripts/setup.sh installs), whether CUDA
-// is compiled in, the CPU capability and the BLAS; no run starts.
+// `mixtrain version` names the kind of build (CUDA, or CPU-only and why), LibTorch >= 2.11 (the
+// wheel scripts/setup.sh installs), whether LibTorch's CUDA is loaded, the CPU capability and
+// the BLAS; no run starts.
 TEST(Cli, VersionNamesLibTorchCudaCapabilityAndBlas) {
   const CommandResult r = run_mixtrain("version");
   EXPECT_EQ(r.exit_code, 0) << r.output;
@@ -37,7 +39,13 @@ TEST(Cli, VersionNamesLibTorchCudaCapabilityAndBlas) {
   const size_t at = r.output.find("LibTorch 2.");
   ASSERT_NE(at, std::string::npos) << r.output;
   EXPECT_GE(std::stoi(r.output.substr(at + 11)), 11) << r.output;
-  EXPECT_TRUE(contains(r.output, "CUDA: compiled in")) << r.output;  // the CUDA wheel
+  if (mixtrain::built_with_cuda()) {
+    EXPECT_TRUE(contains(r.output, "\nBuild: CUDA ")) << r.output;
+    EXPECT_TRUE(contains(r.output, "CUDA: compiled in")) << r.output;  // the CUDA wheel
+  } else {
+    EXPECT_TRUE(contains(r.output, "\nBuild: CPU-only (")) << r.output;
+    EXPECT_TRUE(contains(r.output, "CUDA: not compiled in")) << r.output;
+  }
   EXPECT_TRUE(contains(r.output, "CPU capability: ")) << r.output;
   EXPECT_TRUE(contains(r.output, "BLAS: mkl")) << r.output;
 }

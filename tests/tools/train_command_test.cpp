@@ -1,5 +1,5 @@
 // `mixtrain train` end to end: the issue's "must show" run and its failure modes.
-#include <c10/cuda/CUDAFunctions.h>
+#include <ATen/detail/CUDAHooksInterface.h>
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -8,6 +8,7 @@
 #include <sstream>
 #include <vector>
 
+#include "mixtrain/core/build_info.h"
 #include "mixtrain/core/device.h"
 #include "tools/cli_test_util.h"
 
@@ -51,14 +52,16 @@ TEST(TrainCommand, BadOverrideExitsTwoBeforeWritingAnything) {
 }
 
 // train.device = cuda on a machine where it cannot be used: one line naming the key as the user
-// wrote it, exit 2, before anything starts (no run directory). Without a CUDA device (this
-// project's CI) the refusal is "no CUDA device"; on a GPU machine the launcher variables ask
-// for more ranks on this node than it has devices, which is refused before any connection.
+// wrote it, exit 2, before anything starts (no run directory). A CPU-only build says so and how
+// to get one with CUDA; without a CUDA device (this project's CI) the refusal is "no CUDA
+// device"; on a GPU machine the launcher variables ask for more ranks on this node than it has
+// devices, which is refused before any connection.
 struct DeviceRefusal {
   std::string environment;  // variables for the command
   std::string reason;       // in the message
 };
 DeviceRefusal device_refusal() {
+  if (!built_with_cuda()) return {"", "this mixtrain build is CPU-only ("};
   if (!cuda_unavailable_reason().empty()) return {"", "no CUDA device on this machine"};
   return {"RANK=0 WORLD_SIZE=4096 LOCAL_RANK=0 LOCAL_WORLD_SIZE=4096",
           "4096 ranks on this node but "};
@@ -83,19 +86,23 @@ TEST(TrainCommand, UnusableCudaDeviceExitsTwoOnTrainDeviceBeforeAnythingStarts) 
   EXPECT_FALSE(std::filesystem::exists(run.file("out")));
 }
 
-// --nproc N: the launcher refuses before starting any worker (one line, not one per rank).
+// --nproc N: the launcher refuses before starting any worker (one line, not one per rank). On a
+// GPU machine N is one more than its devices.
 TEST(TrainCommand, LauncherRefusesCudaDevicesItsWorkersCannotHave) {
-  int devices = 0;
+  int nproc = 2;
   std::string reason = "no CUDA device on this machine";
-  if (cuda_unavailable_reason().empty()) {
-    devices = static_cast<int>(c10::cuda::device_count());
-    if (devices > 1) GTEST_SKIP() << "needs a machine with at most one CUDA device";
-    reason = "2 ranks on this node but 1 CUDA devices";
+  if (!built_with_cuda()) {
+    reason = "this mixtrain build is CPU-only (";
+  } else if (cuda_unavailable_reason().empty()) {
+    const int devices = static_cast<int>(at::detail::getCUDAHooks().deviceCount());
+    nproc = devices + 1;
+    reason = std::to_string(nproc) + " ranks on this node but " + std::to_string(devices) +
+             " CUDA devices";
   }
   TempDir run;
-  CommandResult r =
-      run_mixtrain("train --nproc 2 --config " + source_path("configs/qwen2_moe_tiny.yaml") +
-                   " --set train.device=cuda --run-dir " + run.file("out"));
+  CommandResult r = run_mixtrain("train --nproc " + std::to_string(nproc) + " --config " +
+                                 source_path("configs/qwen2_moe_tiny.yaml") +
+                                 " --set train.device=cuda --run-dir " + run.file("out"));
   expect_one_line_refusal(r, "train.device", reason);
   EXPECT_EQ(r.output.find("exited with code"), std::string::npos) << "no worker ran:\n" << r.output;
   EXPECT_FALSE(std::filesystem::exists(run.file("out")));

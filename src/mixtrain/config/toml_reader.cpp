@@ -14,7 +14,7 @@ namespace {
 // std::map tables: deterministic order, so the first error reported never depends on hashing.
 using TomlValue = toml::basic_value<toml::discard_comments, std::map, std::vector>;
 
-DocValue convert(const TomlValue& value, const Where& where) {
+DocValue toml_to_doc(const TomlValue& value, const Where& where) {
   DocValue v;
   switch (value.type()) {
     case toml::value_t::boolean:
@@ -35,13 +35,13 @@ DocValue convert(const TomlValue& value, const Where& where) {
       return v;
     case toml::value_t::array:
       v.kind = DocValue::Kind::kList;
-      for (const TomlValue& item : value.as_array()) v.items.push_back(convert(item, where));
+      for (const TomlValue& item : value.as_array()) v.items.push_back(toml_to_doc(item, where));
       return v;
     case toml::value_t::table:
       v = DocValue::map();
       for (const auto& entry : value.as_table()) {
         const std::string path = where.key.empty() ? entry.first : where.key + "." + entry.first;
-        v.entries.emplace_back(entry.first, convert(entry.second, {where.origin, path}));
+        v.entries.emplace_back(entry.first, toml_to_doc(entry.second, {where.origin, path}));
       }
       return v;
     default:
@@ -76,7 +76,7 @@ DocValue read_toml_file(const std::string& path) {
   } catch (const std::exception& e) {
     throw ConfigError(path + ": TOML syntax error: " + first_line_of(e.what()));
   }
-  return convert(root, {path, ""});
+  return toml_to_doc(root, {path, ""});
 }
 
 }  // namespace mixtrain

@@ -54,7 +54,7 @@ DocValue typed_plain_scalar(const std::string& text, const Where& where) {
   return v;
 }
 
-DocValue convert(const YAML::Node& node, const Where& where) {
+DocValue yaml_to_doc(const YAML::Node& node, const Where& where) {
   switch (node.Type()) {
     case YAML::NodeType::Undefined:
     case YAML::NodeType::Null:
@@ -72,7 +72,7 @@ DocValue convert(const YAML::Node& node, const Where& where) {
     case YAML::NodeType::Sequence: {
       DocValue v;
       v.kind = DocValue::Kind::kList;
-      for (const YAML::Node& item : node) v.items.push_back(convert(item, where));
+      for (const YAML::Node& item : node) v.items.push_back(yaml_to_doc(item, where));
       return v;
     }
     case YAML::NodeType::Map: {
@@ -86,7 +86,7 @@ DocValue convert(const YAML::Node& node, const Where& where) {
               {where.origin, path},
               "duplicate key (line " + std::to_string(entry.first.Mark().line + 1) + ")");
         }
-        v.entries.emplace_back(key, convert(entry.second, {where.origin, path}));
+        v.entries.emplace_back(key, yaml_to_doc(entry.second, {where.origin, path}));
       }
       return v;
     }
@@ -112,7 +112,7 @@ DocValue read_yaml_file(const std::string& path) {
   if (!root.IsMap()) {
     throw ConfigError(path + ": the top level must be a mapping of keys (e.g. 'optimizer:')");
   }
-  return convert(root, {path, ""});
+  return yaml_to_doc(root, {path, ""});
 }
 
 DocValue parse_yaml_value(const std::string& text, const Where& where) {
@@ -122,7 +122,7 @@ DocValue parse_yaml_value(const std::string& text, const Where& where) {
   } catch (const YAML::Exception& e) {
     throw_config_error(where, "cannot parse value '" + text + "': " + e.msg);
   }
-  return convert(node, where);
+  return yaml_to_doc(node, where);
 }
 
 }  // namespace mixtrain

@@ -13,6 +13,9 @@
 #ifndef MIXTRAIN_COMMIT
 #define MIXTRAIN_COMMIT "unknown"
 #endif
+#ifndef MIXTRAIN_BUILD_KIND
+#define MIXTRAIN_BUILD_KIND "unknown"
+#endif
 
 namespace mixtrain {
 
@@ -38,6 +41,7 @@ BuildInfo build_info() {
   BuildInfo info;
   info.version = MIXTRAIN_VERSION;
   info.commit = MIXTRAIN_COMMIT;
+  info.kind = MIXTRAIN_BUILD_KIND;
   info.libtorch = TORCH_VERSION;
   const at::CUDAHooksInterface& cuda = at::detail::getCUDAHooks();
   info.cuda_compiled = cuda.isBuilt();
@@ -49,12 +53,18 @@ BuildInfo build_info() {
 }
 
 std::string format_build_info(const BuildInfo& info) {
-  return "mixtrain " + info.version + " (commit " + info.commit + ")\n" + "LibTorch " +
-         info.libtorch + "\n" +
+  return "mixtrain " + info.version + " (commit " + info.commit + ")\n" + "Build: " + info.kind +
+         "\n" + "LibTorch " + info.libtorch + "\n" +
          "CUDA: " + (info.cuda_compiled ? "compiled in" : "not compiled in") + ", " +
          std::to_string(info.cuda_devices) + " device(s) visible\n" +
          "CPU capability: " + info.cpu_capability + " (our kernels), " + info.aten_capability +
          " (ATen)\n" + "BLAS: " + (info.blas.empty() ? "none" : info.blas) + "\n";
+}
+
+std::string no_cuda_build_message() {
+  return std::string("this mixtrain build is ") + MIXTRAIN_BUILD_KIND +
+         " and cannot use a GPU; use cpu, or build on a machine with the CUDA toolkit "
+         "(nvcc on PATH; `cmake -DMIXTRAIN_CUDA=ON`, docs/development.md)";
 }
 
 void warn_if_reference_blas() {

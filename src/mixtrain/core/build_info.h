@@ -1,7 +1,8 @@
 // What this binary is and what it runs on, for `mixtrain version` and the top of every run's
-// log: mixtrain's version and commit, the LibTorch it was built against and runs with, CUDA
-// (compiled in, devices visible), the CPU capability our kernels picked, and LibTorch's BLAS.
-// The BLAS is a build property of LibTorch (the torch wheel links MKL in); a LibTorch without
+// log: mixtrain's version and commit, which kind of build it is (CUDA or CPU-only, and why: the
+// configure-time decision of cmake/torch.cmake), the LibTorch it was built against and runs with,
+// LibTorch's CUDA (loaded, devices visible), the CPU capability our kernels picked, and LibTorch's
+// BLAS. The BLAS is a build property of LibTorch (the torch wheel links MKL in); a LibTorch without
 // an optimized BLAS (BLAS_INFO absent or "generic") runs float32 GEMM many times slower: warned.
 #pragma once
 
@@ -12,8 +13,9 @@ namespace mixtrain {
 struct BuildInfo {
   std::string version;          // mixtrain's (CMake project version)
   std::string commit;           // git commit at configure time, "unknown" outside a checkout
+  std::string kind;             // "CUDA 13.0 (...)" or "CPU-only (<why>)": MIXTRAIN_CUDA's outcome
   std::string libtorch;         // TORCH_VERSION of the headers built against
-  bool cuda_compiled = false;   // LibTorch built with CUDA
+  bool cuda_compiled = false;   // LibTorch's CUDA loaded (never in a CPU-only build)
   int cuda_devices = 0;         // CUDA devices visible to this process
   std::string cpu_capability;   // our kernels' pick (core/cpu_capability)
   std::string aten_capability;  // ATen's own pick
@@ -21,6 +23,15 @@ struct BuildInfo {
 };
 
 BuildInfo build_info();
+
+// Whether this binary has the CUDA kernels and NCCL (a CUDA build; MIXTRAIN_WITH_CUDA).
+constexpr bool built_with_cuda() {
+  return MIXTRAIN_WITH_CUDA != 0;
+}
+
+// The one line a CPU-only build answers `train.device: cuda` with: what this build is and how
+// to get one with CUDA.
+std::string no_cuda_build_message();
 
 // "BLAS_INFO=mkl, ..." -> "mkl": the value of `key` in LibTorch's show_config() text.
 std::string config_value(const std::string& show_config, const std::string& key);

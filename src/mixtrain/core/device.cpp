@@ -1,13 +1,18 @@
 #include "mixtrain/core/device.h"
 
+#if MIXTRAIN_WITH_CUDA
 #include <c10/cuda/CUDAFunctions.h>
 #include <cuda_runtime_api.h>
+#endif
 
 #include <algorithm>
 #include <cstdio>
 #include <stdexcept>
 
+#include "mixtrain/core/build_info.h"
+
 namespace mixtrain {
+#if MIXTRAIN_WITH_CUDA
 namespace {
 
 // "cudaErrorNoDevice: no CUDA-capable device is detected"
@@ -45,6 +50,12 @@ void probe(int index) {
   }
 }
 
+int device_count() {
+  int devices = 0;
+  cudaGetDeviceCount(&devices);
+  return devices;
+}
+
 }  // namespace
 
 std::string cuda_unavailable_reason() {
@@ -56,6 +67,50 @@ std::string cuda_unavailable_reason() {
   }
   return devices == 0 ? "0 devices" : "";
 }
+
+std::string describe_device(c10::Device device) {
+  if (!device.is_cuda()) return device.str();
+  cudaDeviceProp properties{};
+  if (cudaGetDeviceProperties(&properties, device.index()) != cudaSuccess) {
+    cudaGetLastError();
+    return device.str();
+  }
+  char memory[32];
+  std::snprintf(memory, sizeof(memory), "%.1f GiB",
+                static_cast<double>(properties.totalGlobalMem) / (1 << 30));
+  return device.str() + " (" + properties.name + ", " + memory + ", compute capability " +
+         std::to_string(properties.major) + "." + std::to_string(properties.minor) + ")";
+}
+
+void set_current_device(c10::Device device) {
+  if (device.is_cuda()) c10::cuda::set_device(device.index());
+}
+
+#else  // a CPU-only build: no CUDA runtime; check_cuda_devices refuses cuda first
+namespace {
+
+[[noreturn]] void probe(int) {
+  throw std::invalid_argument(no_cuda_build_message());
+}
+
+int device_count() {
+  return 0;
+}
+
+}  // namespace
+
+std::string cuda_unavailable_reason() {
+  return "this build is CPU-only";
+}
+
+std::string describe_device(c10::Device device) {
+  return device.str();
+}
+
+void set_current_device(c10::Device device) {
+  if (device.is_cuda()) throw std::invalid_argument(no_cuda_build_message());
+}
+#endif
 
 std::string local_ranks_problem(int local_rank, int local_world_size, int device_count) {
   const int ranks = std::max(local_world_size, local_rank + 1);
@@ -78,33 +133,14 @@ void check_cuda_devices(int local_rank, int local_world_size) {
   if (local_rank < 0) {
     throw std::invalid_argument("local rank " + std::to_string(local_rank) + " is negative");
   }
+  if (!built_with_cuda()) throw std::invalid_argument(no_cuda_build_message());
   const std::string reason = cuda_unavailable_reason();
   if (!reason.empty()) {
     throw std::invalid_argument("no CUDA device on this machine (the CUDA runtime reports " +
                                 reason + "); use cpu or run where a GPU is");
   }
-  int devices = 0;
-  cudaGetDeviceCount(&devices);
-  const std::string problem = local_ranks_problem(local_rank, local_world_size, devices);
+  const std::string problem = local_ranks_problem(local_rank, local_world_size, device_count());
   if (!problem.empty()) throw std::invalid_argument(problem);
-}
-
-std::string describe_device(c10::Device device) {
-  if (!device.is_cuda()) return device.str();
-  cudaDeviceProp properties{};
-  if (cudaGetDeviceProperties(&properties, device.index()) != cudaSuccess) {
-    cudaGetLastError();
-    return device.str();
-  }
-  char memory[32];
-  std::snprintf(memory, sizeof(memory), "%.1f GiB",
-                static_cast<double>(properties.totalGlobalMem) / (1 << 30));
-  return device.str() + " (" + properties.name + ", " + memory + ", compute capability " +
-         std::to_string(properties.major) + "." + std::to_string(properties.minor) + ")";
-}
-
-void set_current_device(c10::Device device) {
-  if (device.is_cuda()) c10::cuda::set_device(device.index());
 }
 
 }  // namespace mixtrain

@@ -1,5 +1,8 @@
 #include "mixtrain/core/text.h"
 
+#include <algorithm>
+#include <cctype>
+
 namespace mixtrain {
 
 bool starts_with(std::string_view text, std::string_view prefix) {
@@ -17,6 +20,12 @@ std::string join(const std::vector<std::string>& parts, std::string_view separat
     out += parts[i];
   }
   return out;
+}
+
+std::string to_lower(std::string text) {
+  std::transform(text.begin(), text.end(), text.begin(),
+                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  return text;
 }
 
 std::string format_list(c10::ArrayRef<int64_t> values) {

@@ -13,6 +13,9 @@ namespace mixtrain {
 bool starts_with(std::string_view text, std::string_view prefix);
 bool ends_with(std::string_view text, std::string_view suffix);
 
+// ASCII lower case ("AdamW" -> "adamw"); other bytes unchanged.
+std::string to_lower(std::string text);
+
 // The parts with `separator` between them ("" for none).
 std::string join(const std::vector<std::string>& parts, std::string_view separator);
 

@@ -11,12 +11,15 @@
 #include <sstream>
 #include <stdexcept>
 
+#include "mixtrain/core/build_info.h"
 #include "mixtrain/core/error.h"
 #include "mixtrain/core/logging.h"
 #include "mixtrain/core/text.h"
 #include "mixtrain/distributed/collective_checks.h"
 #include "mixtrain/distributed/gloo_collectives.h"
+#if MIXTRAIN_WITH_CUDA
 #include "mixtrain/distributed/nccl_collectives.h"
+#endif
 
 namespace mixtrain {
 namespace {
@@ -243,11 +246,17 @@ DeviceMesh make_device_mesh(const RankInfo& info, const ParallelConfig& parallel
     return std::make_shared<GlooCollectives>(group, name, info.rank);
   };
   // The compute groups on CUDA: one NCCL communicator per member set, created now (collective
-  // over its members, like the Gloo connections above).
+  // over its members, like the Gloo connections above). A CPU-only build has no NCCL (and no
+  // rank gets a CUDA device there: core/device.h refuses it first).
+#if MIXTRAIN_WITH_CUDA
   std::map<std::vector<int>, std::shared_ptr<NcclGroup>> nccl_groups;
+#endif
   auto make_compute_group = [&](const char* name,
                                 const std::vector<int>& members) -> std::shared_ptr<Collectives> {
     if (!device.is_cuda()) return make_group(name, members);
+#if !MIXTRAIN_WITH_CUDA
+    throw UserError("rendezvous: " + device.str() + ": " + no_cuda_build_message());
+#else
     if (members.size() == 1) return make_local_collectives(name);
     auto& group = nccl_groups[members];
     if (!group) {
@@ -266,6 +275,7 @@ DeviceMesh make_device_mesh(const RankInfo& info, const ParallelConfig& parallel
       }
     }
     return std::make_shared<NcclCollectives>(group, name, info.rank);
+#endif
   };
   // Same kind order on every rank: each kind partitions the world, so no rank waits on a group
   // whose other members are busy connecting a different one.

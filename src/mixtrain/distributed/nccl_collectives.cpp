@@ -1,3 +1,5 @@
+// Compiled in a CUDA build only (MIXTRAIN_WITH_CUDA): a CPU-only build has no NCCL.
+#if MIXTRAIN_WITH_CUDA
 #include "mixtrain/distributed/nccl_collectives.h"
 
 #include <ATen/ATen.h>
@@ -275,3 +277,4 @@ void NcclCollectives::barrier() {
 }
 
 }  // namespace mixtrain
+#endif  // MIXTRAIN_WITH_CUDA

@@ -1,7 +1,7 @@
 #include "mixtrain/distributed/tensor_parallel.h"
 
 #include <torch/csrc/autograd/custom_function.h>
-#include <torch/torch.h>
+#include <torch/types.h>
 
 #include <stdexcept>
 #include <utility>

@@ -1,6 +1,8 @@
 #include "mixtrain/model/init_dtype.h"
 
-#include <torch/torch.h>
+#include <torch/nn/module.h>
+#include <torch/types.h>
+#include <torch/utils.h>
 
 #include <stdexcept>
 #include <string>

@@ -1,7 +1,8 @@
 #include "mixtrain/model/layers.h"
 
 #include <ATen/CPUGeneratorImpl.h>
-#include <torch/torch.h>
+#include <torch/nn/module.h>
+#include <torch/types.h>
 
 #include <cmath>
 #include <stdexcept>

@@ -1,6 +1,8 @@
 #include "mixtrain/model/qwen2.h"
 
-#include <torch/torch.h>
+#include <torch/nn/module.h>
+#include <torch/nn/modules/container/modulelist.h>
+#include <torch/types.h>
 
 #include <string>
 #include <vector>

@@ -20,7 +20,7 @@ using torch::optim::AdamWOptions;
 using torch::optim::AdamWParamState;
 
 // The first out-of-range option, or "" when all are valid.
-std::string options_problem(const AdamWOptions& options) {
+std::string adamw_options_problem(const AdamWOptions& options) {
   if (options.amsgrad()) return "amsgrad is not supported";
   if (!(options.lr() >= 0)) return "invalid learning rate " + std::to_string(options.lr());
   if (!(options.eps() >= 0)) return "invalid eps " + std::to_string(options.eps());
@@ -120,7 +120,7 @@ struct CudaBatch {
 
 AdamW::AdamW(std::vector<torch::optim::OptimizerParamGroup> groups, AdamWOptions defaults)
     : LeafOptimizer(std::move(groups), std::make_unique<AdamWOptions>(defaults)) {
-  check_options(options_problem);
+  check_options(adamw_options_problem);
 }
 
 at::Tensor AdamW::step(LossClosure closure) {
@@ -248,7 +248,7 @@ std::unique_ptr<torch::optim::OptimizerOptions> AdamW::options_with_hyperparamet
       .weight_decay(reader.number("weight_decay"))
       .amsgrad(reader.boolean("amsgrad"));
   reader.finish();
-  const std::string problem = options_problem(candidate);
+  const std::string problem = adamw_options_problem(candidate);
   if (!problem.empty()) throw std::invalid_argument(problem);
   return std::make_unique<AdamWOptions>(candidate);
 }

@@ -21,14 +21,6 @@
 namespace mixtrain {
 namespace {
 
-std::string format_sizes(at::IntArrayRef sizes) {
-  std::ostringstream out;
-  out << '[';
-  for (size_t i = 0; i < sizes.size(); ++i) out << (i ? ", " : "") << sizes[i];
-  out << ']';
-  return out.str();
-}
-
 // The fields param_groups_state adds around a leaf's group_hyperparameters.
 constexpr const char* kGroupFields[] = {"optimizer", "group", "params", "base_lr"};
 
@@ -147,8 +139,8 @@ void ChainedOptimizer::replace_parameters(const NamedTensors& replacements) {
     const Entry& e = entry(name);
     if (new_param.sizes() != e.optimizer_param.sizes())
       throw std::invalid_argument("optimizer: replacement for '" + name + "' has shape " +
-                                  format_sizes(new_param.sizes()) + ", expected " +
-                                  format_sizes(e.optimizer_param.sizes()));
+                                  format_list(new_param.sizes()) + ", expected " +
+                                  format_list(e.optimizer_param.sizes()));
   }
   std::set<size_t> touched;
   for (const auto& [name, new_param] : replacements) {
@@ -255,8 +247,8 @@ std::vector<std::string> ChainedOptimizer::check_state_dict(const NamedTensors& 
         continue;
       }
       if (t.sizes() != live.sizes())
-        problems.push_back(key + ": shape " + format_sizes(t.sizes()) + ", expected " +
-                           format_sizes(live.sizes()));
+        problems.push_back(key + ": shape " + format_list(t.sizes()) + ", expected " +
+                           format_list(live.sizes()));
       // A count (step) may come in any real dtype; the leaf checks its value below.
       if (!state_dtype_loads_into(t.scalar_type(), live.scalar_type()) &&
           !leaves_[e.leaf]->is_count_field(state_name))

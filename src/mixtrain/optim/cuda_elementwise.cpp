@@ -1,8 +1,10 @@
 #include "mixtrain/optim/cuda_elementwise.h"
 
 #include <ATen/ATen.h>
+#if MIXTRAIN_WITH_CUDA
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
+#endif
 
 #include "mixtrain/core/dtype.h"
 #include "mixtrain/optim/kernels/sum_of_squares_kernel.h"
@@ -16,9 +18,16 @@ bool float_on_cuda(const at::Tensor& t) {
          t.layout() == at::kStrided;
 }
 
+#if MIXTRAIN_WITH_CUDA
 void* current_stream(const at::Device& device) {
   return c10::cuda::getCurrentCUDAStream(device.index()).stream();
 }
+#else
+// A CPU-only build has no CUDA tensors, so every call fails its argument check first.
+[[noreturn]] void cpu_only_build(const char* op) {
+  TORCH_CHECK(false, op, ": this mixtrain build is CPU-only (no CUDA kernels)");
+}
+#endif
 
 }  // namespace
 
@@ -55,8 +64,12 @@ void adamw_step_cuda(const std::vector<AdamWCudaUpdate>& updates) {
                      model ? u.model_param.data_ptr() : nullptr,
                      model ? u.model_param.scalar_type() : at::kFloat, u.param.numel(), u.scalars});
   }
+#if MIXTRAIN_WITH_CUDA
   const c10::cuda::CUDAGuard guard(device);
   CUDA::adamw_step(table.data(), static_cast<int64_t>(table.size()), current_stream(device));
+#else
+  cpu_only_build("adamw_step_cuda");
+#endif
 }
 
 at::Tensor sum_of_squares_cuda(const std::vector<at::Tensor>& tensors, const at::Device& device) {
@@ -71,6 +84,7 @@ at::Tensor sum_of_squares_cuda(const std::vector<at::Tensor>& tensors, const at:
                 device);
     buffers.push_back({t.data_ptr(), t.numel(), t.scalar_type()});
   }
+#if MIXTRAIN_WITH_CUDA
   const auto options = at::TensorOptions().dtype(at::kDouble).device(device);
   const int64_t count = static_cast<int64_t>(buffers.size());
   at::Tensor partials = at::empty({CUDA::sum_of_squares_partials(buffers.data(), count)}, options);
@@ -79,6 +93,9 @@ at::Tensor sum_of_squares_cuda(const std::vector<at::Tensor>& tensors, const at:
   CUDA::sum_of_squares(buffers.data(), count, partials.data_ptr<double>(), out.data_ptr<double>(),
                        current_stream(device));
   return out;  // partials go back to the caching allocator, reused only after this stream's work
+#else
+  cpu_only_build("sum_of_squares_cuda");
+#endif
 }
 
 void widen_add_cuda(const at::Tensor& dst, const at::Tensor& src, bool overwrite) {
@@ -86,9 +103,14 @@ void widen_add_cuda(const at::Tensor& dst, const at::Tensor& src, bool overwrite
                   is_low_precision(src.scalar_type()) && src.numel() == dst.numel(),
               "widen_add_cuda: needs contiguous float32 dst and bfloat16/float16 src of its "
               "numel on one CUDA device");
+#if MIXTRAIN_WITH_CUDA
   const c10::cuda::CUDAGuard guard(dst.device());
   CUDA::widen_add(dst.data_ptr<float>(), src.data_ptr(), src.scalar_type(), dst.numel(), overwrite,
                   current_stream(dst.device()));
+#else
+  (void)overwrite;
+  cpu_only_build("widen_add_cuda");
+#endif
 }
 
 }  // namespace mixtrain

@@ -11,19 +11,10 @@
 
 #include "mixtrain/core/dtype.h"
 #include "mixtrain/core/logging.h"
+#include "mixtrain/core/text.h"
 
 namespace mixtrain {
-namespace {
-
-std::string format_sizes(at::IntArrayRef sizes) {
-  std::ostringstream out;
-  out << '[';
-  for (size_t i = 0; i < sizes.size(); ++i) out << (i ? ", " : "") << sizes[i];
-  out << ']';
-  return out.str();
-}
-
-}  // namespace
+namespace {}  // namespace
 
 MixedPrecisionOptimizer::MixedPrecisionOptimizer(std::unique_ptr<ChainedOptimizer> chained,
                                                  DynamicLossScalerOptions scaler_options)
@@ -189,8 +180,8 @@ std::vector<std::string> MixedPrecisionOptimizer::check_state_dict(
     }
     const at::Tensor& main = chained_->optimizer_param(name);
     if (tensor.sizes() != main.sizes())
-      problems.push_back(key + ": shape " + format_sizes(tensor.sizes()) + ", expected " +
-                         format_sizes(main.sizes()));
+      problems.push_back(key + ": shape " + format_list(tensor.sizes()) + ", expected " +
+                         format_list(main.sizes()));
     if (tensor.scalar_type() != at::kFloat)
       problems.push_back(key + ": dtype " + dtype_name(tensor.scalar_type()) +
                          ", expected float32");

@@ -1,11 +1,15 @@
 #include "mixtrain/optim/muon_fused.h"
 
+#if MIXTRAIN_WITH_CUDA
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGuard.h>
 
+#include "mixtrain/optim/kernels/muon_kernel_cuda.h"
+#endif
+
+#include "mixtrain/core/build_info.h"
 #include "mixtrain/core/cpu_capability.h"
 #include "mixtrain/core/dtype.h"
-#include "mixtrain/optim/kernels/muon_kernel_cuda.h"
 
 namespace mixtrain {
 namespace {
@@ -31,7 +35,7 @@ ApplyKernel cpu_apply_kernel() {
 
 bool muon_fusable(const at::Tensor& t, bool float32_only, c10::Device device) {
   const auto dtype = t.scalar_type();
-  return (device.is_cpu() || device.is_cuda()) && t.device() == device &&
+  return (device.is_cpu() || (built_with_cuda() && device.is_cuda())) && t.device() == device &&
          t.layout() == at::kStrided && t.is_contiguous() &&
          (dtype == at::kFloat || (!float32_only && is_low_precision(dtype)));
 }
@@ -44,10 +48,12 @@ void muon_momentum_fused(const MuonMomentumScalars& s, const at::Tensor& buffer,
                   out.numel() == buffer.numel(),
               "muon_momentum_fused: tensors the fused pass does not take");
   if (buffer.is_cuda()) {
+#if MIXTRAIN_WITH_CUDA
     const c10::cuda::CUDAGuard guard(buffer.device());
     CUDA::muon_momentum(s, buffer.data_ptr<float>(), grad.data_ptr(), grad.scalar_type(),
                         out.data_ptr(), out.scalar_type(), out.numel(),
                         at::cuda::getCurrentCUDAStream(buffer.device().index()));
+#endif
   } else {
     cpu_momentum_kernel()(s, buffer.data_ptr<float>(), grad.data_ptr(), grad.scalar_type(),
                           out.data_ptr(), out.scalar_type(), out.numel());
@@ -68,10 +74,12 @@ void muon_apply_fused(const MuonApplyScalars& s, const at::Tensor& param, const 
   void* model_ptr = model.defined() ? model.data_ptr() : nullptr;
   const auto model_dtype = model.defined() ? model.scalar_type() : at::kFloat;
   if (param.is_cuda()) {
+#if MIXTRAIN_WITH_CUDA
     const c10::cuda::CUDAGuard guard(param.device());
     CUDA::muon_apply(s, param.data_ptr<float>(), update.data_ptr(), update.scalar_type(), model_ptr,
                      model_dtype, param.numel(),
                      at::cuda::getCurrentCUDAStream(param.device().index()));
+#endif
   } else {
     cpu_apply_kernel()(s, param.data_ptr<float>(), update.data_ptr(), update.scalar_type(),
                        model_ptr, model_dtype, param.numel());

@@ -1,22 +1,16 @@
 #include "mixtrain/optim/muon_routing.h"
 
-#include <algorithm>
-#include <cctype>
 #include <string>
 #include <vector>
+
+#include "mixtrain/core/text.h"
 
 namespace mixtrain {
 namespace {
 
-std::string lower(std::string text) {
-  std::transform(text.begin(), text.end(), text.begin(),
-                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
-  return text;
-}
-
 bool contains_any(const std::string& name, const std::vector<std::string>& keywords) {
   for (const auto& keyword : keywords) {
-    if (!keyword.empty() && name.find(lower(keyword)) != std::string::npos) return true;
+    if (!keyword.empty() && name.find(to_lower(keyword)) != std::string::npos) return true;
   }
   return false;
 }

@@ -13,12 +13,6 @@
 namespace mixtrain {
 namespace {
 
-std::string lower(std::string text) {
-  std::transform(text.begin(), text.end(), text.begin(),
-                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
-  return text;
-}
-
 std::string format_number(double value) {
   std::ostringstream out;
   out << value;
@@ -43,7 +37,7 @@ std::vector<RouteEntry> route_parameters(
     const OptimizerTableEntry& entry =
         target.rule == nullptr
             ? target
-            : optimizer_named(target.rule->route(lower(name), param.dim(), config));
+            : optimizer_named(target.rule->route(to_lower(name), param.dim(), config));
     any_to_target = any_to_target || &entry == &target;
     RouteEntry route;
     route.name = name;

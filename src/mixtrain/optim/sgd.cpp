@@ -11,7 +11,7 @@ namespace mixtrain {
 namespace {
 
 // The first option torch.optim.SGD refuses, or "" when all are valid (torch/optim/sgd.py).
-std::string options_problem(const SgdOptions& options) {
+std::string sgd_options_problem(const SgdOptions& options) {
   if (!(options.lr() >= 0)) return "invalid learning rate " + std::to_string(options.lr());
   if (!(options.momentum() >= 0)) return "invalid momentum " + std::to_string(options.momentum());
   if (!(options.weight_decay() >= 0)) {
@@ -43,7 +43,7 @@ void sgd_update(const SgdOptions& options, const at::Tensor& param, at::Tensor g
 
 Sgd::Sgd(std::vector<torch::optim::OptimizerParamGroup> groups, SgdOptions defaults)
     : LeafOptimizer(std::move(groups), std::make_unique<SgdOptions>(defaults)) {
-  check_options(options_problem);
+  check_options(sgd_options_problem);
 }
 
 at::Tensor Sgd::step(LossClosure closure) {
@@ -127,7 +127,7 @@ std::unique_ptr<torch::optim::OptimizerOptions> Sgd::options_with_hyperparameter
       .weight_decay(reader.number("weight_decay"))
       .nesterov(reader.boolean("nesterov"));
   reader.finish();
-  const std::string problem = options_problem(candidate);
+  const std::string problem = sgd_options_problem(candidate);
   if (!problem.empty()) throw std::invalid_argument(problem);
   return std::make_unique<SgdOptions>(candidate);
 }

@@ -1,6 +1,6 @@
 #include "mixtrain/trainer/evaluator.h"
 
-#include <torch/torch.h>
+#include <torch/types.h>
 
 #include <cmath>
 #include <cstdio>

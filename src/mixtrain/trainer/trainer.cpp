@@ -1,7 +1,8 @@
 #include "mixtrain/trainer/trainer.h"
 
 #include <ATen/DeviceAccelerator.h>
-#include <torch/torch.h>
+#include <torch/types.h>
+#include <torch/utils.h>
 
 #include <cmath>
 #include <cstdlib>

@@ -231,7 +231,7 @@ TEST(HfImport, ExpertsWithATensorParallelSplitAreRefused) {
   EXPECT_THROW(import_hf_weights(tmp.path() + "/e", targets), std::invalid_argument);
 }
 
-std::string error_of(const std::string& dir, const NamedTensors& reference) {
+std::string import_error_of(const std::string& dir, const NamedTensors& reference) {
   Pieces pieces = pieces_of(reference, at::kFloat);
   try {
     import_hf_weights(dir, pieces.targets);
@@ -252,7 +252,7 @@ TEST(HfImport, EveryProblemIsOneErrorNamingFileAndKey) {
     change(tensors);
     fs::remove(file);
     write_safetensors(file, tensors);
-    return error_of(tmp.path() + "/x", reference);
+    return import_error_of(tmp.path() + "/x", reference);
   };
   const std::string key = "model.layers.1.self_attn.k_proj.weight";
   auto index_of = [&](const NamedTensors& t) {
@@ -285,13 +285,13 @@ TEST(HfImport, EveryProblemIsOneErrorNamingFileAndKey) {
   for (const auto& entry : fs::directory_iterator(tmp.path() + "/s")) {
     if (entry.path().string().rfind(second, 0) == 0) fs::remove(entry.path());
   }
-  message = error_of(tmp.path() + "/s", sharded);
+  message = import_error_of(tmp.path() + "/s", sharded);
   EXPECT_NE(message.find("the shard the index names for it is missing"), std::string::npos)
       << message;
   EXPECT_NE(message.find(second), std::string::npos) << message;
   std::ofstream(index)
       << R"({"weight_map": {"model.norm.weight": "model-00001-of-00009.safetensors"}})";
-  message = error_of(tmp.path() + "/s", sharded);
+  message = import_error_of(tmp.path() + "/s", sharded);
   EXPECT_NE(message.find("model.norm.weight: the shard the index names for it is missing"),
             std::string::npos)
       << message;

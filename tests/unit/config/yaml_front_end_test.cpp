@@ -15,18 +15,18 @@ void yaml_front_end(const std::string& path, TrainerConfig& config, Provenance& 
   translate_yaml(read_yaml_file(path), config, provenance);
 }
 
-Translated translate_text(const std::string& text) {
+Translated translate_yaml_text(const std::string& text) {
   Translated t = testing::translate_file("c.yaml", text, yaml_front_end);
   t.provenance.file = "c.yaml";  // the temp dir is gone; keep messages readable
   return t;
 }
 
-std::string error_of(const std::string& text) {
+std::string yaml_error_of(const std::string& text) {
   return testing::front_end_error("c.yaml", text, yaml_front_end);
 }
 
 TEST(YamlFrontEndTest, RfcSection1Verbatim) {
-  const Translated t = translate_text(testing::kRfcSection1Yaml);
+  const Translated t = translate_yaml_text(testing::kRfcSection1Yaml);
   const TrainerConfig& c = t.config;
   EXPECT_EQ(c.model_init_dtype.value_or(""), "bfloat16");
   EXPECT_EQ(c.optimizer.target, "Muon");  // normalised from the dotted class path
@@ -52,16 +52,18 @@ TEST(YamlFrontEndTest, RfcSection1Verbatim) {
 }
 
 TEST(YamlFrontEndTest, TargetSpellings) {
-  EXPECT_EQ(translate_text("optimizer:\n  _target_: AdamW\n").config.optimizer.target, "AdamW");
-  EXPECT_EQ(translate_text("optimizer:\n  _target_: Muon\n").config.optimizer.target, "Muon");
-  EXPECT_EQ(translate_text("optimizer:\n  _target_: hyper_parallel.auto_models.components.optim."
-                           "optimizer.optimizer.AdamW\n")
-                .config.optimizer.target,
+  EXPECT_EQ(translate_yaml_text("optimizer:\n  _target_: AdamW\n").config.optimizer.target,
             "AdamW");
+  EXPECT_EQ(translate_yaml_text("optimizer:\n  _target_: Muon\n").config.optimizer.target, "Muon");
+  EXPECT_EQ(
+      translate_yaml_text("optimizer:\n  _target_: hyper_parallel.auto_models.components.optim."
+                          "optimizer.optimizer.AdamW\n")
+          .config.optimizer.target,
+      "AdamW");
 }
 
 TEST(YamlFrontEndTest, AllOurSectionsAndListKeys) {
-  const Translated t = translate_text(
+  const Translated t = translate_yaml_text(
       "model:\n  num_layers: 3\ndata:\n  kind: tokens\n  path: /d/*.bin\n"
       "train:\n  lr_scheduler:\n    decay: linear\nparallel:\n  ep: 2\n"
       "checkpoint:\n  dir: ck\n  async: true\n"
@@ -86,40 +88,43 @@ TEST(YamlFrontEndTest, AllOurSectionsAndListKeys) {
 }
 
 TEST(YamlFrontEndTest, EmptySectionsAreAllowed) {
-  const Translated t = translate_text("optimizer:\nmodel:\n");
+  const Translated t = translate_yaml_text("optimizer:\nmodel:\n");
   EXPECT_EQ(t.config.optimizer.target, "AdamW");
 }
 
 TEST(YamlFrontEndTest, UnknownKeysNameTheClosestKey) {
-  EXPECT_EQ(error_of("optimizer:\n  muon_config:\n    muon_lrr: 0.02\n"),
+  EXPECT_EQ(yaml_error_of("optimizer:\n  muon_config:\n    muon_lrr: 0.02\n"),
             "optimizer.muon_config.muon_lrr: unknown key (did you mean "
             "optimizer.muon_config.muon_lr?)");
-  EXPECT_EQ(error_of("optimizer:\n  fp32_main_param: true\n"),
+  EXPECT_EQ(yaml_error_of("optimizer:\n  fp32_main_param: true\n"),
             "optimizer.fp32_main_param: unknown key (did you mean optimizer.fp32_main_params?)");
-  EXPECT_EQ(error_of("fsdp_config:\n  mixed_precision:\n    reduce_dtype: float32\n"),
+  EXPECT_EQ(yaml_error_of("fsdp_config:\n  mixed_precision:\n    reduce_dtype: float32\n"),
             "fsdp_config.mixed_precision.reduce_dtype: unknown key (did you mean "
             "fsdp_config.mix_precision.reduce_dtype?)");
   // A TOML key in a YAML file is answered with its canonical spelling.
-  EXPECT_EQ(error_of("training:\n  local_batch_size: 4\n"),
+  EXPECT_EQ(yaml_error_of("training:\n  local_batch_size: 4\n"),
             "training.local_batch_size: unknown key (did you mean data.micro_batch_size?)");
   // Derived leaves are not keys a file may set.
-  EXPECT_EQ(error_of("optimizer:\n  routing: toml\n").rfind("optimizer.routing: unknown key", 0),
-            0u);
+  EXPECT_EQ(
+      yaml_error_of("optimizer:\n  routing: toml\n").rfind("optimizer.routing: unknown key", 0),
+      0u);
 }
 
 TEST(YamlFrontEndTest, WrongTypes) {
-  EXPECT_EQ(error_of("train:\n  steps: ten\n"),
+  EXPECT_EQ(yaml_error_of("train:\n  steps: ten\n"),
             "train.steps: expected an integer, got string 'ten'");
-  EXPECT_EQ(error_of("train:\n  steps: 2.5\n"), "train.steps: expected an integer, got number 2.5");
-  EXPECT_EQ(error_of("optimizer:\n  fp32_main_params: 1\n"),
+  EXPECT_EQ(yaml_error_of("train:\n  steps: 2.5\n"),
+            "train.steps: expected an integer, got number 2.5");
+  EXPECT_EQ(yaml_error_of("optimizer:\n  fp32_main_params: 1\n"),
             "optimizer.fp32_main_params: expected true or false, got integer 1");
-  EXPECT_EQ(error_of("optimizer:\n  adamw_config:\n    adamw_betas: [0.9, 0.95, 0.99]\n"),
+  EXPECT_EQ(yaml_error_of("optimizer:\n  adamw_config:\n    adamw_betas: [0.9, 0.95, 0.99]\n"),
             "optimizer.adamw_config.adamw_betas: expected a list of 2 numbers, got a list of 3 "
             "items");
-  EXPECT_EQ(error_of("optimizer:\n  adamw_config:\n    adamw_lr: '1e-3'\n"),
+  EXPECT_EQ(yaml_error_of("optimizer:\n  adamw_config:\n    adamw_lr: '1e-3'\n"),
             "optimizer.adamw_config.adamw_lr: expected a number, got string '1e-3'");
-  EXPECT_EQ(error_of("optimizer: 3\n"), "optimizer: expected a mapping of keys, got integer 3");
-  EXPECT_EQ(error_of("model:\n  vocab_size:\n    x: 1\n"),
+  EXPECT_EQ(yaml_error_of("optimizer: 3\n"),
+            "optimizer: expected a mapping of keys, got integer 3");
+  EXPECT_EQ(yaml_error_of("model:\n  vocab_size:\n    x: 1\n"),
             "model.vocab_size: expected an integer, got a mapping");
 }
 

@@ -13,39 +13,39 @@ using testing::config_error_of;
 using testing::TempDir;
 using Kind = DocValue::Kind;
 
-const Where kWhere{"--set", "k"};
+const Where kYamlWhere{"--set", "k"};
 
 TEST(YamlReaderTest, PlainScalarsAreTypedByTheCoreSchema) {
-  EXPECT_EQ(parse_yaml_value("3", kWhere).kind, Kind::kInt);
-  EXPECT_EQ(parse_yaml_value("-12", kWhere).int_value, -12);
-  EXPECT_EQ(parse_yaml_value("1e-3", kWhere).kind, Kind::kFloat);
-  EXPECT_EQ(parse_yaml_value("1e-3", kWhere).float_value, 0.001);
-  EXPECT_EQ(parse_yaml_value("2.2e-4", kWhere).float_value, 2.2e-4);
-  EXPECT_EQ(parse_yaml_value(".5", kWhere).float_value, 0.5);
-  EXPECT_TRUE(std::isinf(parse_yaml_value(".inf", kWhere).float_value));
-  EXPECT_EQ(parse_yaml_value("true", kWhere).kind, Kind::kBool);
-  EXPECT_FALSE(parse_yaml_value("False", kWhere).bool_value);
-  EXPECT_EQ(parse_yaml_value("null", kWhere).kind, Kind::kNull);
-  EXPECT_EQ(parse_yaml_value("~", kWhere).kind, Kind::kNull);
-  EXPECT_EQ(parse_yaml_value("", kWhere).kind, Kind::kNull);
-  EXPECT_EQ(parse_yaml_value("bfloat16", kWhere).string_value, "bfloat16");
+  EXPECT_EQ(parse_yaml_value("3", kYamlWhere).kind, Kind::kInt);
+  EXPECT_EQ(parse_yaml_value("-12", kYamlWhere).int_value, -12);
+  EXPECT_EQ(parse_yaml_value("1e-3", kYamlWhere).kind, Kind::kFloat);
+  EXPECT_EQ(parse_yaml_value("1e-3", kYamlWhere).float_value, 0.001);
+  EXPECT_EQ(parse_yaml_value("2.2e-4", kYamlWhere).float_value, 2.2e-4);
+  EXPECT_EQ(parse_yaml_value(".5", kYamlWhere).float_value, 0.5);
+  EXPECT_TRUE(std::isinf(parse_yaml_value(".inf", kYamlWhere).float_value));
+  EXPECT_EQ(parse_yaml_value("true", kYamlWhere).kind, Kind::kBool);
+  EXPECT_FALSE(parse_yaml_value("False", kYamlWhere).bool_value);
+  EXPECT_EQ(parse_yaml_value("null", kYamlWhere).kind, Kind::kNull);
+  EXPECT_EQ(parse_yaml_value("~", kYamlWhere).kind, Kind::kNull);
+  EXPECT_EQ(parse_yaml_value("", kYamlWhere).kind, Kind::kNull);
+  EXPECT_EQ(parse_yaml_value("bfloat16", kYamlWhere).string_value, "bfloat16");
   // yes/no are strings in YAML 1.2, not booleans.
-  EXPECT_EQ(parse_yaml_value("yes", kWhere).kind, Kind::kString);
+  EXPECT_EQ(parse_yaml_value("yes", kYamlWhere).kind, Kind::kString);
 }
 
 TEST(YamlReaderTest, QuotedScalarsStayStrings) {
-  const DocValue v = parse_yaml_value("'3'", kWhere);
+  const DocValue v = parse_yaml_value("'3'", kYamlWhere);
   EXPECT_EQ(v.kind, Kind::kString);
   EXPECT_EQ(v.string_value, "3");
-  EXPECT_EQ(parse_yaml_value("\"true\"", kWhere).kind, Kind::kString);
+  EXPECT_EQ(parse_yaml_value("\"true\"", kYamlWhere).kind, Kind::kString);
 }
 
 TEST(YamlReaderTest, FlowListsAndNestedLists) {
-  const DocValue v = parse_yaml_value("[0.9,0.95]", kWhere);
+  const DocValue v = parse_yaml_value("[0.9,0.95]", kYamlWhere);
   ASSERT_EQ(v.kind, Kind::kList);
   ASSERT_EQ(v.items.size(), 2u);
   EXPECT_EQ(v.items[1].float_value, 0.95);
-  const DocValue nested = parse_yaml_value("[[3.4445, -4.775, 2.0315]]", kWhere);
+  const DocValue nested = parse_yaml_value("[[3.4445, -4.775, 2.0315]]", kYamlWhere);
   ASSERT_EQ(nested.items.size(), 1u);
   EXPECT_EQ(nested.items[0].items[1].float_value, -4.775);
 }

@@ -17,7 +17,7 @@
 namespace mixtrain {
 namespace {
 
-std::string from_hex(const std::string& hex) {
+std::string nfc_from_hex(const std::string& hex) {
   std::string out;
   for (size_t i = 0; i + 1 < hex.size(); i += 2) {
     out += static_cast<char>(std::stoi(hex.substr(i, 2), nullptr, 16));
@@ -55,7 +55,7 @@ TEST(UnicodeNfc, MatchesPythonUnicodedata) {
   ASSERT_EQ(reference.at("unicode"), unicode_nfc_version());
   int mismatched = 0, changed = 0;
   for (const auto& c : reference.at("cases")) {
-    const std::string text = from_hex(c.at("hex")), expected = from_hex(c.at("nfc_hex"));
+    const std::string text = nfc_from_hex(c.at("hex")), expected = nfc_from_hex(c.at("nfc_hex"));
     changed += text != expected;
     if (unicode_nfc(text) != expected && ++mismatched <= 5) {
       ADD_FAILURE() << "NFC differs for hex " << c.at("hex").get<std::string>();

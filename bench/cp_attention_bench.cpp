@@ -19,7 +19,9 @@
 //
 // Usage: bench_cp_attention_bench [--nproc N]... [--seq S]... [--reps R]
 #include <ATen/ATen.h>
-#include <torch/torch.h>
+#include <ATen/Parallel.h>
+#include <torch/autograd.h>
+#include <torch/types.h>
 #include <unistd.h>
 
 #include <chrono>

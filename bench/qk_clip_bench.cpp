@@ -15,7 +15,9 @@
 //
 //   build/bench_qk_clip_bench [--rounds R (21)] [--attention-calls N (50, per sample)]
 #include <ATen/Parallel.h>
-#include <torch/torch.h>
+#include <torch/nn/functional.h>
+#include <torch/types.h>
+#include <torch/utils.h>
 
 #include <algorithm>
 #include <chrono>

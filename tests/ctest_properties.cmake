@@ -41,8 +41,14 @@ set(MIXTRAIN_TEST_TABLE
   "tools_ckpt_command_test                   1          150      slow"    # 13.1
   "tools_data_prepare_test                   1          90"      #          9.0 (loaded machine; 12 runs of the binary)
   "tools_cli_test                            1          120      slow"    # 11.4 (on a busy machine)
-  "tools_distributed_train_test              2          300      slow"    # 12.8 + QK-clip (4 runs of 3 steps: 16 s at load 8)
-  "tools_export_hf_command_test              2          400      slow"    # 122-128 (busy machine; 8 trainings, 16 transformers runs)
+  "tools_distributed_train_test              4          300      slow"    # 22 (2026-12-03; runs of 2 and 4 ranks, QK-clip)
+  "tools_export_hf_command_test              2          400      slow"    # 82 (2026-12-03); 122-128 on a busy machine (8 trainings, 16 transformers runs)
+  "tools_eval_command_test                   4          250      slow"    # 25.5 (2026-12-03; 1, 2 and 4 ranks, transformers reference)
+  "tools_qwen2_train_test                    2          100"     #          9.2 (2026-12-03; 2 ranks)
+  "unit_model_qwen2_test                     1          180      slow"    # 17.7 (2026-12-03; transformers parity runs)
+  "unit_model_qwen2_moe_test                 1          170      slow"    # 16.6 (2026-12-03; transformers parity runs)
+  "unit_optim_newton_schulz_test             1          60"      #          5.8 (2026-12-03)
+  "unit_data_bpe_tokenizer_test              1          60"      #          1.8 (2026-12-03; the Python tokenizers reference)
   "tools_optim_replay_command_test           1          120"     #          9.3
   "tools_optim_replay_distributed_test       4          120      slow"    # 10.6
   "tools_optimizer_report_test               2          120"     #          9.6 (on a busy machine)

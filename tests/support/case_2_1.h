@@ -8,7 +8,9 @@
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <gtest/gtest.h>
-#include <torch/torch.h>
+#include <torch/nn/functional.h>
+#include <torch/nn/module.h>
+#include <torch/types.h>
 
 #include <algorithm>
 #include <cmath>

@@ -5,6 +5,9 @@
 #include <gtest/gtest.h>
 
 #include <ATen/ATen.h>
+#include <torch/nn/module.h>
+#include <torch/types.h>
+#include <nlohmann/json.hpp>
 
 #include <cmath>
 #include <filesystem>

@@ -7,7 +7,7 @@
 // compares its own slice (context_parallel_slice of the reference) with what CP gave it.
 #include <ATen/CPUGeneratorImpl.h>
 #include <gtest/gtest.h>
-#include <torch/torch.h>
+#include <torch/types.h>
 
 #include <map>
 #include <string>

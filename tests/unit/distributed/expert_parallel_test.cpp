@@ -11,7 +11,8 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <gtest/gtest.h>
 
-#include <torch/torch.h>
+#include <torch/types.h>
+#include <torch/utils.h>
 #include "support/tiny_model_config.h"
 
 #include <algorithm>

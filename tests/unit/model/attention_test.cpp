@@ -8,7 +8,8 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/Parallel.h>
 #include <gtest/gtest.h>
-#include <torch/torch.h>
+#include <torch/csrc/autograd/function.h>
+#include <torch/types.h>
 
 #include <algorithm>
 #include <cmath>

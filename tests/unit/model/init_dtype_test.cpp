@@ -4,7 +4,9 @@
 #include "mixtrain/model/init_dtype.h"
 
 #include <gtest/gtest.h>
-#include <torch/torch.h>
+#include <torch/nn/module.h>
+#include <torch/optim/sgd.h>
+#include <torch/types.h>
 
 #include <cstdint>
 #include <cstring>

@@ -8,7 +8,10 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <gtest/gtest.h>
 
-#include <torch/torch.h>
+#include <torch/nn/functional.h>
+#include <torch/nn/module.h>
+#include <torch/types.h>
+#include <torch/utils.h>
 
 #include "support/hf_parity.h"
 #include "support/tiny_model_config.h"

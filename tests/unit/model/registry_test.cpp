@@ -2,7 +2,7 @@
 #include "mixtrain/model/registry.h"
 
 #include <gtest/gtest.h>
-#include <torch/torch.h>
+#include <torch/types.h>
 
 #include <algorithm>
 #include <stdexcept>

@@ -4,7 +4,7 @@
 // from the architecture (not from the model code), checked to equal the registry's model
 // exactly on small configs of several shapes, then evaluated on the shipped config.
 #include <gtest/gtest.h>
-#include <torch/torch.h>
+#include <torch/types.h>
 
 #include <cstdint>
 

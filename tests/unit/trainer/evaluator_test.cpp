@@ -16,7 +16,8 @@
 #include <string>
 #include <vector>
 
-#include <torch/torch.h>
+#include <torch/types.h>
+#include <torch/utils.h>
 
 #include "mixtrain/core/error.h"
 #include "mixtrain/model/causal_lm.h"

@@ -286,9 +286,9 @@ double whole_scale(const MuonSharding& sharding, const MuonHeadSplit& split,
 
 // NorMuon's v rows (the param's shape without its last dim) travel with u: that many per
 // matrix of `shape` with NorMuon on, else none.
-int64_t normuon_rows(const std::vector<int64_t>& shape, const MuonOptions& options) {
+int64_t normuon_rows(c10::IntArrayRef shape, const MuonOptions& options) {
   if (!options.normuon() || shape.empty() || shape.back() == 0) return 0;
-  return product(shape, 0) / shape.back();
+  return c10::multiply_integers(shape) / shape.back();
 }
 
 // v rows of a tp slice are split like the slice's rows unless tp_dim is the last (column) dim,
@@ -368,7 +368,7 @@ void Muon::step_fsdp(Collectives& comm, const std::vector<DistributedParam>& all
   // NorMuon's v rows of this rank's shard of `item` (0 without NorMuon), and the elements one
   // row of the assembled matrix travels as (its u row, then its v row).
   auto v_rows_of = [&](size_t item) {
-    return normuon_rows(params[item]->param.sizes().vec(), options_of(item));
+    return normuon_rows(params[item]->param.sizes(), options_of(item));
   };
   auto row_payload = [&](size_t item) {
     return product(params[item]->sharding->full_shape, 1) + (options_of(item).normuon() ? 1 : 0);
@@ -531,7 +531,7 @@ void Muon::step_ddp(Collectives& comm, const std::vector<DistributedParam>& all_
 
   // NorMuon's v rows of `item` (one per row of each of its matrices; 0 without NorMuon).
   auto v_rows_of = [&](size_t item) {
-    return normuon_rows(params[item]->param.sizes().vec(), options_of(item));
+    return normuon_rows(params[item]->param.sizes(), options_of(item));
   };
   auto padded_of = [&](const MuonOwnerBucket& bucket) {
     std::vector<int64_t> block(n, 0);

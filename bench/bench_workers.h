@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -18,12 +19,14 @@
 namespace mixtrain::bench {
 
 // One spec per rank for n local workers (argv[0] = `name`): the torchrun variables (RANK,
-// WORLD_SIZE, LOCAL_RANK, MASTER_ADDR 127.0.0.1, MASTER_PORT a free port), MIXTRAIN_LAUNCHED,
-// one intra-op thread, plus `env`; rank r's output goes to log_prefix + r + ".log".
+// WORLD_SIZE, LOCAL_RANK, MASTER_ADDR 127.0.0.1, MASTER_PORT a port the specs keep reserved
+// while they live: mixtrain::ReservedPort), MIXTRAIN_LAUNCHED, one intra-op thread, plus `env`;
+// rank r's output goes to log_prefix + r + ".log".
 inline std::vector<mixtrain::WorkerSpec> local_workers(
     int n, const std::string& name, const std::map<std::string, std::string>& env,
     const std::string& log_prefix) {
-  const int port = mixtrain::pick_free_port();
+  const auto reserved = std::make_shared<const mixtrain::ReservedPort>();
+  const int port = reserved->port();
   std::vector<mixtrain::WorkerSpec> specs(n);
   for (int rank = 0; rank < n; ++rank) {
     mixtrain::WorkerSpec& spec = specs[rank];
@@ -37,6 +40,7 @@ inline std::vector<mixtrain::WorkerSpec> local_workers(
     spec.env["MIXTRAIN_LAUNCHED"] = "1";
     spec.env["OMP_NUM_THREADS"] = "1";
     spec.output_path = log_prefix + std::to_string(rank) + ".log";
+    spec.reserved_port = reserved;
   }
   return specs;
 }

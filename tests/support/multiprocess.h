@@ -18,7 +18,8 @@
 //
 // How: run_workers starts nproc copies of /proc/self/exe (the launcher's run_worker_processes:
 // reaped, no orphans) with MIXTRAIN_TEST_WORKER=<name>, the torchrun variables (RANK,
-// WORLD_SIZE, LOCAL_RANK, MASTER_ADDR=127.0.0.1, MASTER_PORT=<free>), the parallel degrees,
+// WORLD_SIZE, LOCAL_RANK, MASTER_ADDR=127.0.0.1, MASTER_PORT=<a ReservedPort, held until the
+// ranks are reaped: no parallel test can take it first>), the parallel degrees,
 // the timeout, MIXTRAIN_TEST_DIR (a fresh temp dir, removed with the WorkerResult) and
 // `extra_env`. In such a process a gtest global environment, set up before any test runs,
 // finds the body, runs it and exits: 0 if it returned with no gtest failure, 1 on a failure
@@ -113,8 +114,15 @@ inline std::map<std::string, WorkerBody>& worker_registry() {
   return registry;
 }
 
+// Names are unique per executable (one holds a whole test folder): a second body under one name
+// would silently replace the first, so it stops the executable before any test runs.
 struct WorkerRegistrar {
-  WorkerRegistrar(const char* name, WorkerBody body) { worker_registry()[name] = body; }
+  WorkerRegistrar(const char* name, WorkerBody body) {
+    if (!worker_registry().emplace(name, body).second) {
+      std::fprintf(stderr, "MIXTRAIN_WORKER(%s) is defined twice in this test executable\n", name);
+      std::abort();
+    }
+  }
 };
 
 inline double env_double(const char* key, double fallback) {
@@ -195,7 +203,8 @@ inline WorkerResult run_workers(const std::string& name, int nproc, const Parall
         std::filesystem::remove_all(*path, ignored);
         delete path;
       });
-  const int port = pick_free_port();
+  const auto reserved = std::make_shared<const ReservedPort>();
+  const int port = reserved->port();
   std::vector<WorkerSpec> specs(nproc);
   for (int rank = 0; rank < nproc; ++rank) {
     WorkerSpec& spec = specs[rank];
@@ -217,6 +226,7 @@ inline WorkerResult run_workers(const std::string& name, int nproc, const Parall
     spec.env["MIXTRAIN_LAUNCHED"] = "1";
     if (spec.env.count("OMP_NUM_THREADS") == 0) spec.env["OMP_NUM_THREADS"] = "1";
     spec.output_path = pattern + "/rank" + std::to_string(rank) + ".log";
+    spec.reserved_port = reserved;
   }
   LaunchOptions options;
   options.drain_s = std::min(timeout_s, 1.0);  // survivors print their error, then SIGTERM

@@ -245,22 +245,27 @@ std::vector<WorkerOutcome> run_worker_processes(const std::vector<WorkerSpec>& w
   return outcomes;
 }
 
-int pick_free_port() {
-  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) throw UserError(std::string("launcher: socket() failed: ") + std::strerror(errno));
+ReservedPort::ReservedPort() {
+  fd_ = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd_ < 0) throw UserError(std::string("launcher: socket() failed: ") + std::strerror(errno));
+  const int on = 1;
   sockaddr_in address{};
   address.sin_family = AF_INET;
   address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
   address.sin_port = 0;
   socklen_t length = sizeof(address);
-  if (bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) != 0 ||
-      getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length) != 0) {
+  if (setsockopt(fd_, SOL_SOCKET, SO_REUSEADDR, &on, sizeof(on)) != 0 ||
+      bind(fd_, reinterpret_cast<sockaddr*>(&address), sizeof(address)) != 0 ||
+      getsockname(fd_, reinterpret_cast<sockaddr*>(&address), &length) != 0) {
     const std::string reason = std::strerror(errno);
-    close(fd);
+    close(fd_);
     throw UserError("launcher: cannot find a free port on 127.0.0.1: " + reason);
   }
-  close(fd);
-  return ntohs(address.sin_port);
+  port_ = ntohs(address.sin_port);
+}
+
+ReservedPort::~ReservedPort() {
+  close(fd_);
 }
 
 int threads_per_worker(int nproc) {
@@ -274,7 +279,8 @@ int threads_per_worker(int nproc) {
 
 int launch_local_workers(int nproc, const std::vector<std::string>& argv, double timeout_s) {
   if (nproc < 1) throw ConfigError("--nproc: must be >= 1, got " + std::to_string(nproc));
-  const int port = pick_free_port();
+  const auto reserved = std::make_shared<const ReservedPort>();
+  const int port = reserved->port();
   const char* omp = std::getenv("OMP_NUM_THREADS");
   std::vector<WorkerSpec> workers(nproc);
   for (int rank = 0; rank < nproc; ++rank) {
@@ -287,6 +293,7 @@ int launch_local_workers(int nproc, const std::vector<std::string>& argv, double
                 {"MASTER_ADDR", "127.0.0.1"},
                 {"MASTER_PORT", std::to_string(port)},
                 {kLaunchedEnv, "1"}};
+    spec.reserved_port = reserved;
     if (omp == nullptr || *omp == '\0') {
       spec.env["OMP_NUM_THREADS"] = std::to_string(threads_per_worker(nproc));
     }

@@ -2,7 +2,8 @@
 //
 // Workers are the binary itself, re-executed (/proc/self/exe), never a bare fork: OpenMP and
 // Gloo threads do not survive fork. Each worker gets RANK, WORLD_SIZE, LOCAL_RANK,
-// LOCAL_WORLD_SIZE, MASTER_ADDR=127.0.0.1, MASTER_PORT=<a free port>, MIXTRAIN_LAUNCHED=1 and,
+// LOCAL_WORLD_SIZE, MASTER_ADDR=127.0.0.1, MASTER_PORT=<a reserved port, below>,
+// MIXTRAIN_LAUNCHED=1 and,
 // unless already set, OMP_NUM_THREADS = max(1, cores / N). Workers die with the launcher
 // (PR_SET_PDEATHSIG), so even a SIGKILLed launcher leaves no orphan.
 //
@@ -16,6 +17,7 @@
 #include <sys/types.h>
 
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -30,10 +32,41 @@ int launch_local_workers(int nproc, const std::vector<std::string>& argv, double
 
 // --- building blocks, also used by the multi-process test harness --------------------------
 
+// A TCP port on 127.0.0.1 for rank 0's store (MASTER_PORT), kept from the moment it is chosen
+// until this object is destroyed, so that nothing else can take it before rank 0 binds it.
+// (Binding port 0, reading the port and closing the socket left a window between the close and
+// rank 0's bind in which a parallel job could get the port: rank 0 then failed with "address
+// already in use", or worse, the other ranks joined that job's store.)
+//
+// How: the constructor binds a socket to 127.0.0.1:0 with SO_REUSEADDR and never listens on it.
+// While it is bound, Linux hands the port to no one else: bind(port 0) and connect()'s choice of
+// a local port skip a port that has a bound socket, and an explicit bind to it without
+// SO_REUSEADDR fails with EADDRINUSE. Rank 0's store still binds and listens on it: c10d's TCP
+// stores set SO_REUSEADDR (the libuv server through uv_tcp_bind, the legacy server itself), and
+// Linux lets a listening SO_REUSEADDR socket share a port with SO_REUSEADDR sockets that are only
+// bound. What this cannot stop: another program that binds this very port with SO_REUSEADDR and
+// listens before rank 0 does (a server configured for a fixed port inside the ephemeral range).
+// The socket is close-on-exec: workers do not inherit it. Throws UserError if no port is free.
+class ReservedPort {
+ public:
+  ReservedPort();
+  ~ReservedPort();
+  ReservedPort(const ReservedPort&) = delete;
+  ReservedPort& operator=(const ReservedPort&) = delete;
+  int port() const { return port_; }
+
+ private:
+  int fd_ = -1;
+  int port_ = 0;
+};
+
 struct WorkerSpec {
   std::vector<std::string> argv;           // argv[0] is the displayed name; exe is /proc/self/exe
   std::map<std::string, std::string> env;  // added to (overriding) the launcher's environment
   std::string output_path;                 // stdout+stderr go here; empty: inherited
+  // The reservation of env's MASTER_PORT, if the caller made one: specs built together share
+  // it, and it lasts as long as they do (run_worker_processes takes them by reference).
+  std::shared_ptr<const ReservedPort> reserved_port;
 };
 
 struct WorkerOutcome {
@@ -58,9 +91,6 @@ struct LaunchOptions {
 // Throws UserError if a process cannot be started (after stopping the ones already started).
 std::vector<WorkerOutcome> run_worker_processes(const std::vector<WorkerSpec>& workers,
                                                 const LaunchOptions& options);
-
-// A TCP port on 127.0.0.1 that was free a moment ago (bound to port 0, then released).
-int pick_free_port();
 
 // max(1, usable cores / nproc): the intra-op threads per local worker.
 int threads_per_worker(int nproc);

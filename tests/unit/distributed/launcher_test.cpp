@@ -2,17 +2,27 @@
 // SIGKILL mid-collective, a rank that hangs, a rank that raises. In each case every other rank
 // exits non-zero with a message naming its rank and the operation, within the timeout plus a
 // margin, and no worker process is left (kill(pid, 0) fails with ESRCH on every recorded pid).
+// And MASTER_PORT (ReservedPort): nothing else can take it between its choice and rank 0's
+// store binding it (issue 29 item 4: parallel tests under ctest -j).
 #include "mixtrain/distributed/launcher.h"
 
 #include <ATen/ATen.h>
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
 #include <signal.h>
 #include <stdlib.h>
+#include <sys/socket.h>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
+#include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <chrono>
 #include <csignal>
+#include <cstring>
 #include <fstream>
+#include <memory>
 #include <thread>
 
 #include "mixtrain/core/error.h"
@@ -280,6 +290,122 @@ TEST(LauncherTest, RaisingRankFailsTheOthers) {
   EXPECT_EQ(run.result.ranks[1].exit_code, 1);
   EXPECT_NE(run.result.outputs[1].find("ERROR: rank 1 gave up"), std::string::npos);
   for (double s : run.detect_s) EXPECT_LT(s, 5.0);
+}
+
+// ---- MASTER_PORT: reserved from its choice until the ranks are done -------------------------
+
+// What another program holds when it got the port: a plain server socket on 127.0.0.1:port (no
+// SO_REUSEADDR), listening. Returns its fd, or -errno when the bind failed.
+int take_port(int port) {
+  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return -errno;
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  address.sin_port = htons(static_cast<uint16_t>(port));
+  if (bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) != 0 ||
+      listen(fd, 16) != 0) {
+    const int error = errno;
+    close(fd);
+    return -error;
+  }
+  return fd;
+}
+
+// Rank 0's store as device_mesh.cpp's connect_store hosts it (libuv server), or the legacy
+// server: both set SO_REUSEADDR, which is what lets them share the port with the reservation.
+c10::intrusive_ptr<c10d::TCPStore> host_store(int port, bool libuv) {
+  c10d::TCPStoreOptions options;
+  options.port = static_cast<std::uint16_t>(port);
+  options.isServer = true;
+  options.numWorkers = 1;
+  options.waitWorkers = false;
+  options.timeout = std::chrono::seconds(10);
+  options.useLibUV = libuv;
+  return c10::make_intrusive<c10d::TCPStore>("127.0.0.1", options);
+}
+
+std::string lower(std::string text) {
+  std::transform(text.begin(), text.end(), text.begin(),
+                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  return text;
+}
+
+// The collision itself, in one process: a thief that takes a chosen port before rank 0's store
+// binds it makes the store fail ("address already in use", what a launch saw when a parallel
+// test got its port); while the port is reserved the same thief is refused, and the store
+// still binds it. After the reservation is gone the thief gets the port: it is the reservation
+// that refuses it, not something else about the port.
+TEST(ReservedPortTest, RefusesAThiefAndLetsRankZerosStoreBindThePort) {
+  int released_port = 0;
+  {
+    const ReservedPort reserved;
+    released_port = reserved.port();
+  }
+  const int early_thief = take_port(released_port);
+  ASSERT_GE(early_thief, 0) << std::strerror(-early_thief);
+  try {
+    host_store(released_port, /*libuv=*/true);
+    ADD_FAILURE() << "rank 0's store bound a port a thief holds";
+  } catch (const std::exception& error) {
+    EXPECT_NE(lower(error.what()).find("address already in use"), std::string::npos)
+        << error.what();
+  }
+  close(early_thief);
+
+  for (const bool libuv : {true, false}) {
+    SCOPED_TRACE(libuv ? "libuv store" : "legacy store");
+    auto reserved = std::make_unique<ReservedPort>();
+    const int port = reserved->port();
+    EXPECT_GT(port, 0);
+    EXPECT_EQ(take_port(port), -EADDRINUSE);
+    {
+      const auto store = host_store(port, libuv);
+      store->set("key", std::vector<uint8_t>{7});
+      EXPECT_EQ(store->get("key"), std::vector<uint8_t>{7});
+      EXPECT_EQ(take_port(port), -EADDRINUSE);  // the store and the reservation hold it
+    }
+    reserved.reset();
+    const int late_thief = take_port(port);
+    EXPECT_GE(late_thief, 0) << std::strerror(-late_thief);
+    if (late_thief >= 0) close(late_thief);
+  }
+}
+
+// Rank 0 tries to take MASTER_PORT the way another program would, at the last moment before
+// its store binds it; a thief that gets it keeps it. Then every rank joins the mesh and
+// all-reduces.
+MIXTRAIN_WORKER(thief_then_rendezvous) {
+  if (worker.rank.rank == 0) {
+    const int thief = take_port(worker.rank.master_port);
+    worker.write_text("thief", thief >= 0 ? "took the port" : std::strerror(-thief));
+  }
+  const DeviceMesh mesh = worker.make_mesh();
+  at::Tensor t = at::ones({1});
+  mesh.world->all_reduce_sum(t);
+  worker.write_text("sum" + std::to_string(worker.rank.rank), std::to_string(t.item<double>()));
+}
+
+// Both ways of starting ranks, the test harness (run_workers) and `mixtrain --nproc`
+// (launch_local_workers), keep MASTER_PORT reserved until the ranks are reaped: the thief is
+// refused and the job runs. With the port released before the ranks start (the old
+// pick_free_port), the thief takes it and rank 0 fails.
+TEST(LauncherTest, AThiefCannotTakeMasterPortBeforeRankZerosStoreBindsIt) {
+  ParallelConfig parallel;
+  parallel.dp_shard = 2;
+  const WorkerResult result = run_workers("thief_then_rendezvous", 2, parallel, {}, 20);
+  EXPECT_EQ(result.read_text("thief"), std::strerror(EADDRINUSE));
+  ASSERT_TRUE(result.all_ok()) << result.summary();
+  EXPECT_EQ(result.read_text("sum0"), std::to_string(2.0));
+  EXPECT_EQ(result.read_text("sum1"), std::to_string(2.0));
+
+  TempDir dir;
+  ScopedEnv env;
+  env.set("MIXTRAIN_TEST_WORKER", "thief_then_rendezvous");
+  env.set("MIXTRAIN_TEST_DIR", dir.path().string());
+  EXPECT_EQ(launch_local_workers(2, {"mixtrain"}, 20), 0);
+  EXPECT_EQ(dir.read("thief"), std::strerror(EADDRINUSE));
+  EXPECT_EQ(dir.read("sum1"), std::to_string(2.0));
 }
 
 }  // namespace

@@ -5,7 +5,8 @@
 #include "mixtrain/model/qwen2.h"
 
 #include <gtest/gtest.h>
-#include <torch/torch.h>
+#include <torch/types.h>
+#include <torch/utils.h>
 
 #include <algorithm>
 #include <cmath>
@@ -120,6 +121,18 @@ TEST(Qwen2, RecordsEachHeadsMaxCausalLogitOverTheForwards) {
   const torch::Tensor got = recorder->layers().at("model.layers.0.self_attn.");
 
   auto d = [&](const std::string& name) { return p.at(name).detach().to(torch::kDouble); };
+  // Rotary embedding written out here in float64, not the model's tables: position m turns the
+  // pair (x_i, x_{i+4}) of each 8-wide head by the angle m * theta^(-2i/8), i < 4 (HF's
+  // rotate_half layout: x' = x cos + (-x_{i+4}, x_i) sin).
+  auto rotate = [&](const torch::Tensor& x) {  // [B, heads, S, 8]
+    const int64_t seq = x.size(2);
+    const auto position = torch::arange(seq, torch::kDouble).unsqueeze(1);
+    const auto inv_freq = torch::pow(c.rope_theta, -torch::arange(0, 8, 2, torch::kDouble) / 8.0);
+    const auto angle = position * inv_freq.unsqueeze(0);  // [S, 4]
+    const auto cos = angle.cos(), sin = angle.sin();
+    const auto x1 = x.narrow(-1, 0, 4), x2 = x.narrow(-1, 4, 4);
+    return torch::cat({x1 * cos - x2 * sin, x2 * cos + x1 * sin}, -1);
+  };
   std::vector<double> expected(c.num_heads, -std::numeric_limits<double>::infinity());
   for (const auto& ids : batches) {
     const int64_t seq = ids.size(1);
@@ -133,9 +146,8 @@ TEST(Qwen2, RecordsEachHeadsMaxCausalLogitOverTheForwards) {
     auto k = (torch::matmul(h, d(a + "k_proj.weight").t()) + d(a + "k_proj.bias"))
                  .view({-1, seq, 2, 8})
                  .transpose(1, 2);
-    const auto [cos, sin] = rotary_cos_sin(seq, c);
-    q = apply_rotary_pos_emb(q, cos.to(torch::kDouble), sin.to(torch::kDouble));
-    k = apply_rotary_pos_emb(k, cos.to(torch::kDouble), sin.to(torch::kDouble));
+    q = rotate(q);
+    k = rotate(k);
     const auto future = torch::ones({seq, seq}, torch::kBool).triu(1);
     for (int64_t head = 0; head < 4; ++head) {
       const auto logits =
@@ -147,7 +159,9 @@ TEST(Qwen2, RecordsEachHeadsMaxCausalLogitOverTheForwards) {
     }
   }
   // The float32 model against float64: the embedding, norm and GEMMs round each value to about
-  // 1e-7 relative; logits here are 26-38: 1e-4 absolute is ~30x that.
+  // 1e-7 relative, and its float32 rotary tables are off by about 1e-7 relative too (the angle
+  // m * inv_freq, m <= 5, rounded to float32: <= 3e-7 rad); logits here are 26-38, moved by a few
+  // 1e-6 by all that: 1e-4 absolute is ~30x it.
   for (int64_t head = 0; head < 4; ++head) {
     std::cout << "head " << head << ": max logit " << got[head].item<double>() << " (float64 "
               << expected[head] << ")\n";

@@ -55,13 +55,15 @@ inline at::Tensor whole(Trainer& trainer, const std::string& name, const at::Ten
   return sharded ? sharded->gather_global(name, local.contiguous()) : local.detach().clone();
 }
 
-// One step, recorded: "loss", "grad_norm" (0-dim float64), "grad.<fqn>", "main.<fqn>",
-// "model.<fqn>".
-inline NamedTensors recorded_step(Trainer& trainer) {
+// One step, recorded: "loss", "grad_norm" (0-dim float64), with `with_aux_loss` also
+// "aux_loss" (0-dim float64, the router's load-balancing loss before its coefficient),
+// "grad.<fqn>", "main.<fqn>", "model.<fqn>".
+inline NamedTensors recorded_step(Trainer& trainer, bool with_aux_loss = false) {
   NamedTensors out;
   const StepResult result = trainer.compute_gradients();
   out.emplace_back("loss", at::scalar_tensor(result.loss, at::kDouble));
   out.emplace_back("grad_norm", at::scalar_tensor(result.grad_norm, at::kDouble));
+  if (with_aux_loss) out.emplace_back("aux_loss", at::scalar_tensor(result.aux_loss, at::kDouble));
   ChainedOptimizer& chained = trainer.optimizer().chained();
   for (const auto& name : chained.names()) {
     out.emplace_back("grad." + name, whole(trainer, name, chained.optimizer_param(name).grad()));

@@ -1,8 +1,10 @@
 // fp32-main-params fp32-main-params §2.2 (bfloat16 model, fp32_main_params, Muon + AdamW, 2 FSDP
-// ranks): train 1 step, save, a new Trainer restores, and its next step is the continuous run's
-// next step bit for bit (the same computation on the same state); the checkpoint holds an fp32 main
-// param for every bfloat16 param, bit-equal to the live one, including values bfloat16 cannot
-// represent; Muon momentum, AdamW moments, step counters and group hyper-parameters come back.
+// ranks): train 1 step, save, a new Trainer restores, and its next kLaterSteps steps are the
+// continuous run's bit for bit (the same computation on the same state, the same windows of the
+// data: a data position restored off by anything, the data-parallel degree included, reads
+// other windows and fails the loss); the checkpoint holds an fp32 main param for every bfloat16
+// param, bit-equal to the live one, including values bfloat16 cannot represent; Muon momentum,
+// AdamW moments, step counters and group hyper-parameters come back.
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
@@ -11,6 +13,7 @@
 
 #include "mixtrain/optim/training_optimizer.h"
 #include "support/multiprocess.h"
+#include "support/scoped_temp_dir.h"
 #include "support/trainer_probe.h"
 
 namespace mixtrain {
@@ -21,6 +24,15 @@ using test_support::recorded_step;
 using test_support::whole_optimizer_state;
 using testing::run_workers;
 using testing::WorkerResult;
+
+// Steps compared after the restore (steps 2..1 + kLaterSteps): more than one, so that what the
+// restore sets up for later steps (the data position advancing from where it was put, the
+// optimizer's step counters) is compared too, not only the first step.
+constexpr int kLaterSteps = 3;
+
+std::string step_file(const std::string& run, int step) {
+  return run + "_step" + std::to_string(step) + ".safetensors";
+}
 
 ResolvedConfig config_for(const testing::WorkerEnv& worker, const std::string& restore_from) {
   std::vector<std::string> overrides = {"parallel.dp_shard=2",
@@ -43,7 +55,9 @@ MIXTRAIN_WORKER(case_2_2_continuous) {
   if (worker.rank.rank == 0)
     worker.write_text("groups_at_save.json",
                       trainer.optimizer().chained().param_groups_state().dump());
-  write_on_rank0(worker, "continuous_step2.safetensors", recorded_step(trainer));
+  for (int step = 2; step <= 1 + kLaterSteps; ++step) {
+    write_on_rank0(worker, step_file("continuous", step), recorded_step(trainer));
+  }
 }
 
 MIXTRAIN_WORKER(case_2_2_restored) {
@@ -54,7 +68,9 @@ MIXTRAIN_WORKER(case_2_2_restored) {
   if (worker.rank.rank == 0)
     worker.write_text("groups_after_restore.json",
                       trainer.optimizer().chained().param_groups_state().dump());
-  write_on_rank0(worker, "restored_step2.safetensors", recorded_step(trainer));
+  for (int step = 2; step <= 1 + kLaterSteps; ++step) {
+    write_on_rank0(worker, step_file("restored", step), recorded_step(trainer));
+  }
 }
 
 // A safetensors reader independent of ours: 8-byte little-endian header length, JSON header,
@@ -81,9 +97,8 @@ RawTensor read_raw(const std::string& path, const std::string& name) {
 }
 
 TEST(RfcCase22, RestoredTrainerContinuesBitForBit) {
-  const auto ckpt =
-      std::filesystem::temp_directory_path() / ("mixtrain_case_2_2_" + std::to_string(::getpid()));
-  std::filesystem::remove_all(ckpt);
+  const test_support::ScopedTempDir dir("mixtrain_case_2_2_");  // removed however the test ends
+  const std::filesystem::path ckpt = dir.path() / "checkpoints";
   ParallelConfig parallel;
   parallel.dp_shard = 2;
   const std::map<std::string, std::string> env = {{"CKPT", ckpt.string()}};
@@ -130,11 +145,13 @@ TEST(RfcCase22, RestoredTrainerContinuesBitForBit) {
       read_safetensors((continuous.dir() / "state_at_save.safetensors").string()).tensors);
   EXPECT_EQ(restored.read_text("groups_after_restore.json"),
             continuous.read_text("groups_at_save.json"));
-  // The next step: loss, grad norm, grads, main params, model params, bit for bit.
-  test_support::expect_bitwise_equal(
-      read_safetensors((restored.dir() / "restored_step2.safetensors").string()).tensors,
-      read_safetensors((continuous.dir() / "continuous_step2.safetensors").string()).tensors);
-  std::filesystem::remove_all(ckpt);
+  // The next steps: loss, grad norm, grads, main params, model params, bit for bit.
+  for (int step = 2; step <= 1 + kLaterSteps; ++step) {
+    SCOPED_TRACE("step " + std::to_string(step));
+    test_support::expect_bitwise_equal(
+        read_safetensors((restored.dir() / step_file("restored", step)).string()).tensors,
+        read_safetensors((continuous.dir() / step_file("continuous", step)).string()).tensors);
+  }
 }
 
 }  // namespace

@@ -3,21 +3,20 @@
 // empty and no tensor is saved twice, and a restored Trainer continues exactly like the
 // continuous one (bitwise: the same computation on the same state).
 #include <gtest/gtest.h>
-#include <unistd.h>
 
 #include <filesystem>
 
 #include "mixtrain/checkpoint/storage.h"
 #include "mixtrain/optim/mixed_precision_optimizer.h"
+#include "support/scoped_temp_dir.h"
 #include "support/trainer_probe.h"
 
 namespace mixtrain {
 namespace {
 
 TEST(RfcCase23, Float32ModelKeepsNoRedundantMainParamsAndResumes) {
-  const auto dir =
-      std::filesystem::temp_directory_path() / ("mixtrain_case_2_3_" + std::to_string(::getpid()));
-  std::filesystem::remove_all(dir);
+  const test_support::ScopedTempDir scoped("mixtrain_case_2_3_");  // removed however it ends
+  const std::filesystem::path dir = scoped.path() / "run";
   const std::vector<std::string> float32 = {
       "model_init_dtype=float32", "fsdp_config.mix_precision.param_dtype=float32",
       "fsdp_config.mix_precision.output_dtype=float32", "checkpoint.dir=" + dir.string()};
@@ -59,7 +58,6 @@ TEST(RfcCase23, Float32ModelKeepsNoRedundantMainParamsAndResumes) {
   EXPECT_EQ(restored.completed_steps(), 1);
   test_support::expect_bitwise_equal(restored.optimizer().state_dict(), state_at_save);
   test_support::expect_bitwise_equal(test_support::recorded_step(restored), expected);
-  std::filesystem::remove_all(dir);
 }
 
 }  // namespace

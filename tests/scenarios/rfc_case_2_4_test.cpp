@@ -15,7 +15,6 @@
 // In 1 and 2 the next step's loss equals the saving run's next step bit for bit: the loss
 // reads only the bfloat16 model params (restored exactly), the data position and the RNG.
 #include <gtest/gtest.h>
-#include <unistd.h>
 
 #include <filesystem>
 
@@ -24,6 +23,7 @@
 #include "mixtrain/trainer/checkpointing.h"
 #include "support/checkpoint_surgery.h"
 #include "support/multiprocess.h"
+#include "support/scoped_temp_dir.h"
 #include "support/trainer_probe.h"
 
 namespace mixtrain {
@@ -95,10 +95,10 @@ struct Runs {
 
 // Saves with fp32_main_params = saved_with_main_params, resumes with the opposite.
 Runs save_and_resume(const std::string& optimizer, bool saved_with_main_params, int nproc) {
-  const auto ckpt =
-      std::filesystem::temp_directory_path() /
-      ("mixtrain_case_2_4_" + optimizer + std::to_string(nproc) + "_" + std::to_string(::getpid()));
-  std::filesystem::remove_all(ckpt);
+  // CKPT and CKPT_resumed (the resumed run's checkpoint.dir), removed however this ends.
+  const test_support::ScopedTempDir dir("mixtrain_case_2_4_" + optimizer + std::to_string(nproc) +
+                                        "_");
+  const std::filesystem::path ckpt = dir.path() / "checkpoints";
   ParallelConfig parallel;
   parallel.dp_shard = nproc;
   const std::map<std::string, std::string> env = {
@@ -112,8 +112,6 @@ Runs save_and_resume(const std::string& optimizer, bool saved_with_main_params, 
     runs.resumed = run_workers("case_2_4_resume", nproc, parallel, env);
     EXPECT_TRUE(runs.resumed.all_ok()) << runs.resumed.summary();
   }
-  std::filesystem::remove_all(ckpt);
-  std::filesystem::remove_all(ckpt.string() + "_resumed");
   return runs;
 }
 
@@ -227,9 +225,9 @@ INSTANTIATE_TEST_SUITE_P(RfcCase24, Branch2,
 
 // Branch 3, in one process: a trainer that saved at step 1 and moved on by a step.
 TEST(RfcCase24, PartialMainParamsFailListingThemAndChangeNothing) {
-  const auto dir = std::filesystem::temp_directory_path() /
-                   ("mixtrain_case_2_4_partial_" + std::to_string(::getpid()));
-  std::filesystem::remove_all(dir);
+  // Removed however the test ends.
+  const test_support::ScopedTempDir scoped("mixtrain_case_2_4_partial_");
+  const std::filesystem::path dir = scoped.path() / "run";
   const std::string ckpt_dir = (dir / "checkpoints").string();
   DeviceMesh mesh = make_single_process_mesh();
   Trainer trainer(config_for("muon", true, 1, ckpt_dir, ""), mesh, dir.string());
@@ -268,7 +266,6 @@ TEST(RfcCase24, PartialMainParamsFailListingThemAndChangeNothing) {
   // And through the constructor: the same error, exit code of a data error.
   EXPECT_THROW(Trainer(config_for("muon", true, 1, ckpt_dir, partial), mesh, dir.string()),
                DataError);
-  std::filesystem::remove_all(dir);
 }
 
 }  // namespace

@@ -11,7 +11,8 @@
 
 #include <gtest/gtest.h>
 #include <stdlib.h>
-#include <torch/torch.h>
+#include <torch/nn/functional.h>
+#include <torch/types.h>
 
 #include <algorithm>
 #include <cmath>
@@ -32,6 +33,7 @@
 #include "mixtrain/core/param_placement.h"
 #include "mixtrain/core/safetensors.h"
 #include "mixtrain/model/registry.h"
+#include "support/scoped_temp_dir.h"
 
 namespace mixtrain::test_support {
 
@@ -59,8 +61,8 @@ struct HfParity {
 // the weights and HF's gradients, and computes our side. Fails the test (gtest
 // assertion in the caller's scope: check HasFatalFailure) when the oracle fails.
 inline HfParity run_hf_parity(const ModelConfig& c, int seed, int batch, int seq) {
-  std::string dir = (std::filesystem::temp_directory_path() / "hf_parity.XXXXXX").string();
-  if (mkdtemp(dir.data()) == nullptr) throw std::runtime_error("mkdtemp failed");
+  const ScopedTempDir scoped("hf_parity.");  // removed however this returns
+  const std::string dir = scoped.path().string();
   {
     std::ofstream json(dir + "/case.json");
     json.precision(17);
@@ -143,7 +145,6 @@ inline HfParity run_hf_parity(const ModelConfig& c, int seed, int batch, int seq
   }
   import_whole(dir, params);
   import_whole(dir + "/grads", hf_grads);
-  std::filesystem::remove_all(dir);
   const auto ids = ref.at("input_ids");
   const auto out = model->forward(ids);
   // HF ForCausalLM with labels = input_ids: position t predicts token t + 1.

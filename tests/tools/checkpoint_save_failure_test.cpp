@@ -6,17 +6,20 @@
 // - disk full: the trainer resumed under RLIMIT_FSIZE (SIGXFSZ ignored, so writes fail with
 //   EFBIG as they would with ENOSPC) below the size of a rank file;
 // - an unwritable checkpoint directory (mode 0555; when the test runs as root, for whom
-//   permission bits do not apply, the run goes into a new user namespace, which drops root's
-//   capabilities but keeps it the owner of its files: the binary, .venv and a clone under a
-//   0700 directory stay reachable, and the 0555 directory refuses writes);
+//   permission bits do not apply, the run drops CAP_DAC_OVERRIDE and CAP_DAC_READ_SEARCH from
+//   its bounding set, so root obeys permission bits but stays the owner of its files: the
+//   binary, .venv and a clone under a 0700 directory stay reachable, and the 0555 directory
+//   refuses writes. A new user namespace did the same, but a chroot (fresh-debian.sh) refuses
+//   CLONE_NEWUSER);
 // - an asynchronous save whose writer fails: the error reaches the training loop at the next
 //   save (step 6 joins the failed save of step 4), which stops with exit 1: no step 7.
 // Runs of the binary use the tiny fp32-main-params config (§1) (bfloat16, Muon + AdamW), ~1 s of
 // training each.
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
-#include <sched.h>
+#include <linux/capability.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -178,7 +181,11 @@ CommandResult run_limited(const std::string& arguments, const Limits& limits,
       const rlimit limit{limits.file_size, limits.file_size};
       if (::setrlimit(RLIMIT_FSIZE, &limit) != 0) ::_exit(126);
     }
-    if (limits.unprivileged && ::geteuid() == 0 && ::unshare(CLONE_NEWUSER) != 0) {
+    // Root without the two capabilities that bypass permission bits, for this child and what it
+    // execs: out of the bounding set, root's capabilities cannot come back at execve.
+    if (limits.unprivileged && ::geteuid() == 0 &&
+        (::prctl(PR_CAPBSET_DROP, CAP_DAC_OVERRIDE, 0, 0, 0) != 0 ||
+         ::prctl(PR_CAPBSET_DROP, CAP_DAC_READ_SEARCH, 0, 0, 0) != 0)) {
       ::_exit(126);
     }
     ::execl("/bin/sh", "sh", "-c", command.c_str(), static_cast<char*>(nullptr));

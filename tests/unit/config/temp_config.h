@@ -3,7 +3,6 @@
 #pragma once
 
 #include <gtest/gtest.h>
-#include <stdlib.h>
 
 #include <filesystem>
 #include <fstream>
@@ -11,24 +10,12 @@
 #include <string>
 
 #include "mixtrain/core/error.h"
+#include "support/scoped_temp_dir.h"
 
 namespace mixtrain::testing {
 
 class TempDir {
  public:
-  TempDir() {
-    std::string pattern =
-        (std::filesystem::temp_directory_path() / "mixtrain_config_XXXXXX").string();
-    if (mkdtemp(pattern.data()) == nullptr) throw std::runtime_error("mkdtemp failed");
-    path_ = pattern;
-  }
-  ~TempDir() {
-    std::error_code ignored;
-    std::filesystem::remove_all(path_, ignored);
-  }
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-
   // Writes `text` to <dir>/<name> and returns the full path.
   std::string write(const std::string& name, const std::string& text) const {
     const std::string file = path_ + "/" + name;
@@ -38,7 +25,8 @@ class TempDir {
   const std::string& path() const { return path_; }
 
  private:
-  std::string path_;
+  test_support::ScopedTempDir dir_{"mixtrain_config_"};  // mkdtemp, removed with the object
+  std::string path_ = dir_.path().string();
 };
 
 // The ConfigError message `call` throws; fails the test if it throws nothing or something else.

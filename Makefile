@@ -23,8 +23,8 @@ configure: setup $(BUILD_DIR)/CMakeCache.txt
 build: configure
 	cmake --build $(BUILD_DIR) -j $(JOBS)
 
-# `build` compiles the bench programs too (not run here: `make bench`). --no-tests=error: a
-# test run that finds no tests fails.
+# `build` compiles `mixtrain` and the test executables (the bench programs: `make bench`).
+# --no-tests=error: a test run that finds no tests fails.
 test: build
 	ctest --test-dir $(BUILD_DIR) --output-on-failure --no-tests=error -j $(JOBS)
 

@@ -73,8 +73,15 @@ foreach(test_source ${MIXTRAIN_TEST_SOURCES})
     target_compile_options(${executable} PRIVATE ${MIXTRAIN_TEST_OPTIONS})
     target_include_directories(${executable} PRIVATE tests)
     target_compile_definitions(${executable} PRIVATE ${MIXTRAIN_TEST_DEFINITIONS})
-    if(NOT folder MATCHES "^(unit/distributed|unit/optim|scenarios|tools)$")
-      mixtrain_unity(${executable})  # the other folders still repeat helper names across files
+    # Unity batches (MIXTRAIN_UNITY): a test file keeps its helpers and tests in
+    # `namespace MIXTRAIN_FILE_LOCAL {`, a name unique to the file in a unity batch (CMake's
+    # UNITY_BUILD_UNIQUE_ID) and empty, i.e. an anonymous namespace, otherwise; so files of one
+    # batch may use the same helper names.
+    mixtrain_unity(${executable})
+    if(MIXTRAIN_UNITY)
+      set_target_properties(${executable} PROPERTIES UNITY_BUILD_UNIQUE_ID MIXTRAIN_FILE_LOCAL)
+    else()
+      target_compile_definitions(${executable} PRIVATE MIXTRAIN_FILE_LOCAL=)
     endif()
     # tests/unit/<module>/ links that module; scenario and tool tests link the whole trainer. The
     # distributed tests also build the optimizer on the sharded model, as the trainer does; the

@@ -33,7 +33,7 @@
 #include "support/trainer_probe.h"
 
 namespace mixtrain {
-namespace {
+namespace MIXTRAIN_FILE_LOCAL {
 
 using test_support::checkpoint_test_config;
 using test_support::recorded_step;
@@ -321,5 +321,5 @@ TEST_F(CheckpointResharding, NorMuonStateFollowsTheRowsFsdpAndTpToOne) {
   }
 }
 
-}  // namespace
+}  // namespace MIXTRAIN_FILE_LOCAL
 }  // namespace mixtrain

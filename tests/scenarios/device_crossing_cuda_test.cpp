@@ -15,7 +15,7 @@
 #include "tools/cli_test_util.h"
 
 namespace mixtrain {
-namespace {
+namespace MIXTRAIN_FILE_LOCAL {
 
 using test_support::as_map;
 using test_support::checkpoint_test_config;
@@ -130,5 +130,5 @@ TEST(DeviceCrossing, FirstStepsMatchTheCpuRun) {
   }
 }
 
-}  // namespace
+}  // namespace MIXTRAIN_FILE_LOCAL
 }  // namespace mixtrain

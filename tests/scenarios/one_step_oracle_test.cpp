@@ -37,7 +37,7 @@
 #include "support/trainer_probe.h"
 
 namespace mixtrain {
-namespace {
+namespace MIXTRAIN_FILE_LOCAL {
 
 using Tensors = std::map<std::string, at::Tensor>;
 
@@ -327,5 +327,5 @@ TEST(OneStepOracle, RfcConfigWithBfloat16NewtonSchulz) {
   run_one_step_against_the_oracle({}, {/*per_element=*/false, 0.5});
 }
 
-}  // namespace
+}  // namespace MIXTRAIN_FILE_LOCAL
 }  // namespace mixtrain

@@ -45,7 +45,7 @@
 #include "support/trainer_probe.h"
 
 namespace mixtrain {
-namespace {
+namespace MIXTRAIN_FILE_LOCAL {
 
 using test_support::as_map;
 using test_support::recorded_step;
@@ -264,5 +264,5 @@ TEST(RfcCase21Scale, TopTwoRoutingEightRanksMatchUnshardedReferenceStepByStep) {
   compare_with_reference(/*top_k=*/2, /*routing_pinned=*/false);
 }
 
-}  // namespace
+}  // namespace MIXTRAIN_FILE_LOCAL
 }  // namespace mixtrain

@@ -17,7 +17,7 @@
 #include "support/trainer_probe.h"
 
 namespace mixtrain {
-namespace {
+namespace MIXTRAIN_FILE_LOCAL {
 
 using test_support::checkpoint_test_config;
 using test_support::recorded_step;
@@ -154,5 +154,5 @@ TEST(RfcCase22, RestoredTrainerContinuesBitForBit) {
   }
 }
 
-}  // namespace
+}  // namespace MIXTRAIN_FILE_LOCAL
 }  // namespace mixtrain

@@ -12,7 +12,7 @@
 #include "support/trainer_probe.h"
 
 namespace mixtrain {
-namespace {
+namespace MIXTRAIN_FILE_LOCAL {
 
 TEST(RfcCase23, Float32ModelKeepsNoRedundantMainParamsAndResumes) {
   const test_support::ScopedTempDir scoped("mixtrain_case_2_3_");  // removed however it ends
@@ -60,5 +60,5 @@ TEST(RfcCase23, Float32ModelKeepsNoRedundantMainParamsAndResumes) {
   test_support::expect_bitwise_equal(test_support::recorded_step(restored), expected);
 }
 
-}  // namespace
+}  // namespace MIXTRAIN_FILE_LOCAL
 }  // namespace mixtrain

@@ -27,7 +27,7 @@
 #include "support/trainer_probe.h"
 
 namespace mixtrain {
-namespace {
+namespace MIXTRAIN_FILE_LOCAL {
 
 using test_support::as_map;
 using testing::run_workers;
@@ -268,5 +268,5 @@ TEST(RfcCase24, PartialMainParamsFailListingThemAndChangeNothing) {
                DataError);
 }
 
-}  // namespace
+}  // namespace MIXTRAIN_FILE_LOCAL
 }  // namespace mixtrain

@@ -45,7 +45,7 @@
 #include "support/trainer_probe.h"
 
 namespace mixtrain {
-namespace {
+namespace MIXTRAIN_FILE_LOCAL {
 
 using test_support::as_map;
 using test_support::recorded_step;
@@ -273,5 +273,5 @@ TEST(RfcSystemTest, MuonAdamWEightRanksDpCpTpEpFsdpMatchOneProcessFor20Steps) {
   compare_with_reference("Muon", /*top_k=*/4, /*routing_pinned=*/true);
 }
 
-}  // namespace
+}  // namespace MIXTRAIN_FILE_LOCAL
 }  // namespace mixtrain

@@ -17,7 +17,7 @@
 //     timeout leaves nothing behind. The death signal follows the thread that forked: start
 //     children from the test's own thread, not from a thread that exits before them.
 // stdout/stderr go to a file, to /dev/null, to a pipe the test reads (capture_output), or stay
-// the test's own.
+// the test's own; stdin is the test's own or a pipe the test writes (pipe_input).
 #pragma once
 
 #include <dirent.h>
@@ -46,6 +46,7 @@ struct ChildOptions {
   std::string stdout_path;                 // "": the test's own stdout (unless capture_output)
   std::string stderr_path;                 // "": the test's own stderr (unless capture_output)
   bool capture_output = false;             // stdout and stderr together into a pipe: read_output()
+  bool pipe_input = false;                 // stdin from a pipe: write_input()
   std::map<std::string, std::string> env;  // added to (overriding) the test's environment
 };
 
@@ -71,6 +72,10 @@ class ChildProcess {
     if (options.capture_output && pipe2(pipe_fds, O_CLOEXEC) != 0) {
       throw std::runtime_error(std::string("ChildProcess: pipe: ") + std::strerror(errno));
     }
+    int input_fds[2] = {-1, -1};
+    if (options.pipe_input && pipe2(input_fds, O_CLOEXEC) != 0) {
+      throw std::runtime_error(std::string("ChildProcess: pipe: ") + std::strerror(errno));
+    }
     const pid_t parent = getpid();
     pid_ = fork();
     if (pid_ < 0) {
@@ -84,6 +89,7 @@ class ChildProcess {
         dup2(pipe_fds[1], STDOUT_FILENO);  // dup2 clears O_CLOEXEC on the copies
         dup2(pipe_fds[1], STDERR_FILENO);
       }
+      if (options.pipe_input) dup2(input_fds[0], STDIN_FILENO);
       redirect(options.stdout_path, STDOUT_FILENO);
       redirect(options.stderr_path, STDERR_FILENO);
       execve(args[0], args.data(), envp.data());
@@ -94,10 +100,15 @@ class ChildProcess {
       close(pipe_fds[1]);
       output_fd_ = pipe_fds[0];
     }
+    if (options.pipe_input) {
+      close(input_fds[0]);
+      input_fd_ = input_fds[1];
+    }
   }
   ~ChildProcess() {
     stop();
     if (output_fd_ >= 0) close(output_fd_);
+    if (input_fd_ >= 0) close(input_fd_);
   }
   ChildProcess(const ChildProcess&) = delete;
   ChildProcess& operator=(const ChildProcess&) = delete;
@@ -124,6 +135,46 @@ class ChildProcess {
       }
     }
     return text;
+  }
+
+  // The next line the child writes (without its newline); nullopt once it closes its output
+  // (capture_output).
+  std::optional<std::string> read_line() {
+    std::string line;
+    char c;
+    for (;;) {
+      const ssize_t n = read(output_fd_, &c, 1);
+      if (n == 1) {
+        if (c == '\n') return line;
+        line += c;
+      } else if (n == 0 || errno != EINTR) {
+        return std::nullopt;
+      }
+    }
+  }
+
+  // Writes `text` to the child's stdin (pipe_input); false when the child no longer reads it. A
+  // closed pipe's SIGPIPE is blocked and taken back here, so it cannot end the test.
+  bool write_input(const std::string& text) {
+    sigset_t pipe_signal, old;
+    sigemptyset(&pipe_signal);
+    sigaddset(&pipe_signal, SIGPIPE);
+    pthread_sigmask(SIG_BLOCK, &pipe_signal, &old);
+    size_t done = 0;
+    bool ok = input_fd_ >= 0;
+    while (ok && done < text.size()) {
+      const ssize_t n = write(input_fd_, text.data() + done, text.size() - done);
+      if (n > 0) {
+        done += static_cast<size_t>(n);
+      } else if (n < 0 && errno != EINTR) {
+        ok = false;
+      }
+    }
+    const timespec now{0, 0};
+    while (sigtimedwait(&pipe_signal, nullptr, &now) == SIGPIPE) {
+    }
+    pthread_sigmask(SIG_SETMASK, &old, nullptr);
+    return ok;
   }
 
   // Waits for the child to end; returns its raw waitpid status (WIFEXITED, ...).
@@ -173,6 +224,7 @@ class ChildProcess {
 
   pid_t pid_ = -1;
   int output_fd_ = -1;
+  int input_fd_ = -1;
   std::optional<int> status_;
 };
 

@@ -33,6 +33,7 @@
 #include "mixtrain/core/param_placement.h"
 #include "mixtrain/core/safetensors.h"
 #include "mixtrain/model/registry.h"
+#include "support/python_script.h"
 #include "support/scoped_temp_dir.h"
 
 namespace mixtrain::test_support {
@@ -86,14 +87,8 @@ inline HfParity run_hf_parity(const ModelConfig& c, int seed, int batch, int seq
          << ", \"attention_bias\": " << (c.attention_bias ? "true" : "false")
          << ", \"norm_topk_prob\": " << (c.norm_topk_prob ? "true" : "false") << "}}\n";
   }
-  const std::string command = std::string("'") + MIXTRAIN_PYTHON + "' '" + MIXTRAIN_SOURCE_DIR +
-                              "/tests/python/hf_parity.py' model '" + dir + "/case.json' '" + dir +
-                              "'";
   HfParity r;
-  if (std::system(command.c_str()) != 0) {
-    ADD_FAILURE() << "failed: " << command;
-    return r;
-  }
+  if (!python_script_succeeds({"hf_parity.py", "model", dir + "/case.json", dir})) return r;
   std::map<std::string, torch::Tensor> ref;
   for (const auto& [name, t] : read_safetensors(dir + "/reference.safetensors").tensors) {
     ref[name] = t;

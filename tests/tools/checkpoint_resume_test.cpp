@@ -22,7 +22,7 @@
 #include "tools/cli_test_util.h"
 
 namespace mixtrain::testing {
-namespace {
+namespace MIXTRAIN_FILE_LOCAL {
 
 // The fp32-main-params §1 configuration (bfloat16, fp32 main params, Muon + AdamW) with a constant
 // LR, so that steps 1-2 do not depend on train.steps.
@@ -156,5 +156,5 @@ TEST(CheckpointResume, KillNineDuringSavesLeavesLoadableCheckpoint) {
       << resumed.output;
 }
 
-}  // namespace
+}  // namespace MIXTRAIN_FILE_LOCAL
 }  // namespace mixtrain::testing

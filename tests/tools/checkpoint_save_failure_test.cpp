@@ -36,7 +36,7 @@
 #include "tools/cli_test_util.h"
 
 namespace mixtrain::testing {
-namespace {
+namespace MIXTRAIN_FILE_LOCAL {
 
 namespace fs = std::filesystem;
 
@@ -283,5 +283,5 @@ TEST_F(TrainerSaveFailure, AsyncWriterFailureStopsTheTrainingLoop) {
   EXPECT_FALSE(fs::exists(checkpoints_ + "/step-00000006"));
 }
 
-}  // namespace
+}  // namespace MIXTRAIN_FILE_LOCAL
 }  // namespace mixtrain::testing

@@ -15,7 +15,7 @@
 #include "tools/cli_test_util.h"
 
 namespace mixtrain::testing {
-namespace {
+namespace MIXTRAIN_FILE_LOCAL {
 
 // What the failing body saw (EXPECT_FATAL_FAILURE's statement cannot use locals).
 pid_t g_launcher = -1;
@@ -59,5 +59,5 @@ TEST(ChildProcessGuard, FailedAssertionKillsTheRunAndItsRanks) {
   }
 }
 
-}  // namespace
+}  // namespace MIXTRAIN_FILE_LOCAL
 }  // namespace mixtrain::testing

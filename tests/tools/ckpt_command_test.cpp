@@ -13,7 +13,7 @@
 #include "tools/cli_test_util.h"
 
 namespace mixtrain::testing {
-namespace {
+namespace MIXTRAIN_FILE_LOCAL {
 
 bool contains(const std::string& text, const std::string& fragment) {
   return text.find(fragment) != std::string::npos;
@@ -258,5 +258,5 @@ TEST(CkptCommand, BadInputIsOneErrorLineAndExitOne) {
   EXPECT_EQ(r.exit_code, 2) << r.output;
 }
 
-}  // namespace
+}  // namespace MIXTRAIN_FILE_LOCAL
 }  // namespace mixtrain::testing

@@ -12,7 +12,7 @@
 #include "tools/cli_test_util.h"
 
 namespace mixtrain::testing {
-namespace {
+namespace MIXTRAIN_FILE_LOCAL {
 
 bool contains(const std::string& text, const std::string& needle) {
   return text.find(needle) != std::string::npos;
@@ -154,5 +154,5 @@ TEST(Cli, NprocMismatchNamesTheDegreesAsWritten) {
       << r.output;
 }
 
-}  // namespace
+}  // namespace MIXTRAIN_FILE_LOCAL
 }  // namespace mixtrain::testing

@@ -7,7 +7,7 @@
 #include "tools/cli_test_util.h"
 
 namespace mixtrain::testing {
-namespace {
+namespace MIXTRAIN_FILE_LOCAL {
 
 bool has_line_with(const std::string& text, const std::string& a, const std::string& b) {
   size_t start = 0;
@@ -65,5 +65,5 @@ TEST(ConfigShowCommand, UnknownKeyInFileNamesFileKeyAndSuggestion) {
   EXPECT_NE(r.output.find("train.steps"), std::string::npos) << r.output;
 }
 
-}  // namespace
+}  // namespace MIXTRAIN_FILE_LOCAL
 }  // namespace mixtrain::testing

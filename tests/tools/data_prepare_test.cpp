@@ -15,10 +15,11 @@
 #include <vector>
 
 #include "mixtrain/data/token_file_dataset.h"
+#include "support/python_script.h"
 #include "tools/cli_test_util.h"
 
 namespace mixtrain {
-namespace {
+namespace MIXTRAIN_FILE_LOCAL {
 
 namespace fs = std::filesystem;
 using testing::run_mixtrain;
@@ -80,10 +81,9 @@ std::vector<std::vector<uint32_t>> reference_ids(const TempDir& dir, const std::
   nlohmann::json hexes = nlohmann::json::array();
   for (const auto& d : docs) hexes.push_back(hex(d));
   spit(dir.file("docs.json"), hexes.dump());
-  const std::string command = std::string("'") + MIXTRAIN_PYTHON + "' '" + MIXTRAIN_SOURCE_DIR +
-                              "/tests/python/hf_tokenizer_reference.py' encode '" + tokenizer +
-                              "' '" + dir.file("docs.json") + "' '" + dir.file("ids.json") + "'";
-  EXPECT_EQ(std::system(command.c_str()), 0) << command;
+  EXPECT_TRUE(
+      test_support::python_script_succeeds({"hf_tokenizer_reference.py", "encode", tokenizer,
+                                            dir.file("docs.json"), dir.file("ids.json")}));
   return nlohmann::json::parse(slurp(dir.file("ids.json")))
       .get<std::vector<std::vector<uint32_t>>>();
 }
@@ -147,10 +147,8 @@ class DataPrepareTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
     tokenizers_ = std::make_unique<TempDir>();
-    const std::string command = std::string("'") + MIXTRAIN_PYTHON + "' '" + MIXTRAIN_SOURCE_DIR +
-                                "/tests/python/hf_tokenizer_reference.py' make '" +
-                                tokenizers_->path() + "'";
-    ASSERT_EQ(std::system(command.c_str()), 0) << command;
+    ASSERT_TRUE(test_support::python_script_succeeds(
+        {"hf_tokenizer_reference.py", "make", tokenizers_->path()}));
   }
   static void TearDownTestSuite() { tokenizers_.reset(); }
   static std::string tokenizer(const std::string& name) {
@@ -319,5 +317,5 @@ TEST_F(DataPrepareTest, ErrorsLeaveTheOutputDirectoryAsItWas) {
   EXPECT_EQ(result.exit_code, 2) << result.output;
 }
 
-}  // namespace
+}  // namespace MIXTRAIN_FILE_LOCAL
 }  // namespace mixtrain

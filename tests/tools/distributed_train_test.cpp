@@ -19,7 +19,7 @@
 #include "tools/cli_test_util.h"
 
 namespace mixtrain::testing {
-namespace {
+namespace MIXTRAIN_FILE_LOCAL {
 
 // `train` of configs/qwen2_moe_tiny.yaml with `args` into run/<name>: its metrics rows (none if
 // it failed, with the output reported).
@@ -232,5 +232,5 @@ TEST(DistributedTrain, Qwen3MoeFsdpExpertParallelResumes) {
               a[0]["grad_norm"].get<double>(), b[0]["grad_norm"].get<double>());
 }
 
-}  // namespace
+}  // namespace MIXTRAIN_FILE_LOCAL
 }  // namespace mixtrain::testing

@@ -15,7 +15,7 @@
 #include "tools/cli_test_util.h"
 
 namespace mixtrain::testing {
-namespace {
+namespace MIXTRAIN_FILE_LOCAL {
 
 // A learnable stream (token i+1 follows from token i) over the config's vocabulary of 512.
 std::vector<uint16_t> stream(size_t count, size_t offset) {
@@ -247,5 +247,5 @@ TEST_F(EvalCommand, InitFromAHuggingFaceModelGivesTransformersLoss) {
   }
 }
 
-}  // namespace
+}  // namespace MIXTRAIN_FILE_LOCAL
 }  // namespace mixtrain::testing

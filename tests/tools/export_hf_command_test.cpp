@@ -13,29 +13,31 @@
 #include <fstream>
 #include <map>
 #include <regex>
+#include <sstream>
 #include <string>
+#include <vector>
 
 #include "mixtrain/checkpoint/hf_import.h"
 #include "mixtrain/config/load.h"
 #include "mixtrain/core/posix_file.h"
 #include "mixtrain/core/safetensors.h"
 #include "mixtrain/model/registry.h"
+#include "support/python_script.h"
 #include "tools/cli_test_util.h"
 
 namespace mixtrain::testing {
-namespace {
+namespace MIXTRAIN_FILE_LOCAL {
 
 namespace fs = std::filesystem;
 
-std::string python(const std::string& arguments) {
-  return std::string("'") + MIXTRAIN_PYTHON + "' '" + source_path("tests/python/hf_models.py") +
-         "' " + arguments + " > /dev/null 2>&1";
-}
+using test_support::python_script_succeeds;
 
 void save_hf(const std::string& family, const std::string& dir, const std::string& options = "") {
-  const std::string command =
-      python("save " + family + " '" + dir + "' '" + dir + ".reference.safetensors' " + options);
-  ASSERT_EQ(std::system(command.c_str()), 0) << command;
+  std::vector<std::string> argv = {"hf_models.py", "save", family, dir,
+                                   dir + ".reference.safetensors"};
+  std::istringstream words(options);
+  for (std::string word; words >> word;) argv.push_back(word);
+  ASSERT_TRUE(python_script_succeeds(argv));
 }
 
 // Every tensor of an HF directory (one file or shards), by name.
@@ -156,10 +158,9 @@ void expect_logits_round_trip(const std::string& family, const std::string& flag
 
   const at::Tensor ids = at::randint(61, {2, 12}, at::TensorOptions().dtype(at::kLong));
   write_safetensors(tmp.file("ids.safetensors"), {{"input_ids", ids}});
-  const std::string command =
-      python("logits '" + tmp.file("out") + "' '" + tmp.file("ids.safetensors") + "' '" +
-             tmp.file("logits.safetensors") + "'");
-  ASSERT_EQ(std::system(command.c_str()), 0) << command;
+  ASSERT_TRUE(
+      python_script_succeeds({"hf_models.py", "logits", tmp.file("out"),
+                              tmp.file("ids.safetensors"), tmp.file("logits.safetensors")}));
   const at::Tensor theirs = read_safetensors(tmp.file("logits.safetensors")).tensors.at(0).second;
   const at::Tensor ours = our_logits(config, tmp.file("out"), ids);
   // Training moved the weights: the exported model is not the initial one.
@@ -240,5 +241,5 @@ TEST(ExportHf, RefusalsLeaveNothingBehind) {
   }
 }
 
-}  // namespace
+}  // namespace MIXTRAIN_FILE_LOCAL
 }  // namespace mixtrain::testing

@@ -13,7 +13,7 @@
 #include "tools/cli_test_util.h"
 
 namespace mixtrain::testing {
-namespace {
+namespace MIXTRAIN_FILE_LOCAL {
 
 size_t count_lines(const std::string& path) {
   std::ifstream in(path);
@@ -55,5 +55,5 @@ TEST(Interrupt, CtrlCFlushesMetricsAndExits130) {
   EXPECT_TRUE(std::filesystem::exists(run.file("loss.svg")));
 }
 
-}  // namespace
+}  // namespace MIXTRAIN_FILE_LOCAL
 }  // namespace mixtrain::testing

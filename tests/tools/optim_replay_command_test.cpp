@@ -11,7 +11,7 @@
 #include "tools/cli_test_util.h"
 
 namespace mixtrain::testing {
-namespace {
+namespace MIXTRAIN_FILE_LOCAL {
 
 constexpr const char* kMixedPrecision = R"(
 fsdp_config:
@@ -191,5 +191,5 @@ TEST_F(OptimReplay, Float16ParamsWithoutMainParamsIsAConfigError) {
   EXPECT_FALSE(std::filesystem::exists(dir_.file("o.safetensors")));
 }
 
-}  // namespace
+}  // namespace MIXTRAIN_FILE_LOCAL
 }  // namespace mixtrain::testing

@@ -10,7 +10,7 @@
 #include "tools/cli_test_util.h"
 
 namespace mixtrain::testing {
-namespace {
+namespace MIXTRAIN_FILE_LOCAL {
 
 std::map<std::string, at::Tensor> read_map(const std::string& path) {
   NamedTensors tensors = read_safetensors(path).tensors;
@@ -100,5 +100,5 @@ TEST_F(OptimReplayDistributed, ClippingAgreesWithinFloatRounding) {
   }
 }
 
-}  // namespace
+}  // namespace MIXTRAIN_FILE_LOCAL
 }  // namespace mixtrain::testing

@@ -11,7 +11,7 @@
 #include "tools/cli_test_util.h"
 
 namespace mixtrain::testing {
-namespace {
+namespace MIXTRAIN_FILE_LOCAL {
 
 // The fp32-main-params §1 configuration (bfloat16, fp32 main params, Muon + AdamW), one short step.
 std::string base_command(const std::string& run_dir) {
@@ -110,5 +110,5 @@ TEST(OptimizerReport, OnlyRankZeroLogsIt) {
       << result.output;
 }
 
-}  // namespace
+}  // namespace MIXTRAIN_FILE_LOCAL
 }  // namespace mixtrain::testing

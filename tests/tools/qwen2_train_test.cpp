@@ -12,7 +12,7 @@
 #include "tools/cli_test_util.h"
 
 namespace mixtrain::testing {
-namespace {
+namespace MIXTRAIN_FILE_LOCAL {
 
 // Constant LR so that the first steps do not depend on train.steps.
 std::string base_command(const std::string& run_dir) {
@@ -90,5 +90,5 @@ TEST(LlamaTrain, TwoRankFsdpTrainsAndResumes) {
               rows[0]["loss"].get<double>(), rows[3]["loss"].get<double>());
 }
 
-}  // namespace
+}  // namespace MIXTRAIN_FILE_LOCAL
 }  // namespace mixtrain::testing

@@ -11,7 +11,7 @@
 #include "tools/cli_test_util.h"
 
 namespace mixtrain::testing {
-namespace {
+namespace MIXTRAIN_FILE_LOCAL {
 
 std::string sgd_command(const std::string& run_dir) {
   return "train --config " + source_path("configs/qwen2_moe_tiny.yaml") +
@@ -49,5 +49,5 @@ TEST(SgdTrainResume, SecondRunContinuesBitwise) {
   EXPECT_NE(diff.output.find("\nstate.config_hash: "), std::string::npos) << diff.output;
 }
 
-}  // namespace
+}  // namespace MIXTRAIN_FILE_LOCAL
 }  // namespace mixtrain::testing

@@ -13,7 +13,7 @@
 #include "tools/cli_test_util.h"
 
 namespace mixtrain::testing {
-namespace {
+namespace MIXTRAIN_FILE_LOCAL {
 
 void expect_swap_changes_nothing(const std::string& nproc, bool resume = false) {
   TempDir off, on;
@@ -69,5 +69,5 @@ TEST(SwapOptimizer, TwoRanksTrainIdentically) {
   expect_swap_changes_nothing("2");
 }
 
-}  // namespace
+}  // namespace MIXTRAIN_FILE_LOCAL
 }  // namespace mixtrain::testing

@@ -13,7 +13,7 @@
 #include "tools/cli_test_util.h"
 
 namespace mixtrain::testing {
-namespace {
+namespace MIXTRAIN_FILE_LOCAL {
 
 TEST(TrainCommand, ThirtyStepsOfTheAdamWConfigCutTheLossByTenPercent) {
   TempDir run;
@@ -327,5 +327,5 @@ TEST(TrainCommand, BadTokenFileNamesTheFile) {
   EXPECT_NE(r.output.find(run.file("bad.bin")), std::string::npos) << r.output;
 }
 
-}  // namespace
+}  // namespace MIXTRAIN_FILE_LOCAL
 }  // namespace mixtrain::testing

@@ -15,6 +15,7 @@
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <sstream>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -22,10 +23,11 @@
 #include "mixtrain/core/collectives.h"
 #include "mixtrain/core/error.h"
 #include "mixtrain/core/safetensors.h"
+#include "support/python_script.h"
 #include "support/rank_only_group.h"
 
 namespace mixtrain {
-namespace {
+namespace MIXTRAIN_FILE_LOCAL {
 
 namespace fs = std::filesystem;
 
@@ -50,10 +52,10 @@ class TempDir {
 NamedTensors save_hf(const TempDir& tmp, const std::string& name, const std::string& family,
                      const std::string& options = "") {
   const std::string dir = tmp.path() + "/" + name, reference = dir + ".reference.safetensors";
-  const std::string command = std::string("'") + MIXTRAIN_PYTHON + "' '" + MIXTRAIN_SOURCE_DIR +
-                              "/tests/python/hf_models.py' save " + family + " '" + dir + "' '" +
-                              reference + "' " + options + " > /dev/null 2>&1";
-  EXPECT_EQ(std::system(command.c_str()), 0) << command;
+  std::vector<std::string> argv = {"hf_models.py", "save", family, dir, reference};
+  std::istringstream words(options);
+  for (std::string word; words >> word;) argv.push_back(word);
+  EXPECT_TRUE(test_support::python_script_succeeds(argv));
   return read_safetensors(reference).tensors;
 }
 
@@ -297,5 +299,5 @@ TEST(HfImport, EveryProblemIsOneErrorNamingFileAndKey) {
       << message;
 }
 
-}  // namespace
+}  // namespace MIXTRAIN_FILE_LOCAL
 }  // namespace mixtrain

@@ -9,7 +9,7 @@
 #include "mixtrain/core/error.h"
 
 namespace mixtrain {
-namespace {
+namespace MIXTRAIN_FILE_LOCAL {
 
 constexpr const char* kWhere = "/ckpt/step-00000012/.metadata.json";
 
@@ -215,5 +215,5 @@ TEST(CheckpointMetadata, ChecksumIsXxh3OfTheContiguousBytes) {
   EXPECT_EQ(tensor_xxh3_64(at::empty({0, 3})), XXH3_64bits(nullptr, 0));
 }
 
-}  // namespace
+}  // namespace MIXTRAIN_FILE_LOCAL
 }  // namespace mixtrain

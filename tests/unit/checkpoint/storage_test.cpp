@@ -18,7 +18,7 @@
 #include "support/checkpoint_surgery.h"
 
 namespace mixtrain {
-namespace {
+namespace MIXTRAIN_FILE_LOCAL {
 
 namespace fs = std::filesystem;
 
@@ -478,5 +478,5 @@ TEST_F(StorageTest, VersionOneIsReadWithoutAChecksum) {
   for (char c : error) EXPECT_LT(static_cast<unsigned char>(c), 0x80) << error;
 }
 
-}  // namespace
+}  // namespace MIXTRAIN_FILE_LOCAL
 }  // namespace mixtrain

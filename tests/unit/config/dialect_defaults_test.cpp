@@ -8,7 +8,7 @@
 #include "unit/config/temp_config.h"
 
 namespace mixtrain {
-namespace {
+namespace MIXTRAIN_FILE_LOCAL {
 
 using testing::TempDir;
 
@@ -80,5 +80,5 @@ TEST(DialectDefaultsTest, UnknownDialectIsRefused) {
   }
 }
 
-}  // namespace
+}  // namespace MIXTRAIN_FILE_LOCAL
 }  // namespace mixtrain

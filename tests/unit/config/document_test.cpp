@@ -8,7 +8,7 @@
 #include "unit/config/temp_config.h"
 
 namespace mixtrain {
-namespace {
+namespace MIXTRAIN_FILE_LOCAL {
 
 using testing::config_error_of;
 
@@ -142,5 +142,5 @@ TEST(DocumentTest, UnknownKeyNamesFullKeyAndSuggestion) {
             "optimizer.fp32_main_params?)");
 }
 
-}  // namespace
+}  // namespace MIXTRAIN_FILE_LOCAL
 }  // namespace mixtrain

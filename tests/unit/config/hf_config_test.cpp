@@ -11,10 +11,11 @@
 #include <string>
 
 #include "mixtrain/config/load.h"
+#include "support/python_script.h"
 #include "temp_config.h"
 
 namespace mixtrain {
-namespace {
+namespace MIXTRAIN_FILE_LOCAL {
 
 using json = nlohmann::json;
 using testing::config_error_of;
@@ -25,9 +26,7 @@ using testing::TempDir;
 json transformers_config(const TempDir&, const std::string& family) {
   static const TempDir written;
   static const bool ran = [] {
-    const std::string command = std::string("'") + MIXTRAIN_PYTHON + "' '" + MIXTRAIN_SOURCE_DIR +
-                                "/tests/python/hf_models.py' config '" + written.path() + "'";
-    EXPECT_EQ(std::system(command.c_str()), 0) << command;
+    EXPECT_TRUE(test_support::python_script_succeeds({"hf_models.py", "config", written.path()}));
     return true;
   }();
   (void)ran;
@@ -374,5 +373,5 @@ TEST(HfConfig, WrittenConfigReadsBackAsTheSameModel) {
   }
 }
 
-}  // namespace
+}  // namespace MIXTRAIN_FILE_LOCAL
 }  // namespace mixtrain

@@ -7,7 +7,7 @@
 #include "unit/config/temp_config.h"
 
 namespace mixtrain {
-namespace {
+namespace MIXTRAIN_FILE_LOCAL {
 
 using testing::config_error_of;
 using testing::TempDir;
@@ -147,5 +147,5 @@ TEST(LoadTest, WarnsOnceWhenTomlMuonLrIsIgnored) {
   EXPECT_EQ(warning_count(), before + 1);
 }
 
-}  // namespace
+}  // namespace MIXTRAIN_FILE_LOCAL
 }  // namespace mixtrain

@@ -5,7 +5,7 @@
 #include <string>
 
 namespace mixtrain {
-namespace {
+namespace MIXTRAIN_FILE_LOCAL {
 
 TEST(ProvenanceTest, SourceNames) {
   EXPECT_STREQ(value_source_name(ValueSource::kDefault), "default");
@@ -55,5 +55,5 @@ TEST(ProvenanceTest, FormatUserErrorSpellsTheKeyAsWritten) {
   EXPECT_EQ(format_user_error(complete, p), "run.toml: train.steps: must be > 0, got 0");
 }
 
-}  // namespace
+}  // namespace MIXTRAIN_FILE_LOCAL
 }  // namespace mixtrain

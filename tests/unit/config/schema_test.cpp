@@ -8,7 +8,7 @@
 #include "unit/config/temp_config.h"
 
 namespace mixtrain {
-namespace {
+namespace MIXTRAIN_FILE_LOCAL {
 
 using testing::config_error_of;
 
@@ -110,5 +110,5 @@ TEST(SchemaTest, NumbersFormatShortestRoundTrip) {
   EXPECT_EQ(format_string_list({"router", "gate"}), "[router, gate]");
 }
 
-}  // namespace
+}  // namespace MIXTRAIN_FILE_LOCAL
 }  // namespace mixtrain

@@ -7,7 +7,7 @@
 #include "unit/config/temp_config.h"
 
 namespace mixtrain {
-namespace {
+namespace MIXTRAIN_FILE_LOCAL {
 
 using testing::TempDir;
 
@@ -132,5 +132,5 @@ TEST(ShowTest, NoteSaysWhichMatricesMuonPerHeadSplits) {
             "(model.head_dim), each scaled by its block's shape");
 }
 
-}  // namespace
+}  // namespace MIXTRAIN_FILE_LOCAL
 }  // namespace mixtrain

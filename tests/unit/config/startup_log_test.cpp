@@ -7,7 +7,7 @@
 #include "unit/config/temp_config.h"
 
 namespace mixtrain {
-namespace {
+namespace MIXTRAIN_FILE_LOCAL {
 
 using testing::TempDir;
 
@@ -148,5 +148,5 @@ TEST(StartupLogTest, MuonNotUsedWithAdamW) {
             "applies all the same: QK-clip runs after every step\n");
 }
 
-}  // namespace
+}  // namespace MIXTRAIN_FILE_LOCAL
 }  // namespace mixtrain

@@ -8,7 +8,7 @@
 #include "unit/config/translated.h"
 
 namespace mixtrain {
-namespace {
+namespace MIXTRAIN_FILE_LOCAL {
 
 using testing::Translated;
 
@@ -284,5 +284,5 @@ TEST(TomlFrontEndTest, WrongTypesNameTheTomlKey) {
             "'sometimes'");
 }
 
-}  // namespace
+}  // namespace MIXTRAIN_FILE_LOCAL
 }  // namespace mixtrain

@@ -5,7 +5,7 @@
 #include "unit/config/temp_config.h"
 
 namespace mixtrain {
-namespace {
+namespace MIXTRAIN_FILE_LOCAL {
 
 using testing::config_error_of;
 using testing::TempDir;
@@ -61,5 +61,5 @@ TEST(TomlReaderTest, MissingFileAndDates) {
             std::string::npos);
 }
 
-}  // namespace
+}  // namespace MIXTRAIN_FILE_LOCAL
 }  // namespace mixtrain

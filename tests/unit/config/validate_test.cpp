@@ -11,7 +11,7 @@
 #include "unit/config/temp_config.h"
 
 namespace mixtrain {
-namespace {
+namespace MIXTRAIN_FILE_LOCAL {
 
 using testing::config_error_of;
 using testing::TempDir;
@@ -622,5 +622,5 @@ TEST(ValidateTest, OverriddenValuesAreReportedAsSet) {
             "--set: optimizer.eps: must be > 0, got -1");
 }
 
-}  // namespace
+}  // namespace MIXTRAIN_FILE_LOCAL
 }  // namespace mixtrain

@@ -7,7 +7,7 @@
 #include "unit/config/translated.h"
 
 namespace mixtrain {
-namespace {
+namespace MIXTRAIN_FILE_LOCAL {
 
 using testing::Translated;
 
@@ -141,5 +141,5 @@ TEST(YamlFrontEndTest, OverriddenLeavesAreMarked) {
   EXPECT_EQ(provenance.source("train.steps"), ValueSource::kOverride);
 }
 
-}  // namespace
+}  // namespace MIXTRAIN_FILE_LOCAL
 }  // namespace mixtrain

@@ -7,7 +7,7 @@
 #include "unit/config/temp_config.h"
 
 namespace mixtrain {
-namespace {
+namespace MIXTRAIN_FILE_LOCAL {
 
 using testing::config_error_of;
 using testing::TempDir;
@@ -88,5 +88,5 @@ TEST(YamlReaderTest, ErrorsNameTheFile) {
             duplicate + ": train.steps: duplicate key (line 3)");
 }
 
-}  // namespace
+}  // namespace MIXTRAIN_FILE_LOCAL
 }  // namespace mixtrain

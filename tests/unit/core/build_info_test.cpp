@@ -4,7 +4,7 @@
 #include <gtest/gtest.h>
 
 namespace mixtrain {
-namespace {
+namespace MIXTRAIN_FILE_LOCAL {
 
 TEST(BuildInfo, ConfigValueReadsOneFieldOfShowConfig) {
   const std::string text =
@@ -38,5 +38,5 @@ TEST(BuildInfo, DescribesTheLibTorchWeRunWith) {
   EXPECT_NE(text.find("BLAS: " + info.blas), std::string::npos) << text;
 }
 
-}  // namespace
+}  // namespace MIXTRAIN_FILE_LOCAL
 }  // namespace mixtrain

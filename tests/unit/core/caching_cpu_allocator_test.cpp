@@ -13,7 +13,7 @@
 #include <vector>
 
 namespace mixtrain {
-namespace {
+namespace MIXTRAIN_FILE_LOCAL {
 
 constexpr size_t kKiB = 1024;
 constexpr size_t kMiB = 1024 * kKiB;
@@ -158,5 +158,5 @@ TEST(CachingCpuAllocatorTest, InstalledItServesLibTorchTensors) {
   EXPECT_GE(after.hits - before.hits, 1);
 }
 
-}  // namespace
+}  // namespace MIXTRAIN_FILE_LOCAL
 }  // namespace mixtrain

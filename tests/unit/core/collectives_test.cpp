@@ -13,7 +13,7 @@
 #include <vector>
 
 namespace mixtrain {
-namespace {
+namespace MIXTRAIN_FILE_LOCAL {
 
 const CollectiveOp kOps[] = {CollectiveOp::kAllReduce,     CollectiveOp::kAllGather,
                              CollectiveOp::kReduceScatter, CollectiveOp::kAllToAll,
@@ -137,5 +137,5 @@ TEST(CollectiveStatsTest, ThreadsCountSeparatelyAndLoseNothing) {
   EXPECT_EQ(thread_collective_stats().total().calls, 0);  // this thread made none
 }
 
-}  // namespace
+}  // namespace MIXTRAIN_FILE_LOCAL
 }  // namespace mixtrain

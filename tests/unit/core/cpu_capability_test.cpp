@@ -13,7 +13,7 @@
 #include "mixtrain/core/logging.h"
 
 namespace mixtrain {
-namespace {
+namespace MIXTRAIN_FILE_LOCAL {
 
 TEST(CpuCapabilityTest, NamesAreTheOverrideSpellings) {
   EXPECT_STREQ(cpu_capability_name(CpuCapability::kDefault), "default");
@@ -78,5 +78,5 @@ TEST(CpuCapabilityTest, SelectKernelPicksTheVariantOfTheProcessCapability) {
   EXPECT_EQ(picked, static_cast<int>(cpu_capability()));
 }
 
-}  // namespace
+}  // namespace MIXTRAIN_FILE_LOCAL
 }  // namespace mixtrain

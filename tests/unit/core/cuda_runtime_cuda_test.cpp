@@ -11,7 +11,7 @@
 #include <cstring>
 #include <vector>
 
-namespace {
+namespace MIXTRAIN_FILE_LOCAL {
 
 TEST(CudaRuntime, SameDeviceCountAsLibTorch) {
   int ours = 0;
@@ -38,4 +38,4 @@ TEST(CudaRuntime, ReadsLibTorchDeviceMemoryBitwise) {
   EXPECT_EQ(std::memcmp(back.data(), host.data_ptr(), host.nbytes()), 0);
 }
 
-}  // namespace
+}  // namespace MIXTRAIN_FILE_LOCAL

@@ -12,7 +12,7 @@
 #include "mixtrain/core/build_info.h"
 
 namespace mixtrain {
-namespace {
+namespace MIXTRAIN_FILE_LOCAL {
 
 std::string device_error_of(const std::string& kind, int local_rank, int local_world_size) {
   try {
@@ -76,11 +76,11 @@ TEST(RankDevice, SettingTheCpuCurrentDoesNothing) {
   EXPECT_NO_THROW(set_current_device(c10::Device(c10::kCPU)));
 }
 
-}  // namespace
+}  // namespace MIXTRAIN_FILE_LOCAL
 }  // namespace mixtrain
 
 namespace mixtrain {
-namespace {
+namespace MIXTRAIN_FILE_LOCAL {
 
 // The CPU is named as such; a CUDA device the runtime cannot describe (no driver here) falls
 // back to its name, so the startup log never fails on the description.
@@ -93,5 +93,5 @@ TEST(RankDevice, DescriptionNamesTheDevice) {
   }
 }
 
-}  // namespace
+}  // namespace MIXTRAIN_FILE_LOCAL
 }  // namespace mixtrain

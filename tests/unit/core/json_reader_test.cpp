@@ -10,7 +10,7 @@
 #include <vector>
 
 namespace mixtrain {
-namespace {
+namespace MIXTRAIN_FILE_LOCAL {
 
 using json = nlohmann::json;
 
@@ -101,5 +101,5 @@ TEST(Collect, GathersEveryDataErrorAndPassesOtherExceptions) {
   EXPECT_EQ(problems.size(), 2u);
 }
 
-}  // namespace
+}  // namespace MIXTRAIN_FILE_LOCAL
 }  // namespace mixtrain

@@ -14,7 +14,7 @@
 #include <system_error>
 
 namespace mixtrain {
-namespace {
+namespace MIXTRAIN_FILE_LOCAL {
 
 bool all_zero(const void* data, size_t bytes) {
   const auto* p = static_cast<const unsigned char*>(data);
@@ -92,5 +92,5 @@ TEST(LargeBufferTest, LargeBuffersAreHugePageMappingsFromFourMiB) {
   EXPECT_NE(large.storage().data_ptr().get_deleter(), small.storage().data_ptr().get_deleter());
 }
 
-}  // namespace
+}  // namespace MIXTRAIN_FILE_LOCAL
 }  // namespace mixtrain

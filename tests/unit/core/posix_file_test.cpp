@@ -24,7 +24,7 @@
 #include "mixtrain/core/error.h"
 
 namespace mixtrain {
-namespace {
+namespace MIXTRAIN_FILE_LOCAL {
 
 namespace fs = std::filesystem;
 
@@ -237,5 +237,5 @@ TEST_F(PosixFileTest, AtomicFileErrorsNameThePaths) {
   EXPECT_FALSE(fs::exists(file("blocked.tmp")));
 }
 
-}  // namespace
+}  // namespace MIXTRAIN_FILE_LOCAL
 }  // namespace mixtrain

@@ -7,7 +7,7 @@
 #include <string>
 
 namespace mixtrain {
-namespace {
+namespace MIXTRAIN_FILE_LOCAL {
 
 // Independent check of the output: ASCII 0x20-0x7e, or a well-formed multi-byte sequence of a
 // code point >= U+00A0 that is no surrogate and <= U+10FFFF (decoded here by arithmetic).
@@ -68,5 +68,5 @@ TEST(Printable, AnyBytesGivePrintableUtf8) {
   }
 }
 
-}  // namespace
+}  // namespace MIXTRAIN_FILE_LOCAL
 }  // namespace mixtrain

@@ -11,7 +11,7 @@
 #include "mixtrain/core/error.h"
 
 namespace mixtrain {
-namespace {
+namespace MIXTRAIN_FILE_LOCAL {
 
 class SafetensorsTest : public ::testing::Test {
  protected:
@@ -135,5 +135,5 @@ TEST_F(SafetensorsTest, WriteIntoMissingDirectoryFailsCleanly) {
   EXPECT_FALSE(std::filesystem::exists(file("dup")));
 }
 
-}  // namespace
+}  // namespace MIXTRAIN_FILE_LOCAL
 }  // namespace mixtrain

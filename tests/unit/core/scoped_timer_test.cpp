@@ -8,7 +8,7 @@
 #include <thread>
 
 namespace mixtrain {
-namespace {
+namespace MIXTRAIN_FILE_LOCAL {
 
 using namespace std::chrono_literals;
 
@@ -57,5 +57,5 @@ TEST(StopwatchTest, ReadsSecondsSinceItsStart) {
   EXPECT_GE(outer.seconds(), outer.seconds(now));  // later reads never go back
 }
 
-}  // namespace
+}  // namespace MIXTRAIN_FILE_LOCAL
 }  // namespace mixtrain

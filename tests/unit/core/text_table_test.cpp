@@ -3,7 +3,7 @@
 #include <gtest/gtest.h>
 
 namespace mixtrain {
-namespace {
+namespace MIXTRAIN_FILE_LOCAL {
 
 TEST(TextTable, AlignsColumnsTwoSpacesApartWithoutTrailingSpaces) {
   // Column widths 4 ("name", "lr") and 5 ("0.001"); the last cell of a row is never padded.
@@ -15,5 +15,5 @@ TEST(TextTable, AlignsColumnsTwoSpacesApartWithoutTrailingSpaces) {
   EXPECT_EQ(format_text_table({}), "");
 }
 
-}  // namespace
+}  // namespace MIXTRAIN_FILE_LOCAL
 }  // namespace mixtrain

@@ -8,7 +8,7 @@
 #include <vector>
 
 namespace mixtrain {
-namespace {
+namespace MIXTRAIN_FILE_LOCAL {
 
 TEST(TextTest, StartsAndEndsWith) {
   EXPECT_TRUE(starts_with("optimizer.state.w", "optimizer."));
@@ -35,5 +35,5 @@ TEST(TextTest, FormatListOfNumbersAndStrings) {
   EXPECT_EQ(format_list(std::vector<std::string>{"x", "y z"}), "[x, y z]");
 }
 
-}  // namespace
+}  // namespace MIXTRAIN_FILE_LOCAL
 }  // namespace mixtrain

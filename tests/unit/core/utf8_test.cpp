@@ -8,7 +8,7 @@
 #include <vector>
 
 namespace mixtrain {
-namespace {
+namespace MIXTRAIN_FILE_LOCAL {
 
 struct Case {
   std::string bytes;
@@ -61,5 +61,5 @@ TEST(Utf8, MaximalSubpartsGiveTable3_8) {
   EXPECT_EQ(decoded, "a???b?c??d");
 }
 
-}  // namespace
+}  // namespace MIXTRAIN_FILE_LOCAL
 }  // namespace mixtrain

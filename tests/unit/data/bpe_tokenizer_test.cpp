@@ -21,9 +21,10 @@
 #include <vector>
 
 #include "mixtrain/core/error.h"
+#include "support/python_script.h"
 
 namespace mixtrain {
-namespace {
+namespace MIXTRAIN_FILE_LOCAL {
 
 namespace fs = std::filesystem;
 
@@ -48,10 +49,8 @@ class BpeTokenizerTest : public ::testing::Test {
   static void SetUpTestSuite() {
     dir_ = fs::temp_directory_path() / ("mixtrain_bpe_" + std::to_string(::getpid()));
     fs::remove_all(dir_);
-    const std::string command = std::string("'") + MIXTRAIN_PYTHON + "' '" + MIXTRAIN_SOURCE_DIR +
-                                "/tests/python/hf_tokenizer_reference.py' make '" + dir_.string() +
-                                "'";
-    ASSERT_EQ(std::system(command.c_str()), 0) << command;
+    ASSERT_TRUE(
+        test_support::python_script_succeeds({"hf_tokenizer_reference.py", "make", dir_.string()}));
     cases_ = nlohmann::json::parse(read_text(dir_ / "cases.json")).at("cases");
   }
   static void TearDownTestSuite() { fs::remove_all(dir_); }
@@ -236,5 +235,5 @@ TEST(BpeTokenizerSmall, SplitBehaviourUnkAndFuseUnk) {
   EXPECT_EQ(spec(".", true, true).encode("ab.xyab.z"), (std::vector<uint32_t>{2, 3, 2, 3}));
 }
 
-}  // namespace
+}  // namespace MIXTRAIN_FILE_LOCAL
 }  // namespace mixtrain

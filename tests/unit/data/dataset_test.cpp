@@ -14,7 +14,7 @@
 #include "mixtrain/core/error.h"
 
 namespace mixtrain {
-namespace {
+namespace MIXTRAIN_FILE_LOCAL {
 
 namespace fs = std::filesystem;
 
@@ -141,5 +141,5 @@ TEST(DatasetTest, PositionMustDivideAmongRanks) {
   EXPECT_THROW(rank0->seek(-2), DataError);
 }
 
-}  // namespace
+}  // namespace MIXTRAIN_FILE_LOCAL
 }  // namespace mixtrain

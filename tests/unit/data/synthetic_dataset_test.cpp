@@ -13,7 +13,7 @@
 #include "mixtrain/core/error.h"
 
 namespace mixtrain {
-namespace {
+namespace MIXTRAIN_FILE_LOCAL {
 
 TEST(SyntheticDatasetTest, ShapesDtypeAndRange) {
   SyntheticDataset data(512, 1, 0, 1);
@@ -121,5 +121,5 @@ TEST(SyntheticDatasetTest, DescribeIsOneLine) {
   EXPECT_NE(line.find("vocab 512"), std::string::npos);
 }
 
-}  // namespace
+}  // namespace MIXTRAIN_FILE_LOCAL
 }  // namespace mixtrain

@@ -16,7 +16,7 @@
 #include "mixtrain/core/error.h"
 
 namespace mixtrain {
-namespace {
+namespace MIXTRAIN_FILE_LOCAL {
 
 namespace fs = std::filesystem;
 
@@ -257,5 +257,5 @@ TEST_F(TokenFileDatasetTest, FilesShorterThanOneWindowAreAnError) {
   EXPECT_NO_THROW(data.next_batch(1, 7));
 }
 
-}  // namespace
+}  // namespace MIXTRAIN_FILE_LOCAL
 }  // namespace mixtrain

@@ -14,8 +14,10 @@
 #include <sstream>
 #include <string>
 
+#include "support/python_script.h"
+
 namespace mixtrain {
-namespace {
+namespace MIXTRAIN_FILE_LOCAL {
 
 std::string nfc_from_hex(const std::string& hex) {
   std::string out;
@@ -43,10 +45,8 @@ TEST(UnicodeNfc, HandCheckedCases) {
 TEST(UnicodeNfc, MatchesPythonUnicodedata) {
   const std::filesystem::path file = std::filesystem::temp_directory_path() /
                                      ("mixtrain_nfc_" + std::to_string(::getpid()) + ".json");
-  const std::string command = std::string("'") + MIXTRAIN_PYTHON + "' '" + MIXTRAIN_SOURCE_DIR +
-                              "/tests/python/hf_tokenizer_reference.py' nfc '" + file.string() +
-                              "'";
-  ASSERT_EQ(std::system(command.c_str()), 0) << command;
+  ASSERT_TRUE(
+      test_support::python_script_succeeds({"hf_tokenizer_reference.py", "nfc", file.string()}));
   std::ifstream in(file);
   const nlohmann::json reference = nlohmann::json::parse(in);
   std::filesystem::remove(file);
@@ -65,5 +65,5 @@ TEST(UnicodeNfc, MatchesPythonUnicodedata) {
   EXPECT_GT(changed, 1000);  // most cases exercise decomposition, reordering or composition
 }
 
-}  // namespace
+}  // namespace MIXTRAIN_FILE_LOCAL
 }  // namespace mixtrain

@@ -8,7 +8,7 @@
 #include <string>
 
 namespace mixtrain {
-namespace {
+namespace MIXTRAIN_FILE_LOCAL {
 
 std::string error_of(const std::vector<int64_t>& send, const std::vector<int64_t>& recv,
                      const at::Tensor& input) {
@@ -49,11 +49,11 @@ TEST(CollectiveChecks, FirstLineDropsTheBacktrace) {
   }
 }
 
-}  // namespace
+}  // namespace MIXTRAIN_FILE_LOCAL
 }  // namespace mixtrain
 
 namespace mixtrain {
-namespace {
+namespace MIXTRAIN_FILE_LOCAL {
 
 TEST(CollectiveChecks, PayloadDtypesAreTheContractsOnly) {
   for (at::ScalarType type : {at::kFloat, at::kDouble, at::kHalf, at::kBFloat16, at::kByte,
@@ -84,5 +84,5 @@ TEST(CollectiveChecks, BroadcastIsChargedToItsRootAndRefusesAnOutOfRangeRoot) {
   }
 }
 
-}  // namespace
+}  // namespace MIXTRAIN_FILE_LOCAL
 }  // namespace mixtrain

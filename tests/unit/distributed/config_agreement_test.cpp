@@ -8,7 +8,7 @@
 #include "support/multiprocess.h"
 
 namespace mixtrain {
-namespace {
+namespace MIXTRAIN_FILE_LOCAL {
 
 MIXTRAIN_WORKER(agreement) {
   const DeviceMesh mesh = worker.make_mesh();
@@ -43,5 +43,5 @@ TEST(ConfigAgreementTest, OneRankAlwaysAgrees) {
   check_config_agreement(make_single_process_mesh(), "anything");
 }
 
-}  // namespace
+}  // namespace MIXTRAIN_FILE_LOCAL
 }  // namespace mixtrain

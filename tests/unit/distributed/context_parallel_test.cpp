@@ -22,7 +22,7 @@
 #include "support/tiny_model_config.h"
 
 namespace mixtrain {
-namespace {
+namespace MIXTRAIN_FILE_LOCAL {
 
 // dp_shard 1 x cp = world size.
 DeviceMesh cp_mesh(const testing::WorkerEnv& worker) {
@@ -262,5 +262,5 @@ TEST(ContextParallel, TinyMoeThroughShardModelMatchesOneProcess) {
   run("cp_model", 2, {{"CP_METHOD", "allgather"}});
 }
 
-}  // namespace
+}  // namespace MIXTRAIN_FILE_LOCAL
 }  // namespace mixtrain

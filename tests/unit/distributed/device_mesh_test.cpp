@@ -12,7 +12,7 @@
 #include "support/multiprocess.h"
 
 namespace mixtrain {
-namespace {
+namespace MIXTRAIN_FILE_LOCAL {
 
 using testing::run_workers;
 using testing::WorkerResult;
@@ -213,5 +213,5 @@ TEST(DeviceMeshTest, GlooGroupsHaveTheFormulaMembers) {
   EXPECT_TRUE(four.all_ok()) << four.summary();
 }
 
-}  // namespace
+}  // namespace MIXTRAIN_FILE_LOCAL
 }  // namespace mixtrain

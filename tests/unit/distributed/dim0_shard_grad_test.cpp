@@ -14,7 +14,7 @@
 #include "support/multiprocess.h"
 
 namespace mixtrain {
-namespace {
+namespace MIXTRAIN_FILE_LOCAL {
 
 using testing::run_workers;
 using testing::WorkerResult;
@@ -74,5 +74,5 @@ TEST(Dim0ShardGrad, TwoReplicasGetTheWholeMean) {
   ASSERT_TRUE(result.all_ok()) << result.summary();
 }
 
-}  // namespace
+}  // namespace MIXTRAIN_FILE_LOCAL
 }  // namespace mixtrain

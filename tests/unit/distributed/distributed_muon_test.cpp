@@ -39,7 +39,7 @@
 #include "support/rank_only_group.h"
 
 namespace mixtrain {
-namespace {
+namespace MIXTRAIN_FILE_LOCAL {
 
 using torch::optim::OptimizerParamGroup;
 
@@ -390,5 +390,5 @@ TEST(DistributedMuonMultiProcessTest, RanksSteppingDifferentParamsFailClearly) {
   EXPECT_LT(result.seconds, 30.0) << "a mismatch must not wait for the collective timeout";
 }
 
-}  // namespace
+}  // namespace MIXTRAIN_FILE_LOCAL
 }  // namespace mixtrain

@@ -39,7 +39,7 @@
 #include "support/multiprocess.h"
 
 namespace mixtrain {
-namespace {
+namespace MIXTRAIN_FILE_LOCAL {
 
 TEST(ExpertParallelSingleProcess, ExpertParamNames) {
   auto c = test_support::tiny_config();
@@ -350,5 +350,5 @@ TEST(ExpertParallelCase21, MuonAndAdamWOnFourRankHsdpWithEp) {
   run_and_report("ep_case_2_1_muon", 4, ep_degrees(2, 2, 2));
 }
 
-}  // namespace
+}  // namespace MIXTRAIN_FILE_LOCAL
 }  // namespace mixtrain

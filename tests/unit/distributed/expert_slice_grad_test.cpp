@@ -9,7 +9,7 @@
 #include <gtest/gtest.h>
 
 namespace mixtrain {
-namespace {
+namespace MIXTRAIN_FILE_LOCAL {
 
 TEST(ExpertSliceGrads, SumsContributionsAndDividesByTheRanks) {
   auto expert_dp = make_local_collectives("expert_dp");
@@ -46,5 +46,5 @@ TEST(ExpertSliceGrads, ClearDropsPendingGradients) {
   EXPECT_TRUE(at::equal(grads.reduce(1, {3}, at::kCPU, *expert_dp, 1.0), at::zeros({3})));
 }
 
-}  // namespace
+}  // namespace MIXTRAIN_FILE_LOCAL
 }  // namespace mixtrain

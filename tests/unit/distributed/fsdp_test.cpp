@@ -37,7 +37,7 @@
 #include "support/multiprocess.h"
 
 namespace mixtrain {
-namespace {
+namespace MIXTRAIN_FILE_LOCAL {
 
 using test_support::tiny_config;
 
@@ -306,5 +306,5 @@ TEST(FsdpCase21, MuonAndAdamWOnFourRankHsdp) {
   run_and_report("fsdp_case_2_1_muon", 4, degrees(2, 2));
 }
 
-}  // namespace
+}  // namespace MIXTRAIN_FILE_LOCAL
 }  // namespace mixtrain

@@ -17,7 +17,7 @@
 #include "support/multiprocess.h"
 
 namespace mixtrain {
-namespace {
+namespace MIXTRAIN_FILE_LOCAL {
 
 using testing::run_workers;
 using testing::WorkerResult;
@@ -310,5 +310,5 @@ TEST(GlooCollectivesTest, EveryOpOnFourRanks) {
   run_all_ops(4);
 }
 
-}  // namespace
+}  // namespace MIXTRAIN_FILE_LOCAL
 }  // namespace mixtrain

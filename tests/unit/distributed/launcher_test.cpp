@@ -29,7 +29,7 @@
 #include "support/multiprocess.h"
 
 namespace mixtrain {
-namespace {
+namespace MIXTRAIN_FILE_LOCAL {
 
 using testing::run_workers;
 using testing::WorkerResult;
@@ -408,5 +408,5 @@ TEST(LauncherTest, AThiefCannotTakeMasterPortBeforeRankZerosStoreBindsIt) {
   EXPECT_EQ(dir.read("sum1"), std::to_string(2.0));
 }
 
-}  // namespace
+}  // namespace MIXTRAIN_FILE_LOCAL
 }  // namespace mixtrain

@@ -25,7 +25,7 @@
 #include "mixtrain/distributed/nccl_collectives.h"
 
 namespace mixtrain {
-namespace {
+namespace MIXTRAIN_FILE_LOCAL {
 
 const c10::Device kDevice(c10::kCUDA, 0);
 
@@ -281,5 +281,5 @@ TEST(NcclMissingPeer, ConnectingNowFailsWithADistError) {
   EXPECT_THROW(group.connect(), c10::DistError);
 }
 
-}  // namespace
+}  // namespace MIXTRAIN_FILE_LOCAL
 }  // namespace mixtrain

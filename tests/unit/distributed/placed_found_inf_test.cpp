@@ -13,7 +13,7 @@
 #include "support/placed_chain.h"
 
 namespace mixtrain {
-namespace {
+namespace MIXTRAIN_FILE_LOCAL {
 
 using testing::run_workers;
 using testing::WorkerResult;
@@ -77,5 +77,5 @@ TEST(PlacedFoundInf, TensorParallelShardsOverflowReachesEveryRank) {
   for (int r = 0; r < 4; ++r) EXPECT_EQ(result.read_text("flags_" + std::to_string(r)), "10");
 }
 
-}  // namespace
+}  // namespace MIXTRAIN_FILE_LOCAL
 }  // namespace mixtrain

@@ -23,7 +23,7 @@
 #include "support/placed_chain.h"
 
 namespace mixtrain {
-namespace {
+namespace MIXTRAIN_FILE_LOCAL {
 
 using testing::run_workers;
 using testing::WorkerResult;
@@ -140,5 +140,5 @@ TEST(PlacedGradClip, TensorParallelSlicesSumOverTpAndTpWholeCountsOnce) {
   }
 }
 
-}  // namespace
+}  // namespace MIXTRAIN_FILE_LOCAL
 }  // namespace mixtrain

@@ -10,7 +10,7 @@
 #include "mixtrain/core/error.h"
 
 namespace mixtrain {
-namespace {
+namespace MIXTRAIN_FILE_LOCAL {
 
 const char* const kVariables[] = {"RANK",
                                   "WORLD_SIZE",
@@ -167,5 +167,5 @@ TEST_F(RendezvousTest, InconsistentValuesNameTheVariable) {
       "LOCAL_RANK: local rank 2 is not below LOCAL_WORLD_SIZE = 2");
 }
 
-}  // namespace
+}  // namespace MIXTRAIN_FILE_LOCAL
 }  // namespace mixtrain

@@ -9,7 +9,7 @@
 #include <vector>
 
 namespace mixtrain {
-namespace {
+namespace MIXTRAIN_FILE_LOCAL {
 
 TEST(ShardLayout, ChunkLayoutIsTorchChunk) {
   // torch.chunk(10 rows, 4) -> 3, 3, 3, 1; (3 rows, 4) -> 1, 1, 1, 0; (1 row, 2) -> 1, 0.
@@ -40,5 +40,5 @@ TEST(ShardLayout, PadRowsAppendsZeroRows) {
   EXPECT_TRUE(pad_rows(local.t(), 3).is_contiguous());
 }
 
-}  // namespace
+}  // namespace MIXTRAIN_FILE_LOCAL
 }  // namespace mixtrain

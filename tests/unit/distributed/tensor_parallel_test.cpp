@@ -30,7 +30,7 @@
 #include "support/tiny_model_config.h"
 
 namespace mixtrain {
-namespace {
+namespace MIXTRAIN_FILE_LOCAL {
 
 using testing::run_workers;
 using testing::WorkerEnv;
@@ -341,5 +341,5 @@ TEST(TensorParallel, TrafficPerStepIsTheAnalyticVolume) {
   std::cout << "tp 2 rank 0: " << result.read_text("traffic_0") << "\n";
 }
 
-}  // namespace
+}  // namespace MIXTRAIN_FILE_LOCAL
 }  // namespace mixtrain

@@ -20,7 +20,7 @@
 #include <vector>
 
 namespace mixtrain {
-namespace {
+namespace MIXTRAIN_FILE_LOCAL {
 
 struct Shape {
   int64_t batch, heads, kv_heads, seq, head_dim;
@@ -361,5 +361,5 @@ TEST(AttentionMaxLogits, PerHeadCausalMaxMatchesTheLoopsGqaAndPositions) {
   EXPECT_THROW(causal_max_logits(q, k, torch::tensor(q_rows)), c10::Error);
 }
 
-}  // namespace
+}  // namespace MIXTRAIN_FILE_LOCAL
 }  // namespace mixtrain

@@ -16,7 +16,7 @@
 #include "mixtrain/model/registry.h"
 
 namespace mixtrain {
-namespace {
+namespace MIXTRAIN_FILE_LOCAL {
 
 struct Child : torch::nn::Module {
   Child() {
@@ -194,5 +194,5 @@ TEST(ModelInitDtype, WholeModelToBfloat16) {
             torch::kBFloat16);
 }
 
-}  // namespace
+}  // namespace MIXTRAIN_FILE_LOCAL
 }  // namespace mixtrain

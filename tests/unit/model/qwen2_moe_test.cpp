@@ -14,6 +14,7 @@
 #include <torch/utils.h>
 
 #include "support/hf_parity.h"
+#include "support/python_script.h"
 #include "support/tiny_model_config.h"
 
 #include <algorithm>
@@ -31,7 +32,7 @@
 #include "mixtrain/model/registry.h"
 
 namespace mixtrain {
-namespace {
+namespace MIXTRAIN_FILE_LOCAL {
 
 // Every size distinct, and num_heads * head_dim != hidden_size, so a transposed or mixed-up
 // dimension cannot go unnoticed.
@@ -542,10 +543,8 @@ TEST(MoeRouter, TopKChoicesAndWeightsMatchTransformers) {
     json << "{\"seed\": 4, \"tokens\": 50, \"hidden\": 24, \"experts\": 7, \"top_k\": " << top_k
          << "}\n";
   }
-  const std::string command = std::string("'") + MIXTRAIN_PYTHON + "' '" + MIXTRAIN_SOURCE_DIR +
-                              "/tests/python/hf_parity.py' router '" + dir + "/case.json' '" + dir +
-                              "'";
-  ASSERT_EQ(std::system(command.c_str()), 0) << command;
+  ASSERT_TRUE(
+      test_support::python_script_succeeds({"hf_parity.py", "router", dir + "/case.json", dir}));
   std::map<std::string, torch::Tensor> hf;
   for (const auto& [name, t] : read_safetensors(dir + "/router.safetensors").tensors) hf[name] = t;
   std::filesystem::remove_all(dir);
@@ -591,5 +590,5 @@ TEST(Qwen3Moe, LogitsLossAndGradientsMatchTransformers) {
   }
 }
 
-}  // namespace
+}  // namespace MIXTRAIN_FILE_LOCAL
 }  // namespace mixtrain

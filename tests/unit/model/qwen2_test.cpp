@@ -23,7 +23,7 @@
 #include "support/hf_parity.h"
 
 namespace mixtrain {
-namespace {
+namespace MIXTRAIN_FILE_LOCAL {
 
 // Every size distinct, and num_heads * head_dim != hidden_size, so a transposed or mixed-up
 // dimension cannot go unnoticed.
@@ -296,5 +296,5 @@ TEST(Llama, Llama3InverseFrequenciesFollowTheBands) {
   }
 }
 
-}  // namespace
+}  // namespace MIXTRAIN_FILE_LOCAL
 }  // namespace mixtrain

@@ -12,7 +12,7 @@
 #include "mixtrain/core/error.h"
 
 namespace mixtrain {
-namespace {
+namespace MIXTRAIN_FILE_LOCAL {
 
 ModelConfig small_config() {
   ModelConfig c;  // defaults are the tiny model; shrink the vocabulary to keep the test quick
@@ -143,5 +143,5 @@ TEST(ModelRegistry, EveryParameterHasARole) {
   }
 }
 
-}  // namespace
+}  // namespace MIXTRAIN_FILE_LOCAL
 }  // namespace mixtrain

@@ -12,7 +12,7 @@
 #include "mixtrain/model/registry.h"
 
 namespace mixtrain {
-namespace {
+namespace MIXTRAIN_FILE_LOCAL {
 
 struct Counts {
   int64_t total = 0;
@@ -83,5 +83,5 @@ TEST(ShippedConfigSize, Qwen2Moe0p5bIsHalfABillion) {
   EXPECT_EQ(r.config.data.seq_len, 2048);
 }
 
-}  // namespace
+}  // namespace MIXTRAIN_FILE_LOCAL
 }  // namespace mixtrain

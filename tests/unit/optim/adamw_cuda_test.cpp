@@ -18,7 +18,7 @@
 #include "support/adamw_reference.h"
 
 namespace mixtrain {
-namespace {
+namespace MIXTRAIN_FILE_LOCAL {
 
 using testing::reference_element;
 using testing::reference_model_bits;
@@ -178,5 +178,5 @@ TEST(AdamWCuda, AgreesWithTheCpuOptimizer) {
   }
 }
 
-}  // namespace
+}  // namespace MIXTRAIN_FILE_LOCAL
 }  // namespace mixtrain

@@ -23,7 +23,7 @@
 #include "support/adamw_reference.h"
 
 namespace mixtrain {
-namespace {
+namespace MIXTRAIN_FILE_LOCAL {
 
 using testing::reference_element;
 using testing::reference_model_bits;
@@ -241,5 +241,5 @@ TEST(AdamWKernelCuda, RejectsAnotherModelDtype) {
                std::invalid_argument);
 }
 
-}  // namespace
+}  // namespace MIXTRAIN_FILE_LOCAL
 }  // namespace mixtrain

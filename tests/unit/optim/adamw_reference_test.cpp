@@ -15,7 +15,7 @@
 #include "support/adamw_reference.h"
 
 namespace mixtrain {
-namespace {
+namespace MIXTRAIN_FILE_LOCAL {
 
 using Kernel = void (*)(const AdamWStepScalars&, float*, const float*, float*, float*, void*,
                         c10::ScalarType, int64_t);
@@ -76,5 +76,5 @@ TEST(AdamWReference, BitwiseTheVectorKernelsWithAtenSqrt) {
   }
 }
 
-}  // namespace
+}  // namespace MIXTRAIN_FILE_LOCAL
 }  // namespace mixtrain

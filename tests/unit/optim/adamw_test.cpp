@@ -24,7 +24,7 @@
 #include "support/per_capability.h"
 
 namespace mixtrain {
-namespace {
+namespace MIXTRAIN_FILE_LOCAL {
 
 using torch::optim::AdamWOptions;
 using torch::optim::OptimizerParamGroup;
@@ -532,5 +532,5 @@ TEST(AdamWStep, SkipsParamsWithoutGradAndReturnsClosureLoss) {
   EXPECT_EQ(optimizer.export_state(with_grad).size(), 3u);
 }
 
-}  // namespace
+}  // namespace MIXTRAIN_FILE_LOCAL
 }  // namespace mixtrain

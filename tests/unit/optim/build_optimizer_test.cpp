@@ -12,7 +12,7 @@
 #include "mixtrain/optim/muon.h"
 
 namespace mixtrain {
-namespace {
+namespace MIXTRAIN_FILE_LOCAL {
 
 using NamedParams = std::vector<std::pair<std::string, at::Tensor>>;
 
@@ -210,9 +210,9 @@ TEST(BuildOptimizer, LrFactorReachesBothLeaves) {
 }
 
 TEST(BuildOptimizer, LogsTheRoutingTable) {
-  testing::internal::CaptureStderr();
+  ::testing::internal::CaptureStderr();
   build_optimizer(tiny_qwen2_moe(at::kBFloat16), yaml_muon(true));
-  const std::string log = testing::internal::GetCapturedStderr();
+  const std::string log = ::testing::internal::GetCapturedStderr();
   EXPECT_NE(log.find("weight_decay"), std::string::npos) << log;
   EXPECT_NE(log.find("model.layers.0.mlp.experts.down_proj"), std::string::npos) << log;
   EXPECT_NE(log.find("[4, 16, 8]"), std::string::npos) << log;
@@ -228,5 +228,5 @@ TEST(BuildOptimizer, BadLeafOptionsAreConfigErrors) {
   EXPECT_THROW(build_optimizer(frozen, config), std::invalid_argument);
 }
 
-}  // namespace
+}  // namespace MIXTRAIN_FILE_LOCAL
 }  // namespace mixtrain

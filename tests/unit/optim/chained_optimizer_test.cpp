@@ -18,7 +18,7 @@
 #include "mixtrain/optim/muon.h"
 
 namespace mixtrain {
-namespace {
+namespace MIXTRAIN_FILE_LOCAL {
 
 using test_doubles::make_sgd;
 using test_doubles::TestSgd;
@@ -860,5 +860,5 @@ TEST(ChainedOptimizerParamGroups, TestDoubleLeavesRoundTrip) {
   EXPECT_EQ(restored.a->param_groups()[0].options().get_lr(), 0.2);
 }
 
-}  // namespace
+}  // namespace MIXTRAIN_FILE_LOCAL
 }  // namespace mixtrain

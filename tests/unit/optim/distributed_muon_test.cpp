@@ -43,7 +43,7 @@
 #include "mixtrain/optim/muon_telemetry.h"
 
 namespace mixtrain {
-namespace {
+namespace MIXTRAIN_FILE_LOCAL {
 
 using torch::optim::OptimizerParamGroup;
 
@@ -1205,5 +1205,5 @@ TEST(DistributedMuonTest, SetMuonShardingRejectsUnknownNames) {
   EXPECT_EQ(dynamic_cast<Muon&>(chained.leaf_of("w")).sharding(params[0].second).name, "w");
 }
 
-}  // namespace
+}  // namespace MIXTRAIN_FILE_LOCAL
 }  // namespace mixtrain

@@ -21,7 +21,7 @@
 #include "support/test_sgd.h"
 
 namespace mixtrain {
-namespace {
+namespace MIXTRAIN_FILE_LOCAL {
 
 constexpr double kRelTol = 1e-5;
 
@@ -177,5 +177,5 @@ TEST(GradClipTest, ChainedOptimizerClipsOverPlacements) {
   EXPECT_FALSE(no_grad.grad().defined());
 }
 
-}  // namespace
+}  // namespace MIXTRAIN_FILE_LOCAL
 }  // namespace mixtrain

@@ -20,7 +20,7 @@
 #include "mixtrain/optim/sgd.h"
 
 namespace mixtrain {
-namespace {
+namespace MIXTRAIN_FILE_LOCAL {
 
 using torch::optim::OptimizerParamGroup;
 
@@ -206,5 +206,5 @@ TEST(LeafHyperparameters, OptionsWithHyperparametersIsPureAndSetAppliesIt) {
   EXPECT_EQ(adamw.group_hyperparameters(0)["eps"], 1e-8);
 }
 
-}  // namespace
+}  // namespace MIXTRAIN_FILE_LOCAL
 }  // namespace mixtrain

@@ -9,7 +9,7 @@
 #include "mixtrain/core/logging.h"
 
 namespace mixtrain {
-namespace {
+namespace MIXTRAIN_FILE_LOCAL {
 
 TEST(DynamicLossScaler, DefaultsAreMegatrons) {
   DynamicLossScaler scaler;
@@ -79,5 +79,5 @@ TEST(DynamicLossScaler, RestoreSetsTheCheckpointedState) {
   EXPECT_THROW(scaler.restore(0.0, 0, 0), std::invalid_argument);
 }
 
-}  // namespace
+}  // namespace MIXTRAIN_FILE_LOCAL
 }  // namespace mixtrain

@@ -7,7 +7,7 @@
 #include <stdexcept>
 
 namespace mixtrain {
-namespace {
+namespace MIXTRAIN_FILE_LOCAL {
 
 // The cosine values below are written to 8 decimals.
 constexpr double kTol = 1e-8;
@@ -101,5 +101,5 @@ TEST(LrScheduleTest, StepIsOneBased) {
   EXPECT_THROW(s.factor(0), std::invalid_argument);
 }
 
-}  // namespace
+}  // namespace MIXTRAIN_FILE_LOCAL
 }  // namespace mixtrain

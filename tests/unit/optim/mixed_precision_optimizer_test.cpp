@@ -12,7 +12,7 @@
 #include "mixtrain/core/logging.h"
 
 namespace mixtrain {
-namespace {
+namespace MIXTRAIN_FILE_LOCAL {
 
 using test_doubles::make_sgd;
 using test_doubles::TestSgd;
@@ -398,5 +398,5 @@ TEST(MixedPrecisionOptimizer, LoadRejectsBadMainParamEntries) {
   EXPECT_EQ(t.restored.opt->state_dict().size(), 2u);
 }
 
-}  // namespace
+}  // namespace MIXTRAIN_FILE_LOCAL
 }  // namespace mixtrain

@@ -37,7 +37,7 @@
 #include "mixtrain/optim/newton_schulz.h"
 
 namespace mixtrain {
-namespace {
+namespace MIXTRAIN_FILE_LOCAL {
 
 constexpr double kFloat32Tolerance = 1e-5;
 constexpr double kBfloat16Tolerance = 1.5e-2;
@@ -204,5 +204,5 @@ TEST(MuonCuda, StepIssuesNoHostSynchronisation) {
   }
 }
 
-}  // namespace
+}  // namespace MIXTRAIN_FILE_LOCAL
 }  // namespace mixtrain

@@ -22,7 +22,7 @@
 #include "mixtrain/optim/kernels/muon_kernel_cuda.h"
 
 namespace mixtrain {
-namespace {
+namespace MIXTRAIN_FILE_LOCAL {
 
 using MomentumKernel = void (*)(const MuonMomentumScalars&, float*, const void*, c10::ScalarType,
                                 void*, c10::ScalarType, int64_t);
@@ -234,5 +234,5 @@ TEST(MuonKernelCuda, ZeroLengthLaunchesNothingAndOtherDtypesThrow) {
                c10::Error);
 }
 
-}  // namespace
+}  // namespace MIXTRAIN_FILE_LOCAL
 }  // namespace mixtrain

@@ -17,7 +17,7 @@
 #include "support/per_capability.h"
 
 namespace mixtrain {
-namespace {
+namespace MIXTRAIN_FILE_LOCAL {
 
 using MomentumKernel = void (*)(const MuonMomentumScalars&, float*, const void*, c10::ScalarType,
                                 void*, c10::ScalarType, int64_t);
@@ -202,5 +202,5 @@ TEST(MuonKernel, RejectsOtherDtypes) {
   EXPECT_THROW(apply_kernel()(as, buf, out, at::kFloat, out, at::kFloat, 4), c10::Error);
 }
 
-}  // namespace
+}  // namespace MIXTRAIN_FILE_LOCAL
 }  // namespace mixtrain

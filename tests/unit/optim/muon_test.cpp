@@ -19,7 +19,7 @@
 #include <vector>
 
 namespace mixtrain {
-namespace {
+namespace MIXTRAIN_FILE_LOCAL {
 
 using torch::optim::OptimizerParamGroup;
 
@@ -1082,5 +1082,5 @@ TEST(MuonTelemetryTest, SampleAndUpdateSquaresAgainstTheFormula) {
   EXPECT_FALSE(muon.take_telemetry());
 }
 
-}  // namespace
+}  // namespace MIXTRAIN_FILE_LOCAL
 }  // namespace mixtrain

@@ -46,7 +46,7 @@
 #include <vector>
 
 namespace mixtrain {
-namespace {
+namespace MIXTRAIN_FILE_LOCAL {
 
 constexpr NsCoefficients kLegacy = {3.4445, -4.7750, 2.0315};
 constexpr NsCoefficients kQuinticPolish = {15.0 / 8, -10.0 / 8, 3.0 / 8};
@@ -545,5 +545,5 @@ TEST(NewtonSchulzBandTest, PolarExpressBfloat16StaysInTheBand) {
   }
 }
 
-}  // namespace
+}  // namespace MIXTRAIN_FILE_LOCAL
 }  // namespace mixtrain

@@ -11,7 +11,7 @@
 #include <vector>
 
 namespace mixtrain {
-namespace {
+namespace MIXTRAIN_FILE_LOCAL {
 
 at::Tensor random_normal(at::IntArrayRef shape, uint64_t seed) {
   auto gen = at::detail::createCPUGenerator(seed);
@@ -146,5 +146,5 @@ TEST(CautiousDecayMaskTest, SignsAgreeOrAZero) {
   EXPECT_TRUE(at::equal(cautious_decay_mask(update, param.to(at::kBFloat16)), mask));
 }
 
-}  // namespace
+}  // namespace MIXTRAIN_FILE_LOCAL
 }  // namespace mixtrain

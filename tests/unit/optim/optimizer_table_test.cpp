@@ -13,7 +13,7 @@
 #include "mixtrain/core/error.h"
 
 namespace mixtrain {
-namespace {
+namespace MIXTRAIN_FILE_LOCAL {
 
 TEST(OptimizerTable, EveryEntryBuildsALeafWithItsStateFields) {
   OptimizerConfig config;
@@ -53,5 +53,5 @@ TEST(OptimizerTable, UnknownTargetNamesTheKey) {
   EXPECT_THROW(optimizer_named("lion"), std::invalid_argument);
 }
 
-}  // namespace
+}  // namespace MIXTRAIN_FILE_LOCAL
 }  // namespace mixtrain

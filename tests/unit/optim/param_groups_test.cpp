@@ -4,7 +4,7 @@
 #include <gtest/gtest.h>
 
 namespace mixtrain {
-namespace {
+namespace MIXTRAIN_FILE_LOCAL {
 
 TEST(ParamGroups, BiasNormAndLnNamesGetNoDecay) {
   EXPECT_TRUE(is_no_decay_parameter("model.layers.0.self_attn.q_proj.bias"));
@@ -32,5 +32,5 @@ TEST(ParamGroups, SplitKeepsModelOrderAndSkipsFrozenParameters) {
   EXPECT_EQ(split.no_decay[0].first, "a.bias");
 }
 
-}  // namespace
+}  // namespace MIXTRAIN_FILE_LOCAL
 }  // namespace mixtrain

@@ -19,7 +19,7 @@
 #include "support/test_sgd.h"
 
 namespace mixtrain {
-namespace {
+namespace MIXTRAIN_FILE_LOCAL {
 
 using test_doubles::make_sgd;
 
@@ -229,5 +229,5 @@ TEST(QkClip, ReduceMaxLogitsOnOneRankKeepsTheValues) {
   EXPECT_EQ(reduced.at("b."), (std::vector<double>{1.5, -2.0}));
 }
 
-}  // namespace
+}  // namespace MIXTRAIN_FILE_LOCAL
 }  // namespace mixtrain

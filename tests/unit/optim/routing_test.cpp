@@ -8,7 +8,7 @@
 #include "mixtrain/core/error.h"
 
 namespace mixtrain {
-namespace {
+namespace MIXTRAIN_FILE_LOCAL {
 
 using NamedParams = std::vector<std::pair<std::string, at::Tensor>>;
 
@@ -270,5 +270,5 @@ TEST(Routing, TableHasOneAlignedRowPerParameter) {
   }
 }
 
-}  // namespace
+}  // namespace MIXTRAIN_FILE_LOCAL
 }  // namespace mixtrain

@@ -15,7 +15,7 @@
 #include <vector>
 
 namespace mixtrain {
-namespace {
+namespace MIXTRAIN_FILE_LOCAL {
 
 using torch::optim::OptimizerParamGroup;
 
@@ -209,5 +209,5 @@ TEST(SgdHyperparameters, RoundTripAndRefusal) {
   EXPECT_EQ(optimizer.group_hyperparameters(0), other);
 }
 
-}  // namespace
+}  // namespace MIXTRAIN_FILE_LOCAL
 }  // namespace mixtrain

@@ -25,7 +25,7 @@
 #include "mixtrain/optim/training_optimizer.h"
 
 namespace mixtrain {
-namespace {
+namespace MIXTRAIN_FILE_LOCAL {
 
 const c10::Device kCuda(c10::kCUDA, 0);
 
@@ -211,5 +211,5 @@ TEST(StateSwapCudaRestore, LoadedStateTrainsOnIdentically) {
   }
 }
 
-}  // namespace
+}  // namespace MIXTRAIN_FILE_LOCAL
 }  // namespace mixtrain

@@ -22,7 +22,7 @@
 #include "mixtrain/optim/training_optimizer.h"
 
 namespace mixtrain {
-namespace {
+namespace MIXTRAIN_FILE_LOCAL {
 
 class StateSwapTest : public ::testing::Test {
  protected:
@@ -282,5 +282,5 @@ TEST_F(StateSwapTest, FullDiskIsNamed) {
               "cannot write .* of .*full\\.swap: File too large");
 }
 
-}  // namespace
+}  // namespace MIXTRAIN_FILE_LOCAL
 }  // namespace mixtrain

@@ -16,7 +16,7 @@
 #include "mixtrain/optim/kernels/sum_of_squares_kernel.h"
 
 namespace mixtrain {
-namespace {
+namespace MIXTRAIN_FILE_LOCAL {
 
 // Squares of float values are exact in double (48 significant bits); summing n of them in
 // order rounds n times: relative error <= n * 2^-53 (all terms are >= 0).
@@ -116,5 +116,5 @@ TEST(SumOfSquaresCuda, RejectsOtherDtypes) {
   EXPECT_EQ(sum_of_squares(d), 4.0);
 }
 
-}  // namespace
+}  // namespace MIXTRAIN_FILE_LOCAL
 }  // namespace mixtrain

@@ -18,7 +18,7 @@
 #include "mixtrain/core/cpu_capability.h"
 
 namespace mixtrain {
-namespace {
+namespace MIXTRAIN_FILE_LOCAL {
 
 using Kernel = double (*)(const SquaresBuffer*, int64_t);
 constexpr double kRelTol = 1e-5;
@@ -155,5 +155,5 @@ TEST(SumOfSquaresKernelTest, EmptyBufferIsZeroAndOtherDtypesAreRejected) {
   EXPECT_THROW(run(DEFAULT::sum_of_squares, d.data_ptr(), 4, at::kDouble), std::invalid_argument);
 }
 
-}  // namespace
+}  // namespace MIXTRAIN_FILE_LOCAL
 }  // namespace mixtrain

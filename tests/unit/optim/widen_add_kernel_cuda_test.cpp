@@ -13,7 +13,7 @@
 #include "mixtrain/optim/cuda_elementwise.h"
 
 namespace mixtrain {
-namespace {
+namespace MIXTRAIN_FILE_LOCAL {
 
 bool same_bits(const at::Tensor& a, const at::Tensor& b) {
   const at::Tensor ca = a.contiguous().cpu(), cb = b.contiguous().cpu();
@@ -74,5 +74,5 @@ TEST(WidenAddCuda, EmptyAndBadArguments) {
                c10::Error);
 }
 
-}  // namespace
+}  // namespace MIXTRAIN_FILE_LOCAL
 }  // namespace mixtrain

@@ -14,7 +14,7 @@
 #include "mixtrain/core/cpu_capability.h"
 
 namespace mixtrain {
-namespace {
+namespace MIXTRAIN_FILE_LOCAL {
 
 using Kernel = void (*)(float*, const void*, c10::ScalarType, int64_t, bool);
 
@@ -105,5 +105,5 @@ TEST(WidenAddKernelTest, ResultDoesNotDependOnTheThreadCount) {
   at::set_num_threads(threads_before);
 }
 
-}  // namespace
+}  // namespace MIXTRAIN_FILE_LOCAL
 }  // namespace mixtrain

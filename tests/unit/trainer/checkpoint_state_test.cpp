@@ -14,7 +14,7 @@
 #include "mixtrain/core/error.h"
 
 namespace mixtrain {
-namespace {
+namespace MIXTRAIN_FILE_LOCAL {
 
 using json = nlohmann::json;
 constexpr const char* kWhere = "/ckpt/step-00000003/.metadata.json";
@@ -144,5 +144,5 @@ TEST(CheckpointState, ReportsEveryBadPartNotOnlyTheFirst) {
   EXPECT_TRUE(none.empty());
 }
 
-}  // namespace
+}  // namespace MIXTRAIN_FILE_LOCAL
 }  // namespace mixtrain

@@ -31,7 +31,7 @@
 #include "support/trainer_probe.h"
 
 namespace mixtrain {
-namespace {
+namespace MIXTRAIN_FILE_LOCAL {
 
 class CheckpointingTest : public ::testing::Test {
  protected:
@@ -566,5 +566,5 @@ TEST(CheckpointTensorParallelBoxes, OneToTpTwoByDpTwoAndBackToOne) {
   std::filesystem::remove_all(dir);
 }
 
-}  // namespace
+}  // namespace MIXTRAIN_FILE_LOCAL
 }  // namespace mixtrain

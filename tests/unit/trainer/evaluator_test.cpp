@@ -26,7 +26,7 @@
 #include "support/tiny_model_config.h"
 
 namespace mixtrain {
-namespace {
+namespace MIXTRAIN_FILE_LOCAL {
 
 namespace fs = std::filesystem;
 
@@ -219,5 +219,5 @@ TEST_F(EvaluatorTest, TwoExpertParallelRanksGiveTheOneRankAnswer) {
   expect_two_ranks_match_one(dir_, files_, parallel);
 }
 
-}  // namespace
+}  // namespace MIXTRAIN_FILE_LOCAL
 }  // namespace mixtrain

@@ -17,7 +17,7 @@
 #include "mixtrain/core/error.h"
 
 namespace mixtrain {
-namespace {
+namespace MIXTRAIN_FILE_LOCAL {
 
 namespace fs = std::filesystem;
 using Points = std::vector<std::pair<int64_t, double>>;
@@ -257,5 +257,5 @@ TEST_F(LossPlotFileTest, FailedRenameLeavesNoTemporaryFile) {
   EXPECT_TRUE(fs::is_directory(path / "keep"));
 }
 
-}  // namespace
+}  // namespace MIXTRAIN_FILE_LOCAL
 }  // namespace mixtrain

@@ -19,7 +19,7 @@
 #include "mixtrain/core/error.h"
 
 namespace mixtrain {
-namespace {
+namespace MIXTRAIN_FILE_LOCAL {
 
 namespace fs = std::filesystem;
 
@@ -198,5 +198,5 @@ TEST_F(MetricsWriterTest, FailedWriteNamesThePath) {
   }
 }
 
-}  // namespace
+}  // namespace MIXTRAIN_FILE_LOCAL
 }  // namespace mixtrain

@@ -12,7 +12,7 @@
 #include "mixtrain/core/error.h"
 
 namespace mixtrain {
-namespace {
+namespace MIXTRAIN_FILE_LOCAL {
 
 TEST(OptimReplay, ConfigBuiltInCodeWithoutReduceDtypeIsRefusedFirst) {
   const std::filesystem::path dir = std::filesystem::temp_directory_path() /
@@ -66,5 +66,5 @@ TEST(OptimReplay, TensorOrContextParallelDegreesAreRefused) {
   }
 }
 
-}  // namespace
+}  // namespace MIXTRAIN_FILE_LOCAL
 }  // namespace mixtrain

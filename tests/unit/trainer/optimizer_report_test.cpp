@@ -15,7 +15,7 @@
 #include "mixtrain/optim/training_optimizer.h"
 
 namespace mixtrain {
-namespace {
+namespace MIXTRAIN_FILE_LOCAL {
 
 // Four parameters whose routing (yaml dialect, Muon target) is known by hand:
 //   embed_tokens.weight  [10, 4] float32   adamw, decay     (embed -> AdamW)
@@ -197,5 +197,5 @@ TEST(OptimizerReportTest, TomlDialectKeysAndDefaults) {
   EXPECT_EQ(values(muon, "momentum_style"), (Strings{"ema_add"}));
 }
 
-}  // namespace
+}  // namespace MIXTRAIN_FILE_LOCAL
 }  // namespace mixtrain

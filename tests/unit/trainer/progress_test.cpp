@@ -13,7 +13,7 @@
 #include <string>
 
 namespace mixtrain {
-namespace {
+namespace MIXTRAIN_FILE_LOCAL {
 
 // A FILE* whose contents the test can read at any time. Declare it before the ProgressBar so
 // the bar (whose destructor may write) is destroyed first.
@@ -183,5 +183,5 @@ TEST(ProgressBarPlain, NanLossIsShownNotHidden) {
   EXPECT_EQ(out.text(), "step 1/1 | loss nan | 950 tok/s | elapsed 0:01 | ETA 0:00\n");
 }
 
-}  // namespace
+}  // namespace MIXTRAIN_FILE_LOCAL
 }  // namespace mixtrain

@@ -9,7 +9,7 @@
 #include "mixtrain/trainer/metrics_writer.h"
 
 namespace mixtrain {
-namespace {
+namespace MIXTRAIN_FILE_LOCAL {
 
 StepTimes times(double scale) {
   StepTimes t;
@@ -95,5 +95,5 @@ TEST(StepProfileTest, MetricsLineCarriesTheSplitOnlyWithAProfile) {
             std::string::npos);
 }
 
-}  // namespace
+}  // namespace MIXTRAIN_FILE_LOCAL
 }  // namespace mixtrain

@@ -10,7 +10,7 @@
 #include <vector>
 
 namespace mixtrain {
-namespace {
+namespace MIXTRAIN_FILE_LOCAL {
 
 TEST(StepRecorderTest, EachPhaseHasItsOwnField) {
   const std::vector<std::pair<Phase, double StepTimes::*>> fields = {
@@ -66,5 +66,5 @@ TEST(StepRecorderTest, PhaseTimersAddTheirScopeAndStartClears) {
   EXPECT_EQ(recorder.times().backward_s, 0.0);
 }
 
-}  // namespace
+}  // namespace MIXTRAIN_FILE_LOCAL
 }  // namespace mixtrain

@@ -10,7 +10,7 @@
 #include "mixtrain/distributed/launcher.h"
 
 namespace mixtrain {
-namespace {
+namespace MIXTRAIN_FILE_LOCAL {
 
 TEST(ThreadsTest, WarnsOnlyWithSeveralThreadsOnABusyMachine) {
   EXPECT_EQ(busy_cores_warning(0.99, 2, 2), "");  // nothing else kept a core busy
@@ -35,5 +35,5 @@ TEST(ThreadsTest, EveryUsableCoreUnlessOmpNumThreadsIsSet) {
   ::setenv("OMP_NUM_THREADS", "1", 1);
 }
 
-}  // namespace
+}  // namespace MIXTRAIN_FILE_LOCAL
 }  // namespace mixtrain

@@ -19,7 +19,7 @@
 #include "support/tiny_model_config.h"
 
 namespace mixtrain {
-namespace {
+namespace MIXTRAIN_FILE_LOCAL {
 
 class TrainerTest : public ::testing::Test {
  protected:
@@ -208,5 +208,5 @@ TEST_F(TrainerTest, HybridWithFewStepsWarnsOnceAtStart) {
   EXPECT_EQ(start_log("10").find("runs plain legacy"), std::string::npos);  // the example's 10
 }
 
-}  // namespace
+}  // namespace MIXTRAIN_FILE_LOCAL
 }  // namespace mixtrain

@@ -49,8 +49,10 @@ set(MIXTRAIN_TEST_TABLE
   "tools_optim_replay_command_test           1          120"     #          9.3
   "tools_optim_replay_distributed_test       4          120      slow"    # 10.6
   "tools_optimizer_report_test               2          120"     #          9.6 (on a busy machine)
-  "tools_swap_optimizer_test                 2          300      slow"    # 25.0
-  "tools_train_command_test                  2          150      slow"    # 13.8 (+5: muon telemetry run)
+  "tools_swap_optimizer_test                 1          300      slow"    # 14 (2026-12-03; 1 rank)
+  "tools_swap_optimizer_distributed_test     2          300      slow"    # 13 (2026-12-03; 2 ranks)
+  "tools_train_command_test                  1          250      slow"    # 22 (2026-12-03; 1 process)
+  "tools_train_command_distributed_test      2          100"     #          5 (2026-12-03; 2 ranks)
   "tools_readme_walkthrough_test             2          150      slow"    # 13.8
   "python_adamw_oracle                       1          300      slow"    # 31 (alone)
   "python_muon_oracle                        1          210      slow"    # 11-21 (alone)

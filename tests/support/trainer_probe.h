@@ -55,6 +55,15 @@ inline at::Tensor whole(Trainer& trainer, const std::string& name, const at::Ten
   return sharded ? sharded->gather_global(name, local.contiguous()) : local.detach().clone();
 }
 
+// whole() of each (names[i], locals[i]), in one collective per process group and dtype.
+inline std::vector<at::Tensor> whole(Trainer& trainer, const std::vector<std::string>& names,
+                                     const std::vector<at::Tensor>& locals) {
+  if (FullyShardedModel* sharded = trainer.sharded()) return sharded->gather_global(names, locals);
+  std::vector<at::Tensor> out;
+  for (const at::Tensor& local : locals) out.push_back(local.detach().clone());
+  return out;
+}
+
 // One step, recorded: "loss", "grad_norm" (0-dim float64), with `with_aux_loss` also
 // "aux_loss" (0-dim float64, the router's load-balancing loss before its coefficient),
 // "grad.<fqn>", "main.<fqn>", "model.<fqn>".
@@ -65,13 +74,22 @@ inline NamedTensors recorded_step(Trainer& trainer, bool with_aux_loss = false) 
   out.emplace_back("grad_norm", at::scalar_tensor(result.grad_norm, at::kDouble));
   if (with_aux_loss) out.emplace_back("aux_loss", at::scalar_tensor(result.aux_loss, at::kDouble));
   ChainedOptimizer& chained = trainer.optimizer().chained();
-  for (const auto& name : chained.names()) {
-    out.emplace_back("grad." + name, whole(trainer, name, chained.optimizer_param(name).grad()));
-  }
+  const std::vector<std::string>& names = chained.names();
+  std::vector<at::Tensor> grads;
+  for (const auto& name : names) grads.push_back(chained.optimizer_param(name).grad());
+  const std::vector<at::Tensor> whole_grads = whole(trainer, names, grads);
+  for (size_t i = 0; i < names.size(); ++i) out.emplace_back("grad." + names[i], whole_grads[i]);
   trainer.apply_update();
-  for (const auto& name : chained.names()) {
-    out.emplace_back("main." + name, whole(trainer, name, chained.optimizer_param(name)));
-    out.emplace_back("model." + name, whole(trainer, name, chained.model_param(name)));
+  std::vector<std::string> twice;  // main and model param of each name
+  std::vector<at::Tensor> params;
+  for (const auto& name : names) {
+    twice.insert(twice.end(), {name, name});
+    params.insert(params.end(), {chained.optimizer_param(name), chained.model_param(name)});
+  }
+  const std::vector<at::Tensor> whole_params = whole(trainer, twice, params);
+  for (size_t i = 0; i < names.size(); ++i) {
+    out.emplace_back("main." + names[i], whole_params[2 * i]);
+    out.emplace_back("model." + names[i], whole_params[2 * i + 1]);
   }
   return out;
 }

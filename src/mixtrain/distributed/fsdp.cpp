@@ -6,6 +6,7 @@
 #include <torch/types.h>
 #include <torch/utils.h>
 
+#include <map>
 #include <stdexcept>
 #include <utility>
 
@@ -232,6 +233,86 @@ at::Tensor FullyShardedModel::gather_global(const std::string& name,
   return p.tp_group->all_gather(slice.movedim(p.tp_dim, 0).contiguous())
       .movedim(0, p.tp_dim)
       .contiguous();
+}
+
+namespace {
+
+// group.all_gather(tensors[i]) for every i, in one all_gather per dtype: each rank's tensors
+// flattened into one buffer; row r of the gathered [ranks, length] is rank r's buffer, and
+// tensor i's columns of it, taken rank after rank, are its concatenation along dim 0.
+std::vector<at::Tensor> all_gather_each(Collectives& group,
+                                        const std::vector<at::Tensor>& tensors) {
+  std::vector<at::Tensor> out(tensors.size());
+  std::map<c10::ScalarType, std::vector<size_t>> by_dtype;  // ordered alike on every rank
+  for (size_t i = 0; i < tensors.size(); ++i) by_dtype[tensors[i].scalar_type()].push_back(i);
+  for (const auto& [dtype, items] : by_dtype) {
+    std::vector<at::Tensor> flat;
+    for (const size_t i : items) flat.push_back(tensors[i].reshape(-1));
+    const at::Tensor buffer = at::cat(flat);
+    const at::Tensor gathered = group.all_gather(buffer).view({group.size(), buffer.numel()});
+    int64_t offset = 0;
+    for (const size_t i : items) {
+      std::vector<int64_t> shape = tensors[i].sizes().vec();
+      shape[0] *= group.size();
+      out[i] = gathered.narrow(1, offset, tensors[i].numel()).reshape(shape);
+      offset += tensors[i].numel();
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+std::vector<at::Tensor> FullyShardedModel::gather_global(
+    const std::vector<std::string>& names, const std::vector<at::Tensor>& locals) const {
+  if (names.size() != locals.size()) {
+    throw std::invalid_argument("fsdp: gather_global of " + std::to_string(names.size()) +
+                                " names with " + std::to_string(locals.size()) + " tensors");
+  }
+  // gather_full: expert slices over ep, dim-0 shards (padded to equal rows) over dp_shard.
+  std::vector<at::Tensor> out(names.size());
+  std::vector<size_t> expert, sharded;
+  std::vector<at::Tensor> expert_in, sharded_in;
+  for (size_t i = 0; i < names.size(); ++i) {
+    const Param& p = params_[index_of(names[i])];
+    const at::Tensor local = locals[i].detach().contiguous();
+    if (p.expert) {
+      expert.push_back(i);
+      expert_in.push_back(local);
+    } else if (shard_group_->size() > 1) {
+      sharded.push_back(i);
+      sharded_in.push_back(pad_rows(local, p.layout.chunk_rows));
+    } else {
+      out[i] = local.clone();
+    }
+  }
+  if (!expert.empty()) {
+    const auto gathered = all_gather_each(*ep_group_, expert_in);
+    for (size_t j = 0; j < expert.size(); ++j) out[expert[j]] = gathered[j];
+  }
+  if (!sharded.empty()) {
+    const auto gathered = all_gather_each(*shard_group_, sharded_in);
+    for (size_t j = 0; j < sharded.size(); ++j) {
+      const int64_t rows = params_[index_of(names[sharded[j]])].layout.global_shape[0];
+      out[sharded[j]] = gathered[j].narrow(0, 0, rows).contiguous();
+    }
+  }
+  // Tensor parallelism: the tp slices along tp_dim (brought to dim 0 for the gather).
+  std::vector<size_t> split;
+  std::vector<at::Tensor> split_in;
+  for (size_t i = 0; i < names.size(); ++i) {
+    const ParamPlacement& p = placement(names[i]);
+    if (!p.tp_split()) continue;
+    split.push_back(i);
+    split_in.push_back(out[i].movedim(p.tp_dim, 0).contiguous());
+  }
+  if (!split.empty()) {
+    const auto gathered = all_gather_each(*tp_group_, split_in);
+    for (size_t j = 0; j < split.size(); ++j) {
+      out[split[j]] = gathered[j].movedim(0, placement(names[split[j]]).tp_dim).contiguous();
+    }
+  }
+  return out;
 }
 
 at::Tensor FullyShardedModel::local_rows(const std::string& name, const at::Tensor& full) const {

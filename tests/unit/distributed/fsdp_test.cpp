@@ -306,5 +306,60 @@ TEST(FsdpCase21, MuonAndAdamWOnFourRankHsdp) {
   run_and_report("fsdp_case_2_1_muon", 4, degrees(2, 2));
 }
 
+// ---- gather_global of many tensors ----
+
+// The batched gather_global equals gather_global of each tensor, bitwise, and gives the model's
+// whole shapes: every placement at once (dim-0 shards over dp_shard, uneven where 37 rows split
+// in 2; expert slices over ep; tp slices of the vocabulary, column- and row-parallel layers),
+// float32 and bfloat16 tensors in one call (one all_gather per group and dtype).
+MIXTRAIN_WORKER(fsdp_gather_many) {
+  ParallelConfig parallel = worker.parallel;
+  parallel.tp = std::stoi(worker.get("TP_DEGREE"));
+  const DeviceMesh mesh = make_device_mesh(worker.rank, parallel, worker.timeout_s);
+  ModelConfig c = tiny_config();
+  c.vocab_size = parallel.tp == 1 ? 37 : 38;  // tp needs an even split of the vocabulary
+  auto model = qwen2_moe::make_qwen2_moe(c, 11);
+  auto whole_model = qwen2_moe::make_qwen2_moe(c, 11);  // the same draw, unsharded
+  MixPrecisionConfig fp32;
+  fp32.reduce_dtype = "float32";
+  auto fsdp = shard_model(*model, mesh, FsdpOptions{fp32, false, true});
+  std::vector<std::string> names;
+  std::vector<at::Tensor> locals;
+  for (const auto& [name, p] : named_params(*model)) {
+    // Each param and a bfloat16 tensor of another value in its shape.
+    names.insert(names.end(), {name, name});
+    locals.insert(locals.end(), {p.detach(), (p.detach() * 3 + 1).to(at::kBFloat16)});
+  }
+  const std::vector<at::Tensor> batched = fsdp->gather_global(names, locals);
+  ASSERT_EQ(batched.size(), names.size());
+  std::map<std::string, at::Tensor> whole;
+  for (const auto& [name, p] : named_params(*whole_model)) whole[name] = p;
+  for (size_t i = 0; i < names.size(); ++i) {
+    const at::Tensor one = fsdp->gather_global(names[i], locals[i]);
+    EXPECT_EQ(batched[i].scalar_type(), locals[i].scalar_type()) << names[i];
+    EXPECT_TRUE(batched[i].equal(one)) << names[i];
+    EXPECT_EQ(batched[i].sizes(), whole.at(names[i]).sizes()) << names[i];
+    if (i % 2 == 0) {
+      EXPECT_TRUE(batched[i].equal(whole.at(names[i]))) << names[i];
+    }
+  }
+  EXPECT_THROW(fsdp->gather_global(names, {}), std::invalid_argument);
+}
+
+void expect_gather_many(int64_t shard, int64_t ep, int64_t tp) {
+  ParallelConfig parallel = degrees(1, shard);
+  parallel.ep = ep;
+  const auto result = testing::run_workers("fsdp_gather_many", static_cast<int>(shard * tp),
+                                           parallel, {{"TP_DEGREE", std::to_string(tp)}}, 120);
+  ASSERT_TRUE(result.all_ok()) << result.summary();
+}
+
+TEST(FsdpGatherMany, EqualsOneGatherPerTensorFsdpAndExperts) {
+  expect_gather_many(2, 2, 1);
+}
+TEST(FsdpGatherMany, EqualsOneGatherPerTensorWithTensorParallelism) {
+  expect_gather_many(2, 2, 2);
+}
+
 }  // namespace MIXTRAIN_FILE_LOCAL
 }  // namespace mixtrain

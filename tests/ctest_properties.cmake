@@ -29,19 +29,20 @@ set(MIXTRAIN_TEST_TABLE
   "unit_optim_muon_kernel_test               1          60"      #          6.6 (child per CPU capability)
   "scenarios_checkpoint_resharding_test      4          180      slow"    # 14.3 + 2.8 (NorMuon case; 11.5 on a busy machine)
   "scenarios_rfc_case_2_2_test               2          60"      #          4.6
-  "scenarios_rfc_case_2_1_scale_test        8          600      slow"    # 85 (on a busy machine; 8 ranks)
-  "scenarios_rfc_system_test                8          600      slow"    # 60 (two 8-rank runs, 40 reference Trainers)
+  "scenarios_rfc_case_2_1_scale_test         8          420      slow"    # 41.6 (2026-12-03; 8 ranks)
+  "scenarios_rfc_system_test                 8          360      slow"    # 36.1 (2026-12-03; two 8-rank runs)
   "scenarios_rfc_case_2_4_test              2          600      slow"    # 72 (on a busy machine)
   "unit_config_hf_config_test                1          60"      #          4.5
   "unit_trainer_checkpointing_test           4          60"      #          2.5 (4 ranks: tp boxes)
-  "tools_checkpoint_resume_test              2          150      slow"    # 14.8
+  "tools_checkpoint_resume_test              1          140      slow"    # 13.6 (2026-12-03; 1 process)
+  "tools_checkpoint_resume_distributed_test  2          60"     #          4.0 (2026-12-03; 2 ranks)
   "tools_child_process_guard_test            2          60"      #          1.2
   "tools_checkpoint_save_failure_test        2          200      slow"    # 19 (on a busy machine)
   "tools_ckpt_command_test                   1          150      slow"    # 13.1
   "tools_data_prepare_test                   1          90"      #          9.0 (loaded machine; 12 runs of the binary)
   "tools_cli_test                            1          120      slow"    # 11.4 (on a busy machine)
   "tools_distributed_train_test              4          300      slow"    # 22 (2026-12-03; runs of 2 and 4 ranks, QK-clip)
-  "tools_export_hf_command_test              2          180      slow"    # 17.5 (2026-12-03; 8 trainings, 16 transformers runs in one interpreter)
+  "tools_export_hf_command_test              2          180      slow"    # 17.5 (2026-12-03; 8 trainings, 16 transformers runs)
   "tools_eval_command_test                   4          250      slow"    # 25.5 (2026-12-03; 1, 2 and 4 ranks, transformers reference)
   "tools_qwen2_train_test                    2          100"     #          9.2 (2026-12-03; 2 ranks)
   "unit_optim_newton_schulz_test             1          60"      #          5.8 (2026-12-03)
@@ -49,10 +50,10 @@ set(MIXTRAIN_TEST_TABLE
   "tools_optim_replay_command_test           1          120"     #          9.3
   "tools_optim_replay_distributed_test       4          120      slow"    # 10.6
   "tools_optimizer_report_test               2          120"     #          9.6 (on a busy machine)
-  "tools_swap_optimizer_test                 1          300      slow"    # 14 (2026-12-03; 1 rank)
-  "tools_swap_optimizer_distributed_test     2          300      slow"    # 13 (2026-12-03; 2 ranks)
-  "tools_train_command_test                  1          250      slow"    # 22 (2026-12-03; 1 process)
-  "tools_train_command_distributed_test      2          100"     #          5 (2026-12-03; 2 ranks)
+  "tools_swap_optimizer_test                 1          140      slow"    # 13.5 (2026-12-03; 1 rank)
+  "tools_swap_optimizer_distributed_test     2          130      slow"    # 12.6 (2026-12-03; 2 ranks)
+  "tools_train_command_test                  1          230      slow"    # 22.6 (2026-12-03; 1 process)
+  "tools_train_command_distributed_test      2          60"     #          4.3 (2026-12-03; 2 ranks)
   "tools_readme_walkthrough_test             2          150      slow"    # 13.8
   "python_adamw_oracle                       1          300      slow"    # 31 (alone)
   "python_muon_oracle                        1          210      slow"    # 11-21 (alone)

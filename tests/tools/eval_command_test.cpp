@@ -9,9 +9,11 @@
 #include <cmath>
 #include <cstdint>
 #include <fstream>
+#include <iterator>
 #include <string>
 #include <vector>
 
+#include "support/python_script.h"
 #include "tools/cli_test_util.h"
 
 namespace mixtrain::testing {
@@ -54,17 +56,13 @@ class EvalCommand : public ::testing::Test {
   std::string data_;
 };
 
-// MIXTRAIN_PYTHON (the project's .venv) running `arguments`; output without the progress bars
+// A tests/python script (support/python_script.h); its stdout, without the progress bars
 // transformers writes to stderr.
-CommandResult run_python(const std::string& arguments) {
-  ChildOptions options;
-  options.capture_output = true;
-  ChildProcess child(
-      {"/bin/sh", "-c", "exec " + std::string(MIXTRAIN_PYTHON) + " " + arguments + " 2>/dev/null"},
-      options);
+CommandResult run_python(const std::vector<std::string>& argv, const TempDir& dir) {
   CommandResult result;
-  result.output = child.read_output();
-  result.exit_code = exit_code_of(child.wait());
+  result.exit_code = test_support::run_python_script(argv, dir.file("python.out"), "/dev/null");
+  std::ifstream in(dir.file("python.out"));
+  result.output.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
   return result;
 }
 
@@ -225,9 +223,9 @@ TEST_F(EvalCommand, ArgumentErrorsExitTwo) {
 // wrong weight or window fails here.
 TEST_F(EvalCommand, InitFromAHuggingFaceModelGivesTransformersLoss) {
   const std::string config = "--config " + source_path("configs/qwen2_tiny.yaml");
-  const CommandResult reference =
-      run_python(source_path("tests/python/hf_eval_reference.py") + " " + dir_.file("hf") + " 32 " +
-                 data_ + "/val_000000.bin " + data_ + "/val_000001.bin");
+  const CommandResult reference = run_python({"hf_eval_reference.py", dir_.file("hf"), "32",
+                                              data_ + "/val_000000.bin", data_ + "/val_000001.bin"},
+                                             dir_);
   ASSERT_EQ(reference.exit_code, 0) << reference.output;
   const double expected = std::stod(reference.output);  // its one line (stderr dropped)
   // 1 rank, 2 FSDP ranks, and 4 ranks of tensor x context parallelism (tp 2 x cp 2: the HF

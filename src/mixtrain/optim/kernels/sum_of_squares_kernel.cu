@@ -46,7 +46,9 @@ __device__ __forceinline__ double widened(const void* data, uint8_t kind, int64_
   return static_cast<double>(static_cast<const float*>(data)[i]);
 }
 
-// Adds the kThreads values of `sums` (shared) by a fixed tree; thread 0 gets the total.
+// Adds the kThreads values of `sums` (shared) by a fixed tree; thread 0 gets the total, the
+// others 0: thread 0 writes sums[0] last, so another thread reading it would race (no barrier
+// follows that write).
 __device__ double block_sum(double* sums) {
   for (int stride = kThreads / 2; stride > 0; stride /= 2) {
     __syncthreads();
@@ -54,7 +56,7 @@ __device__ double block_sum(double* sums) {
       sums[threadIdx.x] = __dadd_rn(sums[threadIdx.x], sums[threadIdx.x + stride]);
     }
   }
-  return sums[0];
+  return threadIdx.x == 0 ? sums[0] : 0.0;
 }
 
 __global__ void __launch_bounds__(kThreads) chunk_sums(const Table table, double* partials) {

@@ -2,25 +2,38 @@
 # Rehearses scripts/device_check.sh on this machine (no GPU) as the device tool would run it: in
 # a fresh clone of HEAD (committed files only) with the deps bundle copied in, and CMake kept
 # off this machine's own -dev packages (the /usr prefix ignored, pkg-config hidden), so the build
-# can only succeed from the bundle. Then checks that it did, and that the cuda tests are skipped
-# without MIXTRAIN_REQUIRE_CUDA (device_check.sh, which sets it, must report them as failed here).
+# can only succeed from the bundle. Then checks what a machine without a GPU must show:
+#   - the phases ran in the documented order; configure, build and sanity passed; env, cuda,
+#     smoke and bench failed (no device: MIXTRAIN_REQUIRE_CUDA=1 turns every skip into a failure);
+#   - every package CMake chose is the bundle's, no compile read a bundled package's header from
+#     /usr/include, mixtrain loads no shared yaml-cpp or xxHash;
+#   - without MIXTRAIN_REQUIRE_CUDA, ctest -L cuda exits 0 and reports every cuda test Skipped
+#     (none Passed, none Failed).
 #
-#   scripts/device_rehearse.sh [CLONE_DIR]     (default /tmp/mixtrain-rehearsal; OUT=/tmp/devout)
+#   scripts/device_rehearse.sh [CLONE_DIR]
 #
-# JOBS defaults to 2 (the development VM's cores), LIMIT_SCALE to 12. CCACHE_BASEDIR=/tmp lets the clone's
-# compiles reuse the cache of a checkout built with the same relative paths.
+# CLONE_DIR and OUT default to new `mktemp -d` folders; the clone is removed after a passing
+# rehearsal unless KEEP=1 (a failing one keeps it for reading). Needs .venv (scripts/setup.sh);
+# makes .device-deps (scripts/device_deps.sh) when missing. JOBS defaults to 2 (the development
+# VM's cores), LIMIT_SCALE to 12. CCACHE_BASEDIR=/tmp: ccache records paths relative to the
+# build folder, so a clone anywhere under /tmp reuses an earlier rehearsal's compiles.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
-DEST=${1:-/tmp/mixtrain-rehearsal}
-export OUT=${OUT:-/tmp/devout}
-export JOBS=${JOBS:-2}
+[[ -x .venv/bin/python ]] || {
+  echo "device_rehearse: no .venv/bin/python here: run scripts/setup.sh first" >&2
+  exit 1
+}
 [[ -d .device-deps ]] || scripts/device_deps.sh || exit 1
 
-rm -rf "$DEST" "$OUT"
+DEST=${1:-$(mktemp -d /tmp/mixtrain-rehearsal.XXXXXX)}
+export OUT=${OUT:-$(mktemp -d /tmp/mixtrain-devout.XXXXXX)}
+export JOBS=${JOBS:-2}
+rm -rf "$DEST"
 git clone -q --no-hardlinks . "$DEST" || exit 1
 cp -a .device-deps "$DEST/"
 ln -s "$(readlink -f .venv)" "$DEST/.venv"
 cd "$DEST" || exit 1
+echo "rehearsal: clone $DEST ($(git rev-parse --short HEAD)), results $OUT"
 
 ccache=$(command -v ccache || echo CCACHE_PROGRAM-NOTFOUND)
 export MIXTRAIN_PYTHON=.venv/bin/python CCACHE_BASEDIR=${CCACHE_BASEDIR:-/tmp}
@@ -38,6 +51,19 @@ fail() {
   echo "REHEARSAL FAILED: $*"
   failed=1
 }
+echo "--- the phases: order and status"
+cat "$OUT/summary.txt"
+order=$(awk -F' *[|] *' 'NR > 1 && NF >= 4 { printf "%s ", $1 }' "$OUT/summary.txt")
+[[ $order == "env configure build cuda smoke sanity bench " ]] || fail "phase order: $order"
+phase_status() { awk -F' *[|] *' -v p="$1" '$1 == p { print $2 }' "$OUT/summary.txt"; }
+for p in configure build sanity; do
+  [[ $(phase_status $p) == ok ]] || fail "phase $p: $(phase_status $p), not ok"
+done
+for p in env cuda smoke bench; do  # no device here: each must have run and failed
+  [[ $(phase_status $p) == FAILED ]] || fail "phase $p: $(phase_status $p), not FAILED (no GPU here)"
+done
+((check_rc != 0)) || fail "device_check.sh passed without a GPU"
+
 echo "--- libraries and packages the configure chose (all must be the bundle's)"
 grep -E '^(yaml-cpp|toml11|nlohmann_json|CLI11|GTest|benchmark)_DIR|^MIXTRAIN_(SLEEF|XXHASH)_LIBRARY' "$B/CMakeCache.txt"
 while IFS= read -r line; do
@@ -54,9 +80,25 @@ echo "--- ldd $B/mixtrain (no yaml-cpp, xxhash: linked statically from the bundl
 ldd "$B/mixtrain" | grep -vE 'site-packages|linux-vdso|ld-linux'
 ldd "$B/mixtrain" >"$B/ldd.txt"
 grep -qE 'yaml-cpp|xxhash' "$B/ldd.txt" && fail "mixtrain loads a shared yaml-cpp or xxhash"
-echo "--- the cuda tests without MIXTRAIN_REQUIRE_CUDA (here: skipped, not passed)"
-env -u MIXTRAIN_REQUIRE_CUDA ctest --test-dir "$B" -L cuda --no-tests=error | tee /tmp/devcheck-skip.txt
-grep -qE '\*\*\*Skipped' /tmp/devcheck-skip.txt || fail "the cuda tests were not reported as skipped"
-grep -qE 'Passed' /tmp/devcheck-skip.txt && fail "a cuda test passed without a device"
-echo "rehearsal: device_check.sh exit $check_rc (non-zero expected without a GPU); checks $([[ $failed -eq 0 ]] && echo ok || echo FAILED)"
+
+echo "--- the cuda tests without MIXTRAIN_REQUIRE_CUDA: ctest exits 0, every test Skipped"
+listed=$(ctest --test-dir "$B" -N -L cuda | sed -n 's/^ *Test *#[0-9]*: \([^ ]*\).*/\1/p' | sort)
+env -u MIXTRAIN_REQUIRE_CUDA ctest --test-dir "$B" -L cuda --no-tests=error >"$B/skip.txt" 2>&1
+skip_rc=$?
+cat "$B/skip.txt"
+((skip_rc == 0)) || fail "ctest -L cuda exited $skip_rc without a device (skips must not fail it)"
+skipped=$(sed -n 's/^ *[0-9]*\/[0-9]* Test *#[0-9]*: \([^ ]*\) .*\*\*\*Skipped.*/\1/p' "$B/skip.txt" | sort)
+[[ -n $listed ]] || fail "no test is labelled cuda"
+[[ $skipped == "$listed" ]] || fail "not every cuda test was Skipped: listed [$(echo $listed)], skipped [$(echo $skipped)]"
+grep -qE 'Test *#[0-9]+: .* (Passed|\*\*\*Failed|\*\*\*Timeout|\*\*\*Exception)' "$B/skip.txt" &&
+  fail "a cuda test passed or failed without a device"
+
+if ((failed)); then
+  echo "rehearsal: FAILED; the clone is kept: $DEST, results: $OUT"
+elif [[ ${KEEP:-0} == 1 ]]; then
+  echo "rehearsal: ok (device_check.sh exit $check_rc, as it must be without a GPU); kept: $DEST, results: $OUT"
+else
+  cd / && rm -rf "$DEST"
+  echo "rehearsal: ok (device_check.sh exit $check_rc, as it must be without a GPU); results: $OUT"
+fi
 exit $failed

@@ -40,14 +40,14 @@ class LocalCollectives final : public Collectives {
   int size() const override { return 1; }
   std::string name() const override { return name_; }
   void all_reduce(at::Tensor&, ReduceOp) override {
-    CollectiveCallRecord record(CollectiveOp::kAllReduce, 0);
+    CollectiveCallRecord record(*this, CollectiveOp::kAllReduce, 0);
   }
   at::Tensor all_gather(const at::Tensor& local) override {
-    CollectiveCallRecord record(CollectiveOp::kAllGather, 0);
+    CollectiveCallRecord record(*this, CollectiveOp::kAllGather, 0);
     return local.clone();
   }
   at::Tensor reduce_scatter_sum(const at::Tensor& full) override {
-    CollectiveCallRecord record(CollectiveOp::kReduceScatter, 0);
+    CollectiveCallRecord record(*this, CollectiveOp::kReduceScatter, 0);
     return full.clone();
   }
   at::Tensor all_to_all(const at::Tensor& input, const std::vector<int64_t>& send_counts,
@@ -56,14 +56,14 @@ class LocalCollectives final : public Collectives {
         send_counts[0] != input.size(0)) {
       throw std::invalid_argument(name_ + ": all_to_all on one rank must send every row to itself");
     }
-    CollectiveCallRecord record(CollectiveOp::kAllToAll, 0);
+    CollectiveCallRecord record(*this, CollectiveOp::kAllToAll, 0);
     return input.clone();
   }
   void broadcast(at::Tensor&, int root) override {
     if (root != 0) throw std::invalid_argument(name_ + ": broadcast root out of range");
-    CollectiveCallRecord record(CollectiveOp::kBroadcast, 0);
+    CollectiveCallRecord record(*this, CollectiveOp::kBroadcast, 0);
   }
-  void barrier() override { CollectiveCallRecord record(CollectiveOp::kBarrier, 0); }
+  void barrier() override { CollectiveCallRecord record(*this, CollectiveOp::kBarrier, 0); }
 
  private:
   std::string name_;
@@ -126,8 +126,19 @@ void reset_collective_stats() {
   thread_stats() = CollectiveStats{};
 }
 
-void record_collective(CollectiveOp op, int64_t bytes, double seconds) {
+CollectiveStats CollectiveCounters::snapshot() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return stats_;
+}
+
+void CollectiveCounters::add(CollectiveOp op, int64_t bytes, double seconds) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  ::mixtrain::add(stats_[op], bytes, seconds);
+}
+
+void record_collective(CollectiveOp op, int64_t bytes, double seconds, CollectiveCounters* group) {
   add(thread_stats()[op], bytes, seconds);
+  if (group != nullptr) group->add(op, bytes, seconds);
   std::lock_guard<std::mutex> lock(process_stats_mutex());
   add(process_stats()[op], bytes, seconds);
 }

@@ -16,6 +16,7 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -33,6 +34,8 @@ class CollectiveWork {
   virtual ~CollectiveWork() = default;
   virtual at::Tensor wait() = 0;
 };
+
+class CollectiveCounters;  // below
 
 // The elementwise reduction of all_reduce. Max rounds nothing, so for NaN-free inputs every
 // rank gets the same bits whatever order the backend combines them in.
@@ -72,6 +75,15 @@ class Collectives {
                                                            const std::vector<int64_t>& send_counts,
                                                            const std::vector<int64_t>& recv_counts);
   virtual std::unique_ptr<CollectiveWork> all_gather_async(const at::Tensor& local);
+
+  // Counters this group's calls are also added to, whichever thread makes them (below); none
+  // by default. Set before the first call: make_device_mesh gives one rank's training groups
+  // one set (DeviceMesh::counters).
+  void count_into(std::shared_ptr<CollectiveCounters> counters) { counters_ = std::move(counters); }
+  const std::shared_ptr<CollectiveCounters>& counters() const { return counters_; }
+
+ private:
+  std::shared_ptr<CollectiveCounters> counters_;
 };
 
 // A CollectiveWork that is already done: wait() returns `result`.
@@ -88,8 +100,11 @@ std::unique_ptr<Collectives> make_local_collectives(const std::string& name = "l
 //
 // Every Collectives call made in this process is counted, per operation kind: the calls, the
 // payload bytes this rank sends, and the wall seconds spent inside the call (waiting for the
-// peers included). The counters are per process (every group, every thread, summed) and, for
-// attributing traffic to one loop, per thread; they only grow until reset.
+// peers included). The counters are per process (every group, every thread, summed), per
+// thread, and per set of groups (CollectiveCounters: one rank's training traffic, whichever
+// thread issued it; on CUDA, autograd runs backward, and with it FSDP's reduce-scatter and EP's
+// backward all_to_all, on a device worker thread that the calling thread's counters miss). They
+// only grow until reset.
 //
 // Bytes: what this rank's own data must put on the wire to reach the peers that need it, as a
 // bandwidth-optimal algorithm sends it (a ring for the reductions and the gather, direct
@@ -142,23 +157,43 @@ CollectiveStats thread_collective_stats();
 // their values; take differences of snapshots to measure a span instead).
 void reset_collective_stats();
 
-// For implementations of Collectives: adds one call to both counters. Thread-safe.
-void record_collective(CollectiveOp op, int64_t bytes, double seconds);
+// Counters shared by a set of groups (Collectives::count_into), added to by any thread.
+// Thread-safe.
+class CollectiveCounters {
+ public:
+  CollectiveStats snapshot() const;
+  void add(CollectiveOp op, int64_t bytes, double seconds);
 
-// Times a scope and records it as one call of `op` when the scope ends (also by an exception).
+ private:
+  mutable std::mutex mutex_;
+  CollectiveStats stats_;
+};
+
+// For implementations of Collectives: adds one call to the process's and the calling thread's
+// counters, and to `group`'s (may be null). Thread-safe.
+void record_collective(CollectiveOp op, int64_t bytes, double seconds,
+                       CollectiveCounters* group = nullptr);
+
+// Times a scope and records it as one call of `op` by `group` when the scope ends (also by an
+// exception).
 class CollectiveCallRecord {
  public:
-  CollectiveCallRecord(CollectiveOp op, int64_t bytes)
-      : op_(op), bytes_(bytes), start_(std::chrono::steady_clock::now()) {}
+  CollectiveCallRecord(const Collectives& group, CollectiveOp op, int64_t bytes)
+      : counters_(group.counters().get()),
+        op_(op),
+        bytes_(bytes),
+        start_(std::chrono::steady_clock::now()) {}
   ~CollectiveCallRecord() {
     record_collective(
         op_, bytes_,
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count());
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count(),
+        counters_);
   }
   CollectiveCallRecord(const CollectiveCallRecord&) = delete;
   CollectiveCallRecord& operator=(const CollectiveCallRecord&) = delete;
 
  private:
+  CollectiveCounters* counters_;
   CollectiveOp op_;
   int64_t bytes_;
   std::chrono::steady_clock::time_point start_;

@@ -161,6 +161,19 @@ MeshLayout mesh_layout(int rank, int world_size, const ParallelConfig& parallel)
   return layout;
 }
 
+namespace {
+// The training groups count into mesh.counters; background into a set of its own.
+void count_calls(DeviceMesh& mesh) {
+  for (Collectives* group :
+       {mesh.world.get(), mesh.dp_shard_group.get(), mesh.dp_replicate_group.get(),
+        mesh.ep_group.get(), mesh.expert_dp_group.get(), mesh.cp_group.get(),
+        mesh.tp_group.get()}) {
+    group->count_into(mesh.counters);
+  }
+  mesh.background->count_into(std::make_shared<CollectiveCounters>());
+}
+}  // namespace
+
 DeviceMesh make_single_process_mesh(c10::Device device) {
   DeviceMesh mesh;
   mesh.device = device;
@@ -172,6 +185,7 @@ DeviceMesh make_single_process_mesh(c10::Device device) {
   mesh.cp_group = make_local_collectives("cp");
   mesh.tp_group = make_local_collectives("tp");
   mesh.background = make_local_collectives("background");
+  count_calls(mesh);
   return mesh;
 }
 
@@ -201,6 +215,7 @@ DeviceMesh make_device_mesh(const RankInfo& info, const ParallelConfig& parallel
     mesh.cp_group = single.cp_group;
     mesh.tp_group = single.tp_group;
     mesh.background = single.background;
+    mesh.counters = single.counters;
     return mesh;
   }
 
@@ -287,6 +302,7 @@ DeviceMesh make_device_mesh(const RankInfo& info, const ParallelConfig& parallel
   mesh.cp_group = make_compute_group("cp", layout.cp);
   mesh.tp_group = make_compute_group("tp", layout.tp);
   mesh.background = make_group("background", layout.world, /*own_connection=*/true);
+  count_calls(mesh);
   return mesh;
 }
 

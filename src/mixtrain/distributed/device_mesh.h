@@ -50,6 +50,9 @@ struct DeviceMesh {
   std::shared_ptr<Collectives> world, dp_shard_group, dp_replicate_group, ep_group, expert_dp_group;
   std::shared_ptr<Collectives> cp_group, tp_group;
   std::shared_ptr<Collectives> background;
+  // Every call of this rank's groups but background's (training traffic), whichever thread
+  // makes it; background's calls are in background->counters().
+  std::shared_ptr<CollectiveCounters> counters = std::make_shared<CollectiveCounters>();
 
   int64_t tp_index() const { return rank % tp; }
   int64_t cp_index() const { return (rank / tp) % cp; }

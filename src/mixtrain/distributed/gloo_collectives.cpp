@@ -71,7 +71,8 @@ class GlooWork final : public CollectiveWork {
 
  private:
   void record(Clock::duration waited) const {
-    record_collective(op_, bytes_, std::chrono::duration<double>(host_time_ + waited).count());
+    record_collective(op_, bytes_, std::chrono::duration<double>(host_time_ + waited).count(),
+                      group_.counters().get());
   }
 
   const GlooCollectives& group_;
@@ -103,7 +104,7 @@ void GlooCollectives::all_reduce(at::Tensor& tensor, ReduceOp op) {
   }
   // Ring all-reduce: reduce-scatter then all-gather, (n-1)/n of the tensor each.
   const int64_t n = size_;
-  CollectiveCallRecord record(CollectiveOp::kAllReduce,
+  CollectiveCallRecord record(*this, CollectiveOp::kAllReduce,
                               2 * (n - 1) * static_cast<int64_t>(tensor.nbytes()) / n);
   std::vector<at::Tensor> tensors = {tensor};
   c10d::AllreduceOptions options;
@@ -129,7 +130,7 @@ at::Tensor GlooCollectives::reduce_scatter_sum(const at::Tensor& full) {
   }
   const int64_t rows = full.size(0) / size_;
   // The chunks of the n-1 peers leave this rank (as in a ring reduce-scatter).
-  CollectiveCallRecord record(CollectiveOp::kReduceScatter,
+  CollectiveCallRecord record(*this, CollectiveOp::kReduceScatter,
                               (size_ - 1) * static_cast<int64_t>(full.nbytes()) / size_);
   if (full.numel() == 0) return at::empty_like(full).narrow(0, 0, rows).contiguous();
   // Equal-split alltoall: block j of `received` is rank j's chunk rank(); the same bytes on the
@@ -154,7 +155,7 @@ at::Tensor GlooCollectives::all_to_all(const at::Tensor& input,
   check_input(input, "all_to_all");
   const AllToAllShape checked =
       check_all_to_all(name_, rank_, size_, input, send_counts, recv_counts);
-  CollectiveCallRecord record(CollectiveOp::kAllToAll, checked.sent_bytes);
+  CollectiveCallRecord record(*this, CollectiveOp::kAllToAll, checked.sent_bytes);
   at::Tensor result = at::empty(checked.result, input.options());
   at::Tensor send_buffer = input;
   std::vector<int64_t> send = send_counts;
@@ -190,7 +191,7 @@ std::unique_ptr<CollectiveWork> GlooCollectives::all_gather_async(const at::Tens
   at::Tensor result = at::empty(shape, local.options());
   const int64_t bytes = (size_ - 1) * static_cast<int64_t>(local.nbytes());
   if (result.numel() == 0) {
-    record_collective(CollectiveOp::kAllGather, bytes, 0.0);
+    record_collective(CollectiveOp::kAllGather, bytes, 0.0, counters().get());
     return finished_collective_work(result);
   }
   at::Tensor input = local.reshape(result.narrow(0, 0, rows).sizes());
@@ -203,7 +204,7 @@ std::unique_ptr<CollectiveWork> GlooCollectives::all_gather_async(const at::Tens
 void GlooCollectives::broadcast(at::Tensor& tensor, int root) {
   check_input(tensor, "broadcast");
   CollectiveCallRecord record(
-      CollectiveOp::kBroadcast,
+      *this, CollectiveOp::kBroadcast,
       check_broadcast(name_, rank_, size_, root, static_cast<int64_t>(tensor.nbytes())));
   std::vector<at::Tensor> tensors = {tensor};
   c10d::BroadcastOptions options;
@@ -212,7 +213,7 @@ void GlooCollectives::broadcast(at::Tensor& tensor, int root) {
 }
 
 void GlooCollectives::barrier() {
-  CollectiveCallRecord record(CollectiveOp::kBarrier, 0);
+  CollectiveCallRecord record(*this, CollectiveOp::kBarrier, 0);
   wait(group_->barrier(), "barrier");
 }
 

@@ -85,10 +85,12 @@ class NcclWork final : public CollectiveWork {
  public:
   using Clock = std::chrono::steady_clock;
   NcclWork(std::function<void(const c10::intrusive_ptr<c10d::Work>&)> wait_fn, std::string what,
-           CollectiveOp op, int64_t bytes, c10::intrusive_ptr<c10d::Work> work, at::Tensor result,
-           at::Tensor input, c10::Device result_device, Clock::duration issue_time)
+           std::shared_ptr<CollectiveCounters> counters, CollectiveOp op, int64_t bytes,
+           c10::intrusive_ptr<c10d::Work> work, at::Tensor result, at::Tensor input,
+           c10::Device result_device, Clock::duration issue_time)
       : wait_fn_(std::move(wait_fn)),
         what_(std::move(what)),
+        counters_(std::move(counters)),
         op_(op),
         bytes_(bytes),
         work_(std::move(work)),
@@ -114,7 +116,8 @@ class NcclWork final : public CollectiveWork {
       ~Record() {
         record_collective(
             self.op_, self.bytes_,
-            std::chrono::duration<double>(self.host_time_ + (Clock::now() - start)).count());
+            std::chrono::duration<double>(self.host_time_ + (Clock::now() - start)).count(),
+            self.counters_.get());
       }
     } record{*this, start};
     wait_fn_(work);
@@ -126,6 +129,7 @@ class NcclWork final : public CollectiveWork {
  private:
   std::function<void(const c10::intrusive_ptr<c10d::Work>&)> wait_fn_;
   std::string what_;
+  std::shared_ptr<CollectiveCounters> counters_;
   CollectiveOp op_;
   int64_t bytes_;
   c10::intrusive_ptr<c10d::Work> work_;
@@ -160,7 +164,7 @@ void NcclCollectives::all_reduce(at::Tensor& tensor, ReduceOp op) {
   if (reduced.scalar_type() == at::kHalf) reduced = reduced.to(at::kFloat);
   // Ring all-reduce: reduce-scatter then all-gather, (n-1)/n of the tensor each.
   const int64_t n = size_;
-  CollectiveCallRecord record(CollectiveOp::kAllReduce,
+  CollectiveCallRecord record(*this, CollectiveOp::kAllReduce,
                               2 * (n - 1) * static_cast<int64_t>(reduced.nbytes()) / n);
   std::vector<at::Tensor> tensors = {reduced};
   c10d::AllreduceOptions options;
@@ -190,7 +194,7 @@ at::Tensor NcclCollectives::reduce_scatter_sum(const at::Tensor& full) {
   shape[0] /= size_;
   at::Tensor output = at::empty(shape, input.options());
   // The chunks of the n-1 peers leave this rank.
-  CollectiveCallRecord record(CollectiveOp::kReduceScatter,
+  CollectiveCallRecord record(*this, CollectiveOp::kReduceScatter,
                               (size_ - 1) * static_cast<int64_t>(input.nbytes()) / size_);
   if (input.numel() > 0) {
     run("reduce_scatter_sum",
@@ -205,7 +209,7 @@ at::Tensor NcclCollectives::all_to_all(const at::Tensor& input,
   at::Tensor send_buffer = on_device(input, "all_to_all");
   const AllToAllShape checked =
       check_all_to_all(name_, rank_, size_, input, send_counts, recv_counts);
-  CollectiveCallRecord record(CollectiveOp::kAllToAll, checked.sent_bytes);
+  CollectiveCallRecord record(*this, CollectiveOp::kAllToAll, checked.sent_bytes);
   at::Tensor result = at::empty(checked.result, send_buffer.options());
   std::vector<int64_t> send = send_counts;
   std::vector<int64_t> recv = recv_counts;
@@ -229,8 +233,9 @@ std::unique_ptr<CollectiveWork> NcclCollectives::all_to_all_async(
   });
   return std::make_unique<NcclWork>(
       [this](const c10::intrusive_ptr<c10d::Work>& w) { wait(w, "all_to_all"); },
-      name_ + ": all_to_all", CollectiveOp::kAllToAll, checked.sent_bytes, std::move(work),
-      std::move(result), std::move(send_buffer), input.device(), NcclWork::Clock::now() - start);
+      name_ + ": all_to_all", counters(), CollectiveOp::kAllToAll, checked.sent_bytes,
+      std::move(work), std::move(result), std::move(send_buffer), input.device(),
+      NcclWork::Clock::now() - start);
 }
 
 std::unique_ptr<CollectiveWork> NcclCollectives::all_gather_async(const at::Tensor& local) {
@@ -243,7 +248,7 @@ std::unique_ptr<CollectiveWork> NcclCollectives::all_gather_async(const at::Tens
   at::Tensor result = at::empty(shape, input.options());
   const int64_t bytes = (size_ - 1) * static_cast<int64_t>(input.nbytes());
   if (result.numel() == 0) {
-    record_collective(CollectiveOp::kAllGather, bytes, 0.0);
+    record_collective(CollectiveOp::kAllGather, bytes, 0.0, counters().get());
     return finished_collective_work(result.to(local.device()));
   }
   input = input.reshape(result.narrow(0, 0, rows).sizes());
@@ -251,14 +256,14 @@ std::unique_ptr<CollectiveWork> NcclCollectives::all_gather_async(const at::Tens
                     [&](c10d::Backend& group) { return group._allgather_base(result, input); });
   return std::make_unique<NcclWork>(
       [this](const c10::intrusive_ptr<c10d::Work>& w) { wait(w, "all_gather"); },
-      name_ + ": all_gather", CollectiveOp::kAllGather, bytes, std::move(work), std::move(result),
-      std::move(input), local.device(), NcclWork::Clock::now() - start);
+      name_ + ": all_gather", counters(), CollectiveOp::kAllGather, bytes, std::move(work),
+      std::move(result), std::move(input), local.device(), NcclWork::Clock::now() - start);
 }
 
 void NcclCollectives::broadcast(at::Tensor& tensor, int root) {
   at::Tensor data = on_device(tensor, "broadcast");
   CollectiveCallRecord record(
-      CollectiveOp::kBroadcast,
+      *this, CollectiveOp::kBroadcast,
       check_broadcast(name_, rank_, size_, root, static_cast<int64_t>(data.nbytes())));
   std::vector<at::Tensor> tensors = {data};
   c10d::BroadcastOptions options;
@@ -268,7 +273,7 @@ void NcclCollectives::broadcast(at::Tensor& tensor, int root) {
 }
 
 void NcclCollectives::barrier() {
-  CollectiveCallRecord record(CollectiveOp::kBarrier, 0);
+  CollectiveCallRecord record(*this, CollectiveOp::kBarrier, 0);
   const c10::Device device = group_->device();
   std::vector<at::Tensor> token = {at::zeros({1}, at::TensorOptions().device(device))};
   run("barrier", [&](c10d::Backend& group) { return group.allreduce(token); });

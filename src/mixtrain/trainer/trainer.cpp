@@ -57,8 +57,8 @@
 namespace mixtrain {
 namespace {
 
-// Seconds this thread spent reducing gradients (FSDP reduce-scatter, DDP/HSDP and expert
-// all-reduce) between two snapshots of its communication counters.
+// Seconds spent reducing gradients (FSDP reduce-scatter, DDP/HSDP and expert all-reduce)
+// between two snapshots of a rank's communication counters.
 double gradient_reduce_seconds(const CollectiveStats& span) {
   return span[CollectiveOp::kReduceScatter].seconds + span[CollectiveOp::kAllReduce].seconds;
 }
@@ -186,13 +186,14 @@ StepLoss accumulate_gradients(CausalLM& model, TokenDataset& data, const Trainer
              config.model.router_aux_loss_coef * out.aux_loss;
     }
     {
-      // CPU autograd runs backward (and FSDP's gradient reduction in it) on this thread.
+      // Backward reduces the gradients (FSDP's reduce-scatter, EP's all_to_all) on the thread
+      // autograd picks (on CUDA a device worker thread): the mesh's counters see every thread.
       PhaseTimer backward(recorder, Phase::kBackward);
-      const CollectiveStats comm_before = thread_collective_stats();
+      const CollectiveStats comm_before = mesh.counters->snapshot();
       (loss * (optimizer.loss_scale() / static_cast<double>(accumulation_steps))).backward();
       optimizer.accumulate_model_grads();  // fp32 main_grad accumulation across micro-batches
       recorder.add(Phase::kReduce,
-                   gradient_reduce_seconds(thread_collective_stats() - comm_before));
+                   gradient_reduce_seconds(mesh.counters->snapshot() - comm_before));
     }
     losses.push_back(loss.detach().to(torch::kDouble));
     losses.push_back(out.aux_loss.detach().to(torch::kDouble));

@@ -1,13 +1,14 @@
 // Communication counters (core/collectives.h) on the one-rank LocalCollectives: every call is
-// counted with 0 bytes, per op kind (a max all-reduce as an all_reduce); process and thread
-// counters; snapshots subtract; reset; concurrent threads lose no count. Byte counts of real
-// groups: distributed/gloo_collectives_test.
+// counted with 0 bytes, per op kind (a max all-reduce as an all_reduce); process, thread and
+// shared (per group set) counters; snapshots subtract; reset; concurrent threads lose no count.
+// Byte counts of real groups: distributed/gloo_collectives_test.
 #include "mixtrain/core/collectives.h"
 
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <memory>
 #include <stdexcept>
 #include <thread>
 #include <vector>
@@ -135,6 +136,35 @@ TEST(CollectiveStatsTest, ThreadsCountSeparatelyAndLoseNothing) {
   EXPECT_EQ(all[CollectiveOp::kAllToAll].calls, kThreads * kCalls);
   EXPECT_EQ(all[CollectiveOp::kAllToAll].bytes, (1 + 2 + 3 + 4) * kCalls);
   EXPECT_EQ(thread_collective_stats().total().calls, 0);  // this thread made none
+}
+
+// A set of groups sharing CollectiveCounters counts their calls whichever thread makes them
+// (on CUDA autograd runs backward, and the gradient reduction in it, on a device worker
+// thread): the calling thread's own counters miss the worker's calls, the shared set does not.
+TEST(CollectiveStatsTest, SharedCountersSeeEveryThreadsCalls) {
+  auto counters = std::make_shared<CollectiveCounters>();
+  auto shard = make_local_collectives("dp_shard");
+  auto expert = make_local_collectives("ep");
+  auto other = make_local_collectives("background");
+  shard->count_into(counters);
+  expert->count_into(counters);
+  const CollectiveStats thread_before = thread_collective_stats();
+  shard->barrier();  // this thread
+  std::thread worker([&] {
+    at::Tensor t = at::ones({4, 3});
+    for (int k = 0; k < 3; ++k) shard->reduce_scatter_sum(t);
+    expert->all_to_all(t, {4}, {4});
+    other->barrier();  // not in the set
+  });
+  worker.join();
+  const CollectiveStats seen = counters->snapshot();
+  EXPECT_EQ(seen[CollectiveOp::kBarrier].calls, 1);
+  EXPECT_EQ(seen[CollectiveOp::kReduceScatter].calls, 3);
+  EXPECT_EQ(seen[CollectiveOp::kAllToAll].calls, 1);
+  EXPECT_EQ(seen.total().calls, 5);
+  // This thread's counters saw only its own barrier.
+  EXPECT_EQ((thread_collective_stats() - thread_before).total().calls, 1);
+  EXPECT_EQ(other->counters(), nullptr);
 }
 
 }  // namespace MIXTRAIN_FILE_LOCAL

@@ -8,6 +8,7 @@
 
 #include <set>
 #include <stdexcept>
+#include <thread>
 
 #include "support/multiprocess.h"
 
@@ -143,6 +144,14 @@ TEST(DeviceMeshTest, SingleProcessMeshIsLocal) {
     EXPECT_EQ(group->rank(), 0);
   }
   EXPECT_EQ(mesh.dp_shard_group->name(), "dp_shard");
+  // The training groups count into mesh.counters, background apart.
+  for (const auto& group : {mesh.world, mesh.dp_shard_group, mesh.dp_replicate_group, mesh.ep_group,
+                            mesh.expert_dp_group, mesh.cp_group, mesh.tp_group}) {
+    group->barrier();
+  }
+  mesh.background->barrier();
+  EXPECT_EQ(mesh.counters->snapshot()[CollectiveOp::kBarrier].calls, 7);
+  EXPECT_EQ(mesh.background->counters()->snapshot()[CollectiveOp::kBarrier].calls, 1);
   RankInfo one;
   const DeviceMesh joined = make_device_mesh(one, degrees(1, 1, 1), 60);  // no store for 1 rank
   EXPECT_EQ(joined.world->size(), 1);
@@ -190,6 +199,17 @@ void check_groups(const testing::WorkerEnv& worker, const ParallelConfig& p) {
     for (int r : expected_members(kind, rank, p)) want.push_back(r);
     EXPECT_EQ(got, want);
   }
+  // The mesh's counters hold every training group's calls (the six all_gathers above) and
+  // calls made on another thread (as CUDA autograd's backward worker makes them), not
+  // background's.
+  EXPECT_EQ(mesh.counters->snapshot()[CollectiveOp::kAllGather].calls, 6);
+  std::thread([&] {
+    mesh.world->barrier();
+    mesh.dp_shard_group->barrier();
+  }).join();
+  mesh.background->barrier();
+  EXPECT_EQ(mesh.counters->snapshot()[CollectiveOp::kBarrier].calls, 2);
+  EXPECT_EQ(mesh.background->counters()->snapshot()[CollectiveOp::kBarrier].calls, 1);
   mesh.world->barrier();
 }
 

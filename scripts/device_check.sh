@@ -151,11 +151,14 @@ phase_configure() {
 # The targets: the executables of the tests labelled cuda and of SANITY_TESTS (one executable
 # holds a test folder: tests/tests.cmake), and bench_*cuda* that exist as Ninja targets.
 phase_build() {
-  local all wanted=() t
+  local all wanted=() t tests missing=0
   all=$(ninja -C "$BUILD_DIR" -t targets all | sed -n 's/^\([A-Za-z0-9_]*\): .*/\1/p' | sort -u)
-  for t in $(test_executables $(ctest --test-dir "$BUILD_DIR" -N -L cuda | sed -n 's/^ *Test *#[0-9]*: //p') \
-             $SANITY_TESTS) $(grep -E '^bench_[A-Za-z0-9_]*cuda' <<<"$all"); do
-    if grep -qx "$t" <<<"$all"; then wanted+=("$t"); else echo "no target $t"; fi
+  # shellcheck disable=SC2046,SC2086
+  tests=$(test_executables $(ctest --test-dir "$BUILD_DIR" -N -L cuda | sed -n 's/^ *Test *#[0-9]*: //p') \
+          $SANITY_TESTS) || { echo "the test executables could not be listed"; return 1; }
+  [[ -n $tests ]] || { echo "no test executable found for the cuda tests and SANITY_TESTS"; return 1; }
+  for t in $tests $(grep -E '^bench_[A-Za-z0-9_]*cuda' <<<"$all"); do
+    if grep -qx "$t" <<<"$all"; then wanted+=("$t"); else echo "no target $t"; missing=1; fi
   done
   echo "targets: mixtrain ${wanted[*]}"
   # -k 0: build every target that can be built, so one broken test does not hide the others.
@@ -163,6 +166,7 @@ phase_build() {
   local rc=$?
   grep -E 'FAILED:|error:|undefined reference' "$BUILD_LOG" | head -40
   tail -3 "$BUILD_LOG"
+  ((rc == 0)) && rc=$missing
   return $rc
 }
 
@@ -295,7 +299,7 @@ collect_smoke() {
 }
 
 export -f phase_env phase_configure phase_build phase_sanity phase_cuda phase_bench phase_smoke \
-  collect_bench
+  collect_bench test_executables
 
 # --- the run ------------------------------------------------------------------------------------
 log "device_check: OUT=$OUT BUILD_DIR=$BUILD_DIR JOBS=$JOBS MIXTRAIN_PYTHON=$MIXTRAIN_PYTHON budget ${BUDGET_S}s"

@@ -4,7 +4,9 @@
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
+#include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdlib>
 #include <map>
 #include <mutex>
@@ -284,9 +286,11 @@ DeviceMesh make_device_mesh(const RankInfo& info, const ParallelConfig& parallel
             group_store, group_rank, static_cast<int>(members.size()), device, to_ms(timeout_s));
         group->connect();
       } catch (const c10::DistError& error) {
-        throw UserError("rendezvous: rank " + std::to_string(info.rank) +
-                        " cannot connect the NCCL " + name + " group (ranks " +
-                        join_ranks(members) + ") on " + device.str() + ": " + first_line(error));
+        throw UserError(
+            "rendezvous: rank " + std::to_string(info.rank) + " cannot connect the NCCL " + name +
+            " group (ranks " + join_ranks(members) + ") on " + device.str() + " within " +
+            std::to_string(static_cast<int64_t>(std::ceil(timeout_s))) +
+            " s (distributed.timeout_s; a member is missing, hung or died): " + first_line(error));
       }
     }
     return std::make_shared<NcclCollectives>(group, name, info.rank);

@@ -3,9 +3,11 @@
 #include "mixtrain/distributed/nccl_collectives.h"
 
 #include <ATen/ATen.h>
+#include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <functional>
@@ -27,14 +29,24 @@ NcclGroup::NcclGroup(const c10::intrusive_ptr<c10d::Store>& store, int group_ran
   // (3 = tear down without ncclCommAbort, which can itself hang) instead of hanging. An
   // explicit setting in the environment wins.
   setenv("TORCH_NCCL_ASYNC_ERROR_HANDLING", "3", /*overwrite=*/0);
+  // A non-blocking communicator: ncclCommInitRankConfig returns at once and connect() polls it
+  // until it is ready or c10d's non-blocking timeout (whole seconds, read once per process at
+  // the first poll) has passed, so a member that never arrives, hangs or dies during the set-up
+  // is an error, not a wait in NCCL's bootstrap forever. The same bound applies to later
+  // non-blocking launches; the collectives themselves still time out after `timeout`.
+  const auto seconds =
+      std::max<int64_t>(1, std::chrono::ceil<std::chrono::seconds>(timeout).count());
+  setenv("TORCH_NCCL_NONBLOCKING_TIMEOUT", std::to_string(seconds).c_str(), /*overwrite=*/0);
   auto options = c10d::ProcessGroupNCCL::Options::create();
   options->timeout = timeout;
+  options->config.blocking = 0;
   auto group = c10::make_intrusive<c10d::ProcessGroupNCCL>(store, group_rank, group_size, options);
   group->setBoundDeviceId(device);
   backend_ = group;
 }
 
 NcclGroup::~NcclGroup() {
+  if (aborted_) return;  // shutdown() would first wait for the communicator that never came
   try {
     backend_->shutdown();  // else ProcessGroupNCCL's destructor warns that nobody did
   } catch (const std::exception&) {
@@ -43,7 +55,16 @@ NcclGroup::~NcclGroup() {
 }
 
 void NcclGroup::connect() {
-  backend_->eagerConnectSingleDevice(device_);
+  auto& group = static_cast<c10d::ProcessGroupNCCL&>(*backend_);
+  c10::cuda::CUDAGuard guard(device_);  // getCommPtr finds the communicator of the current device
+  try {
+    group.eagerConnectSingleDevice(device_);  // starts the set-up, does not wait for it
+    (void)group.getCommPtr();                 // waits until ready, or throws at the timeout
+  } catch (const c10::DistError&) {
+    aborted_ = true;
+    group.abort();  // ncclCommAbort: NCCL's set-up thread stops waiting for the peers
+    throw;
+  }
 }
 
 NcclCollectives::NcclCollectives(std::shared_ptr<NcclGroup> group, std::string name, int world_rank)

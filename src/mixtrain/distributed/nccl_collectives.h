@@ -18,10 +18,10 @@
 //   at the end; they are counted as the float32 bytes they put on the wire. bfloat16
 //   reductions are refused, as on Gloo.
 // - Errors: a failure NCCL reports (a communicator that cannot be set up because a peer never
-//   came, an NCCL error) becomes UserError("<group>: <op> failed on rank R: <reason>"). A
-//   collective that never completes (a dead or hung peer) is caught by ProcessGroupNCCL's
-//   watchdog after the group's timeout: with TORCH_NCCL_ASYNC_ERROR_HANDLING on (set to 3,
-//   tear down, unless the environment already says otherwise) it ends the process after
+//   came within the timeout, an NCCL error) becomes UserError("<group>: <op> failed on rank R:
+//   <reason>"). A collective that never completes (a dead or hung peer) is caught by
+//   ProcessGroupNCCL's watchdog after the group's timeout: with TORCH_NCCL_ASYNC_ERROR_HANDLING on
+//   (set to 3, tear down, unless the environment already says otherwise) it ends the process after
 //   logging which collective timed out, so the run ends instead of hanging; the launcher then
 //   stops the other ranks.
 #pragma once
@@ -39,8 +39,12 @@ namespace mixtrain {
 
 // One NCCL communicator group on `device` (a CUDA device, the calling thread's current one):
 // rank `group_rank` of `group_size`, meeting on `store` (a prefix of its own per group), every
-// collective timing out after `timeout`. The communicator itself is created by the first
-// collective, or at once by connect_nccl_group. Shut down when the last holder lets go.
+// collective timing out after `timeout`. The communicator is non-blocking (ncclConfig_t
+// blocking = 0): created by connect(), or else by the first collective, its set-up is bounded
+// by `timeout` too (c10d's TORCH_NCCL_NONBLOCKING_TIMEOUT, set to it in whole seconds unless the
+// environment already sets it; the first group of the process fixes it). NCCL_COMM_BLOCKING=1
+// in the environment would override this and make the set-up unbounded again. Shut down when
+// the last holder lets go.
 class NcclGroup {
  public:
   NcclGroup(const c10::intrusive_ptr<c10d::Store>& store, int group_rank, int group_size,
@@ -49,16 +53,19 @@ class NcclGroup {
   NcclGroup(const NcclGroup&) = delete;
   NcclGroup& operator=(const NcclGroup&) = delete;
 
-  // Creates the NCCL communicator now (collective over the group's ranks); throws c10::DistError
-  // when a peer does not come within the store's timeout.
+  // Creates the NCCL communicator now (collective over the group's ranks) and waits until it is
+  // ready; throws c10::DistError when a member does not come (or dies) within the timeout: the
+  // store's wait for the unique id on the others, NCCL's set-up on the rest. On that error the
+  // communicator is aborted, so no NCCL thread keeps waiting.
   void connect();
 
   c10d::Backend& backend() const { return *backend_; }
   c10::Device device() const { return device_; }
 
  private:
-  c10::intrusive_ptr<c10d::Backend> backend_;
+  c10::intrusive_ptr<c10d::Backend> backend_;  // a c10d::ProcessGroupNCCL
   c10::Device device_;
+  bool aborted_ = false;
 };
 
 class NcclCollectives final : public Collectives {

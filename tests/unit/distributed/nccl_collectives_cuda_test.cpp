@@ -5,8 +5,9 @@
 // its own value; float16 goes to float32 and back, which is exact), for every payload dtype the op
 // offers; the refusals; host tensors staged through the device; stream order on a side stream;
 // the counters (a call each, 0 bytes at n = 1); the async all_to_all / all_gather, several in
-// flight, waited in reverse order. And the failure path, fast: rank 1 of a 2-rank group whose
-// rank 0 never comes fails within the store timeout with the op's UserError.
+// flight, waited in reverse order. And the failure paths, fast: rank 1 of a 2-rank group whose
+// rank 0 never comes fails within the store timeout with the op's UserError; rank 0 whose rank 1
+// never comes gives up after the group's timeout (the non-blocking communicator).
 #include <ATen/ATen.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
@@ -15,6 +16,8 @@
 #include <torch/csrc/distributed/c10d/FileStore.hpp>
 
 #include <chrono>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <memory>
@@ -22,6 +25,7 @@
 #include <string>
 
 #include "mixtrain/core/error.h"
+#include "mixtrain/distributed/collective_checks.h"
 #include "mixtrain/distributed/nccl_collectives.h"
 
 namespace mixtrain {
@@ -279,6 +283,39 @@ TEST(NcclMissingPeer, ConnectingNowFailsWithADistError) {
   NcclGroup group(file_store(dir.file("store"), 2, std::chrono::seconds(2)), 1, 2, kDevice,
                   std::chrono::seconds(2));
   EXPECT_THROW(group.connect(), c10::DistError);
+}
+
+// Rank 0 of 2 whose rank 1 never comes: rank 0 publishes the unique id and enters NCCL's
+// set-up, which in blocking mode waits for the peer in NCCL's bootstrap forever. The
+// non-blocking communicator gives up after the group's timeout (3 s here) and is aborted:
+// connect() throws a DistError well before 30 s. In a child process (a death test that must
+// exit 0): c10d reads the non-blocking timeout once per process, and the other tests' groups
+// have set it to theirs.
+TEST(NcclMissingPeer, RankZeroGivesUpAfterTheTimeoutInsteadOfHanging) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(
+      {
+        unsetenv("TORCH_NCCL_NONBLOCKING_TIMEOUT");
+        c10::cuda::set_device(0);
+        TempDir dir;
+        const auto start = std::chrono::steady_clock::now();
+        bool threw = false;
+        {
+          NcclGroup group(file_store(dir.file("store"), 2, std::chrono::seconds(3)), 0, 2, kDevice,
+                          std::chrono::seconds(3));
+          try {
+            group.connect();
+          } catch (const c10::DistError& error) {
+            threw = true;
+            std::fprintf(stderr, "connect: %s\n", first_line(error).c_str());
+          }
+        }
+        const double seconds =
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+        std::fprintf(stderr, "threw %d after %.1f s\n", threw, seconds);
+        std::_Exit(threw && seconds < 30.0 ? 0 : 1);
+      },
+      ::testing::ExitedWithCode(0), "threw 1 after");
 }
 
 }  // namespace MIXTRAIN_FILE_LOCAL

@@ -170,14 +170,21 @@ phase_build() {
   return $rc
 }
 
-# The executables (basenames) that run the named CTest tests, from ctest's JSON listing.
+# The executables that run the named CTest tests, from the table the configure writes
+# (tests/tests.cmake: test_executables.txt; ctest's own listing names a test's command only
+# once its executable has been built).
 test_executables() {
-  ctest --test-dir "$BUILD_DIR" --show-only=json-v1 | "$MIXTRAIN_PYTHON" -c '
-import json, os, sys
-wanted = set(sys.argv[1:])
-tests = json.load(sys.stdin)["tests"]
-print(" ".join(sorted({os.path.basename(t["command"][0]) for t in tests
-                       if t["name"] in wanted and t.get("command")})))' "$@"
+  local table=$BUILD_DIR/test_executables.txt
+  [[ -s $table ]] || { echo "no $table: configure first" >&2; return 1; }
+  "$MIXTRAIN_PYTHON" - "$table" "$@" <<'EOF'
+import sys
+table, wanted = sys.argv[1], set(sys.argv[2:])
+rows = dict(line.split() for line in open(table) if line.strip())
+missing = sorted(wanted - rows.keys())
+if missing:
+    sys.exit(f"tests not in {table}: {' '.join(missing)}")
+print(" ".join(sorted({rows[name] for name in wanted})))
+EOF
 }
 
 phase_sanity() {

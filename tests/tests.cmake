@@ -49,6 +49,7 @@ file(GLOB_RECURSE MIXTRAIN_TEST_SOURCES CONFIGURE_DEPENDS
   tests/unit/*_test.cpp tests/scenarios/*_test.cpp tests/tools/*_test.cpp)
 set(MIXTRAIN_TESTS)
 set(test_executables)
+set(test_executable_table "")  # "<test> <executable>" lines: test_executables.txt below
 foreach(test_source ${MIXTRAIN_TEST_SOURCES})
   file(RELATIVE_PATH rel ${CMAKE_CURRENT_SOURCE_DIR}/tests ${test_source})
   string(REGEX REPLACE "\\.cpp$" "" rel ${rel})
@@ -115,5 +116,9 @@ foreach(test_source ${MIXTRAIN_TEST_SOURCES})
     set_tests_properties(${test_name} PROPERTIES LABELS "${label};cuda" SKIP_RETURN_CODE 77)
   endif()
   list(APPEND MIXTRAIN_TESTS ${test_name})
+  string(APPEND test_executable_table "${test_name} ${executable}\n")
 endforeach()
 add_custom_target(test_executables DEPENDS ${test_executables})
+# Which executable runs each test, known before anything is built (ctest's JSON names a test's
+# command only once its executable exists): scripts/device_check.sh builds just what it runs.
+file(WRITE ${CMAKE_BINARY_DIR}/test_executables.txt "${test_executable_table}")

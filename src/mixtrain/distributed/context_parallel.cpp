@@ -9,6 +9,7 @@
 #include <stdexcept>
 #include <vector>
 
+#include "mixtrain/core/host_sync.h"
 #include "mixtrain/model/attention.h"
 
 namespace mixtrain {
@@ -289,9 +290,11 @@ torch::Tensor ContextParallel::allgather_attention(const torch::Tensor& q, const
     order.index_put_({context_parallel_slice(at::arange(seq, at::kLong), r, n, 0)},
                      at::arange(r * local, (r + 1) * local, at::kLong));
   }
-  const at::Tensor full = gathered.index_select(0, order.to(q.device())).permute({1, 2, 3, 0, 4});
+  const at::Tensor full =
+      gathered.index_select(0, copy_to_device(order, q.device(), "cp allgather: order"))
+          .permute({1, 2, 3, 0, 4});
   const at::Tensor key = full[0], value = full[1];  // [B, Hkv, S, D], global order
-  const at::Tensor q_pos = positions(local).to(q.device());
+  const at::Tensor q_pos = copy_to_device(positions(local), q.device(), "cp allgather: positions");
   const at::Tensor allowed =
       at::arange(seq, q_pos.options()).unsqueeze(0) <= q_pos.unsqueeze(1);  // [S_local, S]
   if (kernel == AttentionKernel::kFlash) {

@@ -7,6 +7,7 @@
 #include <stdexcept>
 #include <utility>
 
+#include "mixtrain/core/host_sync.h"
 #include "mixtrain/distributed/device_mesh.h"
 
 namespace mixtrain {
@@ -120,7 +121,8 @@ DispatchedTokens ExpertParallel::token_dispatch(const at::Tensor& tokens,
       for (int64_t k = 0; k < rc[j * local + e]; ++k) order.push_back(start[j * local + e] + k);
     }
   }
-  out.grouped_to_received = at::tensor(order, at::kLong).to(tokens.device());
+  out.grouped_to_received =
+      copy_to_device(at::tensor(order, at::kLong), tokens.device(), "expert parallel: order");
   out.tokens = received.index_select(0, out.grouped_to_received);
   return out;
 }

@@ -7,13 +7,16 @@
 #include <cmath>
 #include <limits>
 
+#include "mixtrain/core/host_sync.h"
+
 namespace mixtrain {
 
 const char* attention_kernel_name(AttentionKernel kernel) {
   return kernel == AttentionKernel::kFlash ? "flash" : "math";
 }
 
-AttentionKernel attention_kernel_for(c10::ScalarType dtype) {
+AttentionKernel attention_kernel_for(c10::ScalarType dtype, c10::Device device) {
+  if (device.is_cuda()) return AttentionKernel::kFlash;
   return dtype == at::kFloat ? AttentionKernel::kFlash : AttentionKernel::kMath;
 }
 
@@ -50,10 +53,12 @@ torch::Tensor causal_max_logits(const torch::Tensor& q, const torch::Tensor& k,
   at::NoGradGuard no_grad;
   const int64_t batch = q.size(0), heads = q.size(1), q_len = q.size(2), k_len = k.size(2);
   const auto long_options = at::TensorOptions().dtype(at::kLong).device(q.device());
-  const at::Tensor q_pos =
-      q_positions.defined() ? q_positions.to(q.device()) : at::arange(q_len, long_options);
-  const at::Tensor k_pos =
-      k_positions.defined() ? k_positions.to(q.device()) : at::arange(k_len, long_options);
+  const at::Tensor q_pos = q_positions.defined()
+                               ? copy_to_device(q_positions, q.device(), "attention: positions")
+                               : at::arange(q_len, long_options);
+  const at::Tensor k_pos = k_positions.defined()
+                               ? copy_to_device(k_positions, q.device(), "attention: positions")
+                               : at::arange(k_len, long_options);
   TORCH_CHECK(q_pos.numel() == q_len && k_pos.numel() == k_len,
               "causal_max_logits: positions do not match the sequence lengths");
   const at::Tensor key = repeat_kv(k.to(at::kFloat), heads / k.size(1)).transpose(2, 3);

@@ -1,5 +1,6 @@
 // Causal grouped-query self-attention (the core of Qwen2-MoE's attention, after the projections
-// and rotary embeddings), with LibTorch's two CPU implementations:
+// and rotary embeddings), with two of LibTorch's implementations (on the CPU as below; on CUDA
+// kFlash is SDPA's fused kernels, see attention_kernel_for):
 //   q [B, Hq, S, D], k and v [B, Hkv, S, D], Hq a multiple of Hkv; query head h reads kv head
 //   h / (Hq / Hkv) (HF repeat_kv); position i attends to keys 0..i with weights
 //   softmax_j(q_i . k_j / sqrt(D)); -> [B, Hq, S, D] in q's dtype, differentiable in q, k, v.
@@ -27,9 +28,14 @@ enum class AttentionKernel { kMath, kFlash };
 
 const char* attention_kernel_name(AttentionKernel kernel);  // "math", "flash"
 
-// kFlash for float32 (forward + backward 1.4-2.3x faster on this CPU, as accurate), kMath for
-// bfloat16 and float16 (flash's backward makes forward + backward up to 3.1x slower there).
-AttentionKernel attention_kernel_for(c10::ScalarType dtype);
+// The model's kernel. On the CPU: kFlash for float32 (forward + backward 1.4-2.3x faster on this
+// CPU, as accurate), kMath for bfloat16 and float16 (flash's backward makes forward + backward
+// up to 3.1x slower there). On a CUDA device: kFlash for every dtype, where
+// at::scaled_dot_product_attention runs LibTorch's fused kernels (flash, cuDNN or
+// memory-efficient, LibTorch's pick for the shape and dtype: float32 accumulation, no [S, S]
+// matrix in memory); attention_cuda_test checks it against the math path and a float64
+// reference.
+AttentionKernel attention_kernel_for(c10::ScalarType dtype, c10::Device device = c10::kCPU);
 
 torch::Tensor causal_attention(const torch::Tensor& q, const torch::Tensor& k,
                                const torch::Tensor& v, AttentionKernel kernel);

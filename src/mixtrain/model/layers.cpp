@@ -7,6 +7,7 @@
 #include <cmath>
 #include <stdexcept>
 
+#include "mixtrain/core/host_sync.h"
 #include "mixtrain/core/text.h"
 #include "mixtrain/model/attention.h"
 
@@ -160,10 +161,11 @@ torch::Tensor Qwen2Attention::forward(const torch::Tensor& x, const torch::Tenso
   auto value = v_proj->forward(input).view({bsz, q_len, kv_heads, head_dim_}).transpose(1, 2);
   query = apply_rotary_pos_emb(query, cos, sin);
   key = apply_rotary_pos_emb(key, cos, sin);
-  // LibTorch's flash kernel in float32, HF's eager one in bf16/fp16, where flash's backward
-  // makes forward + backward up to 3.1x slower on this CPU (bench/README.md, attention_bench).
-  // With context parallelism the keys and values of the other ranks' chunks take part too.
-  const AttentionKernel kernel = attention_kernel_for(query.scalar_type());
+  // On the CPU LibTorch's flash kernel in float32, HF's eager one in bf16/fp16, where flash's
+  // backward makes forward + backward up to 3.1x slower (bench/README.md, attention_bench); on
+  // CUDA SDPA's fused kernels. With context parallelism the keys and values of the other ranks'
+  // chunks take part too.
+  const AttentionKernel kernel = attention_kernel_for(query.scalar_type(), query.device());
   ContextParallelHooks* cp = access_.context_parallel();
   if (MaxLogitRecorder* recorder = access_.max_logit_recorder()) {
     // QK-clip: query heads [tp_rank * heads, ...) of the model's num_heads_.
@@ -223,7 +225,8 @@ std::pair<torch::Tensor, torch::Tensor> rotary_tables(int64_t seq_len,
   const auto positions = torch::arange(seq_len, torch::kInt64).to(torch::kFloat32);
   const auto freqs = torch::outer(positions, inv_freq);
   const auto emb = torch::cat({freqs, freqs}, -1);
-  return {emb.cos().to(device), emb.sin().to(device)};
+  return {copy_to_device(emb.cos(), device, "rotary tables"),
+          copy_to_device(emb.sin(), device, "rotary tables")};
 }
 }  // namespace
 
@@ -249,8 +252,22 @@ std::pair<torch::Tensor, torch::Tensor> decoder_rotary(const torch::Tensor& inpu
   if (cp == nullptr) return rotary_cos_sin(seq_len, c, input_ids.device());
   auto [cos, sin] = rotary_cos_sin(seq_len * cp->cp_size(), c);
   const torch::Tensor rows = cp->positions(seq_len);
-  return {cos.index_select(0, rows).to(input_ids.device()),
-          sin.index_select(0, rows).to(input_ids.device())};
+  return {copy_to_device(cos.index_select(0, rows), input_ids.device(), "rotary tables"),
+          copy_to_device(sin.index_select(0, rows), input_ids.device(), "rotary tables")};
+}
+
+std::pair<torch::Tensor, torch::Tensor> RotaryTables::operator()(const torch::Tensor& input_ids,
+                                                                 const ModelConfig& c,
+                                                                 const ParamAccess& access) {
+  const int64_t seq_len = input_ids.size(1);
+  const torch::Device device = input_ids.device();
+  const void* cp = access.context_parallel();
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (const Entry& e : entries_) {
+    if (e.seq_len == seq_len && e.device == device && e.cp == cp) return e.tables;
+  }
+  entries_.push_back({seq_len, device, cp, decoder_rotary(input_ids, c, access)});
+  return entries_.back().tables;
 }
 
 torch::Tensor apply_rotary_pos_emb(const torch::Tensor& x, const torch::Tensor& cos,

@@ -20,6 +20,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <utility>
 #include <vector>
@@ -178,6 +179,26 @@ std::pair<torch::Tensor, torch::Tensor> rotary_cos_sin(int64_t seq_len, int64_t 
 std::pair<torch::Tensor, torch::Tensor> decoder_rotary(const torch::Tensor& input_ids,
                                                        const ModelConfig& c,
                                                        const ParamAccess& access);
+
+// decoder_rotary's tables, built once per (sequence length, device, context-parallel hooks) and
+// kept: built on every forward, a GPU run would copy them from pageable host memory each time,
+// one host synchronisation each. The tables are never modified in place by their users.
+class RotaryTables {
+ public:
+  std::pair<torch::Tensor, torch::Tensor> operator()(const torch::Tensor& input_ids,
+                                                     const ModelConfig& c,
+                                                     const ParamAccess& access);
+
+ private:
+  struct Entry {
+    int64_t seq_len;
+    torch::Device device;
+    const void* cp;  // the hooks the positions came from (null: none)
+    std::pair<torch::Tensor, torch::Tensor> tables;
+  };
+  std::mutex mutex_;
+  std::vector<Entry> entries_;
+};
 
 // x * cos + rotate_half(x) * sin for x [batch, heads, seq, head_dim]; cos/sin [seq, head_dim]
 // are cast to x's dtype (as HF).

@@ -60,7 +60,7 @@ class Qwen2Model : public torch::nn::Module {
 
   // input_ids [B, S] -> final hidden states [B, S, H]
   torch::Tensor forward(const torch::Tensor& input_ids) {
-    auto [cos, sin] = decoder_rotary(input_ids, config_, access_);
+    auto [cos, sin] = rotary_(input_ids, config_, access_);
     auto h = embed_tokens->forward(input_ids);
     for (auto& layer : layers) h = layer->forward(h, cos, sin);
     return norm->forward(h);
@@ -72,6 +72,7 @@ class Qwen2Model : public torch::nn::Module {
 
  private:
   ModelConfig config_;
+  RotaryTables rotary_;  // per sequence length and device
   ParamAccess access_;
 };
 

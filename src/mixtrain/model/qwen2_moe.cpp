@@ -9,6 +9,7 @@
 #include <utility>
 #include <vector>
 
+#include "mixtrain/core/host_sync.h"
 #include "mixtrain/model/layers.h"
 
 namespace mixtrain::qwen2_moe {
@@ -50,7 +51,8 @@ class Qwen2MoeExperts : public torch::nn::Module {
     // the result) do not depend on the sort implementation.
     const auto order =
         std::get<1>(flat_experts.sort(/*stable=*/c10::optional<bool>(true), /*dim=*/0));
-    const auto counts = torch::bincount(flat_experts, {}, num_experts_).to(torch::kCPU);
+    const auto counts =
+        read_to_host(torch::bincount(flat_experts, {}, num_experts_), "moe: tokens per expert");
     const auto token_index = order.div(top_k, "floor");
     const auto slot_weights = routing_weights.reshape({-1}).index_select(0, order);
 
@@ -90,7 +92,8 @@ class Qwen2MoeExperts : public torch::nn::Module {
     const auto flat_experts = selected_experts.reshape({-1});
     const auto order =
         std::get<1>(flat_experts.sort(/*stable=*/c10::optional<bool>(true), /*dim=*/0));
-    const auto counts = torch::bincount(flat_experts, {}, num_experts_).to(torch::kCPU);
+    const auto counts =
+        read_to_host(torch::bincount(flat_experts, {}, num_experts_), "moe: tokens per expert");
     const auto token_index = order.div(top_k, "floor");
     const auto slot_weights = routing_weights.reshape({-1}).index_select(0, order);
     const auto* count = counts.data_ptr<int64_t>();
@@ -249,7 +252,7 @@ class Qwen2MoeModel : public torch::nn::Module {
 
   // -> (final hidden states [B, S, H], router logits of every layer)
   std::pair<torch::Tensor, std::vector<torch::Tensor>> forward(const torch::Tensor& input_ids) {
-    auto [cos, sin] = decoder_rotary(input_ids, config_, access_);
+    auto [cos, sin] = rotary_(input_ids, config_, access_);
     auto h = embed_tokens->forward(input_ids);
     std::vector<torch::Tensor> router_logits;
     router_logits.reserve(layers.size());
@@ -267,6 +270,7 @@ class Qwen2MoeModel : public torch::nn::Module {
 
  private:
   ModelConfig config_;
+  RotaryTables rotary_;  // per sequence length and device
   ParamAccess access_;
 };
 

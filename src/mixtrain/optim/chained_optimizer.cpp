@@ -13,6 +13,7 @@
 
 #include "mixtrain/core/cpu_capability.h"
 #include "mixtrain/core/dtype.h"
+#include "mixtrain/core/host_sync.h"
 #include "mixtrain/core/text.h"
 #include "mixtrain/optim/cuda_elementwise.h"
 #include "mixtrain/optim/grad_clip.h"
@@ -392,12 +393,24 @@ void ChainedOptimizer::set_placements(const std::vector<ParamPlacement>& placeme
 double ChainedOptimizer::clip_grad_norm(double max_norm) {
   std::vector<at::Tensor> grads;
   std::vector<const ParamPlacement*> placements;
+  grads_and_placements(grads, placements);
+  return mixtrain::clip_grad_norm(grads, placements, max_norm);
+}
+
+at::Tensor ChainedOptimizer::clip_grad_norm_unread(double max_norm) {
+  std::vector<at::Tensor> grads;
+  std::vector<const ParamPlacement*> placements;
+  grads_and_placements(grads, placements);
+  return mixtrain::clip_grad_norm_unread(grads, placements, max_norm);
+}
+
+void ChainedOptimizer::grads_and_placements(std::vector<at::Tensor>& grads,
+                                            std::vector<const ParamPlacement*>& placements) const {
   for (const auto& name : names_) {
     const Entry& e = entries_.at(name);
     grads.push_back(e.optimizer_param.grad());  // undefined ones still name their group
     placements.push_back(&e.placement);
   }
-  return mixtrain::clip_grad_norm(grads, placements, max_norm);
 }
 
 bool ChainedOptimizer::any_piece_holder(bool local) {
@@ -419,7 +432,7 @@ bool ChainedOptimizer::any_piece_holder(bool local) {
   for (Collectives* group : groups) {
     at::Tensor flag = at::full({1}, any ? 1 : 0, at::kLong);
     group->all_reduce_sum(flag);
-    any = flag.item<int64_t>() > 0;
+    any = read_int64(flag, "found inf: over the pieces groups") > 0;
   }
   return any;
 }

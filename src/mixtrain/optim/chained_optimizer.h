@@ -172,6 +172,9 @@ class ChainedOptimizer : public TrainingOptimizer {
   // these grads are (grad_clip.h, placed form); returns the pre-clip norm. Collective over the
   // placements' groups when any piece is sharded.
   double clip_grad_norm(double max_norm);
+  // The same without a host read on CUDA (grad_clip.h clip_grad_norm_unread): the pre-clip norm
+  // as a 0-dim float64 tensor on the grads' device.
+  at::Tensor clip_grad_norm_unread(double max_norm);
   // `local` or'ed over every rank holding another piece of a parameter this rank holds a piece
   // of (one all-reduce per distinct pieces group, in parameter order: collective over them).
   // The float16 loss scaler's inf/nan flag: each FSDP or expert shard sees only its rows, and
@@ -195,6 +198,9 @@ class ChainedOptimizer : public TrainingOptimizer {
     ParamPlacement placement;  // kWhole until set_placements
   };
   const Entry& entry(const std::string& name) const;
+  // Each parameter's optimizer-param grad (undefined: none) and placement, in name order.
+  void grads_and_placements(std::vector<at::Tensor>& grads,
+                            std::vector<const ParamPlacement*>& placements) const;
   // (leaf, optimizer param) of every parameter, in name order.
   std::vector<std::pair<LeafOptimizer*, at::Tensor>> leaf_params() const;
 

@@ -2,6 +2,7 @@
 // (step_fsdp, step_ddp), which live here rather than in muon.cpp so the single-process leaf
 // reads on its own. See distributed_muon.h for the contract.
 #include "mixtrain/optim/distributed_muon.h"
+#include "mixtrain/core/host_sync.h"
 
 #include <ATen/ATen.h>
 #include <c10/core/GradMode.h>
@@ -41,7 +42,7 @@ void check_same_params(Collectives& comm, const char* path, int64_t count, int64
   totals.select(0, 0).fill_(count);
   totals.select(0, 1).fill_(numel);
   comm.all_reduce_sum(totals);
-  totals = totals.cpu();
+  totals = read_to_host(totals, "distributed muon: parameter check");
   const int64_t n = comm.size();
   const int64_t total_count = totals[0].item<int64_t>();
   const int64_t total_numel = totals[1].item<int64_t>();

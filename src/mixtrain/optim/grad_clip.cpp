@@ -4,9 +4,11 @@
 #include <c10/core/GradMode.h>
 
 #include <cmath>
+#include <optional>
 
 #include "mixtrain/core/collectives.h"
 #include "mixtrain/core/cpu_capability.h"
+#include "mixtrain/core/host_sync.h"
 #include "mixtrain/optim/cuda_elementwise.h"
 #include "mixtrain/optim/kernels/sum_of_squares_kernel.h"
 
@@ -51,7 +53,8 @@ double total_sum_of_squares(const std::vector<at::Tensor>& tensors) {
   }
   const double sum = kernel(buffers.data(), static_cast<int64_t>(buffers.size())) + other;
   if (on_cuda.empty()) return sum;
-  return sum + sum_of_squares_cuda(on_cuda, on_cuda.front().device()).item<double>();
+  return sum + read_double(sum_of_squares_cuda(on_cuda, on_cuda.front().device()),
+                           "grad norm (host form)");
 }
 
 }  // namespace
@@ -106,41 +109,107 @@ double clip_grad_norm(const std::vector<at::Tensor>& grads, double max_norm, Col
   return clip_with_norm(grads, max_norm, global_grad_norm(grads, group));
 }
 
-double clip_grad_norm(const std::vector<at::Tensor>& grads,
-                      const std::vector<const ParamPlacement*>& placements, double max_norm) {
-  TORCH_CHECK(grads.size() == placements.size(), "clip_grad_norm: ", grads.size(), " grads but ",
-              placements.size(), " placements");
-  // One sum per (pieces group, tp group) pair; null members: not split that way.
+namespace {
+
+// The grads grouped by (pieces group, tp group) pair, pairs in order of first appearance
+// (undefined grads name their pair too); null members: not split that way.
+struct NormGroups {
   struct Key {
     Collectives* pieces;
     Collectives* tp;
     bool operator==(const Key& other) const { return pieces == other.pieces && tp == other.tp; }
   };
   std::vector<Key> keys;
-  std::vector<std::vector<at::Tensor>> members;
+  std::vector<std::vector<at::Tensor>> members;  // the defined grads of each pair
+  std::vector<at::Tensor> defined;               // every defined grad, in order
+};
+
+NormGroups group_for_norm(const std::vector<at::Tensor>& grads,
+                          const std::vector<const ParamPlacement*>& placements) {
+  TORCH_CHECK(grads.size() == placements.size(), "clip_grad_norm: ", grads.size(), " grads but ",
+              placements.size(), " placements");
+  NormGroups groups;
   for (size_t i = 0; i < grads.size(); ++i) {
     const ParamPlacement& placement = *placements[i];
-    const Key key{placement.pieces_group().get(),
-                  placement.tp_split() ? placement.tp_group.get() : nullptr};
+    const NormGroups::Key key{placement.pieces_group().get(),
+                              placement.tp_split() ? placement.tp_group.get() : nullptr};
     size_t g = 0;
-    while (g < keys.size() && !(keys[g] == key)) ++g;
-    if (g == keys.size()) {
-      keys.push_back(key);
-      members.emplace_back();
+    while (g < groups.keys.size() && !(groups.keys[g] == key)) ++g;
+    if (g == groups.keys.size()) {
+      groups.keys.push_back(key);
+      groups.members.emplace_back();
     }
-    if (grads[i].defined()) members[g].push_back(grads[i]);
+    if (grads[i].defined()) {
+      groups.members[g].push_back(grads[i]);
+      groups.defined.push_back(grads[i]);
+    }
   }
+  return groups;
+}
+
+// The CUDA device every defined grad is on, in a dtype of the sum-of-squares kernel; none when
+// any is elsewhere (or there are none).
+std::optional<at::Device> one_cuda_device(const std::vector<at::Tensor>& grads) {
+  std::optional<at::Device> device;
+  for (const auto& t : grads) {
+    if (!t.defined() || t.numel() == 0) continue;
+    if (!t.is_cuda() || !kernel_dtype(t) || (device && *device != t.device())) return std::nullopt;
+    device = t.device();
+  }
+  return device;
+}
+
+// A 0-dim device tensor summed over `group` (as is for a null or one-rank group).
+at::Tensor all_reduced(const at::Tensor& sum, Collectives* group) {
+  if (group == nullptr || group->size() <= 1) return sum;
+  at::Tensor reduced = sum.reshape({1});
+  group->all_reduce_sum(reduced);
+  return reduced.reshape({});
+}
+
+}  // namespace
+
+double clip_grad_norm(const std::vector<at::Tensor>& grads,
+                      const std::vector<const ParamPlacement*>& placements, double max_norm) {
+  const NormGroups groups = group_for_norm(grads, placements);
   double total = 0.0;
-  for (size_t g = 0; g < keys.size(); ++g) {
+  for (size_t g = 0; g < groups.keys.size(); ++g) {
     // Pieces first (the tp slice's rows), then the tp slices (disjoint parts of the whole).
-    double sum = all_reduced(total_sum_of_squares(members[g]), keys[g].pieces);
-    total += all_reduced(sum, keys[g].tp);
+    double sum = all_reduced(total_sum_of_squares(groups.members[g]), groups.keys[g].pieces);
+    total += all_reduced(sum, groups.keys[g].tp);
   }
-  std::vector<at::Tensor> defined;
-  for (const auto& grad : grads) {
-    if (grad.defined()) defined.push_back(grad);
+  return clip_with_norm(groups.defined, max_norm, std::sqrt(total));
+}
+
+at::Tensor clip_grad_norm_unread(const std::vector<at::Tensor>& grads,
+                                 const std::vector<const ParamPlacement*>& placements,
+                                 double max_norm) {
+  const std::optional<at::Device> device = one_cuda_device(grads);
+  if (!device) {
+    return at::scalar_tensor(clip_grad_norm(grads, placements, max_norm), at::kDouble);
   }
-  return clip_with_norm(defined, max_norm, std::sqrt(total));
+  const NormGroups groups = group_for_norm(grads, placements);
+  // The host path's arithmetic, in the same order, on the device: float64 sums added from 0,
+  // sqrt, then max_norm / (norm + 1e-6) applied where it is < 1 and the norm is finite
+  // (multiplying by 1 elsewhere changes no bit).
+  at::Tensor total = at::zeros({}, at::TensorOptions().dtype(at::kDouble).device(*device));
+  for (size_t g = 0; g < groups.keys.size(); ++g) {
+    std::vector<at::Tensor> contiguous;
+    for (const auto& t : groups.members[g]) {
+      if (t.numel() > 0) contiguous.push_back(t.contiguous());
+    }
+    const at::Tensor sum =
+        all_reduced(sum_of_squares_cuda(contiguous, *device), groups.keys[g].pieces);
+    total = total + all_reduced(sum, groups.keys[g].tp);
+  }
+  const at::Tensor norm = total.sqrt();
+  if (max_norm > 0.0 && !groups.defined.empty()) {
+    const at::Tensor coefficient =
+        at::where(norm.isfinite(), (max_norm / (norm + 1e-6)).clamp_max(1.0), at::ones_like(norm));
+    c10::NoGradGuard no_grad;
+    at::_foreach_mul_(groups.defined, coefficient);
+  }
+  return norm;
 }
 
 }  // namespace mixtrain

@@ -52,5 +52,14 @@ double clip_grad_norm(const std::vector<at::Tensor>& grads, double max_norm, Col
 // clip_grad_norm(grads, max_norm, group).
 double clip_grad_norm(const std::vector<at::Tensor>& grads,
                       const std::vector<const ParamPlacement*>& placements, double max_norm);
+// The placed form without a host read when every defined grad is on one CUDA device (in a
+// kernel dtype): the sums stay on the device (all-reduced there over NCCL groups), the
+// coefficient min(1, max_norm / (norm + 1e-6)) (1 for a non-finite norm) scales every grad in
+// one multi-tensor multiply, and the norm is returned as a 0-dim float64 device tensor for the
+// caller to read when it logs. The same arithmetic in the same order as the form above, so the
+// same bits. Otherwise the form above, its norm as a 0-dim float64 CPU tensor.
+at::Tensor clip_grad_norm_unread(const std::vector<at::Tensor>& grads,
+                                 const std::vector<const ParamPlacement*>& placements,
+                                 double max_norm);
 
 }  // namespace mixtrain

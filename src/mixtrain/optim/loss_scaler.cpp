@@ -6,6 +6,7 @@
 #include <sstream>
 #include <stdexcept>
 
+#include "mixtrain/core/host_sync.h"
 #include "mixtrain/core/logging.h"
 
 namespace mixtrain {
@@ -34,7 +35,7 @@ bool DynamicLossScaler::unscale_and_check(const std::vector<at::Tensor>& grads) 
     const at::Tensor finite = at::isfinite(grad).all();
     all_finite = all_finite.defined() ? all_finite.logical_and(finite) : finite;
   }
-  return all_finite.defined() && !all_finite.item<bool>();
+  return all_finite.defined() && read_int64(all_finite, "loss scaler: found inf") == 0;
 }
 
 void DynamicLossScaler::update(bool found_inf) {

@@ -8,6 +8,7 @@
 #include <cstdio>
 
 #include "mixtrain/core/collectives.h"
+#include "mixtrain/core/host_sync.h"
 #include "mixtrain/optim/chained_optimizer.h"
 #include "mixtrain/optim/grad_clip.h"
 #include "mixtrain/optim/muon.h"
@@ -68,7 +69,8 @@ double update_rms(ChainedOptimizer& chained, const std::vector<at::Tensor>& para
   }
   // One device-to-host copy for the group.
   const at::Tensor host =
-      squares.empty() ? at::Tensor() : at::cat(squares).to(at::kDouble).cpu().sqrt();
+      squares.empty() ? at::Tensor()
+                      : read_to_host(at::cat(squares).to(at::kDouble), "muon telemetry").sqrt();
   std::vector<at::Tensor> pieces(params.size());
   std::vector<const ParamPlacement*> placements;
   double numel = 0.0;
@@ -100,7 +102,8 @@ std::vector<MuonGroupTelemetry> muon_step_telemetry(ChainedOptimizer& chained, C
       // {sum, count} summed and the max gathered over the world; -1: no sample on this rank.
       double sum = 0.0, count = 0.0, max = -1.0;
       if (recorder && !recorder->errors(g).empty()) {
-        const at::Tensor errors = at::cat(recorder->errors(g)).to(at::kDouble).cpu();
+        const at::Tensor errors =
+            read_to_host(at::cat(recorder->errors(g)).to(at::kDouble), "muon telemetry");
         sum = errors.sum().item<double>();
         count = static_cast<double>(errors.numel());
         max = errors.max().item<double>();

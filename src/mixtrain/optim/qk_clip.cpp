@@ -8,6 +8,8 @@
 #include <limits>
 #include <stdexcept>
 
+#include "mixtrain/core/host_sync.h"
+
 namespace mixtrain {
 namespace {
 
@@ -79,7 +81,8 @@ void scale_head_rows(const at::Tensor& piece, int64_t row_offset, int64_t head_d
   // The factor in float64, rounded once to the piece's dtype by the in-place multiply.
   std::vector<int64_t> shape(piece.dim(), 1);
   shape[0] = rows;
-  const at::Tensor factor = at::tensor(row_scale, at::kDouble).view(shape).to(piece.device());
+  const at::Tensor factor = copy_to_device(at::tensor(row_scale, at::kDouble).view(shape),
+                                           piece.device(), "qk-clip: row scales");
   piece.detach().mul_(factor);
 }
 
@@ -91,8 +94,11 @@ std::map<std::string, std::vector<double>> reduce_max_logits(
     return result;
   }
   std::vector<at::Tensor> rows;
-  for (const auto& [name, heads] : layers) rows.push_back(heads.detach().to(at::kCPU, at::kFloat));
-  at::Tensor stacked = at::stack(rows);
+  for (const auto& [name, heads] : layers) {
+    rows.push_back(heads.detach().to(layers.begin()->second.device(), at::kFloat));
+  }
+  // Stacked where the forwards left them and read once (one host wait per step, not per layer).
+  at::Tensor stacked = read_to_host(at::stack(rows), "qk-clip: max logits");
   world.all_reduce(stacked, ReduceOp::kMax);
   const at::Tensor reduced = stacked.to(at::kDouble).contiguous();
   const double* value = reduced.data_ptr<double>();

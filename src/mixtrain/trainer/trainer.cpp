@@ -22,6 +22,7 @@
 #include "mixtrain/core/device.h"
 #include "mixtrain/core/dtype.h"
 #include "mixtrain/core/error.h"
+#include "mixtrain/core/host_sync.h"
 #include "mixtrain/core/logging.h"
 #include "mixtrain/core/param_placement.h"
 #include "mixtrain/core/text.h"
@@ -154,19 +155,15 @@ void import_init_from(CausalLM& model, const FullyShardedModel* sharded,
   }
 }
 
-struct StepLoss {
-  double loss = 0.0;  // cross-entropy + coef * aux, mean over micro-batches
-  double aux_loss = 0.0;
-};
-
 // Forward/backward over the micro-batches of one optimizer step; gradients accumulate in .grad.
-// Records the forward, backward and gradient-reduce seconds.
-StepLoss accumulate_gradients(CausalLM& model, TokenDataset& data, const TrainerConfig& config,
-                              int64_t accumulation_steps, TrainingOptimizer& optimizer,
-                              const DeviceMesh& mesh, StepRecorder& recorder) {
+// Records the forward, backward and gradient-reduce seconds. Returns this rank's loss
+// (cross-entropy + coef * aux) and aux loss, each the mean over the micro-batches, as a float64
+// [2] tensor on the rank's device: not read by the host here.
+torch::Tensor accumulate_gradients(CausalLM& model, TokenDataset& data, const TrainerConfig& config,
+                                   int64_t accumulation_steps, TrainingOptimizer& optimizer,
+                                   const DeviceMesh& mesh, StepRecorder& recorder) {
   const at::Device device = mesh.device;
-  // Each micro-batch's loss and aux loss, kept on the device (float64: exact) and read once
-  // after the loop: one host synchronisation per step on a GPU, not one per micro-batch.
+  // Each micro-batch's loss and aux loss, kept on the device (float64: exact).
   std::vector<torch::Tensor> losses;
   losses.reserve(2 * accumulation_steps);
   for (int64_t micro = 0; micro < accumulation_steps; ++micro) {
@@ -175,10 +172,13 @@ StepLoss accumulate_gradients(CausalLM& model, TokenDataset& data, const Trainer
     torch::Tensor loss;
     {
       PhaseTimer forward(recorder, Phase::kForward);
-      // The data is read on the host; the batch moves to the rank's device (a no-op on CPU).
-      // With context parallelism this rank computes its two chunks of each sequence.
-      const torch::Tensor input_ids = context_parallel_local(batch.input_ids, mesh).to(device);
-      const torch::Tensor labels = context_parallel_local(batch.labels, mesh).to(device);
+      // The data is read on the host; the batch moves to the rank's device through pinned
+      // memory, queued on the stream without a host wait (a no-op on CPU). With context
+      // parallelism this rank computes its two chunks of each sequence.
+      const torch::Tensor input_ids =
+          stage_to_device(context_parallel_local(batch.input_ids, mesh), device);
+      const torch::Tensor labels =
+          stage_to_device(context_parallel_local(batch.labels, mesh), device);
       out = model.forward(input_ids);
       // With tensor parallelism the logits are this rank's vocabulary slice: the loss is the
       // vocabulary-parallel cross-entropy.
@@ -198,13 +198,12 @@ StepLoss accumulate_gradients(CausalLM& model, TokenDataset& data, const Trainer
     losses.push_back(loss.detach().to(torch::kDouble));
     losses.push_back(out.aux_loss.detach().to(torch::kDouble));
   }
-  // Summed on the host in micro-batch order, as the values were read one by one before.
-  const torch::Tensor values = torch::stack(losses).cpu();
-  const double* value = values.data_ptr<double>();
-  StepLoss total;
+  // The means in micro-batch order from 0, each term divided first: the float64 arithmetic of
+  // the host sum this replaces, on the device.
+  const torch::Tensor values = torch::stack(losses).view({accumulation_steps, 2});
+  torch::Tensor total = torch::zeros({2}, values.options());
   for (int64_t micro = 0; micro < accumulation_steps; ++micro) {
-    total.loss += value[2 * micro] / accumulation_steps;
-    total.aux_loss += value[2 * micro + 1] / accumulation_steps;
+    total = total + values[micro] / static_cast<double>(accumulation_steps);
   }
   return total;
 }
@@ -379,7 +378,35 @@ std::string Trainer::checkpoint_dir() const {
   return dir.empty() ? (std::filesystem::path(run_dir_) / "checkpoints").string() : dir;
 }
 
+std::vector<StepResult> read_step_results(const std::vector<UnreadStepResult>& steps,
+                                          const DeviceMesh& mesh) {
+  std::vector<StepResult> results;
+  if (steps.empty()) return results;
+  std::vector<torch::Tensor> values;
+  for (const UnreadStepResult& s : steps) values.push_back(s.values.to(steps[0].values.device()));
+  // One read for every step; then one all-reduce of the losses over the world (Gloo: host
+  // values), each element the sum average_over_data_parallel takes.
+  const torch::Tensor host = read_to_host(torch::stack(values), "step results").contiguous();
+  torch::Tensor losses = host.narrow(1, 0, 2).contiguous();
+  const double ranks = static_cast<double>(mesh.world->size());
+  if (mesh.world->size() > 1) mesh.world->all_reduce_sum(losses);
+  for (size_t i = 0; i < steps.size(); ++i) {
+    StepResult r = steps[i].known;
+    const double* loss = losses.data_ptr<double>() + 2 * i;
+    r.loss = mesh.world->size() > 1 ? loss[0] / ranks : loss[0];
+    r.aux_loss = mesh.world->size() > 1 ? loss[1] / ranks : loss[1];
+    r.grad_norm = host.data_ptr<double>()[3 * i + 2];
+    results.push_back(r);
+  }
+  return results;
+}
+
 StepResult Trainer::compute_gradients() {
+  compute_gradients_unread();
+  return read_step_results({pending_}, mesh_)[0];
+}
+
+UnreadStepResult Trainer::compute_gradients_unread() {
   const TrainerConfig& config = resolved_.config;
   StepResult result;
   result.step = completed_steps_ + 1;
@@ -393,28 +420,28 @@ StepResult Trainer::compute_gradients() {
   if (config.train.profile && !mesh_.device.is_cpu()) {
     at::accelerator::resetPeakStats(mesh_.device.index());
   }
-  StepLoss loss = accumulate_gradients(*model_, *data_, config, accumulation_steps_, *optimizer_,
-                                       mesh_, recorder_);
+  const torch::Tensor loss = accumulate_gradients(*model_, *data_, config, accumulation_steps_,
+                                                  *optimizer_, mesh_, recorder_);
   {
     PhaseTimer prepare(recorder_, Phase::kOptimizer);
     optimizer_->prepare_grads();
   }
+  torch::Tensor grad_norm;
   {
     // Over each parameter's placement: FSDP shards are disjoint over dp_shard, expert slices
     // over ep, replicas counted once.
     PhaseTimer clip(recorder_, Phase::kClip);
-    result.grad_norm = optimizer_->chained().clip_grad_norm(config.train.max_grad_norm);
+    grad_norm = optimizer_->chained().clip_grad_norm_unread(config.train.max_grad_norm);
   }
-  result.loss = average_over_data_parallel(loss.loss, mesh_);
-  result.aux_loss = average_over_data_parallel(loss.aux_loss, mesh_);
-  pending_ = result;
-  return result;
+  pending_.known = result;
+  pending_.values = torch::cat({loss, grad_norm.to(loss.device()).reshape({1})});
+  return pending_;
 }
 
 void Trainer::apply_update() {
   const TrainConfig& train = resolved_.config.train;
   const bool telemetry = resolved_.config.optimizer.muon_telemetry &&
-                         is_log_step(pending_.step, train.log_every, train.steps);
+                         is_log_step(pending_.known.step, train.log_every, train.steps);
   muon_telemetry_.clear();
   if (telemetry) arm_muon_telemetry(optimizer_->chained());
   {
@@ -428,9 +455,9 @@ void Trainer::apply_update() {
       const QkClipStats stats = apply_qk_clip(
           optimizer_->chained(), reduce_max_logits(*mesh_.world, max_logits_->layers()),
           sharded_ ? sharded_->placements() : kWhole, resolved_.config.model, tau);
-      pending_.qk_clip = true;
-      pending_.qk_clip_heads = stats.heads_clipped;
-      pending_.qk_max_logit = stats.max_logit;
+      pending_.known.qk_clip = true;
+      pending_.known.qk_clip_heads = stats.heads_clipped;
+      pending_.known.qk_max_logit = stats.max_logit;
     }
   }
   // Outside the optimizer phase: the profile times the step, not its telemetry.
@@ -440,7 +467,7 @@ void Trainer::apply_update() {
     recorder_.times().peak_device_bytes =
         at::accelerator::getDeviceStats(mesh_.device.index()).allocated_bytes[0].peak;
   }
-  completed_steps_ = pending_.step;
+  completed_steps_ = pending_.known.step;
 }
 
 EvalResult Trainer::evaluate() {
@@ -453,7 +480,11 @@ EvalResult Trainer::evaluate() {
 }
 
 StepResult Trainer::step() {
-  compute_gradients();
+  return read_step_results({step_unread()}, mesh_)[0];
+}
+
+UnreadStepResult Trainer::step_unread() {
+  compute_gradients_unread();
   apply_update();
   return pending_;  // compute_gradients' result with apply_update's QK-clip numbers
 }
@@ -547,69 +578,118 @@ TrainSummary run_training(const ResolvedConfig& resolved, const TrainOptions& op
              " steps and " + resolved.provenance.user_key("train.steps") + " is " +
              std::to_string(config.train.steps));
   }
-  for (int64_t step = first_step; step <= config.train.steps; ++step) {
-    const Stopwatch iteration;  // the profile's step_s: the whole iteration, its save included
-    if (any_rank_interrupted(mesh)) {
-      summary.interrupted = true;
-      break;
-    }
-    const Stopwatch training;  // tokens_per_s: the training step alone
-    const StepResult result = trainer.step();
-
-    StepMetrics row;
-    row.step = step;
-    row.loss = result.loss;
-    row.aux_loss = result.aux_loss;
-    row.grad_norm = result.grad_norm;
-    row.lr = result.lr;
-    row.loss_scale = trainer.optimizer().loss_scale();
-    row.skipped_steps = trainer.optimizer().skipped_steps();
-    row.muon = trainer.muon_telemetry();
-    if (result.qk_clip) row.qk_clip = QkClipMetrics{result.qk_clip_heads, result.qk_max_logit};
-    const auto now = Stopwatch::Clock::now();
-    row.tokens_per_s = tokens_per_step / training.seconds(now);
-    row.elapsed_s = run.seconds(now);
-    loss_curve.emplace_back(step, row.loss);
-    if (step == first_step) summary.first_loss = row.loss;
-    summary.last_loss = row.loss;
-    summary.steps_completed = step;
-    if (save_due(step)) trainer.save_checkpoint();  // recorded as the step's checkpoint phase
-    StepTimes times = trainer.last_step_times();
-    // The row is written after the save, so that the profile counts the checkpoint in its step.
-    if (is_rank0) {
-      if (config.train.profile) {
-        times.step_s = iteration.seconds();
-        row.profile = times;
-      }
+  // Each step's row waits until its results are read: at log, save and eval steps and at the
+  // end, one host read for the steps since the last (read_step_results), so a GPU step never
+  // waits for the device between them. tokens_per_s: the host's seconds in the step plus an
+  // equal share of that read's wait (on the CPU ~0; on a GPU the wait is the device's time the
+  // host ran ahead of).
+  struct UnreadRow {
+    UnreadStepResult result;
+    StepMetrics row;  // all but loss, aux_loss, grad_norm and tokens_per_s
+    double training_s = 0.0;
+  };
+  std::vector<UnreadRow> unread;
+  auto write_rows = [&] {
+    if (unread.empty()) return;
+    std::vector<UnreadStepResult> steps;
+    for (const UnreadRow& u : unread) steps.push_back(u.result);
+    const Stopwatch reading;
+    const std::vector<StepResult> results = read_step_results(steps, mesh);  // collective
+    const double wait_share = reading.seconds() / static_cast<double>(unread.size());
+    for (size_t i = 0; i < unread.size(); ++i) {
+      StepMetrics row = unread[i].row;
+      row.loss = results[i].loss;
+      row.aux_loss = results[i].aux_loss;
+      row.grad_norm = results[i].grad_norm;
+      row.tokens_per_s = tokens_per_step / (unread[i].training_s + wait_share);
+      loss_curve.emplace_back(row.step, row.loss);
+      if (row.step == first_step) summary.first_loss = row.loss;
+      summary.last_loss = row.loss;
+      if (!is_rank0) continue;
       metrics->write(row);
-      progress->update(step, row.loss, row.tokens_per_s, row.elapsed_s);
+      progress->update(row.step, row.loss, row.tokens_per_s, row.elapsed_s);
       if (!row.muon.empty()) {
-        log_info("step " + std::to_string(step) + ": " + format_muon_telemetry(row.muon));
+        log_info("step " + std::to_string(row.step) + ": " + format_muon_telemetry(row.muon));
       }
-      if (row.qk_clip && is_log_step(step, config.train.log_every, config.train.steps)) {
-        log_info("step " + std::to_string(step) + " QK-clip: max attention logit " +
+      const bool log_step = is_log_step(row.step, config.train.log_every, config.train.steps);
+      if (row.qk_clip && log_step) {
+        log_info("step " + std::to_string(row.step) + " QK-clip: max attention logit " +
                  format_number(row.qk_clip->max_logit) + ", " +
                  std::to_string(row.qk_clip->heads_clipped) + " head(s) clipped");
       }
-      if (config.train.profile) {
-        profile.add(step, times, tokens_per_step);
-        if (is_log_step(step, config.train.log_every, config.train.steps)) {
+      if (row.profile) {
+        profile.add(row.step, *row.profile, tokens_per_step);
+        if (log_step) {
           log_info(profile.format());
           profile.clear();
         }
       }
     }
-    // After the step's row: its tokens_per_s and profile do not count the evaluation.
-    if (eval_due(step)) {
-      const EvalResult eval = trainer.evaluate();  // collective: every rank
-      if (is_rank0) {
-        EvalMetrics eval_row{step, eval.loss(), eval.perplexity(), eval.tokens};
-        metrics->write_eval(eval_row);
-        eval_curve.emplace_back(step, eval_row.eval_loss);
-        log_info("eval at step " + std::to_string(step) + ": " + format_eval_result(eval));
+    unread.clear();
+  };
+  try {
+    for (int64_t step = first_step; step <= config.train.steps; ++step) {
+      const Stopwatch iteration;  // the profile's step_s: the whole iteration, its save included
+      if (any_rank_interrupted(mesh)) {
+        summary.interrupted = true;
+        break;
+      }
+      const Stopwatch training;  // tokens_per_s: the training step alone
+      UnreadRow u;
+      u.result = trainer.step_unread();
+      u.training_s = training.seconds();
+      StepMetrics& row = u.row;
+      row.step = step;
+      row.lr = u.result.known.lr;
+      row.loss_scale = trainer.optimizer().loss_scale();
+      row.skipped_steps = trainer.optimizer().skipped_steps();
+      row.muon = trainer.muon_telemetry();
+      if (u.result.known.qk_clip) {
+        row.qk_clip = QkClipMetrics{u.result.known.qk_clip_heads, u.result.known.qk_max_logit};
+      }
+      row.elapsed_s = run.seconds();
+      summary.steps_completed = step;
+      if (save_due(step)) {
+        // The earlier steps' rows first: a save that fails leaves them written.
+        write_rows();
+        trainer.save_checkpoint();  // recorded as the step's checkpoint phase
+      }
+      // The row is taken after the save, so that the profile counts the checkpoint in its step.
+      if (config.train.profile) {
+        StepTimes times = trainer.last_step_times();
+        times.step_s = iteration.seconds();
+        row.profile = times;
+      }
+      unread.push_back(std::move(u));
+      if (is_log_step(step, config.train.log_every, config.train.steps) || save_due(step) ||
+          eval_due(step)) {
+        write_rows();
+      }
+      // After the step's row: its tokens_per_s and profile do not count the evaluation.
+      if (eval_due(step)) {
+        const EvalResult eval = trainer.evaluate();  // collective: every rank
+        if (is_rank0) {
+          EvalMetrics eval_row{step, eval.loss(), eval.perplexity(), eval.tokens};
+          metrics->write_eval(eval_row);
+          eval_curve.emplace_back(step, eval_row.eval_loss);
+          log_info("eval at step " + std::to_string(step) + ": " + format_eval_result(eval));
+        }
       }
     }
+  } catch (...) {
+    // One process: the rows of the steps before the error are still written (the read needs
+    // no peer). With several ranks the read is collective, and a rank that failed alone cannot
+    // make it: rows since the last log, save or eval step are lost with the run.
+    if (mesh.world_size == 1) {
+      try {
+        write_rows();
+      } catch (const std::exception&) {
+        // The first error is the one to report.
+      }
+    }
+    throw;
   }
+  write_rows();                   // the steps before an interruption
   trainer.wait_for_checkpoint();  // an async save finishes (or reports its error) before exit
   if (is_rank0) {
     progress->finish();

@@ -72,16 +72,34 @@ struct StepResult {
   double qk_max_logit = 0.0;
 };
 
+// A step's results as the step left them, before the host reads them (on a GPU a read waits for
+// the step's kernels): `known` holds what the host already has (step, lr, QK-clip figures);
+// `values` this rank's loss and aux loss (means over its micro-batches) and the global grad
+// norm, float64 [3] on the rank's device.
+struct UnreadStepResult {
+  StepResult known;
+  at::Tensor values;
+};
+
+// The StepResults of `steps`, in order: one host read for all of them, then one all-reduce of
+// their losses over mesh.world (the mean over data-parallel ranks, as
+// average_over_data_parallel). Collective over mesh.world: every rank passes the same steps.
+std::vector<StepResult> read_step_results(const std::vector<UnreadStepResult>& steps,
+                                          const DeviceMesh& mesh);
+
 class Trainer {
  public:
   // `run_dir` anchors the default checkpoint.dir (<run_dir>/checkpoints).
   Trainer(const ResolvedConfig& resolved, const DeviceMesh& mesh, const std::string& run_dir);
   ~Trainer();
 
-  // compute_gradients() then apply_update().
+  // compute_gradients() then apply_update(); the results read (a host wait on a GPU).
   StepResult step();
+  // The same, its results left unread: the training loop reads them at log steps only.
+  UnreadStepResult step_unread();
   // Forward/backward over the step's micro-batches, prepare_grads, clipping. Collective.
   StepResult compute_gradients();
+  UnreadStepResult compute_gradients_unread();
   void apply_update();
   // optimizer.muon_telemetry: the figures of the last step if it was a log step (every
   // train.log_every-th and the last), else empty. Computed inside apply_update (collective on those
@@ -124,8 +142,8 @@ class Trainer {
   std::unique_ptr<Evaluator> evaluator_;  // train.eval_every > 0
   int64_t accumulation_steps_ = 1;
   int64_t completed_steps_ = 0;
-  StepResult pending_;     // compute_gradients' result until apply_update
-  StepRecorder recorder_;  // the phase times of the step in flight / last completed
+  UnreadStepResult pending_;  // compute_gradients' result until apply_update
+  StepRecorder recorder_;     // the phase times of the step in flight / last completed
   std::vector<MuonGroupTelemetry> muon_telemetry_;
   std::shared_ptr<MaxLogitRecorder> max_logits_;  // QK-clip on: the forwards' max logits
 };

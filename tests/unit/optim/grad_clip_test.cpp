@@ -177,5 +177,22 @@ TEST(GradClipTest, ChainedOptimizerClipsOverPlacements) {
   EXPECT_FALSE(no_grad.grad().defined());
 }
 
+// On CPU grads the unread form is the host form (no device to stay on): its norm as a float64
+// CPU scalar, the grads clipped alike.
+TEST(GradClipTest, UnreadFormOnTheCpuIsTheHostForm) {
+  at::manual_seed(29);
+  const std::vector<at::Tensor> grads = {at::randn({7, 5}), at::randn({33}).to(at::kBFloat16)};
+  std::vector<at::Tensor> host = {grads[0].clone(), grads[1].clone()};
+  const ParamPlacement a = whole_placement("a", {7, 5}), b = whole_placement("b", {33});
+  const std::vector<const ParamPlacement*> placements = {&a, &b};
+  const double max_norm = 0.5 * reference_norm(grads);
+  const double want = clip_grad_norm(host, placements, max_norm);
+  const at::Tensor got = clip_grad_norm_unread(grads, placements, max_norm);
+  EXPECT_TRUE(got.device().is_cpu());
+  EXPECT_EQ(got.scalar_type(), at::kDouble);
+  EXPECT_EQ(got.item<double>(), want);
+  for (size_t i = 0; i < grads.size(); ++i) EXPECT_TRUE(grads[i].equal(host[i])) << i;
+}
+
 }  // namespace MIXTRAIN_FILE_LOCAL
 }  // namespace mixtrain

@@ -2,9 +2,10 @@
 // same code with the same counted read sites (only the grad-norm clip has a device form, whose
 // arithmetic grad_clip_cuda_test checks against the host form), so these counts are a GPU
 // step's host synchronisations: between log steps none; the results of any number of steps
-// are read at once, in one read. MoE layers are the one known exception: the dispatch sizes
-// each expert's GEMM on the host, one read of the tokens per expert per layer and micro-batch,
-// counted exactly here so that it cannot grow unnoticed.
+// are read at once, in one read. MoE layers on the CPU take the loop form of
+// model/routed_experts.h, which sizes each expert's GEMM on the host: one read of the tokens
+// per expert per layer and micro-batch, counted exactly here so that it cannot grow unnoticed
+// (on a GPU with LibTorch's grouped GEMM the grouped form makes none: routed_experts_test).
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 

@@ -6,6 +6,8 @@
 #endif
 
 #include <algorithm>
+#include <array>
+#include <atomic>
 #include <cstdio>
 #include <stdexcept>
 
@@ -86,6 +88,22 @@ void set_current_device(c10::Device device) {
   if (device.is_cuda()) c10::cuda::set_device(device.index());
 }
 
+int cuda_compute_capability_major(c10::Device device) {
+  if (!device.is_cuda() || device.index() < 0 || device.index() >= 64) return 0;
+  static std::array<std::atomic<int>, 64> known{};  // 0: not read yet; -1: none
+  std::atomic<int>& major = known[static_cast<size_t>(device.index())];
+  if (major.load() == 0) {
+    cudaDeviceProp properties{};
+    if (cudaGetDeviceProperties(&properties, device.index()) == cudaSuccess) {
+      major.store(properties.major);
+    } else {
+      cudaGetLastError();
+      major.store(-1);
+    }
+  }
+  return std::max(major.load(), 0);
+}
+
 #else  // a CPU-only build: no CUDA runtime; check_cuda_devices refuses cuda first
 namespace {
 
@@ -109,6 +127,10 @@ std::string describe_device(c10::Device device) {
 
 void set_current_device(c10::Device device) {
   if (device.is_cuda()) throw std::invalid_argument(no_cuda_build_message());
+}
+
+int cuda_compute_capability_major(c10::Device) {
+  return 0;
 }
 #endif
 

@@ -33,6 +33,10 @@ std::string local_ranks_problem(int local_rank, int local_world_size, int device
 // For the startup log: "cpu", or e.g. "cuda:0 (NVIDIA H200, 139.8 GiB, compute capability 9.0)".
 std::string describe_device(c10::Device device);
 
+// The major compute capability of a CUDA device (9 for an H100/H200), read once per device and
+// kept; 0 for any other device, a device the runtime cannot describe, or a CPU-only build.
+int cuda_compute_capability_major(c10::Device device);
+
 // Makes `device` the calling thread's current CUDA device (every thread that launches work on
 // it: the training loop, autograd, an async checkpoint thread); nothing for the CPU.
 void set_current_device(c10::Device device);

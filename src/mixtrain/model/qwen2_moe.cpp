@@ -11,6 +11,7 @@
 
 #include "mixtrain/core/host_sync.h"
 #include "mixtrain/model/layers.h"
+#include "mixtrain/model/routed_experts.h"
 
 namespace mixtrain::qwen2_moe {
 namespace {
@@ -36,44 +37,22 @@ class Qwen2MoeExperts : public torch::nn::Module {
                                    torch::empty({num_experts, hidden_size, intermediate_size}));
   }
 
-  // hidden [T, H]; selected_experts and routing_weights [T, top_k]. Sparse dispatch: the (token,
-  // slot) pairs are sorted by expert once, then each expert gathers only its tokens, computes,
-  // and scatter-adds its weighted output; no expert ever sees a token not routed to it.
+  // hidden [T, H]; selected_experts and routing_weights [T, top_k]. Sparse dispatch: no
+  // expert ever sees a token not routed to it (model/routed_experts.h: the grouped form on a
+  // device that has LibTorch's grouped GEMM, without a host read; else the loop).
   torch::Tensor forward(const torch::Tensor& hidden, const torch::Tensor& selected_experts,
                         const torch::Tensor& routing_weights) {
     ExpertDispatcher* dispatcher = access_.expert_dispatcher();
     if (dispatcher != nullptr && dispatcher->ep_size() > 1) {
       return forward_expert_parallel(*dispatcher, hidden, selected_experts, routing_weights);
     }
-    const int64_t top_k = selected_experts.size(1);
-    const auto flat_experts = selected_experts.reshape({-1});
-    // Stable sort keeps tokens in order within an expert, so index_add_ order (and the bits of
-    // the result) do not depend on the sort implementation.
-    const auto order =
-        std::get<1>(flat_experts.sort(/*stable=*/c10::optional<bool>(true), /*dim=*/0));
-    const auto counts =
-        read_to_host(torch::bincount(flat_experts, {}, num_experts_), "moe: tokens per expert");
-    const auto token_index = order.div(top_k, "floor");
-    const auto slot_weights = routing_weights.reshape({-1}).index_select(0, order);
-
-    // unbind: one backward node that stacks the per-expert gradients, instead of one full-size
-    // zero-padded gradient per select.
-    const auto gate = access_.unshard("gate_proj", gate_proj).unbind(0);
-    const auto up = access_.unshard("up_proj", up_proj).unbind(0);
-    const auto down = access_.unshard("down_proj", down_proj).unbind(0);
-    auto final_hidden = torch::zeros_like(hidden);
-    const auto* count = counts.data_ptr<int64_t>();
-    int64_t offset = 0;
-    for (int64_t e = 0; e < num_experts_; ++e) {
-      const int64_t n = count[e];
-      if (n == 0) continue;
-      const auto idx = token_index.narrow(0, offset, n);
-      const auto x = hidden.index_select(0, idx);
-      auto y = at::linear(torch::silu(at::linear(x, gate[e])) * at::linear(x, up[e]), down[e]);
-      y = y * slot_weights.narrow(0, offset, n).unsqueeze(-1);
-      final_hidden.index_add_(0, idx, y);
-      offset += n;
-    }
+    const auto gate = access_.unshard("gate_proj", gate_proj);
+    const auto up = access_.unshard("up_proj", up_proj);
+    const auto down = access_.unshard("down_proj", down_proj);
+    const auto final_hidden =
+        grouped_experts_supported(hidden, gate)
+            ? routed_experts_grouped(hidden, selected_experts, routing_weights, gate, up, down)
+            : routed_experts_loop(hidden, selected_experts, routing_weights, gate, up, down);
     // Every expert's output feeds final_hidden, so a pre-backward gather hooked here runs
     // before any expert's backward.
     return access_.post_forward({"gate_proj", "up_proj", "down_proj"}, final_hidden);

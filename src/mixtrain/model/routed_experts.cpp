@@ -1,0 +1,82 @@
+#include "mixtrain/model/routed_experts.h"
+
+#include <ATen/ATen.h>
+
+#include <tuple>
+
+#include "mixtrain/core/device.h"
+#include "mixtrain/core/host_sync.h"
+
+namespace mixtrain {
+namespace {
+
+// The (token, slot) rows in expert order: a stable sort keeps tokens in order within an expert.
+torch::Tensor expert_order(const torch::Tensor& selected) {
+  return std::get<1>(selected.reshape({-1}).sort(/*stable=*/c10::optional<bool>(true), /*dim=*/0));
+}
+
+}  // namespace
+
+torch::Tensor routed_experts_loop(const torch::Tensor& hidden, const torch::Tensor& selected,
+                                  const torch::Tensor& weights, const torch::Tensor& gate,
+                                  const torch::Tensor& up, const torch::Tensor& down) {
+  const int64_t top_k = selected.size(1), experts = gate.size(0);
+  const auto order = expert_order(selected);
+  const auto counts =
+      read_to_host(torch::bincount(selected.reshape({-1}), {}, experts), "moe: tokens per expert");
+  const auto token_index = order.div(top_k, "floor");
+  const auto slot_weights = weights.reshape({-1}).index_select(0, order);
+  // unbind: one backward node that stacks the per-expert gradients, instead of one full-size
+  // zero-padded gradient per select.
+  const auto g = gate.unbind(0), u = up.unbind(0), d = down.unbind(0);
+  auto out = torch::zeros_like(hidden);
+  const auto* count = counts.data_ptr<int64_t>();
+  int64_t offset = 0;
+  for (int64_t e = 0; e < experts; ++e) {
+    const int64_t n = count[e];
+    if (n == 0) continue;
+    const auto idx = token_index.narrow(0, offset, n);
+    const auto x = hidden.index_select(0, idx);
+    auto y = at::linear(torch::silu(at::linear(x, g[e])) * at::linear(x, u[e]), d[e]);
+    y = y * slot_weights.narrow(0, offset, n).unsqueeze(-1);
+    out.index_add_(0, idx, y);
+    offset += n;
+  }
+  return out;
+}
+
+torch::Tensor routed_experts_grouped(const torch::Tensor& hidden, const torch::Tensor& selected,
+                                     const torch::Tensor& weights, const torch::Tensor& gate,
+                                     const torch::Tensor& up, const torch::Tensor& down) {
+  const int64_t tokens = hidden.size(0), top_k = selected.size(1), width = hidden.size(1);
+  const auto flat = selected.reshape({-1});
+  const auto order = expert_order(selected);
+  // Group ends: the running count of rows per expert, on the device (an empty expert repeats
+  // the previous end).
+  const auto counts =
+      at::zeros({gate.size(0)}, flat.options()).scatter_add_(0, flat, at::ones_like(flat));
+  const auto ends = counts.cumsum(0).to(at::kInt);
+  // Each token's row once per slot, then in expert order: a permutation, so no two rows add
+  // into one in the backward (deterministic on every device).
+  const auto slots = hidden.unsqueeze(1).expand({tokens, top_k, width}).reshape({-1, width});
+  const auto x = slots.index_select(0, order);
+  const auto h = torch::silu(at::_grouped_mm(x, gate.transpose(-2, -1), ends)) *
+                 at::_grouped_mm(x, up.transpose(-2, -1), ends);
+  const auto y = at::_grouped_mm(h, down.transpose(-2, -1), ends);
+  const auto in_slot_order = at::index_copy(at::zeros_like(y), 0, order, y);
+  return (in_slot_order * weights.reshape({-1, 1}))
+      .view({tokens, top_k, width})
+      .sum(1)
+      .to(hidden.scalar_type());
+}
+
+bool grouped_experts_supported(const torch::Tensor& hidden, const torch::Tensor& gate) {
+  if (!hidden.is_cuda() || hidden.scalar_type() != at::kBFloat16 ||
+      gate.scalar_type() != at::kBFloat16) {
+    return false;
+  }
+  if (hidden.size(1) % 8 != 0 || gate.size(1) % 8 != 0 || gate.size(2) % 8 != 0) return false;
+  return cuda_compute_capability_major(hidden.device()) >= 9;
+}
+
+}  // namespace mixtrain

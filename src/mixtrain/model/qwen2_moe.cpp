@@ -50,7 +50,7 @@ class Qwen2MoeExperts : public torch::nn::Module {
     const auto up = access_.unshard("up_proj", up_proj);
     const auto down = access_.unshard("down_proj", down_proj);
     const auto final_hidden =
-        grouped_experts_supported(hidden, gate)
+        grouped_experts_supported(hidden, gate, up, down)
             ? routed_experts_grouped(hidden, selected_experts, routing_weights, gate, up, down)
             : routed_experts_loop(hidden, selected_experts, routing_weights, gate, up, down);
     // Every expert's output feeds final_hidden, so a pre-backward gather hooked here runs

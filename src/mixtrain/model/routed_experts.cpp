@@ -2,6 +2,7 @@
 
 #include <ATen/ATen.h>
 
+#include <cstdint>
 #include <tuple>
 
 #include "mixtrain/core/device.h"
@@ -70,12 +71,17 @@ torch::Tensor routed_experts_grouped(const torch::Tensor& hidden, const torch::T
       .to(hidden.scalar_type());
 }
 
-bool grouped_experts_supported(const torch::Tensor& hidden, const torch::Tensor& gate) {
-  if (!hidden.is_cuda() || hidden.scalar_type() != at::kBFloat16 ||
-      gate.scalar_type() != at::kBFloat16) {
+bool grouped_experts_supported(const torch::Tensor& hidden, const torch::Tensor& gate,
+                               const torch::Tensor& up, const torch::Tensor& down) {
+  if (!hidden.is_cuda() || hidden.scalar_type() != at::kBFloat16 || hidden.size(1) % 8 != 0) {
     return false;
   }
-  if (hidden.size(1) % 8 != 0 || gate.size(1) % 8 != 0 || gate.size(2) % 8 != 0) return false;
+  for (const torch::Tensor& w : {gate, up, down}) {
+    if (w.scalar_type() != at::kBFloat16 || !w.is_contiguous() || w.size(1) % 8 != 0 ||
+        w.size(2) % 8 != 0 || reinterpret_cast<uintptr_t>(w.data_ptr()) % 16 != 0) {
+      return false;
+    }
+  }
   return cuda_compute_capability_major(hidden.device()) >= 9;
 }
 

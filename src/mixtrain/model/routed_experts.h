@@ -27,8 +27,10 @@ torch::Tensor routed_experts_grouped(const torch::Tensor& hidden, const torch::T
                                      const torch::Tensor& up, const torch::Tensor& down);
 
 // Whether the model takes the grouped form for these tensors: a CUDA device of compute
-// capability >= 9.0 (LibTorch's grouped GEMM), bfloat16, and every dimension a multiple of 8
-// (16-byte aligned rows, which the kernel needs).
-bool grouped_experts_supported(const torch::Tensor& hidden, const torch::Tensor& gate);
+// capability >= 9.0 (LibTorch's grouped GEMM), bfloat16, every dimension a multiple of 8 and
+// the weights contiguous from 16-byte aligned addresses (the kernel reads 16-byte rows; an
+// FSDP-unsharded weight is a view into a flat buffer and may start anywhere).
+bool grouped_experts_supported(const torch::Tensor& hidden, const torch::Tensor& gate,
+                               const torch::Tensor& up, const torch::Tensor& down);
 
 }  // namespace mixtrain

@@ -22,7 +22,8 @@ const c10::Device kGpu(c10::kCUDA, 0);
 
 TEST(RoutedExpertsCuda, GroupedFormMatchesTheReferenceTheLoopAndItself) {
   const ExpertInputs in = make_expert_inputs();
-  EXPECT_TRUE(grouped_experts_supported(in.hidden.to(kGpu), in.gate.to(kGpu)));
+  EXPECT_TRUE(grouped_experts_supported(in.hidden.to(kGpu), in.gate.to(kGpu), in.up.to(kGpu),
+                                        in.down.to(kGpu)));
   const ExpertResult ref = run_experts(reference_form, in, at::kDouble);
   reset_host_reads();
   const ExpertResult grouped = run_experts(routed_experts_grouped, in, at::kBFloat16, kGpu);

@@ -15,6 +15,7 @@
 
 #include "mixtrain/core/host_sync.h"
 #include "mixtrain/distributed/device_mesh.h"
+#include "support/multiprocess.h"
 #include "support/trainer_probe.h"
 #include "tools/cli_test_util.h"
 
@@ -59,14 +60,23 @@ Counted count_reads(const ResolvedConfig& config) {
 }
 
 // A dense bf16 model (Qwen2) with fp32 main params and Muon + AdamW, two micro-batches per
-// step, clipping on: no read in three steps; one for their results.
+// step, clipping on.
+ResolvedConfig dense_config(std::vector<std::string> more = {}) {
+  std::vector<std::string> overrides = {"model_init_dtype=bfloat16",
+                                        "optimizer._target_=Muon",
+                                        "optimizer.fp32_main_params=true",
+                                        "fsdp_config.mix_precision.param_dtype=bfloat16",
+                                        "data.seq_len=16",
+                                        "data.micro_batch_size=2",
+                                        "data.global_batch_size=4",
+                                        "train.max_grad_norm=0.5"};
+  overrides.insert(overrides.end(), more.begin(), more.end());
+  return load_config(MIXTRAIN_SOURCE_DIR "/configs/qwen2_tiny.yaml", overrides);
+}
+
+// No read in three steps; one for their results.
 TEST(GpuStepHostReads, DenseStepsReadNothingUntilTheirResultsAreRead) {
-  const ResolvedConfig config = load_config(
-      MIXTRAIN_SOURCE_DIR "/configs/qwen2_tiny.yaml",
-      {"model_init_dtype=bfloat16", "optimizer._target_=Muon", "optimizer.fp32_main_params=true",
-       "fsdp_config.mix_precision.param_dtype=bfloat16", "data.seq_len=16",
-       "data.micro_batch_size=2", "data.global_batch_size=4", "train.max_grad_norm=0.5"});
-  const Counted counted = count_reads(config);
+  const Counted counted = count_reads(dense_config());
   EXPECT_EQ(counted.steps.total, 0) << ::testing::PrintToString(counted.steps.by_site);
   EXPECT_EQ(counted.read.total, 1);
   EXPECT_EQ(counted.read.by_site, (std::map<std::string, int64_t>{{"step results", 1}}));
@@ -82,6 +92,33 @@ TEST(GpuStepHostReads, MoeStepsReadOnlyTheTokensPerExpert) {
   EXPECT_EQ(counted.steps.by_site,
             (std::map<std::string, int64_t>{{"moe: tokens per expert", 3 * per_step}}));
   EXPECT_EQ(counted.read.by_site, (std::map<std::string, int64_t>{{"step results", 1}}));
+}
+
+// The same model with FSDP over 2 processes: the sharded Muon path, the placed clip (its sums
+// all-reduced over dp_shard) and the loss all-reduce of the read. Distributed Muon's
+// parameter-count check reads on its first step only (and when a rank's count changes).
+MIXTRAIN_WORKER(fsdp_host_reads) {
+  const DeviceMesh mesh = worker.make_mesh();
+  Trainer trainer(dense_config({"parallel.dp_shard=2", "data.global_batch_size=8"}), mesh,
+                  (worker.dir / ("run" + std::to_string(worker.rank.rank))).string());
+  trainer.step();
+  trainer.step();
+  reset_host_reads();
+  std::vector<UnreadStepResult> unread;
+  for (int i = 0; i < 3; ++i) unread.push_back(trainer.step_unread());
+  EXPECT_EQ(host_reads().total, 0) << ::testing::PrintToString(host_reads().by_site);
+  reset_host_reads();
+  const std::vector<StepResult> results = read_step_results(unread, mesh);
+  EXPECT_EQ(host_reads().by_site, (std::map<std::string, int64_t>{{"step results", 1}}));
+  ASSERT_EQ(results.size(), 3u);
+  EXPECT_EQ(results[2].step, 5);
+}
+
+TEST(GpuStepHostReads, FsdpStepsReadNothingUntilTheirResultsAreRead) {
+  ParallelConfig parallel;
+  parallel.dp_shard = 2;
+  const testing::WorkerResult result = testing::run_workers("fsdp_host_reads", 2, parallel);
+  EXPECT_TRUE(result.all_ok()) << result.summary();
 }
 
 }  // namespace MIXTRAIN_FILE_LOCAL

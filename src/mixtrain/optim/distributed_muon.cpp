@@ -34,8 +34,12 @@ std::string describe(const MuonSharding& sharding) {
 // mismatched shards (or wait forever). One 2-int sum tells: the group total equals size()
 // times the local value on every rank iff all ranks agree. The sum travels on the params'
 // device (a NCCL group takes device tensors only), filled there without a host copy; reading
-// it back is the one host synchronisation of a distributed Muon step, as it must be: its value
-// decides whether to throw before the all_to_alls could hang.
+// it back is a host synchronisation, as it must be: its value decides whether to throw before
+// the all_to_alls could hang. So it runs on a path's first step and whenever this rank's count
+// or numel changes (Muon::check_params_once), not on every step: the set of parameters with a
+// gradient is fixed by the model and the layout, the same on every step. A rank whose set
+// changed alone checks alone; its peers' next collective then mismatches it and the NCCL
+// watchdog ends the run after distributed.timeout_s (Gloo: the collective timeout), not a hang.
 void check_same_params(Collectives& comm, const char* path, int64_t count, int64_t numel,
                        c10::Device device) {
   at::Tensor totals = at::empty({2}, at::TensorOptions().dtype(at::kLong).device(device));
@@ -57,6 +61,15 @@ void check_same_params(Collectives& comm, const char* path, int64_t count, int64
 }
 
 }  // namespace
+
+void Muon::check_params_once(Collectives& comm, const char* path, int64_t count, int64_t numel,
+                             c10::Device device) {
+  const auto key = std::make_pair(static_cast<const Collectives*>(&comm), std::string(path));
+  const auto it = agreed_.find(key);
+  if (it != agreed_.end() && it->second == std::make_pair(count, numel)) return;
+  check_same_params(comm, path, count, numel, device);
+  agreed_[key] = {count, numel};
+}
 
 std::string muon_sharding_kind_name(MuonSharding::Kind kind) {
   switch (kind) {
@@ -361,7 +374,7 @@ void Muon::step_fsdp(Collectives& comm, const std::vector<DistributedParam>& all
   }
   // Every buffer of the path lives on the params' device (the first one's: one rank, one device).
   const c10::Device device = all_params.front().param.device();
-  check_same_params(comm, "step_fsdp", static_cast<int64_t>(params.size()), numel, device);
+  check_params_once(comm, "step_fsdp", static_cast<int64_t>(params.size()), numel, device);
   auto options_of = [&](size_t item) -> const MuonOptions& {
     return group_options(params[item]->group);
   };
@@ -524,7 +537,7 @@ void Muon::step_ddp(Collectives& comm, const std::vector<DistributedParam>& all_
     numel += d.param.numel();
   }
   const c10::Device device = all_params.front().param.device();
-  check_same_params(comm, "step_ddp", static_cast<int64_t>(params.size()), numel, device);
+  check_params_once(comm, "step_ddp", static_cast<int64_t>(params.size()), numel, device);
   auto options_of = [&](size_t item) -> const MuonOptions& {
     return group_options(params[item]->group);
   };

@@ -38,6 +38,7 @@
 #include <torch/arg.h>
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -254,6 +255,10 @@ class Muon : public LeafOptimizer {
   at::Tensor owner_update(const DistributedParam& d, const at::Tensor& u, c10::ScalarType wire,
                           at::Tensor& v);
   const MuonOptions& group_options(size_t group) const;
+  // check_same_params (distributed_muon.cpp) of `path` over `comm`, unless this rank's count
+  // and numel are the ones its last check of that path and group agreed on.
+  void check_params_once(Collectives& comm, const char* path, int64_t count, int64_t numel,
+                         c10::Device device);
 
   std::vector<std::vector<ShapeBatch>> batches_;         // per param group
   std::vector<std::vector<const void*>> cached_params_;  // TensorImpl of each group's params
@@ -263,6 +268,8 @@ class Muon : public LeafOptimizer {
   int64_t owner_min_bucket_numel_ = kMuonOwnerMinBucketNumel;
   std::string split_problem_;  // a local matrix its head split does not divide; step() throws
   std::unique_ptr<MuonTelemetryRecorder> telemetry_;  // armed: records every path's step
+  // (group, path) -> the (count, numel) every rank of the group last agreed on.
+  std::map<std::pair<const Collectives*, std::string>, std::pair<int64_t, int64_t>> agreed_;
 };
 
 }  // namespace mixtrain

@@ -561,14 +561,15 @@ TEST(DistributedMuonFsdpTest, EqualsSingleProcessMuonForOneToFourRanks) {
                                  kShapes[i].name;
         expect_combo_equal(full, expected[i], combo, what);
       }
-      // Per step: one check, then two all_to_alls per bucket of the plan.
+      // The parameter check on the first step only (the same parameters on every later step),
+      // then per step two all_to_alls per bucket of the plan.
       const size_t buckets = kShapesBuckets[n];
       const c10::ScalarType wire =
           combo.ns_dtype == at::kBFloat16 ? at::kBFloat16 : combo.communication_dtype;
       for (int r = 0; r < n; ++r) {
-        ASSERT_EQ(calls[r].size(), 3 * (1 + 2 * buckets)) << "rank " << r;
+        ASSERT_EQ(calls[r].size(), 1 + 3 * 2 * buckets) << "rank " << r;
         EXPECT_EQ(calls[r][0].op, "all_reduce_sum");
-        for (size_t c = 1; c < 1 + 2 * buckets; ++c) {
+        for (size_t c = 1; c < calls[r].size(); ++c) {
           EXPECT_EQ(calls[r][c].op, "all_to_all");
           EXPECT_EQ(calls[r][c].dtype, wire);
         }
@@ -879,7 +880,8 @@ TEST(DistributedMuonDdpTest, EqualsSingleProcessMuonOnEveryRank) {
         }
       }
       const size_t buckets = kShapesBuckets[n];
-      ASSERT_EQ(calls[0].size(), 3 * (1 + buckets));
+      ASSERT_EQ(calls[0].size(), 1 + 3 * buckets);  // the check on the first step only
+      EXPECT_EQ(calls[0][0].op, "all_reduce_sum");
       EXPECT_EQ(calls[0][1].op, "all_gather");
     }
   }
@@ -980,6 +982,34 @@ TEST(DistributedMuonTest, RanksSteppingDifferentParamsFailOnEveryRank) {
   });
   for (const auto& m : messages) {
     EXPECT_NE(m.find("ranks step different parameters"), std::string::npos) << m;
+  }
+}
+
+// The check is a host read (its value decides whether to go on): it runs on the first step
+// and again only when a rank's set of parameters with a gradient changes, here on both ranks.
+TEST(DistributedMuonTest, TheParameterCheckRunsOnTheFirstStepAndWhenTheSetChanges) {
+  auto group = make_thread_group(2);
+  std::vector<std::vector<int64_t>> checks(2);  // all_reduce calls per step, per rank
+  run_ranks(2, [&](int rank) {
+    at::Tensor a = at::ones({4, 8});
+    at::Tensor b = at::ones({4, 8});
+    Muon muon(std::vector<at::Tensor>{a, b}, MuonOptions());
+    muon.set_sharding(a, {MuonSharding::Kind::kFsdp, {8, 8}, group[rank], "a"});
+    muon.set_sharding(b, {MuonSharding::Kind::kFsdp, {8, 8}, group[rank], "b"});
+    for (int step = 1; step <= 4; ++step) {
+      a.mutable_grad() = at::ones({4, 8});
+      b.mutable_grad() = step < 3 ? at::ones({4, 8}) : at::Tensor();  // b has none from step 3
+      const size_t before = group[rank]->calls().size();
+      muon.step();
+      int64_t all_reduces = 0;
+      for (size_t c = before; c < group[rank]->calls().size(); ++c) {
+        all_reduces += group[rank]->calls()[c].op == "all_reduce_sum";
+      }
+      checks[rank].push_back(all_reduces);
+    }
+  });
+  for (int rank = 0; rank < 2; ++rank) {
+    EXPECT_EQ(checks[rank], (std::vector<int64_t>{1, 0, 1, 0})) << "rank " << rank;
   }
 }
 

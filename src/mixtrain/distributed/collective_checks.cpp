@@ -39,6 +39,37 @@ AllToAllShape check_all_to_all(const std::string& group, int rank, int size,
   return out;
 }
 
+AllGatherShape all_gather_shape(const at::Tensor& local, int size) {
+  AllGatherShape out;
+  out.block = local.sizes().vec();
+  if (out.block.empty()) out.block.push_back(1);  // a scalar gathers into a vector
+  out.result = out.block;
+  out.result[0] = out.block[0] * size;
+  out.sent_bytes = (size - 1) * static_cast<int64_t>(local.nbytes());
+  return out;
+}
+
+ReduceScatterShape check_reduce_scatter(const std::string& group, int size, const at::Tensor& full,
+                                        int64_t wire_nbytes) {
+  const at::ScalarType type = full.scalar_type();
+  if (type == at::kBFloat16 || type == at::kByte || type == at::kChar) {
+    throw std::invalid_argument(group + ": reduce_scatter_sum of " +
+                                std::string(c10::toString(type)) +
+                                " is not offered; reduce in float32");
+  }
+  if (full.dim() == 0 || full.size(0) % size != 0) {
+    throw std::invalid_argument(group + ": reduce_scatter_sum needs dim 0 divisible by the " +
+                                "group size " + std::to_string(size));
+  }
+  ReduceScatterShape out;
+  out.rows = full.size(0) / size;
+  out.result = full.sizes().vec();
+  out.result[0] = out.rows;
+  // The chunks of the n-1 peers leave this rank (as in a ring reduce-scatter).
+  out.sent_bytes = (size - 1) * wire_nbytes / size;
+  return out;
+}
+
 void check_payload_dtype(const std::string& group, const char* op, at::ScalarType type) {
   switch (type) {
     case at::kFloat:

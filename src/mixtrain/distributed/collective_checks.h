@@ -1,6 +1,8 @@
 // What every Collectives implementation over c10d shares (gloo_collectives, nccl_collectives,
-// device_mesh): the checks and result shape of an all_to_all, and the one-line reason of a c10d
-// failure.
+// device_mesh): the checks, result shapes and byte counts of the collectives whose arithmetic
+// depends on the group size (a one-rank group makes every collective the identity, so the
+// multi-rank arithmetic is tested here, host-side: collective_checks_test), and the one-line
+// reason of a c10d failure.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -22,6 +24,29 @@ struct AllToAllShape {
 AllToAllShape check_all_to_all(const std::string& group, int rank, int size,
                                const at::Tensor& input, const std::vector<int64_t>& send_counts,
                                const std::vector<int64_t>& recv_counts);
+
+// An all_gather of `local` over `size` ranks: the result is every rank's block along dim 0
+// (a 0-dim local gathers into a vector of `size`); `block` is the shape local takes as one block
+// of it; the bytes charged are local's to each of the size - 1 peers (core/collectives.h).
+struct AllGatherShape {
+  std::vector<int64_t> result;  // [size * rows, local.shape[1:]...]
+  std::vector<int64_t> block;   // [rows, local.shape[1:]...]
+  int64_t sent_bytes = 0;
+};
+AllGatherShape all_gather_shape(const at::Tensor& local, int size);
+
+// A reduce_scatter_sum of `full` over `size` ranks, after the checks (std::invalid_argument
+// naming `group`: a dtype the contract does not reduce (bfloat16, uint8, int8), a 0-dim tensor
+// or a dim 0 not divisible by `size`): this rank's result shape (dim 0 / size), the chunk rows,
+// and the bytes charged: the size - 1 peers' chunks of `wire_nbytes` (the bytes of what goes on
+// the wire: NCCL widens float16 to float32 first).
+struct ReduceScatterShape {
+  std::vector<int64_t> result;  // [full.shape[0] / size, full.shape[1:]...]
+  int64_t rows = 0;
+  int64_t sent_bytes = 0;
+};
+ReduceScatterShape check_reduce_scatter(const std::string& group, int size, const at::Tensor& full,
+                                        int64_t wire_nbytes);
 
 // A broadcast from `root` of a tensor of `nbytes` on rank `rank` of `size`: std::invalid_argument
 // naming `group` for a root out of range; else the bytes charged to this rank (core/collectives.h:

@@ -119,19 +119,10 @@ at::Tensor GlooCollectives::all_gather(const at::Tensor& local) {
 at::Tensor GlooCollectives::reduce_scatter_sum(const at::Tensor& full) {
   check_input(full, "reduce_scatter_sum");
   const at::ScalarType type = full.scalar_type();
-  if (type == at::kBFloat16 || type == at::kByte || type == at::kChar) {
-    throw std::invalid_argument(name_ + ": reduce_scatter_sum of " +
-                                std::string(c10::toString(type)) +
-                                " is not offered; reduce in float32");
-  }
-  if (full.dim() == 0 || full.size(0) % size_ != 0) {
-    throw std::invalid_argument(name_ + ": reduce_scatter_sum needs dim 0 divisible by the " +
-                                "group size " + std::to_string(size_));
-  }
-  const int64_t rows = full.size(0) / size_;
-  // The chunks of the n-1 peers leave this rank (as in a ring reduce-scatter).
-  CollectiveCallRecord record(*this, CollectiveOp::kReduceScatter,
-                              (size_ - 1) * static_cast<int64_t>(full.nbytes()) / size_);
+  const ReduceScatterShape checked =
+      check_reduce_scatter(name_, size_, full, static_cast<int64_t>(full.nbytes()));
+  const int64_t rows = checked.rows;
+  CollectiveCallRecord record(*this, CollectiveOp::kReduceScatter, checked.sent_bytes);
   if (full.numel() == 0) return at::empty_like(full).narrow(0, 0, rows).contiguous();
   // Equal-split alltoall: block j of `received` is rank j's chunk rank(); the same bytes on the
   // wire as a ring reduce-scatter.
@@ -184,17 +175,14 @@ std::unique_ptr<CollectiveWork> GlooCollectives::all_to_all_async(
 std::unique_ptr<CollectiveWork> GlooCollectives::all_gather_async(const at::Tensor& local) {
   const auto start = GlooWork::Clock::now();
   check_input(local, "all_gather");
-  std::vector<int64_t> shape = local.sizes().vec();
-  if (shape.empty()) shape.push_back(1);  // a scalar gathers into a vector
-  const int64_t rows = shape[0];
-  shape[0] = rows * size_;
-  at::Tensor result = at::empty(shape, local.options());
-  const int64_t bytes = (size_ - 1) * static_cast<int64_t>(local.nbytes());
+  const AllGatherShape shape = all_gather_shape(local, size_);
+  at::Tensor result = at::empty(shape.result, local.options());
+  const int64_t bytes = shape.sent_bytes;
   if (result.numel() == 0) {
     record_collective(CollectiveOp::kAllGather, bytes, 0.0, counters().get());
     return finished_collective_work(result);
   }
-  at::Tensor input = local.reshape(result.narrow(0, 0, rows).sizes());
+  at::Tensor input = local.reshape(shape.block);
   auto work = group_->_allgather_base(result, input);
   return std::make_unique<GlooWork>(*this, "all_gather", CollectiveOp::kAllGather, bytes,
                                     std::move(work), std::move(result), input,

@@ -201,22 +201,15 @@ at::Tensor NcclCollectives::all_gather(const at::Tensor& local) {
 at::Tensor NcclCollectives::reduce_scatter_sum(const at::Tensor& full) {
   const at::ScalarType type = full.defined() ? full.scalar_type() : at::kFloat;
   if (type == at::kBFloat16 || type == at::kByte || type == at::kChar) {
-    throw std::invalid_argument(name_ + ": reduce_scatter_sum of " +
-                                std::string(c10::toString(type)) +
-                                " is not offered; reduce in float32");
+    check_reduce_scatter(name_, size_, full, 0);  // throws: refused before any device copy
   }
   at::Tensor input = on_device(full, "reduce_scatter_sum");
-  if (input.dim() == 0 || input.size(0) % size_ != 0) {
-    throw std::invalid_argument(name_ + ": reduce_scatter_sum needs dim 0 divisible by the " +
-                                "group size " + std::to_string(size_));
-  }
-  if (type == at::kHalf) input = input.to(at::kFloat);  // summed in float32, rounded once
-  std::vector<int64_t> shape = input.sizes().vec();
-  shape[0] /= size_;
-  at::Tensor output = at::empty(shape, input.options());
-  // The chunks of the n-1 peers leave this rank.
-  CollectiveCallRecord record(*this, CollectiveOp::kReduceScatter,
-                              (size_ - 1) * static_cast<int64_t>(input.nbytes()) / size_);
+  // float16 is summed in float32 and rounded once: the float32 bytes go on the wire.
+  const int64_t wire_nbytes = static_cast<int64_t>(input.nbytes()) * (type == at::kHalf ? 2 : 1);
+  const ReduceScatterShape checked = check_reduce_scatter(name_, size_, input, wire_nbytes);
+  if (type == at::kHalf) input = input.to(at::kFloat);
+  at::Tensor output = at::empty(checked.result, input.options());
+  CollectiveCallRecord record(*this, CollectiveOp::kReduceScatter, checked.sent_bytes);
   if (input.numel() > 0) {
     run("reduce_scatter_sum",
         [&](c10d::Backend& group) { return group._reduce_scatter_base(output, input); });
@@ -262,17 +255,14 @@ std::unique_ptr<CollectiveWork> NcclCollectives::all_to_all_async(
 std::unique_ptr<CollectiveWork> NcclCollectives::all_gather_async(const at::Tensor& local) {
   const auto start = NcclWork::Clock::now();
   at::Tensor input = on_device(local, "all_gather");
-  std::vector<int64_t> shape = input.sizes().vec();
-  if (shape.empty()) shape.push_back(1);  // a scalar gathers into a vector
-  const int64_t rows = shape[0];
-  shape[0] = rows * size_;
-  at::Tensor result = at::empty(shape, input.options());
-  const int64_t bytes = (size_ - 1) * static_cast<int64_t>(input.nbytes());
+  const AllGatherShape shape = all_gather_shape(input, size_);
+  at::Tensor result = at::empty(shape.result, input.options());
+  const int64_t bytes = shape.sent_bytes;
   if (result.numel() == 0) {
     record_collective(CollectiveOp::kAllGather, bytes, 0.0, counters().get());
     return finished_collective_work(result.to(local.device()));
   }
-  input = input.reshape(result.narrow(0, 0, rows).sizes());
+  input = input.reshape(shape.block);
   auto work = issue("all_gather",
                     [&](c10d::Backend& group) { return group._allgather_base(result, input); });
   return std::make_unique<NcclWork>(

@@ -82,6 +82,15 @@ TEST(GpuStepHostReads, DenseStepsReadNothingUntilTheirResultsAreRead) {
   EXPECT_EQ(counted.read.by_site, (std::map<std::string, int64_t>{{"step results", 1}}));
 }
 
+// float16 with dynamic loss scaling: whether to step is the host's decision, one read of the
+// found-inf flag per step (unscaled and flagged on the device, the flag reduced there).
+TEST(GpuStepHostReads, Float16StepsReadOnlyTheFoundInfFlag) {
+  const Counted counted = count_reads(
+      dense_config({"model_init_dtype=float16", "fsdp_config.mix_precision.param_dtype=float16"}));
+  EXPECT_EQ(counted.steps.by_site, (std::map<std::string, int64_t>{{"loss scaler: found inf", 3}}));
+  EXPECT_EQ(counted.read.by_site, (std::map<std::string, int64_t>{{"step results", 1}}));
+}
+
 // The bf16 MoE model with fp32 main params and Muon + AdamW (configs/qwen2_moe_tiny.yaml,
 // shrunk; 4 micro-batches of 1): the only reads are the MoE dispatch's, num_layers x micro-batches
 // per step.
@@ -99,14 +108,21 @@ TEST(GpuStepHostReads, MoeStepsReadOnlyTheTokensPerExpert) {
 // parameter-count check reads on its first step only (and when a rank's count changes).
 MIXTRAIN_WORKER(fsdp_host_reads) {
   const DeviceMesh mesh = worker.make_mesh();
-  Trainer trainer(dense_config({"parallel.dp_shard=2", "data.global_batch_size=8"}), mesh,
-                  (worker.dir / ("run" + std::to_string(worker.rank.rank))).string());
+  const std::string dtype = worker.get("DTYPE", "bfloat16");
+  Trainer trainer(
+      dense_config({"parallel.dp_shard=2", "data.global_batch_size=8", "model_init_dtype=" + dtype,
+                    "fsdp_config.mix_precision.param_dtype=" + dtype}),
+      mesh, (worker.dir / ("run" + std::to_string(worker.rank.rank))).string());
   trainer.step();
   trainer.step();
   reset_host_reads();
   std::vector<UnreadStepResult> unread;
   for (int i = 0; i < 3; ++i) unread.push_back(trainer.step_unread());
-  EXPECT_EQ(host_reads().total, 0) << ::testing::PrintToString(host_reads().by_site);
+  // float16: the found-inf flag, reduced over dp_shard on the device, read once per step.
+  const std::map<std::string, int64_t> expected =
+      dtype == "float16" ? std::map<std::string, int64_t>{{"loss scaler: found inf", 3}}
+                         : std::map<std::string, int64_t>{};
+  EXPECT_EQ(host_reads().by_site, expected);
   reset_host_reads();
   const std::vector<StepResult> results = read_step_results(unread, mesh);
   EXPECT_EQ(host_reads().by_site, (std::map<std::string, int64_t>{{"step results", 1}}));
@@ -117,8 +133,11 @@ MIXTRAIN_WORKER(fsdp_host_reads) {
 TEST(GpuStepHostReads, FsdpStepsReadNothingUntilTheirResultsAreRead) {
   ParallelConfig parallel;
   parallel.dp_shard = 2;
-  const testing::WorkerResult result = testing::run_workers("fsdp_host_reads", 2, parallel);
-  EXPECT_TRUE(result.all_ok()) << result.summary();
+  for (const char* dtype : {"bfloat16", "float16"}) {
+    const testing::WorkerResult result =
+        testing::run_workers("fsdp_host_reads", 2, parallel, {{"DTYPE", dtype}});
+    EXPECT_TRUE(result.all_ok()) << dtype << ": " << result.summary();
+  }
 }
 
 }  // namespace MIXTRAIN_FILE_LOCAL

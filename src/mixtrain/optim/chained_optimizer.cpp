@@ -414,6 +414,11 @@ void ChainedOptimizer::grads_and_placements(std::vector<at::Tensor>& grads,
 }
 
 bool ChainedOptimizer::any_piece_holder(bool local) {
+  return read_int64(any_piece_holder(at::full({1}, local ? 1 : 0, at::kLong)),
+                    "found inf: over the pieces groups") > 0;
+}
+
+at::Tensor ChainedOptimizer::any_piece_holder(const at::Tensor& local) {
   // The pieces groups first, then the tp groups of tp-split parameters: after the first
   // rounds every rank of one tp index agrees, the tp rounds join the tp indices.
   std::vector<Collectives*> groups;
@@ -428,11 +433,10 @@ bool ChainedOptimizer::any_piece_holder(bool local) {
     const ParamPlacement& placement = entries_.at(name).placement;
     if (placement.tp_split()) add(placement.tp_group.get());
   }
-  bool any = local;
+  at::Tensor any = local.to(at::kLong).reshape({1}).clone();
   for (Collectives* group : groups) {
-    at::Tensor flag = at::full({1}, any ? 1 : 0, at::kLong);
-    group->all_reduce_sum(flag);
-    any = read_int64(flag, "found inf: over the pieces groups") > 0;
+    group->all_reduce_sum(any);
+    any = any.clamp_max(1);  // 0 or 1 again, whatever the group size
   }
   return any;
 }

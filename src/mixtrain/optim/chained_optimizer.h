@@ -183,6 +183,9 @@ class ChainedOptimizer : public TrainingOptimizer {
   // then one round over each tp group of a tp-split parameter (tp slices differ; parameters
   // whole on every tp rank have identical grads there).
   bool any_piece_holder(bool local);
+  // The same on a flag tensor (int64 [1], 0 or 1; on the groups' device or the CPU), not read:
+  // summed over each group in turn, so the result is > 0 wherever any holder's flag was.
+  at::Tensor any_piece_holder(const at::Tensor& local);
 
   // main_grad of `name` if it was created since the last zero_grad, else undefined.
   at::Tensor main_grad_if_defined(const std::string& name) const;

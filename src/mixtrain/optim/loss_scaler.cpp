@@ -24,18 +24,40 @@ DynamicLossScaler::DynamicLossScaler(DynamicLossScalerOptions options)
 }
 
 bool DynamicLossScaler::unscale_and_check(const std::vector<at::Tensor>& grads) const {
+  return read_int64(unscale_and_flag(grads), "loss scaler: found inf") != 0;
+}
+
+at::Tensor DynamicLossScaler::unscale_and_flag(const std::vector<at::Tensor>& grads) const {
   const double inv_scale = 1.0 / scale_;
-  // One flag on the grads' device, read once: a single host synchronisation per step on a GPU,
-  // not one per tensor. Every grad is unscaled even after an overflow: the grads stay
-  // consistent for a caller that inspects them, and the step is skipped anyway.
-  at::Tensor all_finite;
+  std::vector<at::Tensor> defined;
   for (const auto& grad : grads) {
-    if (!grad.defined()) continue;
+    if (grad.defined()) defined.push_back(grad);
+  }
+  if (defined.empty()) return at::zeros({1}, at::kLong);
+  const c10::Device device = defined.front().device();
+  bool one_cuda_device = device.is_cuda();
+  for (const auto& grad : defined) {
+    one_cuda_device = one_cuda_device && grad.device() == device &&
+                      at::isFloatingType(grad.scalar_type()) && grad.scalar_type() != at::kDouble;
+  }
+  if (one_cuda_device) {
+    // grad * float(1 / scale) in float, as mul_ by the double scalar computes it.
+    const auto options = at::TensorOptions().dtype(at::kFloat).device(device);
+    at::Tensor found = at::zeros({1}, options);
+    at::_amp_foreach_non_finite_check_and_unscale_(defined, found,
+                                                   at::full({1}, inv_scale, options));
+    return (found > 0).to(at::kLong);
+  }
+  // One flag on the grads' device, read (if at all) once. Every grad is unscaled even after an
+  // overflow: the grads stay consistent for a caller that inspects them, and the step is
+  // skipped anyway.
+  at::Tensor all_finite;
+  for (const auto& grad : defined) {
     grad.mul_(inv_scale);
     const at::Tensor finite = at::isfinite(grad).all();
     all_finite = all_finite.defined() ? all_finite.logical_and(finite) : finite;
   }
-  return all_finite.defined() && read_int64(all_finite, "loss scaler: found inf") == 0;
+  return all_finite.logical_not().to(at::kLong).reshape({1});
 }
 
 void DynamicLossScaler::update(bool found_inf) {

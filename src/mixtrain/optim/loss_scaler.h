@@ -31,8 +31,12 @@ class DynamicLossScaler {
 
   double scale() const { return scale_; }
   // Multiplies every defined grad in place by 1 / scale() and returns true when any element
-  // of any of them is inf or nan.
+  // of any of them is inf or nan (a host read of the flag below).
   bool unscale_and_check(const std::vector<at::Tensor>& grads) const;
+  // The same without reading: int64 [1], 1 when any element is inf or nan, else 0, on the
+  // grads' device (the CPU when none is defined). Grads all on one CUDA device take one
+  // multi-tensor pass (ATen's _amp_foreach_non_finite_check_and_unscale_, the same products).
+  at::Tensor unscale_and_flag(const std::vector<at::Tensor>& grads) const;
   void update(bool found_inf);
 
   int64_t skipped_steps() const { return skipped_steps_; }

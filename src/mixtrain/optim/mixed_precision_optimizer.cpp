@@ -10,6 +10,7 @@
 #include <unordered_set>
 
 #include "mixtrain/core/dtype.h"
+#include "mixtrain/core/host_sync.h"
 #include "mixtrain/core/logging.h"
 #include "mixtrain/core/text.h"
 
@@ -118,8 +119,12 @@ void MixedPrecisionOptimizer::prepare_grads() {
   }
   found_inf_ = false;
   if (scaler_) {
-    // Every rank skips the same steps: an overflow in one shard is every holder's.
-    found_inf_ = chained_->any_piece_holder(scaler_->unscale_and_check(grads_for_clipping()));
+    // Every rank skips the same steps: an overflow in one shard is every holder's. The flag is
+    // reduced over the groups on the grads' device and read once: the step's one host read in
+    // float16 (whether to step is the host's decision).
+    const at::Tensor flag =
+        chained_->any_piece_holder(scaler_->unscale_and_flag(grads_for_clipping()));
+    found_inf_ = read_int64(flag, "loss scaler: found inf") > 0;
     scaler_->update(found_inf_);
   }
 }

@@ -6,11 +6,10 @@ Protocol, on the pipes the test process holds: one request per line on stdin, a 
     {"argv": [SCRIPT, ARG...], "output": PATH, "errors": PATH2}
 runs SCRIPT as __main__ (runpy) with sys.argv = argv, its stdout (file descriptor 1, so output
 from C extensions too) into PATH and its stderr into PATH2 (both truncated; "errors" left out:
-stderr into PATH too); then one answer line on the
-original stdout:
+stderr into PATH too); then writes one answer line on the original stdout:
     exit CODE
-(between runs the server's own stderr, e.g. a traceback of its own, goes there too: the reader
-passes on every other line)
+Between runs the server's own stderr (e.g. a traceback of its own) goes to that stdout too:
+the reader passes on every line that is not an answer.
 CODE is what `python SCRIPT ARG...` would exit with: 0, SystemExit's code (1 for a message), 1
 for an uncaught exception (its traceback goes to PATH). Ends at end of input.
 

@@ -10,14 +10,12 @@
 #pragma once
 
 #include <gtest/gtest.h>
-#include <stdlib.h>
 #include <torch/nn/functional.h>
 #include <torch/types.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <map>

@@ -226,13 +226,7 @@ at::Tensor FullyShardedModel::gather_full(const std::string& name, const at::Ten
 
 at::Tensor FullyShardedModel::gather_global(const std::string& name,
                                             const at::Tensor& local) const {
-  const at::Tensor slice = gather_full(name, local);
-  const ParamPlacement& p = placement(name);
-  if (!p.tp_split()) return slice;
-  // all_gather concatenates along dim 0: bring tp_dim there and back.
-  return p.tp_group->all_gather(slice.movedim(p.tp_dim, 0).contiguous())
-      .movedim(0, p.tp_dim)
-      .contiguous();
+  return gather_global(std::vector<std::string>{name}, std::vector<at::Tensor>{local})[0];
 }
 
 namespace {

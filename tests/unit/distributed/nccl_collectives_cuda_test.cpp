@@ -27,25 +27,17 @@
 #include "mixtrain/core/error.h"
 #include "mixtrain/distributed/collective_checks.h"
 #include "mixtrain/distributed/nccl_collectives.h"
+#include "support/scoped_temp_dir.h"
 
 namespace mixtrain {
 namespace MIXTRAIN_FILE_LOCAL {
 
 const c10::Device kDevice(c10::kCUDA, 0);
 
-class TempDir {
+// A fresh temporary directory (for the FileStore), removed at scope exit.
+class TempDir : public test_support::ScopedTempDir {
  public:
-  TempDir() {
-    std::string pattern =
-        (std::filesystem::temp_directory_path() / "mixtrain-nccl-XXXXXX").string();
-    if (mkdtemp(pattern.data()) == nullptr) throw std::runtime_error("mkdtemp failed");
-    path_ = pattern;
-  }
-  ~TempDir() { std::filesystem::remove_all(path_); }
-  std::string file(const std::string& name) const { return path_ + "/" + name; }
-
- private:
-  std::string path_;
+  TempDir() : ScopedTempDir("mixtrain-nccl-") {}
 };
 
 c10::intrusive_ptr<c10d::Store> file_store(const std::string& path, int ranks,

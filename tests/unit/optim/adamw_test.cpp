@@ -10,7 +10,6 @@
 
 #include <cfloat>
 #include <cmath>
-#include <cstdlib>
 #include <cstring>
 #include <iostream>
 #include <limits>

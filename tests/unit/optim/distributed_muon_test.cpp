@@ -963,15 +963,22 @@ TEST(DistributedMuonTest, SetShardingRejectsWrongLayouts) {
   EXPECT_THROW(muon.set_sharding(stranger, {}), std::invalid_argument);
 }
 
+// Muon over a and b, each this rank's half (4 of 8 rows) of an 8 x 8 matrix sharded over `group`.
+Muon two_fsdp_halves(const at::Tensor& a, const at::Tensor& b,
+                     const std::shared_ptr<ThreadCollectives>& group) {
+  Muon muon(std::vector<at::Tensor>{a, b}, MuonOptions());
+  muon.set_sharding(a, {MuonSharding::Kind::kFsdp, {8, 8}, group, "a"});
+  muon.set_sharding(b, {MuonSharding::Kind::kFsdp, {8, 8}, group, "b"});
+  return muon;
+}
+
 TEST(DistributedMuonTest, RanksSteppingDifferentParamsFailOnEveryRank) {
   auto group = make_thread_group(2);
   std::vector<std::string> messages(2);
   run_ranks(2, [&](int rank) {
     at::Tensor a = at::ones({4, 8});
     at::Tensor b = at::ones({4, 8});
-    Muon muon(std::vector<at::Tensor>{a, b}, MuonOptions());
-    muon.set_sharding(a, {MuonSharding::Kind::kFsdp, {8, 8}, group[rank], "a"});
-    muon.set_sharding(b, {MuonSharding::Kind::kFsdp, {8, 8}, group[rank], "b"});
+    Muon muon = two_fsdp_halves(a, b, group[rank]);
     a.mutable_grad() = at::ones({4, 8});
     if (rank == 0) b.mutable_grad() = at::ones({4, 8});  // rank 1 has no grad for b
     try {
@@ -993,9 +1000,7 @@ TEST(DistributedMuonTest, TheParameterCheckRunsOnTheFirstStepAndWhenTheSetChange
   run_ranks(2, [&](int rank) {
     at::Tensor a = at::ones({4, 8});
     at::Tensor b = at::ones({4, 8});
-    Muon muon(std::vector<at::Tensor>{a, b}, MuonOptions());
-    muon.set_sharding(a, {MuonSharding::Kind::kFsdp, {8, 8}, group[rank], "a"});
-    muon.set_sharding(b, {MuonSharding::Kind::kFsdp, {8, 8}, group[rank], "b"});
+    Muon muon = two_fsdp_halves(a, b, group[rank]);
     for (int step = 1; step <= 4; ++step) {
       a.mutable_grad() = at::ones({4, 8});
       b.mutable_grad() = step < 3 ? at::ones({4, 8}) : at::Tensor();  // b has none from step 3

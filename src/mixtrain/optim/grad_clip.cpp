@@ -204,8 +204,11 @@ at::Tensor clip_grad_norm_unread(const std::vector<at::Tensor>& grads,
   }
   const at::Tensor norm = total.sqrt();
   if (max_norm > 0.0 && !groups.defined.empty()) {
+    // float(coefficient): what multiplying a float32/bf16/fp16 grad by the double scalar
+    // multiplies by (ATen's opmath is float), and the dtype of the multi-tensor fast path.
     const at::Tensor coefficient =
-        at::where(norm.isfinite(), (max_norm / (norm + 1e-6)).clamp_max(1.0), at::ones_like(norm));
+        at::where(norm.isfinite(), (max_norm / (norm + 1e-6)).clamp_max(1.0), at::ones_like(norm))
+            .to(at::kFloat);
     c10::NoGradGuard no_grad;
     at::_foreach_mul_(groups.defined, coefficient);
   }

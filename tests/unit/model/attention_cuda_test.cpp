@@ -97,8 +97,7 @@ TEST_P(AttentionCuda, FusedKernelMatchesTheReferenceAndTheMathPath) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Dtypes, AttentionCuda,
-                         ::testing::Values(torch::kBFloat16, torch::kHalf),
+INSTANTIATE_TEST_SUITE_P(Dtypes, AttentionCuda, ::testing::Values(torch::kBFloat16, torch::kHalf),
                          [](const auto& info) { return std::string(c10::toString(info.param)); });
 
 }  // namespace MIXTRAIN_FILE_LOCAL

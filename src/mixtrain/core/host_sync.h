@@ -1,5 +1,4 @@
-// Host reads of device values, counted (docs/architecture.md §7, "No host synchronisation in
-// the GPU step").
+// Host reads of device values, counted (docs/architecture.md §12, "Host reads are counted").
 //
 // On a GPU, a blocking read of a device tensor by the host (.item(), .cpu()) or a blocking copy
 // from pageable host memory to the device waits until the device's stream has run everything

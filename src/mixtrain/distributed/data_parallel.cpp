@@ -5,10 +5,14 @@
 namespace mixtrain {
 
 double average_over_data_parallel(double value, const DeviceMesh& mesh) {
-  if (mesh.world->size() == 1) return value;
-  at::Tensor total = at::full({1}, value, at::TensorOptions().dtype(at::kDouble));
+  return average_over_data_parallel(at::full({1}, value, at::kDouble), mesh).item<double>();
+}
+
+at::Tensor average_over_data_parallel(const at::Tensor& values, const DeviceMesh& mesh) {
+  at::Tensor total = values.contiguous().clone();
+  if (mesh.world->size() == 1) return total;
   mesh.world->all_reduce_sum(total);
-  return total.item<double>() / static_cast<double>(mesh.world->size());
+  return total / static_cast<double>(mesh.world->size());  // float64: x / n as on the host
 }
 
 }  // namespace mixtrain

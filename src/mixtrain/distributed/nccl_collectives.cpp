@@ -199,11 +199,8 @@ at::Tensor NcclCollectives::all_gather(const at::Tensor& local) {
 }
 
 at::Tensor NcclCollectives::reduce_scatter_sum(const at::Tensor& full) {
-  const at::ScalarType type = full.defined() ? full.scalar_type() : at::kFloat;
-  if (type == at::kBFloat16 || type == at::kByte || type == at::kChar) {
-    check_reduce_scatter(name_, size_, full, 0);  // throws: refused before any device copy
-  }
   at::Tensor input = on_device(full, "reduce_scatter_sum");
+  const at::ScalarType type = input.scalar_type();
   // float16 is summed in float32 and rounded once: the float32 bytes go on the wire.
   const int64_t wire_nbytes = static_cast<int64_t>(input.nbytes()) * (type == at::kHalf ? 2 : 1);
   const ReduceScatterShape checked = check_reduce_scatter(name_, size_, input, wire_nbytes);

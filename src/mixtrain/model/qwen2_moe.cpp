@@ -9,7 +9,6 @@
 #include <utility>
 #include <vector>
 
-#include "mixtrain/core/host_sync.h"
 #include "mixtrain/model/layers.h"
 #include "mixtrain/model/routed_experts.h"
 
@@ -67,16 +66,8 @@ class Qwen2MoeExperts : public torch::nn::Module {
   torch::Tensor forward_expert_parallel(ExpertDispatcher& dispatcher, const torch::Tensor& hidden,
                                         const torch::Tensor& selected_experts,
                                         const torch::Tensor& routing_weights) {
-    const int64_t top_k = selected_experts.size(1);
-    const auto flat_experts = selected_experts.reshape({-1});
-    const auto order =
-        std::get<1>(flat_experts.sort(/*stable=*/c10::optional<bool>(true), /*dim=*/0));
-    const auto counts =
-        read_to_host(torch::bincount(flat_experts, {}, num_experts_), "moe: tokens per expert");
-    const auto token_index = order.div(top_k, "floor");
-    const auto slot_weights = routing_weights.reshape({-1}).index_select(0, order);
-    const auto* count = counts.data_ptr<int64_t>();
-    const std::vector<int64_t> tokens_per_expert(count, count + num_experts_);
+    const ExpertRows sorted = rows_by_expert(selected_experts, routing_weights, num_experts_);
+    const std::vector<int64_t>& tokens_per_expert = sorted.per_expert;
 
     // One index_select per expert, as in forward(): backward then accumulates the hidden
     // gradient from the same per-expert pieces in the same order, so a rank's gradients match
@@ -84,9 +75,10 @@ class Qwen2MoeExperts : public torch::nn::Module {
     std::vector<torch::Tensor> rows;
     int64_t begin = 0;
     for (int64_t e = 0; e < num_experts_; ++e) {
-      if (count[e] == 0) continue;
-      rows.push_back(hidden.index_select(0, token_index.narrow(0, begin, count[e])));
-      begin += count[e];
+      if (tokens_per_expert[e] == 0) continue;
+      rows.push_back(
+          hidden.index_select(0, sorted.token_index.narrow(0, begin, tokens_per_expert[e])));
+      begin += tokens_per_expert[e];
     }
     const DispatchedTokens dispatched =
         dispatcher.token_dispatch(torch::cat(rows, 0), tokens_per_expert);
@@ -124,11 +116,11 @@ class Qwen2MoeExperts : public torch::nn::Module {
     // repeated indices of one call in float32 and rounds once, while forward() rounds to
     // bfloat16 after each expert; with 3 or more experts per token the two differ by bf16 ulps.
     const auto weighted =
-        (combined * slot_weights.unsqueeze(-1)).split_with_sizes(tokens_per_expert);
-    const auto indices = token_index.split_with_sizes(tokens_per_expert);
+        (combined * sorted.weights.unsqueeze(-1)).split_with_sizes(tokens_per_expert);
+    const auto indices = sorted.token_index.split_with_sizes(tokens_per_expert);
     auto final_hidden = torch::zeros_like(hidden);
     for (int64_t e = 0; e < num_experts_; ++e) {
-      if (count[e] > 0) final_hidden.index_add_(0, indices[e], weighted[e]);
+      if (tokens_per_expert[e] > 0) final_hidden.index_add_(0, indices[e], weighted[e]);
     }
     return access_.post_forward({"gate_proj", "up_proj", "down_proj"}, final_hidden);
   }

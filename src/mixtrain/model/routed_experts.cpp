@@ -18,28 +18,36 @@ torch::Tensor expert_order(const torch::Tensor& selected) {
 
 }  // namespace
 
+ExpertRows rows_by_expert(const torch::Tensor& selected, const torch::Tensor& weights,
+                          int64_t experts) {
+  ExpertRows rows;
+  rows.order = expert_order(selected);
+  const auto counts =
+      read_to_host(torch::bincount(selected.reshape({-1}), {}, experts), "moe: tokens per expert");
+  const auto* count = counts.data_ptr<int64_t>();
+  rows.per_expert.assign(count, count + experts);
+  rows.token_index = rows.order.div(selected.size(1), "floor");
+  rows.weights = weights.reshape({-1}).index_select(0, rows.order);
+  return rows;
+}
+
 torch::Tensor routed_experts_loop(const torch::Tensor& hidden, const torch::Tensor& selected,
                                   const torch::Tensor& weights, const torch::Tensor& gate,
                                   const torch::Tensor& up, const torch::Tensor& down) {
-  const int64_t top_k = selected.size(1), experts = gate.size(0);
-  const auto order = expert_order(selected);
-  const auto counts =
-      read_to_host(torch::bincount(selected.reshape({-1}), {}, experts), "moe: tokens per expert");
-  const auto token_index = order.div(top_k, "floor");
-  const auto slot_weights = weights.reshape({-1}).index_select(0, order);
+  const int64_t experts = gate.size(0);
+  const ExpertRows rows = rows_by_expert(selected, weights, experts);
   // unbind: one backward node that stacks the per-expert gradients, instead of one full-size
   // zero-padded gradient per select.
   const auto g = gate.unbind(0), u = up.unbind(0), d = down.unbind(0);
   auto out = torch::zeros_like(hidden);
-  const auto* count = counts.data_ptr<int64_t>();
   int64_t offset = 0;
   for (int64_t e = 0; e < experts; ++e) {
-    const int64_t n = count[e];
+    const int64_t n = rows.per_expert[e];
     if (n == 0) continue;
-    const auto idx = token_index.narrow(0, offset, n);
+    const auto idx = rows.token_index.narrow(0, offset, n);
     const auto x = hidden.index_select(0, idx);
     auto y = at::linear(torch::silu(at::linear(x, g[e])) * at::linear(x, u[e]), d[e]);
-    y = y * slot_weights.narrow(0, offset, n).unsqueeze(-1);
+    y = y * rows.weights.narrow(0, offset, n).unsqueeze(-1);
     out.index_add_(0, idx, y);
     offset += n;
   }

@@ -17,7 +17,23 @@
 
 #include <torch/types.h>
 
+#include <cstdint>
+#include <vector>
+
 namespace mixtrain {
+
+// The (token, slot) rows sorted by expert (a stable sort: tokens stay in order within an
+// expert, so every later sum is independent of the sort implementation), each row's token and
+// routing weight, and the rows per expert as the host reads them (one counted read). The loop
+// form's and expert parallelism's dispatch (model/qwen2_moe.cpp).
+struct ExpertRows {
+  torch::Tensor order;        // [T * k] row -> its (token, slot) index, in expert order
+  torch::Tensor token_index;  // [T * k] its token
+  torch::Tensor weights;      // [T * k] its routing weight
+  std::vector<int64_t> per_expert;
+};
+ExpertRows rows_by_expert(const torch::Tensor& selected, const torch::Tensor& weights,
+                          int64_t experts);
 
 torch::Tensor routed_experts_loop(const torch::Tensor& hidden, const torch::Tensor& selected,
                                   const torch::Tensor& weights, const torch::Tensor& gate,

@@ -383,19 +383,17 @@ std::vector<StepResult> read_step_results(const std::vector<UnreadStepResult>& s
   std::vector<StepResult> results;
   if (steps.empty()) return results;
   std::vector<torch::Tensor> values;
-  for (const UnreadStepResult& s : steps) values.push_back(s.values.to(steps[0].values.device()));
-  // One read for every step; then one all-reduce of the losses over the world (Gloo: host
-  // values), each element the sum average_over_data_parallel takes.
+  for (const UnreadStepResult& s : steps) values.push_back(s.values);
+  // One read for every step; then one all-reduce of their losses over the world (Gloo: host
+  // values).
   const torch::Tensor host = read_to_host(torch::stack(values), "step results").contiguous();
-  torch::Tensor losses = host.narrow(1, 0, 2).contiguous();
-  const double ranks = static_cast<double>(mesh.world->size());
-  if (mesh.world->size() > 1) mesh.world->all_reduce_sum(losses);
+  const torch::Tensor losses = average_over_data_parallel(host.narrow(1, 0, 2), mesh);
   for (size_t i = 0; i < steps.size(); ++i) {
     StepResult r = steps[i].known;
-    const double* loss = losses.data_ptr<double>() + 2 * i;
-    r.loss = mesh.world->size() > 1 ? loss[0] / ranks : loss[0];
-    r.aux_loss = mesh.world->size() > 1 ? loss[1] / ranks : loss[1];
-    r.grad_norm = host.data_ptr<double>()[3 * i + 2];
+    const auto row = static_cast<int64_t>(i);
+    r.loss = losses[row][0].item<double>();  // host tensors: no wait
+    r.aux_loss = losses[row][1].item<double>();
+    r.grad_norm = host[row][2].item<double>();
     results.push_back(r);
   }
   return results;
@@ -434,7 +432,7 @@ UnreadStepResult Trainer::compute_gradients_unread() {
     grad_norm = optimizer_->chained().clip_grad_norm_unread(config.train.max_grad_norm);
   }
   pending_.known = result;
-  pending_.values = torch::cat({loss, grad_norm.to(loss.device()).reshape({1})});
+  pending_.values = torch::cat({loss, stage_to_device(grad_norm, loss.device()).reshape({1})});
   return pending_;
 }
 

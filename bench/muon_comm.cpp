@@ -52,6 +52,8 @@
 #include "mixtrain/optim/chained_optimizer.h"
 #include "mixtrain/optim/distributed_muon.h"
 #include "mixtrain/optim/muon.h"
+#include "mixtrain/optim/muon_config.h"
+#include "mixtrain/optim/optimizer_table.h"
 #include "mixtrain/optim/training_optimizer.h"
 #include "mixtrain/trainer/trainer.h"
 
@@ -134,10 +136,9 @@ int worker_main(const std::string& config_path) {
   ChainedOptimizer& chained = trainer.optimizer().chained();
   // The wire dtype distributed_muon.cpp picks for one group: bfloat16 when Newton–Schulz runs
   // in bfloat16, else muon_communication_dtype.
-  const int64_t wire_bytes = config.optimizer.muon.ns_dtype == "bfloat16" ||
-                                     config.optimizer.muon.communication_dtype == "bfloat16"
-                                 ? 2
-                                 : 4;
+  const mixtrain::MuonOptions& muon = mixtrain::muon_config(config).options;
+  const int64_t wire_bytes =
+      muon.ns_dtype() == at::kBFloat16 || muon.communication_dtype() == at::kBFloat16 ? 2 : 4;
   int64_t matrices = 0, elements = 0, gather_bytes = 0, local_tensors = 0, local_elements = 0;
   for (const auto& placement : trainer.sharded()->placements()) {
     if (dynamic_cast<Muon*>(&chained.leaf_of(placement.name)) == nullptr) continue;  // AdamW
@@ -194,6 +195,7 @@ std::string mib(double bytes) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  mixtrain::register_optimizer_sections();  // before any config is read
   program_name() = "bench_muon_comm";
   const std::string worker_config = env_or(kWorkerEnv, "");
   if (!worker_config.empty()) return worker_exit_code([&] { return worker_main(worker_config); });

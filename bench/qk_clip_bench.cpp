@@ -36,6 +36,7 @@
 #include "mixtrain/model/init_dtype.h"
 #include "mixtrain/model/max_logit_recorder.h"
 #include "mixtrain/model/registry.h"
+#include "mixtrain/optim/optimizer_table.h"
 
 namespace {
 
@@ -87,6 +88,7 @@ void report(const char* what, const Pair& pair) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  mixtrain::register_optimizer_sections();  // before any config is read
   mixtrain::bench::program_name() = "bench_qk_clip_bench";
   int rounds = 21, attention_calls = 50;
   for (int i = 1; i < argc; ++i) {

@@ -51,6 +51,7 @@
 #include "bench_support.h"
 #include "mixtrain/config/load.h"
 #include "mixtrain/model/registry.h"
+#include "mixtrain/optim/optimizer_table.h"
 #include "mixtrain/optim/routing.h"
 
 namespace {
@@ -264,6 +265,7 @@ void report_failure(const RunResult& run) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  mixtrain::register_optimizer_sections();  // before any config is read
   program_name() = "bench_swap_optimizer";
   const Options options = parse_options(argc, argv);
   require_executable(options.binary);

@@ -44,6 +44,7 @@
 #include "mixtrain/optim/build_optimizer.h"
 #include "mixtrain/optim/chained_optimizer.h"
 #include "mixtrain/optim/leaf_optimizer.h"
+#include "mixtrain/optim/optimizer_table.h"
 #include "mixtrain/optim/param_groups.h"
 #include "mixtrain/optim/state_swap.h"
 #include "mixtrain/optim/swap_pinned_tier.h"
@@ -238,6 +239,7 @@ bool bitwise_equal(const at::Tensor& a, const at::Tensor& b) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  mixtrain::register_optimizer_sections();  // before any config is read
   const Options o = parse(argc, argv);
   if (at::accelerator::getAccelerator() != c10::kCUDA || at::accelerator::deviceCount() == 0) {
     std::printf("skipped: no CUDA device\n");

@@ -13,7 +13,9 @@
 #include <vector>
 
 #include "mixtrain/distributed/device_mesh.h"
+#include "mixtrain/optim/adamw_config.h"
 #include "mixtrain/optim/chained_optimizer.h"
+#include "mixtrain/optim/muon_config.h"
 #include "support/trainer_probe.h"
 #include "tools/cli_test_util.h"
 
@@ -127,15 +129,15 @@ TEST(DeviceCrossing, FirstStepsMatchTheCpuRun) {
   const ResolvedConfig config =
       checkpoint_test_config({"optimizer.muon_config.muon_ns_dtype=float32"});
   // The assumptions of bound (1).
-  ASSERT_EQ(config.config.optimizer.muon.adjust_lr_fn, "match_rms_adamw");
-  ASSERT_EQ(config.config.optimizer.muon.matched_adamw_rms, 0.2);
-  ASSERT_EQ(config.config.optimizer.adamw.betas[0], 0.9);
-  ASSERT_EQ(config.config.optimizer.adamw.betas[1], 0.999);
+  ASSERT_EQ(muon_config(config.config).options.adjust_lr_fn(), AdjustLrFn::kMatchRmsAdamw);
+  ASSERT_EQ(muon_config(config.config).options.matched_adamw_rms(), 0.2);
+  ASSERT_EQ(std::get<0>(adamw_config(config.config).betas()), 0.9);
+  ASSERT_EQ(std::get<1>(adamw_config(config.config).betas()), 0.999);
   Trainer cpu(config, mesh_on(at::kCPU), dir.file("cpu"));
   Trainer gpu(config, mesh_on(kGpu), dir.file("gpu"));
   expect_identical(whole_model_params(gpu), whole_model_params(cpu), "initial weights");
   ChainedOptimizer& chained = cpu.optimizer().chained();
-  const double adamw_eps = config.config.optimizer.adamw.eps;
+  const double adamw_eps = adamw_config(config.config).eps();
   for (int step = 1; step <= 3; ++step) {
     const auto want = as_map(recorded_step(cpu));
     const auto got = as_map(on_cpu(recorded_step(gpu)));
@@ -147,7 +149,8 @@ TEST(DeviceCrossing, FirstStepsMatchTheCpuRun) {
       SCOPED_TRACE("step " + std::to_string(step) + ": " + name);
       const at::Tensor p_cpu = want.at("main." + name), p_gpu = got.at("main." + name);
       const bool muon = chained.leaf_of(name).kind() == "muon";
-      const double eta = muon ? config.config.optimizer.muon.lr : config.config.optimizer.adamw.lr;
+      const double eta =
+          muon ? muon_config(config.config).options.lr() : adamw_config(config.config).lr();
       const double per_step =
           muon
               ? 1.2 * 0.2 * std::sqrt(static_cast<double>(std::max(p_cpu.size(-2), p_cpu.size(-1))))

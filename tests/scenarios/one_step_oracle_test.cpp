@@ -32,7 +32,9 @@
 #include "mixtrain/model/causal_lm.h"
 #include "mixtrain/model/init_dtype.h"
 #include "mixtrain/model/registry.h"
+#include "mixtrain/optim/adamw_config.h"
 #include "mixtrain/optim/chained_optimizer.h"
+#include "mixtrain/optim/muon_config.h"
 #include "mixtrain/trainer/trainer.h"
 #include "support/trainer_probe.h"
 
@@ -110,13 +112,13 @@ bool no_decay(const std::string& name) {
 // torch.optim.AdamW's first step (t = 1, zero moments), float64:
 //   p <- p (1 - lr wd);  m = (1 - b1) g;  v = (1 - b2) g^2
 //   p <- p - lr / (1 - b1) * m / (sqrt(v) / sqrt(1 - b2) + eps)
-at::Tensor adamw_first_step(const at::Tensor& p, const at::Tensor& g, const AdamWConfig& c,
-                            double weight_decay) {
-  const double b1 = c.betas[0], b2 = c.betas[1];
+at::Tensor adamw_first_step(const at::Tensor& p, const at::Tensor& g,
+                            const torch::optim::AdamWOptions& c, double weight_decay) {
+  const double b1 = std::get<0>(c.betas()), b2 = std::get<1>(c.betas());
   const at::Tensor m = (1 - b1) * g;
   const at::Tensor v = (1 - b2) * g * g;
-  const at::Tensor denom = v.sqrt() / std::sqrt(1 - b2) + c.eps;
-  return p * (1 - c.lr * weight_decay) - (c.lr / (1 - b1)) * m / denom;
+  const at::Tensor denom = v.sqrt() / std::sqrt(1 - b2) + c.eps();
+  return p * (1 - c.lr() * weight_decay) - (c.lr() / (1 - b1)) * m / denom;
 }
 
 // The asym5 Newton-Schulz schedule (docs/architecture.md §5: five per-step triples).
@@ -153,15 +155,14 @@ at::Tensor newton_schulz(const at::Tensor& u, double eps, c10::ScalarType dtype)
 // Muon's first step, float64 (Newton-Schulz in ns_dtype): momentum (sum style) buf = g,
 // Nesterov u = g + mu * buf; O = newton_schulz(u); p <- p (1 - lr wd) - lr * scale * O with
 // scale (match_rms_adamw) = matched_adamw_rms * sqrt(max(A, B)). `update` gets lr * scale * O.
-at::Tensor muon_first_step(const at::Tensor& p, const at::Tensor& g, const MuonConfig& c,
+at::Tensor muon_first_step(const at::Tensor& p, const at::Tensor& g, const MuonOptions& c,
                            at::Tensor* update) {
-  const at::Tensor u = g + c.momentum * g;
-  const at::Tensor o =
-      newton_schulz(u, c.ns_epsilon, c.ns_dtype == "float32" ? at::kFloat : at::kBFloat16);
+  const at::Tensor u = g + c.momentum() * g;
+  const at::Tensor o = newton_schulz(u, c.ns_epsilon(), c.ns_dtype());
   const double scale =
-      c.matched_adamw_rms * std::sqrt(static_cast<double>(std::max(p.size(-2), p.size(-1))));
-  *update = c.lr * scale * o;
-  return p * (1 - c.lr * c.weight_decay) - *update;
+      c.matched_adamw_rms() * std::sqrt(static_cast<double>(std::max(p.size(-2), p.size(-1))));
+  *update = c.lr() * scale * o;
+  return p * (1 - c.lr() * c.weight_decay()) - *update;
 }
 
 // ---- the trainer's step, recorded -----------------------------------------------------------
@@ -193,12 +194,12 @@ void run_one_step_against_the_oracle(const std::vector<std::string>& overrides,
   ASSERT_EQ(config.optimizer.target, "Muon");
   ASSERT_EQ(config.optimizer.routing, "yaml");
   ASSERT_TRUE(config.optimizer.fp32_main_params);
-  ASSERT_EQ(config.optimizer.muon.ns_variant, "asym5");
-  ASSERT_EQ(config.optimizer.muon.ns_steps, 5);
-  ASSERT_EQ(config.optimizer.muon.momentum_style, "sum");
-  ASSERT_TRUE(config.optimizer.muon.nesterov);
-  ASSERT_EQ(config.optimizer.muon.adjust_lr_fn, "match_rms_adamw");
-  ASSERT_TRUE(config.optimizer.muon.adamw_keywords.empty());
+  ASSERT_EQ(muon_config(config).options.ns_variant(), "asym5");
+  ASSERT_EQ(muon_config(config).options.ns_steps(), 5);
+  ASSERT_EQ(muon_config(config).options.momentum_style(), MomentumStyle::kSum);
+  ASSERT_TRUE(muon_config(config).options.nesterov());
+  ASSERT_EQ(muon_config(config).options.adjust_lr_fn(), AdjustLrFn::kMatchRmsAdamw);
+  ASSERT_TRUE(muon_config(config).adamw_keywords.empty());
 
   Trainer trainer(resolved, make_single_process_mesh(),
                   std::filesystem::temp_directory_path().string());
@@ -232,7 +233,7 @@ void run_one_step_against_the_oracle(const std::vector<std::string>& overrides,
 
   const OracleGrads oracle = oracle_grads(*reference, config);
   // Constant schedule without warm-up: step 1 runs at the configured lrs.
-  ASSERT_DOUBLE_EQ(rec.result.lr, config.optimizer.adamw.lr);
+  ASSERT_DOUBLE_EQ(rec.result.lr, adamw_config(config).lr());
   // Loss: the same bfloat16 forward; only the float32 cross-entropy is computed by other ops
   // (log_softmax + gather vs cross_entropy): a few float32 ulps, 1e-6 relative is ~10x that.
   EXPECT_NEAR(rec.result.loss, oracle.loss, 1e-6 * oracle.loss);
@@ -266,7 +267,7 @@ void run_one_step_against_the_oracle(const std::vector<std::string>& overrides,
     at::Tensor want, bound;
     if (rec.kind[name] == "muon") {
       at::Tensor update;
-      want = muon_first_step(p, g, config.optimizer.muon, &update);
+      want = muon_first_step(p, g, muon_config(config).options, &update);
       // float32 rounding of p's update (2^-23 relative, twice), plus the Newton-Schulz
       // difference (rounding amplified by the iteration): muon_tolerance.
       const at::Tensor rounding = p.abs() * std::ldexp(1.0, -22) + 1e-30;
@@ -280,11 +281,11 @@ void run_one_step_against_the_oracle(const std::vector<std::string>& overrides,
                                 << allowed << ", update " << update.norm().item<double>();
       }
     } else {
-      const double wd = no_decay(name) ? 0.0 : config.optimizer.adamw.weight_decay;
-      want = adamw_first_step(p, g, config.optimizer.adamw, wd);
+      const double wd = no_decay(name) ? 0.0 : adamw_config(config).weight_decay();
+      want = adamw_first_step(p, g, adamw_config(config), wd);
       // A float32 pass of six operations: 4 float32 ulps (2^-21 relative) of p and of the
       // update, which is at most lr at step 1 (m / denom = (1 - b1) g / (|g| + eps)).
-      bound = (p.abs() + config.optimizer.adamw.lr) * std::ldexp(1.0, -21) + 1e-30;
+      bound = (p.abs() + adamw_config(config).lr()) * std::ldexp(1.0, -21) + 1e-30;
     }
     if (bound.defined()) {
       EXPECT_LE(worst_ratio(main, want, bound), 1.0)

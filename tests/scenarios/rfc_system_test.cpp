@@ -41,6 +41,7 @@
 
 #include "mixtrain/checkpoint/storage.h"
 #include "mixtrain/core/logging.h"
+#include "mixtrain/optim/adamw_config.h"
 #include "support/multiprocess.h"
 #include "support/trainer_probe.h"
 
@@ -209,7 +210,7 @@ void compare_with_reference(const std::string& optimizer, int64_t top_k, bool ro
   const DeviceMesh mesh = make_single_process_mesh();
   const std::string checkpoints = (run.dir() / "checkpoints").string();
   const ParallelConfig one_process;
-  ASSERT_EQ(system_config(optimizer, top_k, one_process).config.optimizer.adamw.lr, kAdamWLr);
+  ASSERT_EQ(adamw_config(system_config(optimizer, top_k, one_process).config).lr(), kAdamWLr);
   Trainer free_running(system_config(optimizer, top_k, one_process), mesh, run.dir().string());
   for (int step = 1; step <= kSteps; ++step) {
     SCOPED_TRACE("step " + std::to_string(step));

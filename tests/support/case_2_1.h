@@ -27,6 +27,7 @@
 #include "mixtrain/distributed/fsdp.h"
 #include "mixtrain/model/init_dtype.h"
 #include "mixtrain/model/qwen2_moe.h"
+#include "mixtrain/optim/adamw_config.h"
 #include "mixtrain/optim/build_optimizer.h"
 #include "mixtrain/optim/grad_clip.h"
 #include "mixtrain/optim/mixed_precision_optimizer.h"
@@ -42,7 +43,7 @@ inline TrainerConfig rfc_config(const std::string& target) {
   config.model_init_dtype = "bfloat16";
   config.optimizer.target = target;
   config.optimizer.fp32_main_params = true;
-  config.optimizer.adamw.lr = 1e-2;  // large enough that every step moves the bf16 params
+  adamw_config(config).lr(1e-2);  // large enough that every step moves the bf16 params
   config.mix_precision.param_dtype = "bfloat16";
   config.mix_precision.reduce_dtype = "float32";
   config.mix_precision.output_dtype = "bfloat16";

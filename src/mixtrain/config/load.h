@@ -16,7 +16,7 @@
 namespace mixtrain {
 
 struct ResolvedLeaf {
-  std::string key;  // canonical dotted path, e.g. "optimizer.adamw_config.adamw_lr"
+  std::string key;  // canonical dotted path, e.g. "train.lr_scheduler.decay"
   std::string value;
   ValueSource source;
   // The key as written when the dialect spells it differently (TOML), or what a derived value

@@ -15,19 +15,13 @@
 #include <utility>
 #include <vector>
 
+#include "mixtrain/config/section.h"
 #include "mixtrain/config/trainer_config.h"
 
 namespace mixtrain {
 
-// What a section's check may do: the validator's error reporting (ConfigError naming the key
-// as the user wrote it, with ", got <value>" appended).
-class ModelKeyChecker {
- public:
-  virtual ~ModelKeyChecker() = default;
-  virtual void positive(const std::string& key, double value) const = 0;
-  virtual void non_negative(const std::string& key, double value) const = 0;
-  [[noreturn]] virtual void fail_value(const std::string& key, const std::string& rule) const = 0;
-};
+// What a section's check may do (section.h).
+using ModelKeyChecker = ConfigChecker;
 
 struct ModelSection {
   std::string name;                   // model.name
@@ -38,6 +32,9 @@ struct ModelSection {
   // Tensor parallelism: this model's own keys whose sizes are split over parallel.tp (beyond
   // the common num_heads, num_kv_heads, vocab_size), each with its value; tp must divide each.
   std::function<std::vector<std::pair<std::string, int64_t>>(const ModelConfig&)> tp_split_sizes;
+  // Per-head RMSNorm on queries and keys: the attention logits do not depend on the q/k
+  // projections' scale.
+  bool qk_norm = false;
 };
 
 // In model/registry.cpp's order.

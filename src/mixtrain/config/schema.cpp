@@ -5,10 +5,18 @@
 #include <cstdio>
 #include <cstdlib>
 #include <optional>
+#include <stdexcept>
 #include <type_traits>
 #include <unordered_map>
 
 namespace mixtrain {
+
+void freeze_config_sections();  // section.cpp
+
+namespace {
+// The registered sections' leaves follow this key (ConfigSectionSpec::slot "optimizer").
+constexpr const char* kOptimizerSlotAfter = "optimizer.fp32_main_params";
+}  // namespace
 
 std::string format_number(double value) {
   char buffer[64];
@@ -186,39 +194,6 @@ std::vector<LeafSpec> build_leaves() {
       MIXTRAIN_LEAF("checkpoint.restore_optimizer", checkpoint.restore_optimizer),
       MIXTRAIN_LEAF("optimizer._target_", optimizer.target),
       MIXTRAIN_LEAF("optimizer.fp32_main_params", optimizer.fp32_main_params),
-      MIXTRAIN_LEAF("optimizer.muon_config.muon_lr", optimizer.muon.lr),
-      MIXTRAIN_LEAF("optimizer.muon_config.muon_weight_decay", optimizer.muon.weight_decay),
-      MIXTRAIN_LEAF("optimizer.muon_config.muon_momentum", optimizer.muon.momentum),
-      MIXTRAIN_LEAF("optimizer.muon_config.muon_nesterov", optimizer.muon.nesterov),
-      MIXTRAIN_LEAF("optimizer.muon_config.muon_ns_steps", optimizer.muon.ns_steps),
-      MIXTRAIN_LEAF("optimizer.muon_config.muon_ns_variant", optimizer.muon.ns_variant),
-      MIXTRAIN_LEAF("optimizer.muon_config.muon_ns_coefficients", optimizer.muon.ns_coefficients),
-      MIXTRAIN_LEAF("optimizer.muon_config.muon_ns_epsilon", optimizer.muon.ns_epsilon),
-      MIXTRAIN_LEAF("optimizer.muon_config.muon_ns_dtype", optimizer.muon.ns_dtype),
-      MIXTRAIN_LEAF("optimizer.muon_config.muon_matched_adamw_rms",
-                    optimizer.muon.matched_adamw_rms),
-      MIXTRAIN_LEAF("optimizer.muon_config.muon_adjust_lr_fn", optimizer.muon.adjust_lr_fn),
-      MIXTRAIN_LEAF("optimizer.muon_config.muon_momentum_style", optimizer.muon.momentum_style),
-      MIXTRAIN_LEAF("optimizer.muon_config.muon_communication_dtype",
-                    optimizer.muon.communication_dtype),
-      MIXTRAIN_LEAF("optimizer.muon_config.muon_normuon", optimizer.muon.normuon),
-      MIXTRAIN_LEAF("optimizer.muon_config.muon_normuon_beta2", optimizer.muon.normuon_beta2),
-      MIXTRAIN_LEAF("optimizer.muon_config.muon_normuon_epsilon", optimizer.muon.normuon_epsilon),
-      MIXTRAIN_LEAF("optimizer.muon_config.muon_cautious_weight_decay",
-                    optimizer.muon.cautious_weight_decay),
-      MIXTRAIN_LEAF("optimizer.muon_config.muon_per_head", optimizer.muon.per_head),
-      MIXTRAIN_LEAF("optimizer.muon_telemetry", optimizer.muon_telemetry),
-      MIXTRAIN_LEAF("optimizer.muon_config.muon_qk_clip_tau", optimizer.muon.qk_clip_tau),
-      MIXTRAIN_LEAF("optimizer.muon_config.muon_adamw_keywords", optimizer.muon.adamw_keywords),
-      MIXTRAIN_LEAF("optimizer.adamw_config.adamw_lr", optimizer.adamw.lr),
-      MIXTRAIN_LEAF("optimizer.adamw_config.adamw_weight_decay", optimizer.adamw.weight_decay),
-      MIXTRAIN_LEAF("optimizer.adamw_config.adamw_betas", optimizer.adamw.betas),
-      MIXTRAIN_LEAF("optimizer.adamw_config.adamw_eps", optimizer.adamw.eps),
-      MIXTRAIN_LEAF("optimizer.sgd_config.sgd_lr", optimizer.sgd.lr),
-      MIXTRAIN_LEAF("optimizer.sgd_config.sgd_momentum", optimizer.sgd.momentum),
-      MIXTRAIN_LEAF("optimizer.sgd_config.sgd_dampening", optimizer.sgd.dampening),
-      MIXTRAIN_LEAF("optimizer.sgd_config.sgd_weight_decay", optimizer.sgd.weight_decay),
-      MIXTRAIN_LEAF("optimizer.sgd_config.sgd_nesterov", optimizer.sgd.nesterov),
       MIXTRAIN_DERIVED_LEAF("optimizer.routing", optimizer.routing),
       MIXTRAIN_LEAF("optimizer.swap_optimizer", optimizer.swap_optimizer),
       MIXTRAIN_LEAF("optimizer.swap_merge_buckets", optimizer.swap_merge_buckets),
@@ -239,7 +214,24 @@ std::vector<LeafSpec> build_leaves() {
 }  // namespace
 
 const std::vector<LeafSpec>& canonical_leaves() {
-  static const std::vector<LeafSpec> leaves = build_leaves();
+  static const std::vector<LeafSpec> leaves = [] {
+    freeze_config_sections();
+    std::vector<LeafSpec> own = build_leaves();
+    std::vector<LeafSpec> all;
+    for (LeafSpec& leaf : own) {
+      const bool slot_follows = leaf.key == kOptimizerSlotAfter;
+      all.push_back(std::move(leaf));
+      if (!slot_follows) continue;
+      for (const ConfigSectionSpec& section : config_sections()) {
+        if (section.slot != "optimizer") {
+          throw std::logic_error("config section '" + section.name + "': unknown slot '" +
+                                 section.slot + "'");
+        }
+        all.insert(all.end(), section.leaves.begin(), section.leaves.end());
+      }
+    }
+    return all;
+  }();
   return leaves;
 }
 

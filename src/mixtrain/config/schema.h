@@ -1,28 +1,23 @@
-// The canonical key table: one entry per TrainerConfig field, named by its canonical dotted
-// YAML key ("optimizer.adamw_config.adamw_lr"), with a typed setter and a formatter.
+// The canonical key table: one entry per leaf of the tree, named by its canonical dotted YAML
+// key ("train.steps"), with a typed setter and a formatter: config/'s own leaves, with the
+// registered sections' leaves (section.h) in their slot.
 //
 // The YAML front end reads these keys directly; the TOML front end maps its own keys onto
 // them; `config show` and the start-up log list them in this order. A few leaves (dialect,
 // source_file, optimizer.routing) are filled in by the loader and cannot be set by a file.
 #pragma once
 
-#include <functional>
+#include <array>
 #include <string>
 #include <vector>
 
 #include "mixtrain/config/document.h"
+#include "mixtrain/config/section.h"
 #include "mixtrain/config/trainer_config.h"
 
 namespace mixtrain {
 
-struct LeafSpec {
-  std::string key;
-  bool settable = true;  // false: set only by the loader, never from a file or --set
-  std::function<void(TrainerConfig&, const DocValue&, const Where&)> assign;  // type-checked
-  std::function<std::string(const TrainerConfig&)> format;
-};
-
-// Every leaf, in display order.
+// Every leaf, in display order; the first call freezes the section registry.
 const std::vector<LeafSpec>& canonical_leaves();
 // The leaf with this canonical key, or nullptr.
 const LeafSpec* find_canonical_leaf(const std::string& key);

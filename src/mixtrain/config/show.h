@@ -1,7 +1,7 @@
 // `mixtrain config show`: every resolved leaf as aligned columns key, value, source and, where
-// the dialect spells the key differently or the value was derived, where it came from. Then a
-// `note:` line where a value names what runs only indirectly (muon_ns_variant quintic: asym5's
-// triples; polar_express: which published set, with its input scaling).
+// the dialect spells the key differently or the value was derived, where it came from. Then the
+// registered sections' `note:` lines (section.h), where a value names what runs only
+// indirectly.
 #pragma once
 
 #include <string>

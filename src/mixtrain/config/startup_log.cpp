@@ -22,10 +22,28 @@ std::string format_rows(const std::string& title, const std::vector<Row>& rows) 
   return title + "\n" + format_text_table(cells);
 }
 
-// One row per canonical leaf under `prefix` (and each of `also`, by its key after its last
-// dot): default, configured, final.
-std::string effective_block(const ResolvedConfig& resolved, const std::string& title,
-                            const std::string& prefix, const std::vector<std::string>& also = {}) {
+}  // namespace
+
+std::string format_trainer_config_block(const ResolvedConfig& resolved) {
+  return "Trainer config:\n" + format_leaf_table(resolved, "  ", false);
+}
+
+std::string format_model_config_block(const ModelConfig& model) {
+  TrainerConfig holder;
+  holder.model = model;
+  std::ostringstream out;
+  out << "Model config:\n";
+  const std::string prefix = "model.";
+  for (const LeafSpec& spec : canonical_leaves()) {
+    if (spec.key.rfind(prefix, 0) != 0 || !model_reads_key(model.name, spec.key)) continue;
+    out << "  " << spec.key.substr(prefix.size()) << ": " << spec.format(holder) << "\n";
+  }
+  return out.str();
+}
+
+std::string format_effective_block(const ResolvedConfig& resolved, const std::string& title,
+                                   const std::string& prefix,
+                                   const std::vector<std::string>& also) {
   const TrainerConfig defaults = dialect_default_config(resolved.config.dialect);
   std::vector<Row> rows = {{"parameter", "constructor default", "configured", "final"}};
   for (const LeafSpec& spec : canonical_leaves()) {
@@ -47,48 +65,4 @@ std::string effective_block(const ResolvedConfig& resolved, const std::string& t
   }
   return format_rows(title, rows);
 }
-
-}  // namespace
-
-std::string format_trainer_config_block(const ResolvedConfig& resolved) {
-  return "Trainer config:\n" + format_leaf_table(resolved, "  ", false);
-}
-
-std::string format_model_config_block(const ModelConfig& model) {
-  TrainerConfig holder;
-  holder.model = model;
-  std::ostringstream out;
-  out << "Model config:\n";
-  const std::string prefix = "model.";
-  for (const LeafSpec& spec : canonical_leaves()) {
-    if (spec.key.rfind(prefix, 0) != 0 || !model_reads_key(model.name, spec.key)) continue;
-    out << "  " << spec.key.substr(prefix.size()) << ": " << spec.format(holder) << "\n";
-  }
-  return out.str();
-}
-
-std::string format_effective_adamw_block(const ResolvedConfig& resolved) {
-  return effective_block(resolved, "Effective adamw config:", "optimizer.adamw_config.");
-}
-
-std::string format_effective_muon_block(const ResolvedConfig& resolved) {
-  if (resolved.config.optimizer.target != "Muon") {
-    const double tau = resolved.config.optimizer.muon.qk_clip_tau;
-    // QK-clip acts on the weights after any optimizer's step (optim/qk_clip.h).
-    return "Effective muon config: not used (optimizer._target_ is " +
-           resolved.config.optimizer.target + ")" +
-           (tau > 0 ? "; muon_qk_clip_tau " + format_number(tau) +
-                          " applies all the same: QK-clip runs after every step"
-                    : std::string()) +
-           "\n";
-  }
-  return effective_block(resolved, "Effective muon config:", "optimizer.muon_config.",
-                         {"optimizer.muon_telemetry"});
-}
-
-std::string format_effective_sgd_block(const ResolvedConfig& resolved) {
-  if (resolved.config.optimizer.target != "SGD") return "";
-  return effective_block(resolved, "Effective sgd config:", "optimizer.sgd_config.");
-}
-
 }  // namespace mixtrain

@@ -1,10 +1,10 @@
 #include "mixtrain/config/toml_front_end.h"
 
 #include <map>
-#include <optional>
 #include <set>
 
 #include "mixtrain/config/schema.h"
+#include "mixtrain/config/section.h"
 #include "mixtrain/core/logging.h"
 
 namespace mixtrain {
@@ -15,24 +15,6 @@ const std::vector<std::pair<std::string, std::string>>& renamed_keys() {
   static const std::vector<std::pair<std::string, std::string>> keys = [] {
     std::vector<std::pair<std::string, std::string>> result = {
         {"optimizer.name", "optimizer._target_"},
-        {"optimizer.lr", "optimizer.adamw_config.adamw_lr"},
-        {"optimizer.eps", "optimizer.adamw_config.adamw_eps"},
-        {"optimizer.weight_decay", "optimizer.adamw_config.adamw_weight_decay"},
-        {"optimizer.muon_momentum", "optimizer.muon_config.muon_momentum"},
-        {"optimizer.muon_enable_nesterov", "optimizer.muon_config.muon_nesterov"},
-        {"optimizer.muon_ns_steps", "optimizer.muon_config.muon_ns_steps"},
-        {"optimizer.muon_adjust_lr_fn", "optimizer.muon_config.muon_adjust_lr_fn"},
-        {"optimizer.muon_communication_dtype", "optimizer.muon_config.muon_communication_dtype"},
-        // mixtrain keys in torchtitan-npu's optimizer.muon_* style
-        {"optimizer.muon_normuon", "optimizer.muon_config.muon_normuon"},
-        {"optimizer.muon_normuon_beta2", "optimizer.muon_config.muon_normuon_beta2"},
-        {"optimizer.muon_normuon_epsilon", "optimizer.muon_config.muon_normuon_epsilon"},
-        {"optimizer.muon_cautious_weight_decay",
-         "optimizer.muon_config.muon_cautious_weight_decay"},
-        {"optimizer.muon_per_head", "optimizer.muon_config.muon_per_head"},
-        {"optimizer.muon_telemetry", "optimizer.muon_telemetry"},
-        {"optimizer.muon_ns_dtype", "optimizer.muon_config.muon_ns_dtype"},
-        {"optimizer.muon_qk_clip_tau", "optimizer.muon_config.muon_qk_clip_tau"},
         {"optimizer.swap_optimizer", "optimizer.swap_optimizer"},
         {"optimizer.swap_merge_buckets", "optimizer.swap_merge_buckets"},
         {"optimizer.swap_dir", "optimizer.swap_dir"},  // mixtrain keys, not torchtitan-npu's
@@ -74,35 +56,42 @@ const std::vector<std::pair<std::string, std::string>>& renamed_keys() {
     for (const LeafSpec& spec : canonical_leaves()) {
       if (spec.key.rfind("model.", 0) == 0) result.emplace_back(spec.key, spec.key);
     }
+    // The sections' plain renames.
+    for (const ConfigSectionSpec& section : config_sections()) {
+      for (const LeafSpec& leaf : section.leaves) {
+        if (!leaf.toml_key.empty() && !leaf.toml_by_section) {
+          result.emplace_back(leaf.toml_key, leaf.key);
+        }
+      }
+    }
     return result;
   }();
   return keys;
 }
 
-// TOML keys with torchtitan-npu semantics beyond a rename (handled in translate_toml).
+// TOML keys with torchtitan-npu semantics beyond a rename (handled in translate_toml and by
+// the sections' translate_toml).
 const std::vector<std::string>& special_keys() {
-  static const std::vector<std::string> keys = {
-      "job.dump_folder",
-      "job.description",
-      "job.custom_config_module",
-      "optimizer.muon_lr",
-      "optimizer.muon_hybrid_ns",
-      "optimizer.muon_ns_variant",
-      "optimizer.beta1",
-      "optimizer.beta2",
-      "training.global_batch_size",
-      "checkpoint.enable",
-      "checkpoint.folder",
-      "checkpoint.async_mode",
-      "checkpoint.initial_load_model_only",
-  };
+  static const std::vector<std::string> keys = [] {
+    std::vector<std::string> result = {
+        "job.dump_folder",          "job.description",
+        "job.custom_config_module", "training.global_batch_size",
+        "checkpoint.enable",        "checkpoint.folder",
+        "checkpoint.async_mode",    "checkpoint.initial_load_model_only",
+    };
+    for (const ConfigSectionSpec& section : config_sections()) {
+      result.insert(result.end(), section.toml_keys.begin(), section.toml_keys.end());
+    }
+    return result;
+  }();
   return keys;
 }
 
 // torchtitan's defaults where they differ from TrainerConfig's (which the YAML dialect uses).
 void apply_dialect_defaults(TrainerConfig& config) {
-  config.optimizer.adamw.lr = 8e-4;
-  config.optimizer.adamw.weight_decay = 0.1;
+  for (const ConfigSectionSpec& section : config_sections()) {
+    if (section.toml_defaults) section.toml_defaults(config);
+  }
   config.mix_precision.param_dtype = "bfloat16";
   config.mix_precision.reduce_dtype = "float32";
   config.checkpoint.interval = 500;
@@ -111,7 +100,7 @@ void apply_dialect_defaults(TrainerConfig& config) {
 }
 
 // The keys found in the document, by "section.key".
-class GivenKeys {
+class GivenKeys final : public TomlInput {
  public:
   GivenKeys(const DocValue& document, const std::string& file) : file_(file) {
     std::set<std::string> sections;
@@ -136,15 +125,15 @@ class GivenKeys {
     }
   }
 
-  const DocValue* find(const std::string& key) const {
+  const DocValue* find(const std::string& key) const override {
     const auto it = values_.find(key);
     return it == values_.end() ? nullptr : it->second;
   }
-  Where where(const std::string& key) const {
+  Where where(const std::string& key) const override {
     const DocValue* value = find(key);
     return {value != nullptr && value->from_override ? "--set" : file_, key};
   }
-  ValueSource source(const std::string& key) const {
+  ValueSource source(const std::string& key) const override {
     const DocValue* value = find(key);
     return value != nullptr && value->from_override ? ValueSource::kOverride : ValueSource::kFile;
   }
@@ -163,102 +152,21 @@ class GivenKeys {
 
 void record(Provenance& provenance, const std::string& canonical, ValueSource source,
             const std::string& toml_key) {
-  provenance.sources[canonical] = source;
-  provenance.spelled_as[canonical] = toml_key;
+  record_toml(provenance, canonical, source, toml_key);
 }
 
 void derive(Provenance& provenance, const std::string& canonical, const std::string& note) {
-  provenance.sources[canonical] = ValueSource::kDerived;
-  provenance.notes[canonical] = note;
+  record_derived(provenance, canonical, note);
 }
 
+// The optimizer sections' own translations (an optimizer without TOML keys refuses itself
+// there), and the routing rule of the dialect.
 void translate_optimizer(const GivenKeys& given, TrainerConfig& config, Provenance& provenance) {
-  OptimizerConfig& optimizer = config.optimizer;
-  MuonConfig& muon = optimizer.muon;
-  // torchtitan-npu's flat [optimizer] table has no per-optimizer section for SGD's momentum,
-  // dampening and nesterov, so SGD is a YAML-only optimizer (docs/config.md).
-  if (optimizer.target == "SGD") {
-    throw_config_error(given.where("optimizer.name"),
-                       "\"SGD\" is not available in the TOML dialect (its options have no TOML "
-                       "keys); use a YAML config with optimizer._target_: SGD and sgd_config");
+  for (const ConfigSectionSpec& section : config_sections()) {
+    if (section.translate_toml) section.translate_toml(given, config, provenance);
   }
-
-  const DocValue* beta1 = given.find("optimizer.beta1");
-  const DocValue* beta2 = given.find("optimizer.beta2");
-  if (beta1 != nullptr)
-    optimizer.adamw.betas[0] = read_float(*beta1, given.where("optimizer.beta1"));
-  if (beta2 != nullptr)
-    optimizer.adamw.betas[1] = read_float(*beta2, given.where("optimizer.beta2"));
-  if (beta1 == nullptr && beta2 == nullptr) {
-    optimizer.adamw.betas = {0.9, 0.95};
-    derive(provenance, "optimizer.adamw_config.adamw_betas", "torchtitan (beta1, beta2) defaults");
-  } else {
-    if (beta1 == nullptr) optimizer.adamw.betas[0] = 0.9;
-    if (beta2 == nullptr) optimizer.adamw.betas[1] = 0.95;
-    const std::string key = beta1 != nullptr ? "optimizer.beta1" : "optimizer.beta2";
-    record(provenance, "optimizer.adamw_config.adamw_betas", given.source(key),
-           "optimizer.beta1, optimizer.beta2");
-  }
-
-  muon.ns_epsilon = optimizer.adamw.eps;
-  derive(provenance, "optimizer.muon_config.muon_ns_epsilon", "optimizer.eps");
-  muon.weight_decay = optimizer.adamw.weight_decay;
-  derive(provenance, "optimizer.muon_config.muon_weight_decay", "optimizer.weight_decay");
-  muon.momentum_style = "ema_add";
-  derive(provenance, "optimizer.muon_config.muon_momentum_style", "torchtitan-npu Muon momentum");
-  muon.matched_adamw_rms = 0.18;
-  derive(provenance, "optimizer.muon_config.muon_matched_adamw_rms", "torchtitan-npu constant");
-  optimizer.routing = "toml";
+  config.optimizer.routing = "toml";
   derive(provenance, "optimizer.routing", "TOML dialect");
-
-  // muon_ns_variant (a mixtrain key) names any schedule; torchtitan-npu's muon_hybrid_ns only
-  // chooses between hybrid and legacy, so giving both is ambiguous and refused.
-  const DocValue* variant = given.find("optimizer.muon_ns_variant");
-  const DocValue* hybrid_flag = given.find("optimizer.muon_hybrid_ns");
-  if (variant != nullptr && hybrid_flag != nullptr) {
-    throw_config_error(given.where("optimizer.muon_ns_variant"),
-                       "set either optimizer.muon_ns_variant or optimizer.muon_hybrid_ns, not both "
-                       "(muon_hybrid_ns = true is muon_ns_variant = \"hybrid\")");
-  }
-  if (variant != nullptr) {
-    muon.ns_variant = read_string(*variant, given.where("optimizer.muon_ns_variant"));
-    record(provenance, "optimizer.muon_config.muon_ns_variant",
-           given.source("optimizer.muon_ns_variant"), "optimizer.muon_ns_variant");
-  } else {
-    bool hybrid = false;
-    if (hybrid_flag != nullptr) {
-      hybrid = read_bool(*hybrid_flag, given.where("optimizer.muon_hybrid_ns"));
-    }
-    muon.ns_variant = hybrid ? "hybrid" : "legacy";
-    derive(provenance, "optimizer.muon_config.muon_ns_variant",
-           std::string("optimizer.muon_hybrid_ns = ") + (hybrid ? "true" : "false"));
-  }
-
-  std::optional<double> muon_lr;
-  if (const DocValue* v = given.find("optimizer.muon_lr")) {
-    muon_lr = read_float(*v, given.where("optimizer.muon_lr"));
-  }
-  const std::string lr_key = "optimizer.muon_config.muon_lr";
-  if (muon.adjust_lr_fn == "original") {
-    if (muon_lr) {
-      muon.lr = *muon_lr;
-      record(provenance, lr_key, given.source("optimizer.muon_lr"), "optimizer.muon_lr");
-    } else {
-      muon.lr = optimizer.adamw.lr;
-      derive(provenance, lr_key, "optimizer.lr (muon_lr not set, muon_adjust_lr_fn = original)");
-    }
-  } else {
-    muon.lr = optimizer.adamw.lr;
-    std::string note = "optimizer.lr (muon_adjust_lr_fn = " + muon.adjust_lr_fn + ")";
-    if (muon_lr) {
-      note += "; optimizer.muon_lr = " + format_number(*muon_lr) + " ignored";
-      log_warn(given.where("optimizer.muon_lr").origin + ": optimizer.muon_lr = " +
-               format_number(*muon_lr) + " is ignored: muon_adjust_lr_fn = \"" + muon.adjust_lr_fn +
-               "\" makes Muon use optimizer.lr = " + format_number(optimizer.adamw.lr) +
-               " (set muon_adjust_lr_fn = \"original\" to use muon_lr)");
-    }
-    derive(provenance, lr_key, note);
-  }
 }
 
 void translate_training_and_checkpoint(const GivenKeys& given, TrainerConfig& config,
@@ -325,9 +233,11 @@ std::string toml_key_for(const std::string& canonical_key) {
   for (const auto& [toml_key, canonical] : renamed_keys()) {
     if (canonical == canonical_key) return toml_key;
   }
-  if (canonical_key == "optimizer.adamw_config.adamw_betas") return "optimizer.beta1";
-  if (canonical_key == "optimizer.muon_config.muon_lr") return "optimizer.muon_lr";
-  if (canonical_key == "optimizer.muon_config.muon_ns_variant") return "optimizer.muon_ns_variant";
+  for (const ConfigSectionSpec& section : config_sections()) {
+    for (const LeafSpec& leaf : section.leaves) {
+      if (leaf.key == canonical_key && leaf.toml_by_section) return leaf.toml_key;
+    }
+  }
   return "";
 }
 

@@ -1,13 +1,11 @@
 // TOML dialect (torchtitan-npu keys and semantics): document -> TrainerConfig.
 //
 // Sections [job] [optimizer] [training] [lr_scheduler] [parallelism] [checkpoint] [metrics]
-// [model]. Most keys map one-to-one onto a canonical key; the rest follow torchtitan-npu:
-// betas (0.9, 0.95); `eps` is also the Newton-Schulz epsilon; `weight_decay` is shared by
-// Muon and AdamW; momentum ema_add; matched_adamw_rms 0.18; muon_hybrid_ns picks hybrid or
-// legacy coefficients; the Muon lr is muon_lr (falling back to lr) in "original" mode and lr
-// in "match_rms_adamw" mode, where a set muon_lr is ignored with a warning; routing "toml".
-// Absent [optimizer] keys and the mixed-precision keys take torchtitan's defaults; docs/config.md
-// lists every key.
+// [validation] [profiling] [comm] [model]. Most keys map one-to-one onto a canonical key; the
+// rest follow torchtitan (global batch, checkpoint folder and modes). The optimizer sections
+// (section.h) add their own TOML keys, defaults and translation (the flat [optimizer] table's
+// shared lr, eps and weight decay: optim/optimizer_table.h); the routing rule is "toml".
+// docs/config.md lists every key.
 #pragma once
 
 #include <string>

@@ -11,6 +11,8 @@
 #include <string>
 #include <vector>
 
+#include "mixtrain/config/section_values.h"
+
 namespace mixtrain {
 
 // One struct for every model (config/model_sections.h says which keys each model reads; a key
@@ -117,65 +119,18 @@ struct CheckpointConfig {
   bool restore_optimizer = true;
 };
 
-struct AdamWConfig {
-  double lr = 1e-3;
-  std::array<double, 2> betas = {0.9, 0.999};
-  double eps = 1e-8;
-  double weight_decay = 0.01;
-};
+// optimizer._target_ of a config that names none: the section registered as the default
+// (section.h); "" before any is registered.
+std::string default_optimizer_target();
 
-// ns_variant hybrid: the legacy coefficients for this many Newton-Schulz steps, then
-// (2.0, -1.5, 0.5) (optim/newton_schulz.h).
-constexpr int64_t kHybridLegacySteps = 8;
-
-struct MuonConfig {
-  double lr = 0.02;
-  double weight_decay = 0.0;
-  double momentum = 0.95;
-  bool nesterov = true;
-  int64_t ns_steps = 5;
-  // legacy | asym5 | quintic (= asym5) | hybrid | polar_express | custom
-  std::string ns_variant = "asym5";
-  std::vector<std::array<double, 3>> ns_coefficients;  // custom only
-  double ns_epsilon = 1e-7;
-  std::string ns_dtype = "bfloat16";  // bfloat16 | float32
-  double matched_adamw_rms = 0.2;
-  std::string adjust_lr_fn = "match_rms_adamw";  // original | match_rms_adamw
-  std::string momentum_style = "sum";            // sum | ema | ema_add
-  // Wire dtype of distributed Muon's all_to_all / all_gather: bfloat16 | float32.
-  std::string communication_dtype = "bfloat16";
-  // NorMuon (optim/normuon.h): per-row second moment of the orthogonalized update.
-  bool normuon = false;
-  double normuon_beta2 = 0.95;
-  double normuon_epsilon = 1e-10;
-  // Decay only where update and parameter agree in sign (arXiv 2510.12402).
-  bool cautious_weight_decay = false;
-  // Newton–Schulz per attention head of q/k/v/o (blocks of model.head_dim), not per matrix.
-  bool per_head = false;
-  // QK-clip (MuonClip, optim/qk_clip.h): heads whose max attention logit exceeds this get their
-  // q/k projections rescaled after each step. 0 = off; > 0 when set.
-  double qk_clip_tau = 0.0;
-  std::vector<std::string> adamw_keywords;  // extra names routed to AdamW
-};
-
-// torch.optim.SGD's defaults (YAML only: the TOML dialect has no SGD).
-struct SgdConfig {
-  double lr = 1e-3;
-  double momentum = 0.0;
-  double dampening = 0.0;
-  double weight_decay = 0.0;
-  bool nesterov = false;
-};
-
+// The optimizer stack's generic keys; each optimizer's own options are a section it registers
+// (optim/optimizer_table.h), held in `options` (optimizer.options.get<ItsConfig>()).
 struct OptimizerConfig {
-  std::string target = "AdamW";  // AdamW | Muon | SGD (dotted seed paths are normalised)
+  // An optimizer's name (dotted seed paths are normalised); the registered default.
+  std::string target = default_optimizer_target();
   bool fp32_main_params = false;
-  AdamWConfig adamw;
-  MuonConfig muon;
-  SgdConfig sgd;
-  std::string routing = "yaml";  // yaml | toml: which dialect's Muon routing rule applies
-  // Muon's orthogonality error and update RMS per group on log steps (optim/muon_telemetry.h).
-  bool muon_telemetry = false;
+  SectionValues options;
+  std::string routing = "yaml";  // yaml | toml: which dialect's routing rule applies
   bool swap_optimizer = false;
   int64_t swap_merge_buckets = 1;
   std::string swap_dir;         // where the per-rank swap files go; empty: <run-dir>/swap

@@ -9,16 +9,17 @@
 #include "mixtrain/config/load.h"
 #include "mixtrain/config/model_sections.h"
 #include "mixtrain/config/schema.h"
+#include "mixtrain/config/section.h"
 
 namespace mixtrain {
 namespace {
 
-class Checker final : public ModelKeyChecker {
+class Checker final : public ConfigChecker {
  public:
   Checker(const TrainerConfig& config, const Provenance& provenance)
       : config_(config), provenance_(provenance) {}
 
-  [[noreturn]] void fail(const std::string& key, const std::string& rule) const {
+  [[noreturn]] void fail(const std::string& key, const std::string& rule) const override {
     throw_config_error({provenance_.origin_of(key), provenance_.user_key(key)}, rule);
   }
   // "got <value>" as the config shows it, so the user sees what was actually resolved.
@@ -33,7 +34,10 @@ class Checker final : public ModelKeyChecker {
     if (!(value >= 0)) fail_value(key, "must be >= 0");
   }
   // Whether the user gave `key` (file, --set, or derived from a key they gave).
-  bool was_set(const std::string& key) const {
+  bool derived(const std::string& key) const {
+    return provenance_.source(key) == ValueSource::kDerived;
+  }
+  bool was_set(const std::string& key) const override {
     return provenance_.source(key) != ValueSource::kDefault;
   }
   void unit_interval_open_right(const std::string& key, double value) const {
@@ -53,7 +57,9 @@ class Checker final : public ModelKeyChecker {
     fail(key, "must be one of " + list + ", got '" + value + "'");
   }
   // Another key named inside a rule, spelled as the user's dialect spells it.
-  std::string key(const std::string& canonical) const { return provenance_.user_key(canonical); }
+  std::string key(const std::string& canonical) const override {
+    return provenance_.user_key(canonical);
+  }
   void dtype(const std::string& key, const std::string& value) const {
     one_of(key, value, {"float16", "bfloat16", "float32"});
   }
@@ -231,91 +237,23 @@ void check_train_and_checkpoint(const Checker& check, const TrainerConfig& c) {
   check.non_negative("checkpoint.keep_last", c.checkpoint.keep_last);
 }
 
-void check_optimizer(const Checker& check, const OptimizerConfig& o) {
-  // SGD has no TOML keys (toml_front_end.cpp refuses it with the reason).
-  if (o.routing == "toml") {
-    check.one_of("optimizer._target_", o.target, {"AdamW", "Muon"});
-  } else {
-    check.one_of("optimizer._target_", o.target, {"AdamW", "Muon", "SGD"});
-  }
-  check.non_negative("optimizer.adamw_config.adamw_lr", o.adamw.lr);
-  check.non_negative("optimizer.adamw_config.adamw_weight_decay", o.adamw.weight_decay);
-  check.positive("optimizer.adamw_config.adamw_eps", o.adamw.eps);
-  for (double beta : o.adamw.betas) {
-    check.unit_interval_open_right("optimizer.adamw_config.adamw_betas", beta);
-  }
-
-  // torch.optim.SGD's refusals.
-  const SgdConfig& sgd = o.sgd;
-  check.non_negative("optimizer.sgd_config.sgd_lr", sgd.lr);
-  check.non_negative("optimizer.sgd_config.sgd_momentum", sgd.momentum);
-  check.non_negative("optimizer.sgd_config.sgd_weight_decay", sgd.weight_decay);
-  if (sgd.nesterov && (sgd.momentum <= 0 || sgd.dampening != 0)) {
-    check.fail("optimizer.sgd_config.sgd_nesterov",
-               "requires sgd_momentum > 0 and sgd_dampening 0 (as torch.optim.SGD)");
-  }
-
-  const MuonConfig& m = o.muon;
-  check.non_negative("optimizer.muon_config.muon_lr", m.lr);
-  check.non_negative("optimizer.muon_config.muon_weight_decay", m.weight_decay);
-  check.unit_interval_open_right("optimizer.muon_config.muon_momentum", m.momentum);
-  check.positive("optimizer.muon_config.muon_ns_steps", m.ns_steps);
-  check.one_of("optimizer.muon_config.muon_ns_variant", m.ns_variant,
-               {"legacy", "asym5", "quintic", "hybrid", "polar_express", "custom"});
-  const std::string coefficients = "optimizer.muon_config.muon_ns_coefficients";
-  if (m.ns_variant == "custom") {
-    if (m.ns_coefficients.empty()) {
-      check.fail(coefficients, "is required when muon_ns_variant is custom");
+// The generic keys, then every registered section: each leaf's own rule (those the user set
+// or left at the default first, then those derived from other keys, so a bad value is named by
+// the key the user wrote), then the sections' rules across keys.
+void check_optimizer(const Checker& check, const TrainerConfig& c) {
+  const OptimizerConfig& o = c.optimizer;
+  check.one_of("optimizer._target_", o.target, section_targets(o.routing == "toml"));
+  for (const bool derived : {false, true}) {
+    for (const ConfigSectionSpec& section : config_sections()) {
+      for (const LeafSpec& leaf : section.leaves) {
+        if (!leaf.problem || check.derived(leaf.key) != derived) continue;
+        const std::string problem = leaf.problem(c);
+        if (!problem.empty()) check.fail(leaf.key, problem);
+      }
     }
-    if (static_cast<int64_t>(m.ns_coefficients.size()) != m.ns_steps) {
-      check.fail(coefficients, "has " + std::to_string(m.ns_coefficients.size()) +
-                                   " [a, b, c] triples but muon_ns_steps is " +
-                                   std::to_string(m.ns_steps) + "; give one triple per step");
-    }
-  } else if (!m.ns_coefficients.empty()) {
-    check.fail(coefficients,
-               "is only used with muon_ns_variant: custom (variant is '" + m.ns_variant + "')");
   }
-  // asym5 (quintic) is a fixed five-step schedule; running it longer would silently cut or
-  // repeat it.
-  if ((m.ns_variant == "asym5" || m.ns_variant == "quintic") && m.ns_steps > 5) {
-    check.fail_value(
-        "optimizer.muon_config.muon_ns_steps",
-        "must be <= 5 with muon_ns_variant " + m.ns_variant + " (a five-step schedule)");
-  }
-  // Polar Express: two published sets, each designed for its own step count (a prefix of one
-  // is not the other), so any other count is refused rather than cut or repeated.
-  if (m.ns_variant == "polar_express" && m.ns_steps != 5 && m.ns_steps != 8) {
-    check.fail_value("optimizer.muon_config.muon_ns_steps",
-                     "must be 5 or 8 with muon_ns_variant polar_express (its published 5-step "
-                     "and 8-step sets)");
-  }
-  check.positive("optimizer.muon_config.muon_ns_epsilon", m.ns_epsilon);
-  check.one_of("optimizer.muon_config.muon_ns_dtype", m.ns_dtype, {"bfloat16", "float32"});
-  check.positive("optimizer.muon_config.muon_matched_adamw_rms", m.matched_adamw_rms);
-  check.one_of("optimizer.muon_config.muon_adjust_lr_fn", m.adjust_lr_fn,
-               {"original", "match_rms_adamw"});
-  check.one_of("optimizer.muon_config.muon_momentum_style", m.momentum_style,
-               {"sum", "ema", "ema_add"});
-  check.one_of("optimizer.muon_config.muon_communication_dtype", m.communication_dtype,
-               {"bfloat16", "float32"});
-  check.unit_interval_open_right("optimizer.muon_config.muon_normuon_beta2", m.normuon_beta2);
-  check.positive("optimizer.muon_config.muon_normuon_epsilon", m.normuon_epsilon);
-  // Asked-for telemetry that cannot exist would be the silent failure it is meant to catch.
-  if (o.muon_telemetry && o.target != "Muon") {
-    check.fail("optimizer.muon_telemetry",
-               "needs optimizer._target_ Muon (it watches Muon's Newton-Schulz; the "
-               "target is " +
-                   o.target + ")");
-  }
-  if (!(m.qk_clip_tau >= 0) || !std::isfinite(m.qk_clip_tau)) {
-    check.fail_value("optimizer.muon_config.muon_qk_clip_tau",
-                     "must be a finite number >= 0 (0: QK-clip off)");
-  }
-  for (const std::string& keyword : m.adamw_keywords) {
-    if (keyword.empty()) {
-      check.fail("optimizer.muon_config.muon_adamw_keywords", "must not contain empty names");
-    }
+  for (const ConfigSectionSpec& section : config_sections()) {
+    if (section.check) section.check(c, check);
   }
   check.one_of("optimizer.routing", o.routing, {"yaml", "toml"});
   check.positive("optimizer.swap_merge_buckets", o.swap_merge_buckets);
@@ -346,15 +284,7 @@ void validate_config(const TrainerConfig& config, const Provenance& provenance) 
   check_model(check, config.model);
   check_data_and_parallel(check, config);
   check_train_and_checkpoint(check, config);
-  check_optimizer(check, config.optimizer);
-  // QK-clip rescales the q/k projections; with per-head q/k RMSNorm (qwen3_moe) the logits do
-  // not depend on that scale, so the clip could never bound them.
-  if (config.optimizer.muon.qk_clip_tau > 0 && config.model.name == "qwen3_moe") {
-    check.fail_value("optimizer.muon_config.muon_qk_clip_tau",
-                     "must be 0 with model.name qwen3_moe: its per-head q/k RMSNorm makes the "
-                     "attention logits independent of the q/k projections' scale, which QK-clip "
-                     "rescales");
-  }
+  check_optimizer(check, config);
 }
 
 void validate_config(const TrainerConfig& config) {
@@ -374,28 +304,9 @@ void validate_config(const ResolvedConfig& resolved) {
 
 std::vector<std::string> config_warnings(const TrainerConfig& config) {
   std::vector<std::string> warnings;
-  const MuonConfig& muon = config.optimizer.muon;
-  if (config.optimizer.target == "Muon" && muon.ns_variant == "hybrid" &&
-      muon.ns_steps <= kHybridLegacySteps) {
-    const bool toml = config.dialect == "toml";
-    const std::string steps = std::to_string(muon.ns_steps);
-    const std::string keys =
-        toml ? "optimizer.muon_hybrid_ns = true with optimizer.muon_ns_steps = " + steps
-             : "optimizer.muon_config.muon_ns_variant: hybrid with "
-               "optimizer.muon_config.muon_ns_steps: " +
-                   steps;
-    warnings.push_back(
-        keys +
-        " runs plain legacy Newton-Schulz: hybrid uses the legacy coefficients (3.4445, "
-        "-4.7750, 2.0315) for its first " +
-        std::to_string(kHybridLegacySteps) +
-        " steps and (2.0, -1.5, 0.5) only after them, so all " + steps +
-        " steps are legacy; set muon_ns_steps > " + std::to_string(kHybridLegacySteps) +
-        " for the hybrid tail");
-  }
-  if (config.optimizer.target != "Muon" && muon.per_head) {
-    warnings.push_back("optimizer.muon_config.muon_per_head has no effect: optimizer._target_ is " +
-                       config.optimizer.target + ", not Muon");
+  for (const ConfigSectionSpec& section : config_sections()) {
+    if (!section.warnings) continue;
+    for (std::string& warning : section.warnings(config)) warnings.push_back(std::move(warning));
   }
   return warnings;
 }

@@ -1,8 +1,9 @@
 // YAML dialect (hyper-parallel keys, canonical): document -> TrainerConfig.
 //
 // Every settable canonical key is accepted verbatim; sections may be empty (null). Unknown keys
-// are errors naming the closest valid key. optimizer._target_ accepts AdamW, Muon and the seed's
-// dotted class paths, normalised to "AdamW" / "Muon". Range checks live in validate.h.
+// are errors naming the closest valid key. optimizer._target_ accepts an optimizer's name and
+// the seed's dotted class paths, normalised to the class name. Range checks live in
+// validate.h.
 #pragma once
 
 #include "mixtrain/config/document.h"

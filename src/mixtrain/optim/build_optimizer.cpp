@@ -9,6 +9,7 @@
 #include "mixtrain/optim/chained_optimizer.h"
 #include "mixtrain/optim/mixed_precision_optimizer.h"
 #include "mixtrain/optim/muon.h"
+#include "mixtrain/optim/muon_config.h"
 #include "mixtrain/optim/optimizer_table.h"
 #include "mixtrain/optim/routing.h"
 
@@ -77,7 +78,7 @@ std::unique_ptr<TrainingOptimizer> build_optimizer(
       auto leaf = leaves.find(entry.name);
       if (leaf == leaves.end()) continue;
       std::unique_ptr<LeafOptimizer> made = entry.make(leaf->second.groups, optimizer);
-      if (auto* muon = dynamic_cast<Muon*>(made.get()); muon && optimizer.muon.per_head)
+      if (auto* muon = dynamic_cast<Muon*>(made.get()); muon && muon_config(config).per_head)
         split_attention_heads(*muon, leaf->second.named, config.model.head_dim);
       chained->add_leaf(std::move(made), leaf->second.named);
     }

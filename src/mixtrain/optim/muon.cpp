@@ -14,6 +14,7 @@
 #include "mixtrain/optim/kernels/muon_kernel.h"
 #include "mixtrain/optim/muon_fused.h"
 #include "mixtrain/optim/normuon.h"
+#include "mixtrain/optim/option_fields.h"
 
 namespace mixtrain {
 
@@ -123,60 +124,92 @@ MuonMomentumScalars momentum_scalars(const MuonOptions& options) {
 
 }  // namespace
 
-MuonOptions MuonOptions::from_config(const MuonConfig& config) {
-  const auto ns_dtype = parse_float_dtype(config.ns_dtype);
-  if (!ns_dtype) {
-    throw std::invalid_argument("unknown muon_ns_dtype '" + config.ns_dtype +
-                                "' (expected bfloat16 or float32)");
-  }
-  MuonOptions options;
-  options.lr(config.lr)
-      .weight_decay(config.weight_decay)
-      .momentum(config.momentum)
-      .nesterov(config.nesterov)
-      .ns_steps(config.ns_steps)
-      .ns_variant(config.ns_variant)
-      .ns_coefficients(config.ns_coefficients)
-      .ns_epsilon(config.ns_epsilon)
-      .ns_dtype(*ns_dtype)
-      .matched_adamw_rms(config.matched_adamw_rms)
-      .adjust_lr_fn(parse_adjust_lr_fn(config.adjust_lr_fn))
-      .momentum_style(parse_momentum_style(config.momentum_style))
-      .communication_dtype(parse_muon_communication_dtype(config.communication_dtype))
-      .normuon(config.normuon)
-      .normuon_beta2(config.normuon_beta2)
-      .normuon_epsilon(config.normuon_epsilon)
-      .cautious_weight_decay(config.cautious_weight_decay);
-  options.validate();
-  return options;
+const std::vector<OptionField<MuonOptions>>& muon_option_fields() {
+  using F = OptionField<MuonOptions>;
+  const NumberCodec number;
+  const ChoiceCodec<c10::ScalarType> wire{{{"bfloat16", at::kBFloat16}, {"float32", at::kFloat}}};
+  // A checkpoint or a program may run Newton-Schulz in float64; a config file may not.
+  ChoiceCodec<c10::ScalarType> ns_dtype = wire;
+  ns_dtype.json_only = {{"float64", at::kDouble}};
+  const auto dtype_rule = [](const ChoiceCodec<c10::ScalarType>& codec) {
+    return [codec](c10::ScalarType v) -> std::string {
+      for (const auto* table : {&codec.names, &codec.json_only}) {
+        for (const auto& entry : *table) {
+          if (entry.second == v) return "";
+        }
+      }
+      return "must be one of " + codec.list() + ", got " + dtype_name(v);
+    };
+  };
+  static const std::vector<F> fields = {
+      option<MuonOptions>(
+          "lr", [](auto& o) -> auto& { return o.lr(); }, number, rule_non_negative)
+          .toml("optimizer.muon_lr", /*by_section=*/true)
+          .not_hyperparameter(),
+      option<MuonOptions>(
+          "weight_decay", [](auto& o) -> auto& { return o.weight_decay(); }, number,
+          rule_non_negative),
+      option<MuonOptions>(
+          "momentum", [](auto& o) -> auto& { return o.momentum(); }, number,
+          rule_unit_interval_open_right)
+          .toml("optimizer.muon_momentum"),
+      option<MuonOptions>(
+          "nesterov", [](auto& o) -> auto& { return o.nesterov(); }, FlagCodec{})
+          .toml("optimizer.muon_enable_nesterov"),
+      option<MuonOptions>(
+          "ns_steps", [](auto& o) -> auto& { return o.ns_steps(); }, IntegerCodec{},
+          [](int64_t v) { return rule_positive(double(v)); })
+          .toml("optimizer.muon_ns_steps"),
+      option<MuonOptions>(
+          "ns_variant", [](auto& o) -> auto& { return o.ns_variant(); }, TextCodec{},
+          rule_one_of({"legacy", "asym5", "quintic", "hybrid", "polar_express", "custom"}))
+          .toml("optimizer.muon_ns_variant", /*by_section=*/true),
+      option<MuonOptions>(
+          "ns_coefficients", [](auto& o) -> auto& { return o.ns_coefficients(); }, TriplesCodec{}),
+      option<MuonOptions>(
+          "ns_epsilon", [](auto& o) -> auto& { return o.ns_epsilon(); }, number, rule_positive),
+      option<MuonOptions>(
+          "ns_dtype", [](auto& o) -> auto& { return o.ns_dtype(); }, ns_dtype, dtype_rule(ns_dtype))
+          .toml("optimizer.muon_ns_dtype"),
+      option<MuonOptions>(
+          "matched_adamw_rms", [](auto& o) -> auto& { return o.matched_adamw_rms(); }, number,
+          rule_positive),
+      option<MuonOptions>(
+          "adjust_lr_fn", [](auto& o) -> auto& { return o.adjust_lr_fn(); },
+          ChoiceCodec<AdjustLrFn>{{{"original", AdjustLrFn::kOriginal},
+                                   {"match_rms_adamw", AdjustLrFn::kMatchRmsAdamw}}})
+          .toml("optimizer.muon_adjust_lr_fn"),
+      option<MuonOptions>(
+          "momentum_style", [](auto& o) -> auto& { return o.momentum_style(); },
+          ChoiceCodec<MomentumStyle>{{{"sum", MomentumStyle::kSum},
+                                      {"ema", MomentumStyle::kEma},
+                                      {"ema_add", MomentumStyle::kEmaAdd}}}),
+      option<MuonOptions>(
+          "communication_dtype", [](auto& o) -> auto& { return o.communication_dtype(); }, wire,
+          dtype_rule(wire))
+          .toml("optimizer.muon_communication_dtype"),
+      option<MuonOptions>(
+          "normuon", [](auto& o) -> auto& { return o.normuon(); }, FlagCodec{})
+          .toml("optimizer.muon_normuon"),
+      option<MuonOptions>(
+          "normuon_beta2", [](auto& o) -> auto& { return o.normuon_beta2(); }, number,
+          rule_unit_interval_open_right)
+          .toml("optimizer.muon_normuon_beta2"),
+      option<MuonOptions>(
+          "normuon_epsilon", [](auto& o) -> auto& { return o.normuon_epsilon(); }, number,
+          rule_positive)
+          .toml("optimizer.muon_normuon_epsilon"),
+      option<MuonOptions>(
+          "cautious_weight_decay", [](auto& o) -> auto& { return o.cautious_weight_decay(); },
+          FlagCodec{})
+          .toml("optimizer.muon_cautious_weight_decay"),
+  };
+  return fields;
 }
 
 void MuonOptions::validate() const {
-  auto fail = [](const std::string& what) { throw std::invalid_argument("Muon: " + what); };
-  if (!(lr() >= 0.0)) fail("lr must be >= 0, got " + std::to_string(lr()));
-  if (!(weight_decay() >= 0.0)) {
-    fail("weight_decay must be >= 0, got " + std::to_string(weight_decay()));
-  }
-  if (!(momentum() >= 0.0 && momentum() < 1.0)) {
-    fail("momentum must be in [0, 1), got " + std::to_string(momentum()));
-  }
-  if (!(ns_epsilon() >= 0.0)) fail("ns_epsilon must be >= 0, got " + std::to_string(ns_epsilon()));
-  if (!(matched_adamw_rms() > 0.0)) {
-    fail("matched_adamw_rms must be > 0, got " + std::to_string(matched_adamw_rms()));
-  }
-  if (ns_dtype() != at::kBFloat16 && ns_dtype() != at::kFloat && ns_dtype() != at::kDouble) {
-    fail("ns_dtype must be bfloat16 or float32, got " + dtype_name(ns_dtype()));
-  }
-  if (communication_dtype() != at::kBFloat16 && communication_dtype() != at::kFloat) {
-    fail("communication_dtype must be bfloat16 or float32, got " +
-         dtype_name(communication_dtype()));
-  }
-  if (!(normuon_beta2() >= 0.0 && normuon_beta2() < 1.0)) {
-    fail("normuon_beta2 must be in [0, 1), got " + std::to_string(normuon_beta2()));
-  }
-  if (!(normuon_epsilon() > 0.0)) {
-    fail("normuon_epsilon must be > 0, got " + c10::str(normuon_epsilon()));
-  }
+  const std::string problem = fields_problem(muon_option_fields(), *this);
+  if (!problem.empty()) throw std::invalid_argument("Muon: " + problem);
   newton_schulz_schedule(ns_variant(), ns_steps(), ns_coefficients());  // throws if invalid
 }
 
@@ -551,73 +584,14 @@ void Muon::set_lr(double lr) {
 
 nlohmann::json Muon::group_hyperparameters(size_t group) const {
   const auto& options = static_cast<const MuonOptions&>(param_groups_.at(group).options());
-  nlohmann::json coefficients = nlohmann::json::array();
-  for (const auto& [a, b, c] : options.ns_coefficients()) coefficients.push_back({a, b, c});
-  return {{"weight_decay", options.weight_decay()},
-          {"momentum", options.momentum()},
-          {"nesterov", options.nesterov()},
-          {"ns_steps", options.ns_steps()},
-          {"ns_variant", options.ns_variant()},
-          {"ns_coefficients", std::move(coefficients)},
-          {"ns_epsilon", options.ns_epsilon()},
-          {"ns_dtype", dtype_name(options.ns_dtype())},
-          {"matched_adamw_rms", options.matched_adamw_rms()},
-          {"adjust_lr_fn", adjust_lr_fn_name(options.adjust_lr_fn())},
-          {"momentum_style", momentum_style_name(options.momentum_style())},
-          {"communication_dtype", dtype_name(options.communication_dtype())},
-          {"normuon", options.normuon()},
-          {"normuon_beta2", options.normuon_beta2()},
-          {"normuon_epsilon", options.normuon_epsilon()},
-          {"cautious_weight_decay", options.cautious_weight_decay()}};
+  return fields_to_json(muon_option_fields(), options);
 }
 
 std::unique_ptr<torch::optim::OptimizerOptions> Muon::options_with_hyperparameters(
     size_t group, const nlohmann::json& values) const {
-  const auto& options = static_cast<const MuonOptions&>(param_groups_.at(group).options());
-  HyperparameterReader reader(values);
-  MuonOptions candidate = options;  // keeps lr
-  candidate.weight_decay(reader.number("weight_decay"))
-      .momentum(reader.number("momentum"))
-      .nesterov(reader.boolean("nesterov"))
-      .ns_steps(reader.integer("ns_steps"))
-      .ns_variant(reader.string("ns_variant"))
-      .ns_epsilon(reader.number("ns_epsilon"))
-      .matched_adamw_rms(reader.number("matched_adamw_rms"));
-
-  const nlohmann::json& coefficients = reader.field("ns_coefficients");
-  const char* const triples = "an array of [a, b, c] number triples";
-  if (!coefficients.is_array()) {
-    throw std::invalid_argument(
-        hyperparameter_type_error("ns_coefficients", triples, coefficients));
-  }
-  std::vector<NsCoefficients> parsed;
-  for (const auto& triple : coefficients) {
-    if (!triple.is_array() || triple.size() != 3 ||
-        !std::all_of(triple.begin(), triple.end(), [](const auto& x) { return x.is_number(); })) {
-      throw std::invalid_argument("field 'ns_coefficients' must be " + std::string(triples) +
-                                  ", got the element " + triple.dump());
-    }
-    parsed.push_back({triple[0].get<double>(), triple[1].get<double>(), triple[2].get<double>()});
-  }
-  candidate.ns_coefficients(std::move(parsed));
-
-  // The config's spellings; float64 as well, which MuonOptions accepts for ns_dtype.
-  const std::string ns_dtype = reader.string("ns_dtype");
-  const auto parsed_ns_dtype =
-      ns_dtype == "float64" ? std::optional(at::kDouble) : parse_float_dtype(ns_dtype);
-  if (!parsed_ns_dtype) {
-    throw std::invalid_argument("field 'ns_dtype': unknown dtype '" + ns_dtype +
-                                "' (expected bfloat16 or float32)");
-  }
-  candidate.ns_dtype(*parsed_ns_dtype)
-      .adjust_lr_fn(parse_adjust_lr_fn(reader.string("adjust_lr_fn")))
-      .momentum_style(parse_momentum_style(reader.string("momentum_style")))
-      .communication_dtype(parse_muon_communication_dtype(reader.string("communication_dtype")))
-      .normuon(reader.boolean("normuon"))
-      .normuon_beta2(reader.number("normuon_beta2"))
-      .normuon_epsilon(reader.number("normuon_epsilon"))
-      .cautious_weight_decay(reader.boolean("cautious_weight_decay"));
-  reader.finish();
+  MuonOptions candidate =
+      static_cast<const MuonOptions&>(param_groups_.at(group).options());  // keeps lr
+  fields_from_json(muon_option_fields(), values, candidate);
   try {
     candidate.validate();
   } catch (const std::invalid_argument& error) {

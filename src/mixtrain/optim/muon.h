@@ -43,7 +43,6 @@
 #include <string>
 #include <vector>
 
-#include "mixtrain/config/trainer_config.h"
 #include "mixtrain/optim/distributed_muon.h"
 #include "mixtrain/optim/leaf_optimizer.h"
 #include "mixtrain/optim/muon_heads.h"
@@ -81,7 +80,12 @@ double muon_update_scale(int64_t rows, int64_t cols, AdjustLrFn fn, double match
 void muon_apply_update(at::Tensor& param, const at::Tensor& orthogonalized, double lr,
                        double weight_decay, double scale, bool cautious = false);
 
-// Defaults are the YAML defaults of docs/architecture.md §5 (MuonConfig).
+template <typename Owner>
+struct OptionField;
+
+// Muon's options, declared here once: each TORCH_ARG with its default (the YAML dialect's,
+// docs/config.md), and one line in muon_option_fields() (muon.cpp) giving its config key,
+// rule, TOML spelling and checkpoint round trip.
 struct MuonOptions : public torch::optim::OptimizerCloneableOptions<MuonOptions> {
   MuonOptions() = default;
   TORCH_ARG(double, lr) = 0.02;
@@ -109,12 +113,14 @@ struct MuonOptions : public torch::optim::OptimizerCloneableOptions<MuonOptions>
   double get_lr() const override { return lr(); }
   void set_lr(const double new_lr) override { lr(new_lr); }
 
-  // Throws std::invalid_argument for an unknown variant, dtype, momentum style or lr mode.
-  static MuonOptions from_config(const MuonConfig& config);
-  // Throws std::invalid_argument naming the bad option (negative lr, momentum outside [0, 1),
-  // an invalid schedule, ns_dtype other than bfloat16/float32/float64, ...).
+  // Throws std::invalid_argument "Muon: <option> <rule>, got <value>" for the first option
+  // that breaks its field's rule (muon_option_fields), or for an invalid schedule.
   void validate() const;
 };
+
+// Every option of MuonOptions, in the config's display order (option_fields.h). Keys are
+// "optimizer.muon_config.muon_<name>"; every field but lr is a per-group hyper-parameter.
+const std::vector<OptionField<MuonOptions>>& muon_option_fields();
 
 struct MuonParamState : public torch::optim::OptimizerCloneableParamState<MuonParamState> {
   TORCH_ARG(int64_t, step) = 0;
@@ -143,11 +149,9 @@ class Muon : public LeafOptimizer {
   void set_lr(double lr) override;
   void reset_parameter_caches() override;
 
-  // {"weight_decay", "momentum", "nesterov", "ns_steps", "ns_variant", "ns_coefficients"
-  // ([[a, b, c], ...]), "ns_epsilon", "ns_dtype", "matched_adamw_rms", "adjust_lr_fn",
-  // "momentum_style", "communication_dtype", "normuon", "normuon_beta2", "normuon_epsilon",
-  // "cautious_weight_decay"}: MuonConfig's names and spellings (dtypes as
-  // "bfloat16"/"float32"). options_with_hyperparameters checks the result with validate().
+  // Every hyper-parameter field of muon_option_fields() (all but lr) by name, as the config
+  // spells its values (dtypes "bfloat16"/"float32", ns_coefficients [[a, b, c], ...]).
+  // options_with_hyperparameters checks the result with validate().
   nlohmann::json group_hyperparameters(size_t group) const override;
   std::unique_ptr<torch::optim::OptimizerOptions> options_with_hyperparameters(
       size_t group, const nlohmann::json& values) const override;

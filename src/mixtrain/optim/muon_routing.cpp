@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "mixtrain/core/text.h"
+#include "mixtrain/optim/muon_config.h"
 
 namespace mixtrain {
 namespace {
@@ -35,8 +36,10 @@ bool toml_routes_to_muon(const std::string& name, int64_t ndim, const MuonConfig
 
 std::string route_muon(const std::string& lowered_name, int64_t ndim,
                        const OptimizerConfig& config) {
-  const bool muon = config.routing == "yaml" ? yaml_routes_to_muon(lowered_name, ndim, config.muon)
-                                             : toml_routes_to_muon(lowered_name, ndim, config.muon);
+  const MuonConfig& muon_section = config.options.get<MuonConfig>();
+  const bool muon = config.routing == "yaml"
+                        ? yaml_routes_to_muon(lowered_name, ndim, muon_section)
+                        : toml_routes_to_muon(lowered_name, ndim, muon_section);
   return muon ? "muon" : "adamw";
 }
 

@@ -5,8 +5,6 @@
 #include <algorithm>
 #include <stdexcept>
 
-#include "mixtrain/config/trainer_config.h"  // kHybridLegacySteps
-
 namespace mixtrain {
 namespace {
 

@@ -27,6 +27,9 @@ namespace mixtrain {
 
 using NsCoefficients = std::array<double, 3>;  // (a, b, c)
 
+// ns_variant hybrid: the legacy coefficients for this many steps, then (2.0, -1.5, 0.5).
+constexpr int64_t kHybridLegacySteps = 8;
+
 // One (a, b, c) per Newton–Schulz step:
 //   legacy: (3.4445, -4.7750, 2.0315) every step;
 //   asym5:  the five triples of docs/architecture.md §5, the first ns_steps of them (ns_steps > 5

@@ -1,7 +1,8 @@
 // The optimizer table: every leaf optimizer the trainer can build, one entry each. Routing,
 // building, the optimizer report and the start-up log read it; nothing else names an
-// optimizer. Adding one is a new leaf (a LeafOptimizer subclass), its config section in
-// config/ and one entry here (docs/extending.md "Adding an optimizer").
+// optimizer. Adding one is a new leaf (a LeafOptimizer subclass), its config section (its
+// options as one field list, option_fields.h; muon_config.h is the model), one entry here and
+// one line in register_optimizer_sections (docs/extending.md "Adding an optimizer").
 //
 // optimizer._target_ picks the entry whose `target` it equals. That entry's `rule` says which
 // entry updates each trainable parameter: none (AdamW, SGD) sends every one to the target;
@@ -58,6 +59,10 @@ struct OptimizerTableEntry {
   // Its "Effective <name> config" block of the start-up log ("" for none).
   std::string (*startup_block)(const ResolvedConfig& resolved);
 };
+
+// Registers every optimizer's config section (config/section.h), once; a binary calls it
+// before it reads a config.
+void register_optimizer_sections();
 
 // Every entry, in build order (leaves are chained in this order).
 const std::vector<OptimizerTableEntry>& optimizer_table();

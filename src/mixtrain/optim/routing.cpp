@@ -13,7 +13,7 @@
 namespace mixtrain {
 namespace {
 
-std::string format_number(double value) {
+std::string format_stream_number(double value) {
   std::ostringstream out;
   out << value;
   return out.str();
@@ -61,7 +61,7 @@ std::string format_routing_table(const std::vector<RouteEntry>& routes) {
   std::vector<std::vector<std::string>> rows = {header};
   for (const auto& route : routes) {
     rows.push_back({route.name, format_list(route.shape), dtype_name(route.dtype), route.optimizer,
-                    format_number(route.lr), format_number(route.weight_decay)});
+                    format_stream_number(route.lr), format_stream_number(route.weight_decay)});
   }
   std::vector<size_t> widths(header.size(), 0);
   for (const auto& row : rows) {

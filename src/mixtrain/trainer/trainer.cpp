@@ -39,6 +39,7 @@
 #include "mixtrain/optim/build_optimizer.h"
 #include "mixtrain/optim/chained_optimizer.h"
 #include "mixtrain/optim/lr_schedule.h"
+#include "mixtrain/optim/muon_config.h"
 #include "mixtrain/optim/optimizer_table.h"
 #include "mixtrain/optim/param_groups.h"
 #include "mixtrain/optim/qk_clip.h"
@@ -312,7 +313,7 @@ Trainer::Trainer(const ResolvedConfig& resolved, const DeviceMesh& mesh, const s
           "between steps, moved in buckets of " + std::to_string(config.optimizer.swap_bucket_mb) +
           " MiB, " + std::to_string(config.optimizer.swap_merge_buckets) + " per transfer");
   }
-  if (config.optimizer.muon.qk_clip_tau > 0) {
+  if (muon_config(config).qk_clip_tau > 0) {
     // Every attention forward now also records its heads' max logits (one more Q K^T).
     max_logits_ = std::make_shared<MaxLogitRecorder>();
     model_->set_max_logit_recorder(max_logits_);
@@ -320,7 +321,7 @@ Trainer::Trainer(const ResolvedConfig& resolved, const DeviceMesh& mesh, const s
       log_info(
           "QK-clip: after every step, query heads whose max attention logit (over the step's "
           "micro-batches and all ranks) exceeds tau " +
-          format_number(config.optimizer.muon.qk_clip_tau) +
+          format_number(muon_config(config).qk_clip_tau) +
           " get q_proj/k_proj rows (weights and biases) rescaled to bring it to tau, on " +
           std::string(config.optimizer.fp32_main_params ? "the fp32 main params"
                                                         : "the parameters") +
@@ -438,7 +439,7 @@ UnreadStepResult Trainer::compute_gradients_unread() {
 
 void Trainer::apply_update() {
   const TrainConfig& train = resolved_.config.train;
-  const bool telemetry = resolved_.config.optimizer.muon_telemetry &&
+  const bool telemetry = muon_config(resolved_.config).telemetry &&
                          is_log_step(pending_.known.step, train.log_every, train.steps);
   muon_telemetry_.clear();
   if (telemetry) arm_muon_telemetry(optimizer_->chained());
@@ -448,7 +449,7 @@ void Trainer::apply_update() {
     optimizer_->zero_grad();
     if (max_logits_) {
       // After the update, on what the optimizer updated (optim/qk_clip.h); counted in the step.
-      const double tau = resolved_.config.optimizer.muon.qk_clip_tau;
+      const double tau = muon_config(resolved_.config).qk_clip_tau;
       static const std::vector<ParamPlacement> kWhole;
       const QkClipStats stats = apply_qk_clip(
           optimizer_->chained(), reduce_max_logits(*mesh_.world, max_logits_->layers()),

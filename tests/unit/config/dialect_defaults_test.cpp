@@ -5,6 +5,8 @@
 #include "mixtrain/config/load.h"
 #include "mixtrain/config/schema.h"
 #include "mixtrain/core/error.h"
+#include "mixtrain/optim/adamw_config.h"
+#include "mixtrain/optim/muon_config.h"
 #include "unit/config/temp_config.h"
 
 namespace mixtrain {
@@ -20,18 +22,18 @@ TEST(DialectDefaultsTest, YamlIsTorchAdamWAndHyperParallelMuon) {
   EXPECT_EQ(c.dialect, "yaml");
   EXPECT_EQ(c.optimizer.routing, "yaml");
   // torch.optim.AdamW: lr 1e-3, betas (0.9, 0.999), eps 1e-8, weight_decay 0.01.
-  EXPECT_EQ(c.optimizer.adamw.lr, 1e-3);
-  EXPECT_EQ(c.optimizer.adamw.betas[0], 0.9);
-  EXPECT_EQ(c.optimizer.adamw.betas[1], 0.999);
-  EXPECT_EQ(c.optimizer.adamw.eps, 1e-8);
-  EXPECT_EQ(c.optimizer.adamw.weight_decay, 0.01);
+  EXPECT_EQ(adamw_config(c).lr(), 1e-3);
+  EXPECT_EQ(std::get<0>(adamw_config(c).betas()), 0.9);
+  EXPECT_EQ(std::get<1>(adamw_config(c).betas()), 0.999);
+  EXPECT_EQ(adamw_config(c).eps(), 1e-8);
+  EXPECT_EQ(adamw_config(c).weight_decay(), 0.01);
   // hyper-parallel's Muon (docs/architecture.md §5): lr 0.02, momentum 0.95 (sum, Nesterov), rms
   // 0.2.
-  EXPECT_EQ(c.optimizer.muon.lr, 0.02);
-  EXPECT_EQ(c.optimizer.muon.momentum, 0.95);
-  EXPECT_EQ(c.optimizer.muon.momentum_style, "sum");
-  EXPECT_TRUE(c.optimizer.muon.nesterov);
-  EXPECT_EQ(c.optimizer.muon.matched_adamw_rms, 0.2);
+  EXPECT_EQ(muon_config(c).options.lr(), 0.02);
+  EXPECT_EQ(muon_config(c).options.momentum(), 0.95);
+  EXPECT_EQ(muon_config(c).options.momentum_style(), MomentumStyle::kSum);
+  EXPECT_TRUE(muon_config(c).options.nesterov());
+  EXPECT_EQ(muon_config(c).options.matched_adamw_rms(), 0.2);
 }
 
 TEST(DialectDefaultsTest, TomlIsTorchtitanWithItsDerivations) {
@@ -39,21 +41,21 @@ TEST(DialectDefaultsTest, TomlIsTorchtitanWithItsDerivations) {
   EXPECT_EQ(c.dialect, "toml");
   EXPECT_EQ(c.optimizer.routing, "toml");
   // torchtitan: lr 8e-4, betas (0.9, 0.95), eps 1e-8, weight_decay 0.1.
-  EXPECT_EQ(c.optimizer.adamw.lr, 8e-4);
-  EXPECT_EQ(c.optimizer.adamw.betas[0], 0.9);
-  EXPECT_EQ(c.optimizer.adamw.betas[1], 0.95);
-  EXPECT_EQ(c.optimizer.adamw.eps, 1e-8);
-  EXPECT_EQ(c.optimizer.adamw.weight_decay, 0.1);
+  EXPECT_EQ(adamw_config(c).lr(), 8e-4);
+  EXPECT_EQ(std::get<0>(adamw_config(c).betas()), 0.9);
+  EXPECT_EQ(std::get<1>(adamw_config(c).betas()), 0.95);
+  EXPECT_EQ(adamw_config(c).eps(), 1e-8);
+  EXPECT_EQ(adamw_config(c).weight_decay(), 0.1);
   // torchtitan-npu's Muon: weight decay and ns epsilon shared with AdamW's, ema_add momentum,
   // matched_adamw_rms 0.18, legacy coefficients without muon_hybrid_ns, and (adjust_lr_fn
   // match_rms_adamw) the AdamW lr.
-  EXPECT_EQ(c.optimizer.muon.weight_decay, 0.1);
-  EXPECT_EQ(c.optimizer.muon.ns_epsilon, 1e-8);
-  EXPECT_EQ(c.optimizer.muon.momentum_style, "ema_add");
-  EXPECT_EQ(c.optimizer.muon.matched_adamw_rms, 0.18);
-  EXPECT_EQ(c.optimizer.muon.ns_variant, "legacy");
-  EXPECT_EQ(c.optimizer.muon.adjust_lr_fn, "match_rms_adamw");
-  EXPECT_EQ(c.optimizer.muon.lr, 8e-4);
+  EXPECT_EQ(muon_config(c).options.weight_decay(), 0.1);
+  EXPECT_EQ(muon_config(c).options.ns_epsilon(), 1e-8);
+  EXPECT_EQ(muon_config(c).options.momentum_style(), MomentumStyle::kEmaAdd);
+  EXPECT_EQ(muon_config(c).options.matched_adamw_rms(), 0.18);
+  EXPECT_EQ(muon_config(c).options.ns_variant(), "legacy");
+  EXPECT_EQ(muon_config(c).options.adjust_lr_fn(), AdjustLrFn::kMatchRmsAdamw);
+  EXPECT_EQ(muon_config(c).options.lr(), 8e-4);
 }
 
 // Independent route: an empty file through load_config gives the same value for every leaf

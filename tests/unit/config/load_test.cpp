@@ -4,6 +4,8 @@
 
 #include "mixtrain/config/schema.h"
 #include "mixtrain/core/logging.h"
+#include "mixtrain/optim/adamw_config.h"
+#include "mixtrain/optim/muon_config.h"
 #include "unit/config/temp_config.h"
 
 namespace mixtrain {
@@ -54,7 +56,7 @@ TEST(LoadTest, ShippedConfigsLoad) {
   EXPECT_EQ(yaml.config.optimizer.target, "Muon");
   EXPECT_TRUE(yaml.config.optimizer.fp32_main_params);
   const ResolvedConfig toml = load_config(root + "/configs/qwen2_moe_tiny.toml", {});
-  EXPECT_EQ(toml.config.optimizer.muon.ns_variant, "hybrid");
+  EXPECT_EQ(muon_config(toml.config).options.ns_variant(), "hybrid");
   const ResolvedConfig adamw = load_config(root + "/configs/qwen2_moe_tiny_adamw.yaml", {});
   EXPECT_EQ(adamw.config.optimizer.target, "AdamW");
   EXPECT_FALSE(adamw.config.optimizer.fp32_main_params);
@@ -82,11 +84,11 @@ TEST(LoadTest, SetOverridesYamlKeysWithYamlValues) {
                          "model_init_dtype=bfloat16", "optimizer.muon_config.muon_lr=0.05"});
   EXPECT_EQ(r.config.train.steps, 30);
   EXPECT_EQ(leaf(r, "train.steps").source, ValueSource::kOverride);
-  EXPECT_EQ(r.config.optimizer.adamw.betas[0], 0.8);
-  EXPECT_EQ(r.config.optimizer.adamw.betas[1], 0.9);
+  EXPECT_EQ(std::get<0>(adamw_config(r.config).betas()), 0.8);
+  EXPECT_EQ(std::get<1>(adamw_config(r.config).betas()), 0.9);
   EXPECT_EQ(leaf(r, "optimizer.adamw_config.adamw_betas").source, ValueSource::kOverride);
   EXPECT_EQ(r.config.model_init_dtype.value_or(""), "bfloat16");
-  EXPECT_EQ(r.config.optimizer.muon.lr, 0.05);  // section absent from the file: created
+  EXPECT_EQ(muon_config(r.config).options.lr(), 0.05);  // section absent from the file: created
   EXPECT_EQ(leaf(r, "model.vocab_size").source, ValueSource::kDefault);
   // The last --set of a key wins.
   EXPECT_EQ(load_config(path, {"train.steps=3", "train.steps=4"}).config.train.steps, 4);
@@ -123,8 +125,8 @@ TEST(LoadTest, SetOnTomlUsesTomlKeys) {
   TempDir dir;
   const std::string path = dir.write("c.toml", testing::kMuonExample1Toml);
   const ResolvedConfig r = load_config(path, {"optimizer.lr=1e-3", "training.steps=7"});
-  EXPECT_EQ(r.config.optimizer.adamw.lr, 1e-3);
-  EXPECT_EQ(r.config.optimizer.muon.lr, 1e-3);  // derived from the overridden lr
+  EXPECT_EQ(adamw_config(r.config).lr(), 1e-3);
+  EXPECT_EQ(muon_config(r.config).options.lr(), 1e-3);  // derived from the overridden lr
   EXPECT_EQ(leaf(r, "optimizer.adamw_config.adamw_lr").source, ValueSource::kOverride);
   EXPECT_EQ(leaf(r, "optimizer.muon_config.muon_lr").source, ValueSource::kDerived);
   EXPECT_EQ(r.config.train.steps, 7);
@@ -141,9 +143,9 @@ TEST(LoadTest, WarnsOnceWhenTomlMuonLrIsIgnored) {
   const int before = warning_count();
   const ResolvedConfig r = load_config(path, {});
   EXPECT_EQ(warning_count(), before + 1);
-  EXPECT_EQ(r.config.optimizer.muon.lr, 1e-4);
+  EXPECT_EQ(muon_config(r.config).options.lr(), 1e-4);
   const ResolvedConfig original = load_config(path, {"optimizer.muon_adjust_lr_fn=original"});
-  EXPECT_EQ(original.config.optimizer.muon.lr, 1e-2);
+  EXPECT_EQ(muon_config(original.config).options.lr(), 1e-2);
   EXPECT_EQ(warning_count(), before + 1);
 }
 

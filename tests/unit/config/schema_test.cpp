@@ -5,6 +5,7 @@
 #include <set>
 
 #include "mixtrain/config/yaml_reader.h"
+#include "mixtrain/optim/adamw_config.h"
 #include "unit/config/temp_config.h"
 
 namespace mixtrain {
@@ -68,8 +69,8 @@ TEST(SchemaTest, AssignConvertsAndFormatReadsBack) {
   const Where where{"f.yaml", "k"};
   find_canonical_leaf("optimizer.adamw_config.adamw_betas")
       ->assign(config, parse_yaml_value("[0.8, 0.99]", where), where);
-  EXPECT_EQ(config.optimizer.adamw.betas[0], 0.8);
-  EXPECT_EQ(config.optimizer.adamw.betas[1], 0.99);
+  EXPECT_EQ(std::get<0>(adamw_config(config).betas()), 0.8);
+  EXPECT_EQ(std::get<1>(adamw_config(config).betas()), 0.99);
   EXPECT_EQ(find_canonical_leaf("optimizer.adamw_config.adamw_betas")->format(config),
             "[0.8, 0.99]");
 

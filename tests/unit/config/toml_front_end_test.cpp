@@ -4,6 +4,8 @@
 
 #include "mixtrain/config/toml_reader.h"
 #include "mixtrain/core/logging.h"
+#include "mixtrain/optim/adamw_config.h"
+#include "mixtrain/optim/muon_config.h"
 #include "unit/config/temp_config.h"
 #include "unit/config/translated.h"
 
@@ -30,21 +32,22 @@ TEST(TomlFrontEndTest, Example1MatchRmsAdamwDerivedValues) {
   EXPECT_EQ(warning_count(), warnings_before);  // no muon_lr, nothing to warn about
   const OptimizerConfig& o = t.config.optimizer;
   EXPECT_EQ(o.target, "Muon");
-  EXPECT_EQ(o.adamw.lr, 2.2e-4);
-  EXPECT_EQ(o.muon.lr, 2.2e-4);  // match_rms_adamw: Muon uses lr
-  EXPECT_EQ(o.adamw.weight_decay, 0.1);
-  EXPECT_EQ(o.muon.weight_decay, 0.1);  // shared
-  EXPECT_EQ(o.adamw.eps, 1e-8);         // torchtitan default
-  EXPECT_EQ(o.muon.ns_epsilon, 1e-8);   // eps is also the Newton-Schulz epsilon
-  EXPECT_EQ(o.adamw.betas[0], 0.9);
-  EXPECT_EQ(o.adamw.betas[1], 0.95);
-  EXPECT_EQ(o.muon.momentum, 0.95);
-  EXPECT_TRUE(o.muon.nesterov);
-  EXPECT_EQ(o.muon.ns_steps, 10);
-  EXPECT_EQ(o.muon.ns_variant, "hybrid");
-  EXPECT_EQ(o.muon.adjust_lr_fn, "match_rms_adamw");
-  EXPECT_EQ(o.muon.momentum_style, "ema_add");
-  EXPECT_EQ(o.muon.matched_adamw_rms, 0.18);
+  EXPECT_EQ(o.options.get<torch::optim::AdamWOptions>().lr(), 2.2e-4);
+  EXPECT_EQ(o.options.get<MuonConfig>().options.lr(), 2.2e-4);  // match_rms_adamw: Muon uses lr
+  EXPECT_EQ(o.options.get<torch::optim::AdamWOptions>().weight_decay(), 0.1);
+  EXPECT_EQ(o.options.get<MuonConfig>().options.weight_decay(), 0.1);  // shared
+  EXPECT_EQ(o.options.get<torch::optim::AdamWOptions>().eps(), 1e-8);  // torchtitan default
+  EXPECT_EQ(o.options.get<MuonConfig>().options.ns_epsilon(),
+            1e-8);  // eps is also the Newton-Schulz epsilon
+  EXPECT_EQ(std::get<0>(o.options.get<torch::optim::AdamWOptions>().betas()), 0.9);
+  EXPECT_EQ(std::get<1>(o.options.get<torch::optim::AdamWOptions>().betas()), 0.95);
+  EXPECT_EQ(o.options.get<MuonConfig>().options.momentum(), 0.95);
+  EXPECT_TRUE(o.options.get<MuonConfig>().options.nesterov());
+  EXPECT_EQ(o.options.get<MuonConfig>().options.ns_steps(), 10);
+  EXPECT_EQ(o.options.get<MuonConfig>().options.ns_variant(), "hybrid");
+  EXPECT_EQ(o.options.get<MuonConfig>().options.adjust_lr_fn(), AdjustLrFn::kMatchRmsAdamw);
+  EXPECT_EQ(o.options.get<MuonConfig>().options.momentum_style(), MomentumStyle::kEmaAdd);
+  EXPECT_EQ(o.options.get<MuonConfig>().options.matched_adamw_rms(), 0.18);
   EXPECT_EQ(o.routing, "toml");
   EXPECT_FALSE(o.fp32_main_params);
   EXPECT_EQ(t.config.dialect, "toml");
@@ -68,11 +71,11 @@ TEST(TomlFrontEndTest, Example1MatchRmsAdamwDerivedValues) {
 TEST(TomlFrontEndTest, Example2OriginalUsesMuonLr) {
   const Translated t = translate_text(testing::kMuonExample2Toml);
   const OptimizerConfig& o = t.config.optimizer;
-  EXPECT_EQ(o.adamw.lr, 3e-4);
-  EXPECT_EQ(o.muon.lr, 3e-3);
-  EXPECT_EQ(o.muon.adjust_lr_fn, "original");
-  EXPECT_EQ(o.muon.ns_variant, "legacy");  // muon_hybrid_ns absent
-  EXPECT_EQ(o.muon.weight_decay, 0.01);
+  EXPECT_EQ(o.options.get<torch::optim::AdamWOptions>().lr(), 3e-4);
+  EXPECT_EQ(o.options.get<MuonConfig>().options.lr(), 3e-3);
+  EXPECT_EQ(o.options.get<MuonConfig>().options.adjust_lr_fn(), AdjustLrFn::kOriginal);
+  EXPECT_EQ(o.options.get<MuonConfig>().options.ns_variant(), "legacy");  // muon_hybrid_ns absent
+  EXPECT_EQ(o.options.get<MuonConfig>().options.weight_decay(), 0.01);
   EXPECT_EQ(t.provenance.source("optimizer.muon_config.muon_lr"), ValueSource::kFile);
   EXPECT_EQ(t.provenance.user_key("optimizer.muon_config.muon_lr"), "optimizer.muon_lr");
 }
@@ -80,7 +83,7 @@ TEST(TomlFrontEndTest, Example2OriginalUsesMuonLr) {
 TEST(TomlFrontEndTest, OriginalWithoutMuonLrFallsBackToLr) {
   const Translated t =
       translate_text("[optimizer]\nname = \"Muon\"\nlr = 5e-4\nmuon_adjust_lr_fn = \"original\"\n");
-  EXPECT_EQ(t.config.optimizer.muon.lr, 5e-4);
+  EXPECT_EQ(muon_config(t.config).options.lr(), 5e-4);
   EXPECT_EQ(t.provenance.source("optimizer.muon_config.muon_lr"), ValueSource::kDerived);
 }
 
@@ -88,32 +91,32 @@ TEST(TomlFrontEndTest, MatchRmsIgnoresMuonLrWithAWarning) {
   const int warnings_before = warning_count();
   const Translated t = translate_text("[optimizer]\nname = \"Muon\"\nlr = 2e-4\nmuon_lr = 2e-3\n");
   EXPECT_EQ(warning_count(), warnings_before + 1);
-  EXPECT_EQ(t.config.optimizer.muon.lr, 2e-4);
+  EXPECT_EQ(muon_config(t.config).options.lr(), 2e-4);
   EXPECT_NE(t.provenance.notes.at("optimizer.muon_config.muon_lr").find("muon_lr = 0.002 ignored"),
             std::string::npos);
 }
 
 TEST(TomlFrontEndTest, MuonCommunicationDtype) {
-  EXPECT_EQ(translate_text("").config.optimizer.muon.communication_dtype, "bfloat16");
+  EXPECT_EQ(muon_config(translate_text("").config).options.communication_dtype(), at::kBFloat16);
   const Translated t = translate_text("[optimizer]\nmuon_communication_dtype = \"float32\"\n");
-  EXPECT_EQ(t.config.optimizer.muon.communication_dtype, "float32");
+  EXPECT_EQ(muon_config(t.config).options.communication_dtype(), at::kFloat);
   EXPECT_EQ(t.provenance.source("optimizer.muon_config.muon_communication_dtype"),
             ValueSource::kFile);
 }
 
 TEST(TomlFrontEndTest, MuonNorMuonAndCautiousWeightDecay) {
-  const MuonConfig defaults = translate_text("").config.optimizer.muon;
-  EXPECT_FALSE(defaults.normuon);
-  EXPECT_EQ(defaults.normuon_beta2, 0.95);
-  EXPECT_EQ(defaults.normuon_epsilon, 1e-10);
-  EXPECT_FALSE(defaults.cautious_weight_decay);
+  const MuonOptions defaults = muon_config(translate_text("").config).options;
+  EXPECT_FALSE(defaults.normuon());
+  EXPECT_EQ(defaults.normuon_beta2(), 0.95);
+  EXPECT_EQ(defaults.normuon_epsilon(), 1e-10);
+  EXPECT_FALSE(defaults.cautious_weight_decay());
   const Translated t = translate_text(
       "[optimizer]\nmuon_normuon = true\nmuon_normuon_beta2 = 0.9\nmuon_normuon_epsilon = "
       "1e-8\nmuon_cautious_weight_decay = true\n");
-  EXPECT_TRUE(t.config.optimizer.muon.normuon);
-  EXPECT_EQ(t.config.optimizer.muon.normuon_beta2, 0.9);
-  EXPECT_EQ(t.config.optimizer.muon.normuon_epsilon, 1e-8);
-  EXPECT_TRUE(t.config.optimizer.muon.cautious_weight_decay);
+  EXPECT_TRUE(muon_config(t.config).options.normuon());
+  EXPECT_EQ(muon_config(t.config).options.normuon_beta2(), 0.9);
+  EXPECT_EQ(muon_config(t.config).options.normuon_epsilon(), 1e-8);
+  EXPECT_TRUE(muon_config(t.config).options.cautious_weight_decay());
   for (const char* key : {"muon_normuon", "muon_normuon_beta2", "muon_normuon_epsilon",
                           "muon_cautious_weight_decay"}) {
     EXPECT_EQ(t.provenance.source(std::string("optimizer.muon_config.") + key), ValueSource::kFile)
@@ -122,19 +125,19 @@ TEST(TomlFrontEndTest, MuonNorMuonAndCautiousWeightDecay) {
 }
 
 TEST(TomlFrontEndTest, MuonPerHeadAndTelemetry) {
-  EXPECT_FALSE(translate_text("").config.optimizer.muon.per_head);
-  EXPECT_FALSE(translate_text("").config.optimizer.muon_telemetry);
+  EXPECT_FALSE(muon_config(translate_text("").config).per_head);
+  EXPECT_FALSE(muon_config(translate_text("").config).telemetry);
   const Translated t = translate_text("[optimizer]\nmuon_per_head = true\nmuon_telemetry = true\n");
-  EXPECT_TRUE(t.config.optimizer.muon.per_head);
-  EXPECT_TRUE(t.config.optimizer.muon_telemetry);
+  EXPECT_TRUE(muon_config(t.config).per_head);
+  EXPECT_TRUE(muon_config(t.config).telemetry);
   EXPECT_EQ(t.provenance.source("optimizer.muon_config.muon_per_head"), ValueSource::kFile);
   EXPECT_EQ(t.provenance.source("optimizer.muon_telemetry"), ValueSource::kFile);
 }
 
 TEST(TomlFrontEndTest, MuonNsDtype) {
-  EXPECT_EQ(translate_text("").config.optimizer.muon.ns_dtype, "bfloat16");
+  EXPECT_EQ(muon_config(translate_text("").config).options.ns_dtype(), at::kBFloat16);
   const Translated t = translate_text("[optimizer]\nmuon_ns_dtype = \"float32\"\n");
-  EXPECT_EQ(t.config.optimizer.muon.ns_dtype, "float32");
+  EXPECT_EQ(muon_config(t.config).options.ns_dtype(), at::kFloat);
   EXPECT_EQ(t.provenance.source("optimizer.muon_config.muon_ns_dtype"), ValueSource::kFile);
   EXPECT_EQ(t.provenance.user_key("optimizer.muon_config.muon_ns_dtype"),
             "optimizer.muon_ns_dtype");
@@ -164,11 +167,11 @@ TEST(TomlFrontEndTest, DefaultsFollowTorchtitan) {
   const Translated t = translate_text("");
   const OptimizerConfig& o = t.config.optimizer;
   EXPECT_EQ(o.target, "AdamW");
-  EXPECT_EQ(o.adamw.lr, 8e-4);
-  EXPECT_EQ(o.adamw.weight_decay, 0.1);
-  EXPECT_EQ(o.muon.lr, 8e-4);
-  EXPECT_EQ(o.muon.ns_steps, 5);
-  EXPECT_EQ(o.muon.ns_variant, "legacy");
+  EXPECT_EQ(o.options.get<torch::optim::AdamWOptions>().lr(), 8e-4);
+  EXPECT_EQ(o.options.get<torch::optim::AdamWOptions>().weight_decay(), 0.1);
+  EXPECT_EQ(o.options.get<MuonConfig>().options.lr(), 8e-4);
+  EXPECT_EQ(o.options.get<MuonConfig>().options.ns_steps(), 5);
+  EXPECT_EQ(o.options.get<MuonConfig>().options.ns_variant(), "legacy");
   EXPECT_FALSE(o.swap_optimizer);
   EXPECT_EQ(o.swap_merge_buckets, 1);
   EXPECT_EQ(o.swap_dir, "");
@@ -234,8 +237,8 @@ TEST(TomlFrontEndTest, ExplicitGlobalBatchAndBetas) {
       "[training]\nlocal_batch_size = 2\nglobal_batch_size = 8\n[optimizer]\nbeta2 = 0.99\n");
   EXPECT_EQ(t.config.data.global_batch_size, 8);
   EXPECT_EQ(t.provenance.source("data.global_batch_size"), ValueSource::kFile);
-  EXPECT_EQ(t.config.optimizer.adamw.betas[0], 0.9);
-  EXPECT_EQ(t.config.optimizer.adamw.betas[1], 0.99);
+  EXPECT_EQ(std::get<0>(adamw_config(t.config).betas()), 0.9);
+  EXPECT_EQ(std::get<1>(adamw_config(t.config).betas()), 0.99);
   EXPECT_EQ(t.provenance.source("optimizer.adamw_config.adamw_betas"), ValueSource::kFile);
 }
 
@@ -255,8 +258,8 @@ TEST(TomlFrontEndTest, UnknownKeysAndSections) {
 TEST(TomlFrontEndTest, MuonNsVariantNamesAnySchedule) {
   const Translated t = translate_text(
       "[optimizer]\nname = \"Muon\"\nmuon_ns_variant = \"polar_express\"\nmuon_ns_steps = 8\n");
-  EXPECT_EQ(t.config.optimizer.muon.ns_variant, "polar_express");
-  EXPECT_EQ(t.config.optimizer.muon.ns_steps, 8);
+  EXPECT_EQ(muon_config(t.config).options.ns_variant(), "polar_express");
+  EXPECT_EQ(muon_config(t.config).options.ns_steps(), 8);
   EXPECT_EQ(t.provenance.source("optimizer.muon_config.muon_ns_variant"), ValueSource::kFile);
   EXPECT_EQ(t.provenance.user_key("optimizer.muon_config.muon_ns_variant"),
             "optimizer.muon_ns_variant");

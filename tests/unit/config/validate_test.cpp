@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "mixtrain/config/load.h"
+#include "mixtrain/optim/muon_config.h"
 #include "unit/config/temp_config.h"
 
 namespace mixtrain {
@@ -576,12 +577,12 @@ TEST(ValidateTest, MuonTelemetryNeedsMuonAndPerHeadWithoutMuonWarns) {
                             "optimizer:\n  _target_: Muon\n  muon_telemetry: true\n  muon_config:\n"
                             "    muon_per_head: true\n"),
                   {});
-  EXPECT_TRUE(muon.config.optimizer.muon_telemetry);
-  EXPECT_TRUE(muon.config.optimizer.muon.per_head);
+  EXPECT_TRUE(muon_config(muon.config).telemetry);
+  EXPECT_TRUE(muon_config(muon.config).per_head);
   EXPECT_TRUE(config_warnings(muon.config).empty());
   TrainerConfig adamw = muon.config;
   adamw.optimizer.target = "AdamW";
-  adamw.optimizer.muon_telemetry = false;
+  muon_config(adamw).telemetry = false;
   const std::vector<std::string> warnings = config_warnings(adamw);
   ASSERT_EQ(warnings.size(), 1u);
   EXPECT_EQ(warnings[0],

@@ -3,6 +3,8 @@
 #include <gtest/gtest.h>
 
 #include "mixtrain/config/yaml_reader.h"
+#include "mixtrain/optim/adamw_config.h"
+#include "mixtrain/optim/muon_config.h"
 #include "unit/config/temp_config.h"
 #include "unit/config/translated.h"
 
@@ -31,14 +33,14 @@ TEST(YamlFrontEndTest, RfcSection1Verbatim) {
   EXPECT_EQ(c.model_init_dtype.value_or(""), "bfloat16");
   EXPECT_EQ(c.optimizer.target, "Muon");  // normalised from the dotted class path
   EXPECT_TRUE(c.optimizer.fp32_main_params);
-  EXPECT_EQ(c.optimizer.muon.lr, 0.02);
-  EXPECT_EQ(c.optimizer.muon.weight_decay, 0.0);
-  EXPECT_EQ(c.optimizer.muon.momentum, 0.95);
-  EXPECT_TRUE(c.optimizer.muon.nesterov);
-  EXPECT_EQ(c.optimizer.muon.ns_steps, 5);
-  EXPECT_EQ(c.optimizer.muon.ns_variant, "asym5");
-  EXPECT_EQ(c.optimizer.adamw.lr, 0.001);
-  EXPECT_EQ(c.optimizer.adamw.weight_decay, 0.01);
+  EXPECT_EQ(muon_config(c).options.lr(), 0.02);
+  EXPECT_EQ(muon_config(c).options.weight_decay(), 0.0);
+  EXPECT_EQ(muon_config(c).options.momentum(), 0.95);
+  EXPECT_TRUE(muon_config(c).options.nesterov());
+  EXPECT_EQ(muon_config(c).options.ns_steps(), 5);
+  EXPECT_EQ(muon_config(c).options.ns_variant(), "asym5");
+  EXPECT_EQ(adamw_config(c).lr(), 0.001);
+  EXPECT_EQ(adamw_config(c).weight_decay(), 0.01);
   EXPECT_EQ(c.mix_precision.param_dtype, "bfloat16");
   EXPECT_EQ(c.mix_precision.reduce_dtype.value_or(""), "float32");
   EXPECT_EQ(c.mix_precision.output_dtype, "bfloat16");
@@ -81,10 +83,10 @@ TEST(YamlFrontEndTest, AllOurSectionsAndListKeys) {
   EXPECT_TRUE(c.checkpoint.async);
   EXPECT_TRUE(c.optimizer.swap_optimizer);
   EXPECT_EQ(c.optimizer.swap_merge_buckets, 4);
-  EXPECT_EQ(c.optimizer.adamw.betas[1], 0.95);
-  ASSERT_EQ(c.optimizer.muon.ns_coefficients.size(), 2u);
-  EXPECT_EQ(c.optimizer.muon.ns_coefficients[1][1], -1.5);
-  EXPECT_EQ(c.optimizer.muon.adamw_keywords, std::vector<std::string>{"router"});
+  EXPECT_EQ(std::get<1>(adamw_config(c).betas()), 0.95);
+  ASSERT_EQ(muon_config(c).options.ns_coefficients().size(), 2u);
+  EXPECT_EQ(muon_config(c).options.ns_coefficients()[1][1], -1.5);
+  EXPECT_EQ(muon_config(c).adamw_keywords, std::vector<std::string>{"router"});
 }
 
 TEST(YamlFrontEndTest, EmptySectionsAreAllowed) {

@@ -7,9 +7,11 @@
 
 #include "mixtrain/core/error.h"
 #include "mixtrain/optim/adamw.h"
+#include "mixtrain/optim/adamw_config.h"
 #include "mixtrain/optim/chained_optimizer.h"
 #include "mixtrain/optim/mixed_precision_optimizer.h"
 #include "mixtrain/optim/muon.h"
+#include "mixtrain/optim/muon_config.h"
 
 namespace mixtrain {
 namespace MIXTRAIN_FILE_LOCAL {
@@ -60,13 +62,13 @@ TrainerConfig yaml_muon(bool fp32_main_params) {
   config.optimizer.routing = "yaml";
   config.optimizer.fp32_main_params = fp32_main_params;
   config.mix_precision.reduce_dtype = "float32";  // fp32-main-params §2.5
-  config.optimizer.adamw.lr = 1e-3;
-  config.optimizer.adamw.weight_decay = 0.01;
-  config.optimizer.adamw.betas = {0.9, 0.95};
-  config.optimizer.adamw.eps = 1e-6;
-  config.optimizer.muon.lr = 0.02;
-  config.optimizer.muon.weight_decay = 0.1;
-  config.optimizer.muon.ns_variant = "legacy";
+  adamw_config(config).lr(1e-3);
+  adamw_config(config).weight_decay(0.01);
+  adamw_config(config).betas({0.9, 0.95});
+  adamw_config(config).eps(1e-6);
+  muon_config(config).options.lr(0.02);
+  muon_config(config).options.weight_decay(0.1);
+  muon_config(config).options.ns_variant("legacy");
   return config;
 }
 
@@ -194,7 +196,7 @@ TEST(BuildOptimizer, AdamWTargetHasOneLeafAndTomlDecayHasOneGroup) {
   EXPECT_EQ(chain.leaves()[0]->param_groups().size(), 2u);  // decay / no decay
 
   config.optimizer.routing = "toml";  // one shared weight_decay for every AdamW param
-  config.optimizer.muon.weight_decay = config.optimizer.adamw.weight_decay;
+  muon_config(config).options.weight_decay(adamw_config(config).weight_decay());
   auto toml = build_optimizer(tiny_qwen2_moe(at::kBFloat16), config);
   EXPECT_EQ(
       dynamic_cast<MixedPrecisionOptimizer&>(*toml).chained().leaves()[0]->param_groups().size(),
@@ -220,7 +222,7 @@ TEST(BuildOptimizer, LogsTheRoutingTable) {
 
 TEST(BuildOptimizer, BadLeafOptionsAreConfigErrors) {
   TrainerConfig config = yaml_muon(true);
-  config.optimizer.muon.ns_variant = "bogus";
+  muon_config(config).options.ns_variant("bogus");
   EXPECT_THROW(build_optimizer(tiny_qwen2_moe(at::kBFloat16), config), ConfigError);
   NamedParams frozen = {{"w", at::zeros({2, 2})}};
   config = yaml_muon(false);

@@ -695,16 +695,17 @@ TEST(ChainedOptimizerParamGroups, LoadChecksEverythingAndModifiesNothingOnError)
        {"adamw group 1: base_lr must be >= 0, got -0.1"}},
       {"ns_steps 0",
        [](nlohmann::json& j) { j[2]["ns_steps"] = 0; },
-       {"muon group 0: muon_ns_steps must be >= 1"}},
+       {"muon group 0: ns_steps must be > 0, got 0"}},
       {"custom schedule length",
        [](nlohmann::json& j) { j[2]["ns_steps"] = 2; },
        {"muon group 0: custom Newton-Schulz schedule has 3 coefficient sets; muon_ns_steps=2"}},
       {"unknown momentum style",
        [](nlohmann::json& j) { j[2]["momentum_style"] = "heavy"; },
-       {"muon group 0: unknown Muon momentum style 'heavy'"}},
+       {"muon group 0: field 'momentum_style': unknown value 'heavy' (expected sum, ema, "
+        "ema_add)"}},
       {"float16 ns_dtype",
        [](nlohmann::json& j) { j[2]["ns_dtype"] = "float16"; },
-       {"muon group 0: ns_dtype must be bfloat16 or float32, got float16"}},
+       {"muon group 0: field 'ns_dtype': unknown value 'float16' (expected bfloat16, float32)"}},
       {"amsgrad",
        [](nlohmann::json& j) { j[1]["amsgrad"] = true; },
        {"adamw group 1: amsgrad is not supported"}},
@@ -720,7 +721,7 @@ TEST(ChainedOptimizerParamGroups, LoadChecksEverythingAndModifiesNothingOnError)
          j[0]["weight_decay"] = -1.0;
          j[2]["ns_steps"] = 0;
        },
-       {"adamw group 0: invalid weight_decay", "muon group 0: muon_ns_steps must be >= 1",
+       {"adamw group 0: invalid weight_decay", "muon group 0: ns_steps must be > 0, got 0",
         "2 problem(s)"}},
   };
   for (const auto& c : cases) {

@@ -39,6 +39,7 @@
 #include "mixtrain/optim/chained_optimizer.h"
 #include "mixtrain/optim/mixed_precision_optimizer.h"
 #include "mixtrain/optim/muon.h"
+#include "mixtrain/optim/muon_config.h"
 #include "mixtrain/optim/muon_owner_plan.h"
 #include "mixtrain/optim/muon_telemetry.h"
 
@@ -364,12 +365,9 @@ TEST(MuonCommunicationDtypeTest, ParsesBfloat16AndFloat32Only) {
   EXPECT_EQ(parse_muon_communication_dtype("float32"), at::kFloat);
   EXPECT_THROW(parse_muon_communication_dtype("float16"), std::invalid_argument);
   EXPECT_THROW(parse_muon_communication_dtype("int8"), std::invalid_argument);
-  MuonConfig config;
-  EXPECT_EQ(MuonOptions::from_config(config).communication_dtype(), at::kBFloat16);
-  config.communication_dtype = "float32";
-  EXPECT_EQ(MuonOptions::from_config(config).communication_dtype(), at::kFloat);
-  config.communication_dtype = "fp8";
-  EXPECT_THROW(MuonOptions::from_config(config), std::invalid_argument);
+  EXPECT_EQ(MuonOptions().communication_dtype(), at::kBFloat16);
+  EXPECT_THROW(Muon({at::zeros({2, 2})}, MuonOptions().communication_dtype(at::kHalf)),
+               std::invalid_argument);
 }
 
 // ---- equality with single-process Muon ----
@@ -1080,8 +1078,8 @@ TEST(DistributedMuonTest, MixedPrecisionStackWithSetMuonShardingEqualsOneProcess
   config.optimizer.target = "Muon";
   config.optimizer.fp32_main_params = true;
   config.mix_precision.reduce_dtype = "float32";  // fp32-main-params §2.5
-  config.optimizer.muon.lr = 0.02;
-  config.optimizer.muon.weight_decay = 0.1;
+  muon_config(config).options.lr(0.02);
+  muon_config(config).options.weight_decay(0.1);
   const int steps = 2;
   auto init = [&](size_t i) { return random_normal(shapes[i].shape, 7 + i).to(at::kBFloat16); };
   auto grad = [&](size_t i, int step) { return random_normal(shapes[i].shape, 500 * step + i); };
@@ -1151,11 +1149,11 @@ TEST(DistributedMuonTest, PerHeadStackAndTelemetryOnTwoRanksEqualOneProcess) {
   config.optimizer.target = "Muon";
   config.optimizer.fp32_main_params = true;
   config.mix_precision.reduce_dtype = "float32";
-  config.optimizer.muon.lr = 0.02;
-  config.optimizer.muon.weight_decay = 0.1;
-  config.optimizer.muon.ns_dtype = "float32";
-  config.optimizer.muon.communication_dtype = "float32";
-  config.optimizer.muon.per_head = true;
+  muon_config(config).options.lr(0.02);
+  muon_config(config).options.weight_decay(0.1);
+  muon_config(config).options.ns_dtype(at::kFloat);
+  muon_config(config).options.communication_dtype(at::kFloat);
+  muon_config(config).per_head = true;
   config.model.head_dim = 8;
   const int64_t all_matrices = 4 + 3 + 3 + 4 + 1 + 4 + 4;
   auto init = [&](size_t i) { return random_normal(shapes[i].shape, 9 + i).to(at::kBFloat16); };

@@ -13,10 +13,15 @@
 #include <functional>
 #include <iostream>
 #include <memory>
+#include <set>
 #include <stdexcept>
 #include <string>
 #include <utility>
 #include <vector>
+
+#include "mixtrain/config/schema.h"
+#include "mixtrain/optim/muon_config.h"
+#include "mixtrain/optim/option_fields.h"
 
 namespace mixtrain {
 namespace MIXTRAIN_FILE_LOCAL {
@@ -774,60 +779,66 @@ TEST(MuonTest, RejectsInvalidOptions) {
                std::invalid_argument);
 }
 
-TEST(MuonTest, DefaultsAndFromConfigFollowTheConfig) {
-  const MuonConfig defaults;
+TEST(MuonTest, DefaultsAreTheYamlDialects) {
+  // hyper-parallel's Muon defaults (docs/config.md), stated here independently of muon.h.
   const MuonOptions d;
-  EXPECT_EQ(d.lr(), defaults.lr);
-  EXPECT_EQ(d.weight_decay(), defaults.weight_decay);
-  EXPECT_EQ(d.momentum(), defaults.momentum);
-  EXPECT_EQ(d.nesterov(), defaults.nesterov);
-  EXPECT_EQ(d.ns_steps(), defaults.ns_steps);
-  EXPECT_EQ(d.ns_variant(), defaults.ns_variant);
-  EXPECT_EQ(d.ns_epsilon(), defaults.ns_epsilon);
+  EXPECT_EQ(d.lr(), 0.02);
+  EXPECT_EQ(d.weight_decay(), 0.0);
+  EXPECT_EQ(d.momentum(), 0.95);
+  EXPECT_TRUE(d.nesterov());
+  EXPECT_EQ(d.ns_steps(), 5);
+  EXPECT_EQ(d.ns_variant(), "asym5");
+  EXPECT_TRUE(d.ns_coefficients().empty());
+  EXPECT_EQ(d.ns_epsilon(), 1e-7);
   EXPECT_EQ(d.ns_dtype(), at::kBFloat16);
-  EXPECT_EQ(d.matched_adamw_rms(), defaults.matched_adamw_rms);
+  EXPECT_EQ(d.matched_adamw_rms(), 0.2);
   EXPECT_EQ(d.adjust_lr_fn(), AdjustLrFn::kMatchRmsAdamw);
   EXPECT_EQ(d.momentum_style(), MomentumStyle::kSum);
-  EXPECT_EQ(d.normuon(), defaults.normuon);
+  EXPECT_EQ(d.communication_dtype(), at::kBFloat16);
   EXPECT_FALSE(d.normuon());
-  EXPECT_EQ(d.normuon_beta2(), defaults.normuon_beta2);
   EXPECT_EQ(d.normuon_beta2(), 0.95);  // the paper's beta2
-  EXPECT_EQ(d.normuon_epsilon(), defaults.normuon_epsilon);
-  EXPECT_EQ(d.cautious_weight_decay(), defaults.cautious_weight_decay);
+  EXPECT_EQ(d.normuon_epsilon(), 1e-10);
   EXPECT_FALSE(d.cautious_weight_decay());
+}
 
-  MuonConfig toml;
-  toml.lr = 2.2e-4;
-  toml.weight_decay = 0.1;
-  toml.ns_steps = 10;
-  toml.ns_variant = "hybrid";
-  toml.ns_dtype = "float32";
-  toml.matched_adamw_rms = 0.18;
-  toml.adjust_lr_fn = "original";
-  toml.momentum_style = "ema_add";
-  toml.normuon = true;
-  toml.normuon_beta2 = 0.9;
-  toml.normuon_epsilon = 1e-8;
-  toml.cautious_weight_decay = true;
-  const MuonOptions o = MuonOptions::from_config(toml);
-  EXPECT_TRUE(o.normuon());
-  EXPECT_EQ(o.normuon_beta2(), 0.9);
-  EXPECT_EQ(o.normuon_epsilon(), 1e-8);
-  EXPECT_TRUE(o.cautious_weight_decay());
-  EXPECT_EQ(o.lr(), 2.2e-4);
-  EXPECT_EQ(o.weight_decay(), 0.1);
-  EXPECT_EQ(o.ns_steps(), 10);
-  EXPECT_EQ(o.ns_variant(), "hybrid");
-  EXPECT_EQ(o.ns_dtype(), at::kFloat);
-  EXPECT_EQ(o.matched_adamw_rms(), 0.18);
-  EXPECT_EQ(o.adjust_lr_fn(), AdjustLrFn::kOriginal);
-  EXPECT_EQ(o.momentum_style(), MomentumStyle::kEmaAdd);
+// Each option is declared once: its field gives the config key, the checkpoint field and the
+// rule validate() applies.
+TEST(MuonTest, OptionFieldsAreTheConfigKeysCheckpointFieldsAndRules) {
+  std::set<std::string> hyper;
+  for (const auto& field : muon_option_fields()) {
+    const std::string key = "optimizer.muon_config.muon_" + field.name;
+    const LeafSpec* leaf = find_canonical_leaf(key);
+    ASSERT_NE(leaf, nullptr) << key;
+    // The leaf shows what the options hold: a config at its defaults shows MuonOptions{}.
+    EXPECT_EQ(leaf->format(TrainerConfig{}), field.show(MuonOptions{})) << key;
+    if (field.hyperparameter) hyper.insert(field.name);
+  }
+  std::set<std::string> saved;
+  Muon optimizer({at::zeros({2, 3})}, MuonOptions());
+  const nlohmann::json group = optimizer.group_hyperparameters(0);
+  for (const auto& item : group.items()) saved.insert(item.key());
+  EXPECT_EQ(saved, hyper);
+  EXPECT_EQ(hyper.count("lr"), 0u);  // the group's lr is saved as its base lr
 
-  toml.ns_dtype = "int8";
-  EXPECT_THROW(MuonOptions::from_config(toml), std::invalid_argument);
-  toml.ns_dtype = "bfloat16";
-  toml.ns_variant = "asym5";  // 10 steps: the asym5 error
-  EXPECT_THROW(MuonOptions::from_config(toml), std::invalid_argument);
+  // A key set in a config reaches the options the optimizer is built from.
+  TrainerConfig config;
+  DocValue float32;
+  float32.kind = DocValue::Kind::kString;
+  float32.string_value = "float32";
+  find_canonical_leaf("optimizer.muon_config.muon_ns_dtype")
+      ->assign(config, float32, {"test", "optimizer.muon_config.muon_ns_dtype"});
+  EXPECT_EQ(muon_config(config).options.ns_dtype(), at::kFloat);
+
+  // validate() applies the fields' rules, naming the option.
+  try {
+    MuonOptions().momentum(1.0).validate();
+    FAIL() << "momentum 1 was accepted";
+  } catch (const std::invalid_argument& error) {
+    EXPECT_STREQ(error.what(), "Muon: momentum must be in [0, 1), got 1");
+  }
+  EXPECT_THROW(MuonOptions().ns_dtype(at::kChar).validate(), std::invalid_argument);
+  EXPECT_THROW(MuonOptions().ns_variant("asym5").ns_steps(10).validate(), std::invalid_argument);
+  MuonOptions().ns_dtype(at::kDouble).validate();  // float64: programs and checkpoints only
 }
 
 TEST(MuonTest, GroupHyperparametersRoundTripAndAreCheckedBeforeTheyAreSet) {
@@ -869,23 +880,26 @@ TEST(MuonTest, GroupHyperparametersRoundTripAndAreCheckedBeforeTheyAreSet) {
   EXPECT_EQ(optimizer.group_hyperparameters(0), values);
 
   const std::vector<std::pair<std::function<void(nlohmann::json&)>, std::string>> bad = {
-      {[](nlohmann::json& j) { j["ns_steps"] = 0; }, "muon_ns_steps must be >= 1"},
+      {[](nlohmann::json& j) { j["ns_steps"] = 0; }, "ns_steps must be > 0, got 0"},
       {[](nlohmann::json& j) { j["ns_steps"] = 3; }, "custom Newton-Schulz schedule has 2"},
       {[](nlohmann::json& j) { j["ns_steps"] = 2.0; }, "field 'ns_steps' must be an integer"},
-      {[](nlohmann::json& j) { j["ns_variant"] = "cubic"; }, "unknown Newton-Schulz variant"},
+      {[](nlohmann::json& j) { j["ns_variant"] = "cubic"; },
+       "ns_variant must be one of legacy, asym5, quintic, hybrid, polar_express, "
+       "custom, got 'cubic'"},
       {[](nlohmann::json& j) {
          j["ns_coefficients"][1] = {2.0, -1.5};
        },
        "field 'ns_coefficients' must be an array of [a, b, c] number triples, got the element "
        "[2.0,-1.5]"},
-      {[](nlohmann::json& j) { j["ns_dtype"] = "int8"; }, "field 'ns_dtype': unknown dtype 'int8'"},
+      {[](nlohmann::json& j) { j["ns_dtype"] = "int8"; }, "field 'ns_dtype': unknown value 'int8'"},
       {[](nlohmann::json& j) { j["ns_dtype"] = "float16"; },
-       "ns_dtype must be bfloat16 or float32"},
+       "field 'ns_dtype': unknown value 'float16' (expected bfloat16, float32)"},
       {[](nlohmann::json& j) { j["communication_dtype"] = "float64"; },
-       "unknown muon_communication_dtype 'float64'"},
-      {[](nlohmann::json& j) { j["adjust_lr_fn"] = "sqrt"; }, "unknown Muon adjust_lr_fn 'sqrt'"},
+       "field 'communication_dtype': unknown value 'float64' (expected bfloat16, float32)"},
+      {[](nlohmann::json& j) { j["adjust_lr_fn"] = "sqrt"; },
+       "field 'adjust_lr_fn': unknown value 'sqrt'"},
       {[](nlohmann::json& j) { j["momentum"] = 1.0; }, "momentum must be in [0, 1)"},
-      {[](nlohmann::json& j) { j["ns_epsilon"] = -1e-7; }, "ns_epsilon must be >= 0"},
+      {[](nlohmann::json& j) { j["ns_epsilon"] = -1e-7; }, "ns_epsilon must be > 0, got -1e-07"},
       {[](nlohmann::json& j) { j["matched_adamw_rms"] = 0; }, "matched_adamw_rms must be > 0"},
       {[](nlohmann::json& j) { j["nesterov"] = 1; }, "field 'nesterov' must be a boolean"},
       {[](nlohmann::json& j) { j.erase("momentum_style"); }, "missing field 'momentum_style'"},

@@ -11,13 +11,14 @@
 #include <string>
 
 #include "mixtrain/core/error.h"
+#include "mixtrain/optim/sgd.h"
 
 namespace mixtrain {
 namespace MIXTRAIN_FILE_LOCAL {
 
 TEST(OptimizerTable, EveryEntryBuildsALeafWithItsStateFields) {
   OptimizerConfig config;
-  config.sgd.momentum = 0.9;  // SGD keeps a momentum buffer only with momentum
+  config.options.get<SgdOptions>().momentum(0.9);  // SGD keeps a momentum buffer only with momentum
   std::set<std::string> names, targets;
   for (const OptimizerTableEntry& entry : optimizer_table()) {
     EXPECT_TRUE(names.insert(entry.name).second) << entry.name;

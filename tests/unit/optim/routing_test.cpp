@@ -6,6 +6,8 @@
 #include <sstream>
 
 #include "mixtrain/core/error.h"
+#include "mixtrain/optim/adamw_config.h"
+#include "mixtrain/optim/muon_config.h"
 
 namespace mixtrain {
 namespace MIXTRAIN_FILE_LOCAL {
@@ -71,10 +73,10 @@ OptimizerConfig yaml_muon_config() {
   OptimizerConfig config;
   config.target = "Muon";
   config.routing = "yaml";
-  config.adamw.lr = 1e-3;
-  config.adamw.weight_decay = 0.01;
-  config.muon.lr = 0.02;
-  config.muon.weight_decay = 0.1;
+  config.options.get<torch::optim::AdamWOptions>().lr(1e-3);
+  config.options.get<torch::optim::AdamWOptions>().weight_decay(0.01);
+  config.options.get<MuonConfig>().options.lr(0.02);
+  config.options.get<MuonConfig>().options.weight_decay(0.1);
   return config;
 }
 
@@ -82,9 +84,9 @@ OptimizerConfig yaml_muon_config() {
 OptimizerConfig toml_muon_config() {
   OptimizerConfig config = yaml_muon_config();
   config.routing = "toml";
-  config.adamw.weight_decay = 0.05;
-  config.muon.weight_decay = 0.05;
-  config.muon.lr = 0.003;
+  config.options.get<torch::optim::AdamWOptions>().weight_decay(0.05);
+  config.options.get<MuonConfig>().options.weight_decay(0.05);
+  config.options.get<MuonConfig>().options.lr(0.003);
   return config;
 }
 
@@ -144,7 +146,7 @@ TEST(Routing, DialectsDifferOnOutputNamesAndHigherRanks) {
 
 TEST(Routing, UserKeywordsSendMatchingNamesToAdamWCaseInsensitively) {
   OptimizerConfig config = yaml_muon_config();
-  config.muon.adamw_keywords = {"Shared_Expert_Gate", "mlp.gate."};
+  config.options.get<MuonConfig>().adamw_keywords = {"Shared_Expert_Gate", "mlp.gate."};
   const auto routes = route_parameters(make_params(qwen2_moe_expectations()), config);
   int keyword_routed = 0;
   for (const auto& route : routes) {
@@ -165,7 +167,7 @@ TEST(Routing, UserKeywordsSendMatchingNamesToAdamWCaseInsensitively) {
   }
 
   OptimizerConfig toml = toml_muon_config();
-  toml.muon.adamw_keywords = {"experts"};
+  toml.options.get<MuonConfig>().adamw_keywords = {"experts"};
   for (const auto& route : route_parameters(make_params(qwen2_moe_expectations()), toml)) {
     if (route.name.find("experts") != std::string::npos) {
       EXPECT_EQ(route.optimizer, kA);

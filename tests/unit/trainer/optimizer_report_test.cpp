@@ -9,8 +9,10 @@
 #include <sstream>
 
 #include "mixtrain/config/dialect_defaults.h"
+#include "mixtrain/optim/adamw_config.h"
 #include "mixtrain/optim/build_optimizer.h"
 #include "mixtrain/optim/chained_optimizer.h"
+#include "mixtrain/optim/muon_config.h"
 #include "mixtrain/optim/param_groups.h"
 #include "mixtrain/optim/training_optimizer.h"
 
@@ -39,10 +41,10 @@ ResolvedConfig yaml_muon_config(bool fp32_main_params) {
   resolved.config.optimizer.fp32_main_params = fp32_main_params;
   resolved.config.mix_precision.reduce_dtype =
       "float32";  // fp32-main-params §2.5: set, never filled in
-  resolved.config.optimizer.adamw.lr = 0.003;
-  resolved.config.optimizer.adamw.weight_decay = 0.1;
-  resolved.config.optimizer.muon.lr = 0.05;
-  resolved.config.optimizer.muon.momentum = 0.9;
+  adamw_config(resolved.config).lr(0.003);
+  adamw_config(resolved.config).weight_decay(0.1);
+  muon_config(resolved.config).options.lr(0.05);
+  muon_config(resolved.config).options.momentum(0.9);
   return resolved;
 }
 

@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "mixtrain/config/trainer_config.h"
+#include "mixtrain/core/param_role.h"
 #include "mixtrain/model/attention.h"
 #include "mixtrain/model/max_logit_recorder.h"
 
@@ -156,18 +157,6 @@ class ParameterMaterializer {
   virtual ContextParallelHooks* context_parallel() { return nullptr; }
 };
 
-enum class ParamRole {
-  kEmbedding,   // token embedding table
-  kAttention,   // q/k/v/o projections (weights and biases)
-  kMlp,         // dense feed-forward (a dense model's MLP, a MoE model's shared expert)
-  kRouter,      // MoE router (gate) and the shared-expert gate
-  kExpert,      // routed experts, expert dim 0
-  kNorm,        // normalisation scales
-  kOutputHead,  // the output projection to the vocabulary (lm_head)
-};
-
-const char* param_role_name(ParamRole role);  // "embedding", "attention", ...
-
 class CausalLM : public torch::nn::Module {
  public:
   virtual CausalLMOutput forward(const torch::Tensor& input_ids) = 0;
@@ -176,6 +165,8 @@ class CausalLM : public torch::nn::Module {
   // The role of parameter `name` (a key of named_parameters()). Throws std::invalid_argument
   // for a name the model has no role for (build_model checks that every parameter has one).
   ParamRole param_role(const std::string& name) const;
+  // Every parameter's role (core/param_role.h), attention projections with their layer.
+  const ParamRoles& param_roles() const { return roles_; }
   // Whether `name` is a routed-expert tensor (role kExpert; expert dim 0).
   bool is_expert(const std::string& name) const { return param_role(name) == ParamRole::kExpert; }
   // Tensor parallelism: the dim along which parameter `name` is split over the tp group (0:
@@ -200,8 +191,10 @@ class CausalLM : public torch::nn::Module {
 
  protected:
   // Gives every parameter of `module` (registered under `prefix`, e.g. "model.layers.0.mlp.")
-  // the role `role`; a model calls it from its constructor for each of its modules.
-  void assign_param_role(const std::string& prefix, torch::nn::Module& module, ParamRole role);
+  // the role `role` (an attention projection: with its layer's max-logit key); a model calls it
+  // from its constructor for each of its modules.
+  void assign_param_role(const std::string& prefix, torch::nn::Module& module, ParamRole role,
+                         const std::string& attention_layer = "");
   // Splits the parameters of `module` (registered under `prefix`) over tp along `dim` (tp_dim);
   // with `weight_only`, only its ".weight" (a row-parallel linear's bias stays whole).
   void assign_tp_dim(const std::string& prefix, torch::nn::Module& module, int64_t dim,
@@ -217,7 +210,7 @@ class CausalLM : public torch::nn::Module {
  private:
   MaterializerSlot materializer_ = std::make_shared<std::shared_ptr<ParameterMaterializer>>();
   RecorderSlot recorder_ = std::make_shared<std::shared_ptr<MaxLogitRecorder>>();
-  std::map<std::string, ParamRole> roles_;
+  ParamRoles roles_;
   std::map<std::string, int64_t> tp_dims_;  // absent: -1
 };
 

@@ -299,7 +299,13 @@ class Qwen2FamilyForCausalLM : public CausalLM {
     for (size_t i = 0; i < model->layers.size(); ++i) {
       const auto& layer = *model->layers[i];
       const std::string p = layer_prefix(i);
-      assign_param_role(p + "self_attn.", *layer.self_attn, ParamRole::kAttention);
+      // Each projection with its layer: the key its max logits are recorded under.
+      const std::string attn = p + "self_attn.";
+      auto& a = *layer.self_attn;
+      assign_param_role(attn + "q_proj.", *a.q_proj, ParamRole::kAttentionQuery, attn);
+      assign_param_role(attn + "k_proj.", *a.k_proj, ParamRole::kAttentionKey, attn);
+      assign_param_role(attn + "v_proj.", *a.v_proj, ParamRole::kAttentionValue, attn);
+      assign_param_role(attn + "o_proj.", *a.o_proj, ParamRole::kAttentionOutput, attn);
       if (layer.self_attn->q_norm) {  // per-head q/k norms: norms, not attention projections
         assign_param_role(p + "self_attn.q_norm.", *layer.self_attn->q_norm, ParamRole::kNorm);
         assign_param_role(p + "self_attn.k_norm.", *layer.self_attn->k_norm, ParamRole::kNorm);

@@ -16,7 +16,8 @@
 // variants (Qwen2-0.5B/1.5B) are not offered. No sliding window (HF use_sliding_window = false,
 // the default), no dropout. Numerics as qwen2_moe.h: RMSNorm in float32 and cast back, rotary
 // tables in float32, attention softmax in float32; the MLP is SwiGLU. No router: aux_loss = 0.
-// Parameter roles (causal_lm.h): embed_tokens kEmbedding, self_attn kAttention, mlp kMlp, norms
+// Parameter roles (core/param_role.h): embed_tokens kEmbedding, self_attn.{q,k,v,o}_proj
+// kAttention{Query,Key,Value,Output}, mlp kMlp, norms
 // kNorm, lm_head kOutputHead; no kExpert, so expert parallelism does not apply. Tensor
 // parallelism (Megatron): embed_tokens and lm_head split over the vocabulary, q/k/v and
 // mlp.{gate,up}_proj column-, o_proj and mlp.down_proj row-parallel, norms whole.

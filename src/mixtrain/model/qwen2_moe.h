@@ -36,7 +36,8 @@
 // each module (linear, embedding, norm, the routed experts as one unit) reports its output to
 // post_forward, so FSDP can gather, reshard and gather again per module; without a materializer
 // the model computes exactly as it always did.
-// Parameter roles (causal_lm.h): embed_tokens kEmbedding, self_attn kAttention, mlp.gate and
+// Parameter roles (core/param_role.h): embed_tokens kEmbedding, self_attn.{q,k,v,o}_proj
+// kAttention{Query,Key,Value,Output} (q/k_norm kNorm), mlp.gate and
 // mlp.shared_expert_gate kRouter, mlp.experts kExpert, mlp.shared_expert kMlp, norms kNorm,
 // lm_head kOutputHead. Tensor parallelism (CausalLM::tp_dim, layers.h TpStyle): embed_tokens
 // and lm_head split over the vocabulary, q/k/v and shared_expert.{gate,up}_proj column-,

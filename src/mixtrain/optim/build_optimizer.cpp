@@ -32,17 +32,26 @@ void add_to_groups(LeafGroups& leaf, const RouteEntry& route, const at::Tensor& 
   leaf.named.emplace_back(route.name, param);
 }
 
-// muon_per_head: q/k/v/o of every attention layer orthogonalized per head of head_dim.
-void split_attention_heads(Muon& muon, const NamedTensors& named, int64_t head_dim) {
+// muon_per_head: the q/k/v/o weights of every attention layer (by the model's roles)
+// orthogonalized per head of head_dim.
+void split_attention_heads(Muon& muon, const NamedTensors& named, const ParamRoles& roles,
+                           int64_t head_dim) {
+  if (roles.empty()) {
+    throw ConfigError(ConfigKey{"optimizer.muon_config.muon_per_head"},
+                      "needs the model's parameter roles (which matrices are attention "
+                      "projections); none were given");
+  }
   int64_t split = 0;
   for (const auto& [name, param] : named) {
-    if (const auto heads = attention_head_split(name, head_dim)) {
+    const auto role = roles.find(name);
+    if (role == roles.end() || param.dim() != 2) continue;
+    if (const auto heads = attention_head_split(role->second.role, head_dim)) {
       muon.set_head_split(param, *heads);
       ++split;
     }
   }
   log_info("Muon per head: " + std::to_string(split) +
-           " attention matrices (self_attn.{q,k,v,o}_proj.weight) orthogonalized per head of " +
+           " attention matrices (the q/k/v/o projection weights) orthogonalized per head of " +
            std::to_string(head_dim) +
            (split == 0 ? " (none found: every matrix stays whole)" : ""));
 }
@@ -51,7 +60,7 @@ void split_attention_heads(Muon& muon, const NamedTensors& named, int64_t head_d
 
 std::unique_ptr<TrainingOptimizer> build_optimizer(
     const std::vector<std::pair<std::string, at::Tensor>>& named_params,
-    const TrainerConfig& config) {
+    const TrainerConfig& config, const ParamRoles& roles) {
   const OptimizerConfig& optimizer = config.optimizer;
   std::vector<RouteEntry> routes = route_parameters(named_params, optimizer);
   if (routes.empty())
@@ -79,7 +88,7 @@ std::unique_ptr<TrainingOptimizer> build_optimizer(
       if (leaf == leaves.end()) continue;
       std::unique_ptr<LeafOptimizer> made = entry.make(leaf->second.groups, optimizer);
       if (auto* muon = dynamic_cast<Muon*>(made.get()); muon && muon_config(config).per_head)
-        split_attention_heads(*muon, leaf->second.named, config.model.head_dim);
+        split_attention_heads(*muon, leaf->second.named, roles, config.model.head_dim);
       chained->add_leaf(std::move(made), leaf->second.named);
     }
   } catch (const std::invalid_argument& error) {

@@ -3,9 +3,10 @@
 //   made by the entry's make() with one param group per distinct (lr, weight_decay), in model
 //   order -> ChainedOptimizer -> MixedPrecisionOptimizer
 //   iff optimizer.fp32_main_params.
-// With optimizer.muon_config.muon_per_head, Muon orthogonalizes every parameter named
-// *self_attn.{q,k,v}_proj.weight per head along dim 0 and *self_attn.o_proj.weight along dim 1,
-// heads of model.head_dim (Muon::set_head_split); it logs how many it split.
+// With optimizer.muon_config.muon_per_head, Muon orthogonalizes the weight of every q, k and v
+// projection per head along dim 0 and of every o projection along dim 1, heads of
+// model.head_dim (Muon::set_head_split), as `roles` (the model's, core/param_role.h) says;
+// per_head without roles is a ConfigError. It logs how many it split.
 // Logs the routing table with log_info. float16 params without fp32_main_params are a
 // ConfigError on optimizer.fp32_main_params (core/error.h ConfigKey): float16 needs fp32 main
 // params and loss scaling (docs/architecture.md §6). The config's own rules (fp32-main-params
@@ -20,12 +21,13 @@
 #include <vector>
 
 #include "mixtrain/config/trainer_config.h"
+#include "mixtrain/core/param_role.h"
 #include "mixtrain/optim/training_optimizer.h"
 
 namespace mixtrain {
 
 std::unique_ptr<TrainingOptimizer> build_optimizer(
     const std::vector<std::pair<std::string, at::Tensor>>& named_params,
-    const TrainerConfig& config);
+    const TrainerConfig& config, const ParamRoles& roles = {});
 
 }  // namespace mixtrain

@@ -5,15 +5,6 @@
 #include <stdexcept>
 
 namespace mixtrain {
-namespace {
-
-bool ends_with(const std::string& text, const std::string& suffix) {
-  return text.size() >= suffix.size() &&
-         text.compare(text.size() - suffix.size(), suffix.size(), suffix) == 0;
-}
-
-}  // namespace
-
 std::pair<int64_t, int64_t> muon_matrix_shape(at::IntArrayRef shape, const MuonHeadSplit& split,
                                               const std::string& what) {
   const auto n = static_cast<int64_t>(shape.size());
@@ -38,13 +29,17 @@ at::Tensor merge_heads(const at::Tensor& heads, at::IntArrayRef shape, const Muo
   return heads.permute({1, 0, 2}).reshape(shape).contiguous();
 }
 
-std::optional<MuonHeadSplit> attention_head_split(const std::string& name, int64_t head_dim) {
-  for (const char* rows :
-       {"self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight"}) {
-    if (ends_with(name, rows)) return MuonHeadSplit{0, head_dim};
+std::optional<MuonHeadSplit> attention_head_split(ParamRole role, int64_t head_dim) {
+  switch (role) {
+    case ParamRole::kAttentionQuery:
+    case ParamRole::kAttentionKey:
+    case ParamRole::kAttentionValue:
+      return MuonHeadSplit{0, head_dim};
+    case ParamRole::kAttentionOutput:
+      return MuonHeadSplit{1, head_dim};
+    default:
+      return std::nullopt;
   }
-  if (ends_with(name, "self_attn.o_proj.weight")) return MuonHeadSplit{1, head_dim};
-  return std::nullopt;
 }
 
 }  // namespace mixtrain

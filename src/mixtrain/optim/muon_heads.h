@@ -15,6 +15,8 @@
 #include <string>
 #include <utility>
 
+#include "mixtrain/core/param_role.h"
+
 namespace mixtrain {
 
 struct MuonHeadSplit {
@@ -35,9 +37,9 @@ at::Tensor split_heads(const at::Tensor& matrix, const MuonHeadSplit& split);
 // The inverse: [H, rows, cols] back to a contiguous tensor of `shape`.
 at::Tensor merge_heads(const at::Tensor& heads, at::IntArrayRef shape, const MuonHeadSplit& split);
 
-// The split of the parameter `name` under muon_per_head: names ending in
-// self_attn.{q,k,v}_proj.weight split dim 0, self_attn.o_proj.weight dim 1, blocks of head_dim;
-// nullopt for every other name.
-std::optional<MuonHeadSplit> attention_head_split(const std::string& name, int64_t head_dim);
+// The split of a 2-D weight of `role` under muon_per_head: q, k and v projections split dim 0
+// (rows are heads), the o projection dim 1 (columns are heads), blocks of head_dim; nullopt
+// for every other role.
+std::optional<MuonHeadSplit> attention_head_split(ParamRole role, int64_t head_dim);
 
 }  // namespace mixtrain

@@ -114,13 +114,26 @@ std::map<std::string, std::vector<double>> reduce_max_logits(
 QkClipStats apply_qk_clip(ChainedOptimizer& chain,
                           const std::map<std::string, std::vector<double>>& max_logits,
                           const std::vector<ParamPlacement>& placements, const ModelConfig& model,
-                          double tau) {
+                          double tau, const ParamRoles& roles) {
+  // Each layer's query and key projections (weights and biases), as the model declares them.
+  std::map<std::string, std::map<ParamRole, std::vector<std::string>>> projections;
+  for (const auto& [name, info] : roles) {
+    if (info.role == ParamRole::kAttentionQuery || info.role == ParamRole::kAttentionKey) {
+      projections[info.attention_layer][info.role].push_back(name);
+    }
+  }
   QkClipStats stats;
   stats.max_logit = -std::numeric_limits<double>::infinity();
-  for (const auto& [prefix, logits] : max_logits) {
-    for (const char* proj : {"q_proj.weight", "k_proj.weight"}) {
-      if (!chain.contains(prefix + proj)) {
-        throw std::invalid_argument("QK-clip: layer " + prefix + " has no trainable " + proj);
+  for (const auto& [layer, logits] : max_logits) {
+    auto& own = projections[layer];
+    for (const ParamRole role : {ParamRole::kAttentionQuery, ParamRole::kAttentionKey}) {
+      const auto& names = own[role];
+      const bool trainable_weight = std::any_of(names.begin(), names.end(), [&](const auto& n) {
+        return chain.contains(n) && chain.optimizer_param(n).dim() == 2;
+      });
+      if (!trainable_weight) {
+        throw std::invalid_argument("QK-clip: layer " + layer + " has no trainable " +
+                                    param_role_name(role) + " projection weight");
       }
     }
     stats.heads += static_cast<int64_t>(logits.size());
@@ -129,12 +142,11 @@ QkClipStats apply_qk_clip(ChainedOptimizer& chain,
       if (s > tau) ++stats.heads_clipped;
     }
     const QkClipScales scales = qk_clip_scales(logits, model.num_kv_heads, tau);
-    for (const auto& [proj, scale] :
-         {std::pair<std::string, const std::vector<double>*>{"q_proj.", &scales.q},
-          {"k_proj.", &scales.k}}) {
+    for (const auto& [role, scale] :
+         {std::pair<ParamRole, const std::vector<double>*>{ParamRole::kAttentionQuery, &scales.q},
+          {ParamRole::kAttentionKey, &scales.k}}) {
       if (!any_scaled(*scale)) continue;
-      for (const char* part : {"weight", "bias"}) {
-        const std::string name = prefix + proj + part;
+      for (const std::string& name : own[role]) {
         if (chain.contains(name)) scale_param(chain, name, placements, model.head_dim, *scale);
       }
     }

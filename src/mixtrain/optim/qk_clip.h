@@ -13,8 +13,8 @@
 //     n = 1 is K2's sqrt(gamma_h) on both.
 // A head's rows (rows [h D, (h+1) D) of q_proj.weight / q_proj.bias, likewise k_proj) are scaled,
 // biases included: (a W x + a b) = a (W x + b), and rotary is linear, so the logit scales by the
-// product of the q and k factors. Models with per-head q/k RMSNorm (qwen3_moe) are refused by
-// validate_config: their logits do not depend on the projections' scale.
+// product of the q and k factors. Models with per-head q/k RMSNorm are refused by the
+// config check (muon_config.cpp): their logits do not depend on the projections' scale.
 //
 // Where: on the tensors the optimizer updates (the fp32 main params with fp32_main_params, the
 // parameters themselves otherwise), each rank scaling the rows it holds (FSDP dim-0 chunks,
@@ -33,6 +33,7 @@
 #include "mixtrain/config/trainer_config.h"
 #include "mixtrain/core/collectives.h"
 #include "mixtrain/core/param_placement.h"
+#include "mixtrain/core/param_role.h"
 #include "mixtrain/optim/chained_optimizer.h"
 
 namespace mixtrain {
@@ -61,14 +62,15 @@ struct QkClipStats {
 std::map<std::string, std::vector<double>> reduce_max_logits(
     Collectives& world, const std::map<std::string, at::Tensor>& layers);
 
-// Clips every layer of `max_logits` (keys: the attention module's parameter prefix, e.g.
-// "model.layers.0.self_attn.") in `chain`'s <prefix>{q,k}_proj.{weight,bias}: the optimizer param
-// scaled, then the model param rewritten from it where it is a separate tensor. placements: how
-// each parameter is held (by name; absent: whole). Throws std::invalid_argument when a layer's
-// q_proj/k_proj weight is not in the chain.
+// Clips every layer of `max_logits` (keys: the attention layer's recorder key, e.g.
+// "model.layers.0.self_attn.") in `chain`'s query and key projections of that layer (weights
+// and biases, by the model's `roles`: kAttentionQuery / kAttentionKey with that
+// attention_layer): the optimizer param scaled, then the model param rewritten from it where it
+// is a separate tensor. placements: how each parameter is held (by name; absent: whole). Throws
+// std::invalid_argument when a layer's query or key weight is not in the chain.
 QkClipStats apply_qk_clip(ChainedOptimizer& chain,
                           const std::map<std::string, std::vector<double>>& max_logits,
                           const std::vector<ParamPlacement>& placements, const ModelConfig& model,
-                          double tau);
+                          double tau, const ParamRoles& roles);
 
 }  // namespace mixtrain

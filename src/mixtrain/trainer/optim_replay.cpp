@@ -17,6 +17,7 @@
 #include "mixtrain/distributed/device_mesh.h"
 #include "mixtrain/distributed/fsdp.h"
 #include "mixtrain/distributed/rendezvous.h"
+#include "mixtrain/model/hf_param_roles.h"
 #include "mixtrain/optim/build_optimizer.h"
 #include "mixtrain/optim/chained_optimizer.h"
 #include "mixtrain/optim/lr_schedule.h"
@@ -185,7 +186,11 @@ int64_t run_optim_replay(const ResolvedConfig& resolved, const ReplayPaths& path
     for (auto& [name, grad] : step_grads) grad = layout.local_rows(grad);
   }
 
-  std::unique_ptr<TrainingOptimizer> optimizer = build_optimizer(params, config);
+  // The files carry names only: their roles from the decoder layout the models share.
+  std::vector<std::string> names;
+  for (const auto& [name, unused] : params) names.push_back(name);
+  std::unique_ptr<TrainingOptimizer> optimizer =
+      build_optimizer(params, config, hf_param_roles(names));
   optimizer->chained().set_placements(placements);
   const bool schedule = schedule_configured(resolved);
   LrSchedule lr_schedule(config.train.lr_scheduler, steps);

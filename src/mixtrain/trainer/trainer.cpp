@@ -293,7 +293,7 @@ Trainer::Trainer(const ResolvedConfig& resolved, const DeviceMesh& mesh, const s
   BuiltModel built = build_training_model(config, mesh_, /*load_init_from=*/false);
   model_ = std::move(built.model);
   sharded_ = std::move(built.sharded);
-  optimizer_ = build_optimizer(named_parameters_of(*model_), config);
+  optimizer_ = build_optimizer(named_parameters_of(*model_), config, model_->param_roles());
   if (sharded_) {
     if (config.optimizer.fp32_main_params) sharded_->set_main_grads(optimizer_.get());
     optimizer_->chained().set_placements(sharded_->placements());
@@ -453,7 +453,8 @@ void Trainer::apply_update() {
       static const std::vector<ParamPlacement> kWhole;
       const QkClipStats stats = apply_qk_clip(
           optimizer_->chained(), reduce_max_logits(*mesh_.world, max_logits_->layers()),
-          sharded_ ? sharded_->placements() : kWhole, resolved_.config.model, tau);
+          sharded_ ? sharded_->placements() : kWhole, resolved_.config.model, tau,
+          model_->param_roles());
       pending_.known.qk_clip = true;
       pending_.known.qk_clip_heads = stats.heads_clipped;
       pending_.known.qk_max_logit = stats.max_logit;

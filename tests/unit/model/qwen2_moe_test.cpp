@@ -522,7 +522,9 @@ TEST(Qwen3Moe, ParameterNamesShapesAndRolesMatchHuggingFace) {
   }
   EXPECT_EQ(model->param_role("model.layers.0.self_attn.q_norm.weight"), ParamRole::kNorm);
   EXPECT_EQ(model->param_role("model.layers.1.self_attn.k_norm.weight"), ParamRole::kNorm);
-  EXPECT_EQ(model->param_role("model.layers.1.self_attn.o_proj.bias"), ParamRole::kAttention);
+  EXPECT_EQ(model->param_role("model.layers.1.self_attn.o_proj.bias"), ParamRole::kAttentionOutput);
+  EXPECT_EQ(model->param_roles().at("model.layers.1.self_attn.q_proj.weight").attention_layer,
+            "model.layers.1.self_attn.");
   EXPECT_EQ(model->param_role("model.layers.0.mlp.gate.weight"), ParamRole::kRouter);
   EXPECT_EQ(model->param_role("model.layers.0.mlp.experts.down_proj"), ParamRole::kExpert);
   // Without attention_bias (HF's default) no projection has a bias.

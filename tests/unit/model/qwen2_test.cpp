@@ -76,8 +76,9 @@ TEST(Qwen2, ParameterNamesAndShapesMatchHuggingFace) {
 TEST(Qwen2, TheModelNamesTheRoleOfEveryParameter) {
   const auto model = build_model(tiny_dense(), 1);
   EXPECT_EQ(model->param_role("model.embed_tokens.weight"), ParamRole::kEmbedding);
-  EXPECT_EQ(model->param_role("model.layers.1.self_attn.k_proj.bias"), ParamRole::kAttention);
-  EXPECT_EQ(model->param_role("model.layers.0.self_attn.o_proj.weight"), ParamRole::kAttention);
+  EXPECT_EQ(model->param_role("model.layers.1.self_attn.k_proj.bias"), ParamRole::kAttentionKey);
+  EXPECT_EQ(model->param_role("model.layers.0.self_attn.o_proj.weight"),
+            ParamRole::kAttentionOutput);
   EXPECT_EQ(model->param_role("model.layers.0.mlp.down_proj.weight"), ParamRole::kMlp);
   EXPECT_EQ(model->param_role("model.layers.1.input_layernorm.weight"), ParamRole::kNorm);
   EXPECT_EQ(model->param_role("model.norm.weight"), ParamRole::kNorm);
@@ -221,7 +222,8 @@ TEST(Llama, AttentionBiasesFollowTheKey) {
     if (bias) {
       EXPECT_EQ(params["model.layers.0.self_attn.o_proj.bias"].sizes().vec(),
                 (std::vector<int64_t>{24}));
-      EXPECT_EQ(model->param_role("model.layers.0.self_attn.o_proj.bias"), ParamRole::kAttention);
+      EXPECT_EQ(model->param_role("model.layers.0.self_attn.o_proj.bias"),
+                ParamRole::kAttentionOutput);
     }
     EXPECT_EQ(model->param_role("model.layers.0.mlp.up_proj.weight"), ParamRole::kMlp);
     const auto out = model->forward(torch::zeros({1, 4}, torch::kInt64));

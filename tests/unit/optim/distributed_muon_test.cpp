@@ -1122,7 +1122,7 @@ TEST(DistributedMuonTest, MixedPrecisionStackWithSetMuonShardingEqualsOneProcess
   }
 }
 
-// The trainer's path with muon_per_head (build_optimizer splits q/k/v/o by name, heads of
+// The trainer's path with muon_per_head (build_optimizer splits q/k/v/o by their roles, heads of
 // model.head_dim 8) and telemetry on step 2 over every matrix (sample 1000): two FSDP ranks
 // with float32 Newton–Schulz and wire equal one process bitwise, and the telemetry agrees:
 //   sampled: every matrix once on either side (4 + 3 + 3 + 4 heads, the gate, 2 x 4 experts);
@@ -1156,11 +1156,17 @@ TEST(DistributedMuonTest, PerHeadStackAndTelemetryOnTwoRanksEqualOneProcess) {
   muon_config(config).per_head = true;
   config.model.head_dim = 8;
   const int64_t all_matrices = 4 + 3 + 3 + 4 + 1 + 4 + 4;
+  // What the model declares for its attention projections (core/param_role.h).
+  const std::string attn = "model.layers.0.self_attn.";
+  const ParamRoles roles = {{shapes[1].name, {ParamRole::kAttentionQuery, attn}},
+                            {shapes[2].name, {ParamRole::kAttentionKey, attn}},
+                            {shapes[3].name, {ParamRole::kAttentionValue, attn}},
+                            {shapes[4].name, {ParamRole::kAttentionOutput, attn}}};
   auto init = [&](size_t i) { return random_normal(shapes[i].shape, 9 + i).to(at::kBFloat16); };
   auto grad = [&](size_t i, int step) { return random_normal(shapes[i].shape, 700 * step + i); };
 
   auto full = whole_params(shapes, init);
-  auto reference = build_optimizer(full, config);
+  auto reference = build_optimizer(full, config, roles);
   auto& ref = dynamic_cast<MixedPrecisionOptimizer&>(*reference);
   EXPECT_EQ(dynamic_cast<Muon&>(ref.chained().leaf_of(shapes[4].name))
                 .head_split(ref.main_param(shapes[4].name))
@@ -1198,7 +1204,7 @@ TEST(DistributedMuonTest, PerHeadStackAndTelemetryOnTwoRanksEqualOneProcess) {
   std::vector<std::vector<MuonGroupTelemetry>> got(n);
   run_ranks(n, [&](int rank) {
     auto [shard, layout] = dim0_shards(shapes, init, rank, n, group[rank]);
-    auto built = build_optimizer(shard, config);
+    auto built = build_optimizer(shard, config, roles);
     auto& wrapper = dynamic_cast<MixedPrecisionOptimizer&>(*built);
     wrapper.chained().set_placements(layout);
     for (int step = 1; step <= 2; ++step) {

@@ -1022,12 +1022,15 @@ TEST(MuonPerHeadTest, RejectsSplitsThatDoNotFit) {
   EXPECT_NO_THROW(muon.step());
 }
 
-TEST(MuonPerHeadTest, AttentionNamesGetTheirSplit) {
-  EXPECT_EQ(attention_head_split("model.layers.3.self_attn.q_proj.weight", 64)->dim, 0);
-  EXPECT_EQ(attention_head_split("model.layers.3.self_attn.v_proj.weight", 64)->block, 64);
-  EXPECT_EQ(attention_head_split("model.layers.0.self_attn.o_proj.weight", 16)->dim, 1);
-  EXPECT_FALSE(attention_head_split("model.layers.0.self_attn.q_proj.bias", 16));
-  EXPECT_FALSE(attention_head_split("model.layers.0.mlp.down_proj.weight", 16));
+TEST(MuonPerHeadTest, AttentionRolesGetTheirSplit) {
+  EXPECT_EQ(attention_head_split(ParamRole::kAttentionQuery, 64)->dim, 0);
+  EXPECT_EQ(attention_head_split(ParamRole::kAttentionKey, 64)->dim, 0);
+  EXPECT_EQ(attention_head_split(ParamRole::kAttentionValue, 64)->block, 64);
+  EXPECT_EQ(attention_head_split(ParamRole::kAttentionOutput, 16)->dim, 1);
+  for (const ParamRole role : {ParamRole::kEmbedding, ParamRole::kMlp, ParamRole::kRouter,
+                               ParamRole::kExpert, ParamRole::kNorm, ParamRole::kOutputHead}) {
+    EXPECT_FALSE(attention_head_split(role, 16)) << param_role_name(role);
+  }
 }
 
 // ---- telemetry (muon_telemetry.h) ----

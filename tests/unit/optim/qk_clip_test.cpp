@@ -92,6 +92,14 @@ NamedTensors named(const Projections& p) {
           {kLayer + "k_proj.bias", p.bk}};
 }
 
+// What the model declares for the layer's projections (core/param_role.h).
+ParamRoles roles() {
+  return {{kLayer + "q_proj.weight", {ParamRole::kAttentionQuery, kLayer}},
+          {kLayer + "q_proj.bias", {ParamRole::kAttentionQuery, kLayer}},
+          {kLayer + "k_proj.weight", {ParamRole::kAttentionKey, kLayer}},
+          {kLayer + "k_proj.bias", {ParamRole::kAttentionKey, kLayer}}};
+}
+
 std::unique_ptr<ChainedOptimizer> chain_of(const Projections& p) {
   auto chain = std::make_unique<ChainedOptimizer>();
   chain->add_leaf(make_sgd({p.wq, p.bq, p.wk, p.bk}, 0.1), named(p));
@@ -121,7 +129,8 @@ TEST(QkClip, EveryHeadsLogitsScaleByExactlyItsGammaWeightsAndBiasesAlike) {
 
   const at::Tensor wk_before = p.wk.clone(), wq_before = p.wq.clone();
   auto chain = chain_of(p);
-  const QkClipStats stats = apply_qk_clip(*chain, {{kLayer, s_max}}, {}, model_config(), tau);
+  const QkClipStats stats =
+      apply_qk_clip(*chain, {{kLayer, s_max}}, {}, model_config(), tau, roles());
   EXPECT_EQ(stats.heads, kHeads);
   EXPECT_EQ(stats.heads_clipped, 1);
   EXPECT_DOUBLE_EQ(stats.max_logit, s_max[0]);
@@ -156,7 +165,7 @@ TEST(QkClip, EveryHeadsLogitsScaleByExactlyItsGammaWeightsAndBiasesAlike) {
 TEST(QkClip, RowsSplitOverRanksByPlacementGiveTheWholeResult) {
   const std::vector<double> s_max = {400, 50, 30, 250};
   const Projections whole = random_projections(11);
-  apply_qk_clip(*chain_of(whole), {{kLayer, s_max}}, {}, model_config(), 100.0);
+  apply_qk_clip(*chain_of(whole), {{kLayer, s_max}}, {}, model_config(), 100.0, roles());
   // Dim 0 split over two ranks: rank 0 rows [0, c), rank 1 the rest, with c = rows / 2 + 1 not a
   // multiple of head_dim, so a head straddles the two pieces (FSDP's chunks can).
   const Projections original = random_projections(11);
@@ -180,7 +189,7 @@ TEST(QkClip, RowsSplitOverRanksByPlacementGiveTheWholeResult) {
       placement.rows = count;
       placements.push_back(placement);
     }
-    apply_qk_clip(*chain_of(local), {{kLayer, s_max}}, placements, model_config(), 100.0);
+    apply_qk_clip(*chain_of(local), {{kLayer, s_max}}, placements, model_config(), 100.0, roles());
   }
   const at::Tensor expected[4] = {whole.wq, whole.bq, whole.wk, whole.bk};
   for (int i = 0; i < 4; ++i) {
@@ -207,8 +216,8 @@ TEST(QkClip, MainParamsScaledAndLowPrecisionModelParamsTheirRounding) {
     opt.main_param(name).add_(at::full_like(opt.main_param(name), 1e-4));
   }
   const at::Tensor q_main = opt.main_param(model[0].first).clone();
-  const QkClipStats stats =
-      apply_qk_clip(opt.chained(), {{kLayer, {400, 50, 30, 20}}}, {}, model_config(), 100.0);
+  const QkClipStats stats = apply_qk_clip(opt.chained(), {{kLayer, {400, 50, 30, 20}}}, {},
+                                          model_config(), 100.0, roles());
   EXPECT_EQ(stats.heads_clipped, 1);
   // Head 0: gamma 1/4, m = 1/4: q rows times 1/2 (exact in binary), head 1's times 2.
   EXPECT_TRUE(at::equal(opt.main_param(model[0].first).narrow(0, 0, kHeadDim),

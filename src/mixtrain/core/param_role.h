@@ -1,0 +1,39 @@
+// What each parameter of a model is, as the model declares it (model/causal_lm.h
+// CausalLM::param_roles): the one source optimizers and parallelisms ask instead of reading
+// parameter names. Attention projections carry their layer (the key the layer's max logits are
+// recorded under, model/max_logit_recorder.h), so QK-clip finds a layer's queries and keys.
+#pragma once
+
+#include <map>
+#include <string>
+
+namespace mixtrain {
+
+enum class ParamRole {
+  kEmbedding,        // token embedding table
+  kAttentionQuery,   // q projection (weight and bias): rows are query heads
+  kAttentionKey,     // k projection: rows are key/value heads
+  kAttentionValue,   // v projection: rows are key/value heads
+  kAttentionOutput,  // o projection: columns are query heads
+  kMlp,              // dense feed-forward (a dense model's MLP, a MoE model's shared expert)
+  kRouter,           // MoE router (gate) and the shared-expert gate
+  kExpert,           // routed experts, expert dim 0
+  kNorm,             // normalisation scales (incl. per-head q/k norms)
+  kOutputHead,       // the output projection to the vocabulary (lm_head)
+};
+
+// "embedding", "attention_query", ..., "output_head".
+const char* param_role_name(ParamRole role);
+
+// q, k, v or o.
+bool is_attention_projection(ParamRole role);
+
+struct ParamRoleInfo {
+  ParamRole role;
+  std::string attention_layer;  // attention projections: their layer's key; "" otherwise
+};
+
+// By parameter name (a key of the model's named_parameters()).
+using ParamRoles = std::map<std::string, ParamRoleInfo>;
+
+}  // namespace mixtrain

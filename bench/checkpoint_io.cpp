@@ -86,6 +86,7 @@
 #include "mixtrain/core/safetensors.h"
 #include "mixtrain/distributed/device_mesh.h"
 #include "mixtrain/model/causal_lm.h"
+#include "mixtrain/model/registry.h"
 #include "mixtrain/optim/optimizer_table.h"
 #include "mixtrain/trainer/trainer.h"
 
@@ -618,7 +619,8 @@ const char* verdict(bool met) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  mixtrain::register_optimizer_sections();  // before any config is read
+  mixtrain::register_model_sections();  // before any config is read
+  mixtrain::register_optimizer_sections();
   program_name() = "bench_checkpoint_io";
   const Options options = parse_options(argc, argv);
   // As `mixtrain train`: every core unless OMP_NUM_THREADS says otherwise (a load reads its

@@ -49,6 +49,7 @@
 #include "mixtrain/distributed/fsdp.h"
 #include "mixtrain/distributed/launcher.h"
 #include "mixtrain/distributed/rendezvous.h"
+#include "mixtrain/model/registry.h"
 #include "mixtrain/optim/chained_optimizer.h"
 #include "mixtrain/optim/distributed_muon.h"
 #include "mixtrain/optim/muon.h"
@@ -195,7 +196,8 @@ std::string mib(double bytes) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  mixtrain::register_optimizer_sections();  // before any config is read
+  mixtrain::register_model_sections();  // before any config is read
+  mixtrain::register_optimizer_sections();
   program_name() = "bench_muon_comm";
   const std::string worker_config = env_or(kWorkerEnv, "");
   if (!worker_config.empty()) return worker_exit_code([&] { return worker_main(worker_config); });

@@ -88,7 +88,8 @@ void report(const char* what, const Pair& pair) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  mixtrain::register_optimizer_sections();  // before any config is read
+  mixtrain::register_model_sections();  // before any config is read
+  mixtrain::register_optimizer_sections();
   mixtrain::bench::program_name() = "bench_qk_clip_bench";
   int rounds = 21, attention_calls = 50;
   for (int i = 1; i < argc; ++i) {

@@ -265,7 +265,8 @@ void report_failure(const RunResult& run) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  mixtrain::register_optimizer_sections();  // before any config is read
+  mixtrain::register_model_sections();  // before any config is read
+  mixtrain::register_optimizer_sections();
   program_name() = "bench_swap_optimizer";
   const Options options = parse_options(argc, argv);
   require_executable(options.binary);

@@ -41,6 +41,7 @@
 #include <string>
 #include <vector>
 
+#include "mixtrain/model/registry.h"
 #include "mixtrain/optim/build_optimizer.h"
 #include "mixtrain/optim/chained_optimizer.h"
 #include "mixtrain/optim/leaf_optimizer.h"
@@ -239,7 +240,8 @@ bool bitwise_equal(const at::Tensor& a, const at::Tensor& b) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  mixtrain::register_optimizer_sections();  // before any config is read
+  mixtrain::register_model_sections();  // before any config is read
+  mixtrain::register_optimizer_sections();
   const Options o = parse(argc, argv);
   if (at::accelerator::getAccelerator() != c10::kCUDA || at::accelerator::deviceCount() == 0) {
     std::printf("skipped: no CUDA device\n");

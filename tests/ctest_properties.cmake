@@ -34,7 +34,7 @@ set(MIXTRAIN_TEST_TABLE
   "scenarios_rfc_case_2_1_scale_test         8          420      slow"    # 41.6 (2026-12-03; 8 ranks)
   "scenarios_rfc_system_test                 8          360      slow"    # 36.1 (2026-12-03; two 8-rank runs)
   "scenarios_rfc_case_2_4_test              2          600      slow"    # 72 (on a busy machine)
-  "unit_config_hf_config_test                1          60"      #          4.5
+  "unit_model_hf_config_test                1          60"      #          4.5
   "unit_trainer_checkpointing_test           4          60"      #          2.5 (4 ranks: tp boxes)
   "tools_checkpoint_resume_test              1          140      slow"    # 13.6 (2026-12-03; 1 process)
   "tools_checkpoint_resume_distributed_test  2          60"     #          4.0 (2026-12-03; 2 ranks)

@@ -90,19 +90,18 @@ foreach(test_source ${MIXTRAIN_TEST_SOURCES})
     set(test_libs mixtrain_cli)
     if(folder MATCHES "^unit/([a-z_]+)$")
       set(test_libs mixtrain_${CMAKE_MATCH_1})
-      # The config and model tests read config files, whose optimizer keys are sections
-      # optim/ registers.
-      if(CMAKE_MATCH_1 MATCHES "^(distributed|config|model)$")
-        list(APPEND test_libs mixtrain_optim)
+      # Tests that read or build a config need the sections model/ and optim/ register.
+      if(CMAKE_MATCH_1 MATCHES "^(distributed|config|model|optim)$")
+        list(APPEND test_libs mixtrain_model mixtrain_optim)
       endif()
       if(CMAKE_MATCH_1 STREQUAL "model")
         list(APPEND test_libs mixtrain_checkpoint)
       endif()
     endif()
-    # Executables that can read a config register the optimizers' sections first, as run_cli
-    # does (config/section.h); the core, data and checkpoint tests read none.
+    # Executables that can read a config register the models' and optimizers' sections first,
+    # as run_cli does (config/section.h); the core, data and checkpoint tests read none.
     if(NOT folder MATCHES "^unit/(core|data|checkpoint)$")
-      target_sources(${executable} PRIVATE tests/support/optimizer_sections.cpp)
+      target_sources(${executable} PRIVATE tests/support/register_sections.cpp)
     endif()
     if(cuda)
       target_link_libraries(${executable} PRIVATE ${test_libs} mixtrain_cuda_test_main)

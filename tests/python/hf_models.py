@@ -1,4 +1,4 @@
-"""Tiny Hugging Face models for the HF import/export tests (tests/unit/config/hf_config_test.cpp,
+"""Tiny Hugging Face models for the HF import/export tests (tests/unit/model/hf_config_test.cpp,
 tests/unit/checkpoint/hf_import_test.cpp, tests/tools/export_hf_command_test.cpp). No hub access:
 every model is built from a config with random weights.
 

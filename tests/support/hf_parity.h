@@ -3,7 +3,7 @@
 // qwen2_moe_test.cpp: qwen2_moe, qwen3_moe). tests/python/hf_parity.py builds the family tiny
 // with random weights, save_pretrained()s it and writes float64 logits, loss (with the router
 // aux loss) and every saved tensor's gradient; run_hf_parity builds our model from the saved
-// config.json (config/hf_config.h: read_hf_config), loads the weights, and the gradients into
+// config.json (model/hf_config.h: read_hf_config), loads the weights, and the gradients into
 // float64 tensors of our shapes, through the product's loader (checkpoint/hf_import.h:
 // import_hf_weights, which stacks HF's per-expert 2-D tensors into our [E, out, in]), runs our
 // float32 forward and backward, and returns both sides for expect_hf_parity to compare.
@@ -27,9 +27,9 @@
 #include <vector>
 
 #include "mixtrain/checkpoint/hf_import.h"
-#include "mixtrain/config/hf_config.h"
 #include "mixtrain/core/param_placement.h"
 #include "mixtrain/core/safetensors.h"
+#include "mixtrain/model/hf_config.h"
 #include "mixtrain/model/registry.h"
 #include "support/python_script.h"
 #include "support/scoped_temp_dir.h"

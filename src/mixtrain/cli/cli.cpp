@@ -27,6 +27,7 @@
 #include "mixtrain/core/logging.h"
 #include "mixtrain/core/printable.h"
 #include "mixtrain/distributed/launcher.h"
+#include "mixtrain/model/registry.h"
 #include "mixtrain/optim/optimizer_table.h"
 #include "mixtrain/trainer/optim_replay.h"
 #include "mixtrain/trainer/trainer.h"
@@ -117,6 +118,7 @@ std::optional<std::string> unknown_command(const CLI::App& app, int argc, char**
 
 int run_cli(int argc, char** argv) {
   // The components' config sections, before any config is read (config/section.h).
+  register_model_sections();
   register_optimizer_sections();
   CLI::App app{"mixtrain: LLM training with FP32 main params (AdamW, Muon + AdamW or SGD)"};
   app.require_subcommand(1);

@@ -15,13 +15,13 @@
 
 #include "mixtrain/checkpoint/storage.h"
 #include "mixtrain/config/document.h"
-#include "mixtrain/config/hf_config.h"
 #include "mixtrain/config/schema.h"
 #include "mixtrain/config/yaml_reader.h"
 #include "mixtrain/core/error.h"
 #include "mixtrain/core/posix_file.h"
 #include "mixtrain/core/safetensors.h"
 #include "mixtrain/core/text.h"
+#include "mixtrain/model/hf_config.h"
 #include "mixtrain/optim/training_optimizer.h"
 
 namespace mixtrain {

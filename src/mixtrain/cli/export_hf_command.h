@@ -3,7 +3,7 @@
 // tensors) as a Hugging Face model directory that transformers' from_pretrained loads.
 //
 // The model config comes from the checkpoint's recorded config (its model.* leaves); config.json
-// is config/hf_config.h's hf_config_json of it. Each parameter's values are its fp32 main param
+// is model/hf_config.h's hf_config_json of it. Each parameter's values are its fp32 main param
 // when the checkpoint has one (a low-precision model trained with fp32 main params: the exact
 // values the optimizer holds), else its model param; then converted to --dtype (f32 default;
 // bf16 rounds to nearest even). Routed experts are written in the per-expert layout

@@ -5,8 +5,8 @@
 #include <utility>
 
 #include "mixtrain/config/document.h"
-#include "mixtrain/config/hf_config.h"
 #include "mixtrain/config/schema.h"
+#include "mixtrain/config/section.h"
 #include "mixtrain/config/toml_front_end.h"
 #include "mixtrain/config/toml_reader.h"
 #include "mixtrain/config/validate.h"
@@ -63,8 +63,10 @@ ResolvedConfig load_config(const std::string& path, const std::vector<std::strin
   } else {
     translate_toml(document, resolved.config, provenance);
   }
-  // model.hf_config / model.init_from: the architecture keys from config.json (hf_config.h).
-  apply_hf_config(resolved.config, provenance);
+  // Keys the sections fill from elsewhere (the model's config.json: model/hf_config.h).
+  for (const ConfigSectionSpec& section : config_sections()) {
+    if (section.resolve) section.resolve(resolved.config, provenance);
+  }
   validate_config(resolved.config, provenance);
 
   for (const LeafSpec& spec : canonical_leaves()) {

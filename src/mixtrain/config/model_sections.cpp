@@ -1,87 +1,39 @@
 #include "mixtrain/config/model_sections.h"
 
+#include <stdexcept>
+
 namespace mixtrain {
 namespace {
 
-// The keys both MoE models read.
-void check_moe(const ModelConfig& m, const ModelKeyChecker& check) {
-  check.positive("model.moe_intermediate_size", m.moe_intermediate_size);
-  check.positive("model.num_experts", m.num_experts);
-  check.positive("model.num_experts_per_tok", m.num_experts_per_tok);
-  check.non_negative("model.router_aux_loss_coef", m.router_aux_loss_coef);
-  if (m.num_experts_per_tok > m.num_experts) {
-    check.fail_value("model.num_experts_per_tok",
-                     "must be <= model.num_experts (" + std::to_string(m.num_experts) + ")");
-  }
-}
+struct ModelSectionRegistry {
+  std::vector<ModelSection> sections;
+  std::string default_name;
+};
 
-void check_qwen2_moe(const ModelConfig& m, const ModelKeyChecker& check) {
-  check_moe(m, check);
-  check.positive("model.shared_expert_intermediate_size", m.shared_expert_intermediate_size);
-}
-
-void check_dense(const ModelConfig& m, const ModelKeyChecker& check) {
-  check.positive("model.intermediate_size", m.intermediate_size);
-}
-
-void check_qwen2(const ModelConfig& m, const ModelKeyChecker& check) {
-  check_dense(m, check);
-  // HF Qwen2Attention has q/k/v biases unconditionally: a bias-free Qwen2 would not be Qwen2.
-  if (!m.attention_bias) {
-    check.fail_value("model.attention_bias",
-                     "must be true for model qwen2 (its q/k/v projections always have biases); "
-                     "model llama has bias-free attention");
-  }
-}
-
-int64_t experts_of(const ModelConfig& m) {
-  return m.num_experts;
-}
-int64_t no_experts(const ModelConfig&) {
-  return 0;
-}
-
-// Column-parallel MLP widths (the routed experts are not split over tp).
-std::vector<std::pair<std::string, int64_t>> dense_tp_sizes(const ModelConfig& m) {
-  return {{"model.intermediate_size", m.intermediate_size}};
-}
-std::vector<std::pair<std::string, int64_t>> shared_expert_tp_sizes(const ModelConfig& m) {
-  return {{"model.shared_expert_intermediate_size", m.shared_expert_intermediate_size}};
-}
-std::vector<std::pair<std::string, int64_t>> no_tp_sizes(const ModelConfig&) {
-  return {};
+ModelSectionRegistry& model_section_registry() {
+  static ModelSectionRegistry instance;
+  return instance;
 }
 
 }  // namespace
 
+void register_model_section(ModelSection section, bool is_default) {
+  ModelSectionRegistry& r = model_section_registry();
+  for (const ModelSection& other : r.sections) {
+    if (other.name == section.name) {
+      throw std::logic_error("model section '" + section.name + "' registered twice");
+    }
+  }
+  if (is_default && r.default_name.empty()) r.default_name = section.name;
+  r.sections.push_back(std::move(section));
+}
+
 const std::vector<ModelSection>& model_sections() {
-  static const std::vector<ModelSection> sections = {
-      {"qwen2_moe",
-       {"model.moe_intermediate_size", "model.num_experts", "model.num_experts_per_tok",
-        "model.shared_expert_intermediate_size", "model.router_aux_loss_coef",
-        "model.attention_bias", "model.norm_topk_prob"},
-       check_qwen2_moe,
-       experts_of,
-       shared_expert_tp_sizes},
-      {"qwen3_moe",
-       {"model.moe_intermediate_size", "model.num_experts", "model.num_experts_per_tok",
-        "model.router_aux_loss_coef", "model.attention_bias", "model.norm_topk_prob"},
-       check_moe,
-       experts_of,
-       no_tp_sizes,
-       /*qk_norm=*/true},
-      {"qwen2",
-       {"model.intermediate_size", "model.attention_bias"},
-       check_qwen2,
-       no_experts,
-       dense_tp_sizes},
-      {"llama",
-       {"model.intermediate_size", "model.attention_bias"},
-       check_dense,
-       no_experts,
-       dense_tp_sizes},
-  };
-  return sections;
+  return model_section_registry().sections;
+}
+
+std::string default_model_name() {
+  return model_section_registry().default_name;
 }
 
 const ModelSection* find_model_section(const std::string& name) {

@@ -1,12 +1,14 @@
-// The config side of the model seam: for each model name (model/registry.h builds them), the
-// model.* keys of its own section, their checks, and how many routed experts it has.
+// The config side of the model seam: for each model name, the model.* keys of its own section,
+// their checks, how many routed experts it has, what tensor parallelism splits and its
+// capabilities. Each model family registers its section (model/registry.h
+// register_model_sections, with its factory); config/ names no model.
 //
 // Keys every model reads (name, vocab_size, hidden_size, num_layers, num_heads, num_kv_heads,
-// head_dim, max_seq_len, rope_theta, rms_norm_eps) are checked by validate.cpp for all. A
-// model-specific key (one listed by any section) that the chosen model does not read is refused
-// when the user set it (file or --set): "model.num_experts: is not a key of model qwen2 (...)".
-// Left at its default it is ignored. config/ sits below model/, so this table cannot ask the
-// registry; tests/unit/model/registry_test.cpp checks that both name the same models.
+// head_dim, max_seq_len, rope_theta, rms_norm_eps, the rope scaling keys) are checked by
+// validate.cpp and the model section (model/registry.cpp) for all. A model-specific key (one
+// listed by any section) that the chosen model does not read is refused when the user set it
+// (file or --set): "model.num_experts: is not a key of model <name> (...)". Left at its default
+// it is ignored.
 #pragma once
 
 #include <cstdint>
@@ -37,7 +39,11 @@ struct ModelSection {
   bool qk_norm = false;
 };
 
-// In model/registry.cpp's order.
+// Registers a model's section; throws std::logic_error for a second one of the same name. The
+// first registered with `is_default` names the model a config gets without model.name.
+void register_model_section(ModelSection section, bool is_default = false);
+
+// In registration order.
 const std::vector<ModelSection>& model_sections();
 
 // The section of `name`, or nullptr.

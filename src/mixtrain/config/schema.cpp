@@ -223,6 +223,7 @@ const std::vector<LeafSpec>& canonical_leaves() {
       all.push_back(std::move(leaf));
       if (!slot_follows) continue;
       for (const ConfigSectionSpec& section : config_sections()) {
+        if (section.slot.empty() && section.leaves.empty()) continue;
         if (section.slot != "optimizer") {
           throw std::logic_error("config section '" + section.name + "': unknown slot '" +
                                  section.slot + "'");

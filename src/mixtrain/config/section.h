@@ -65,8 +65,9 @@ void record_toml(Provenance& provenance, const std::string& canonical, ValueSour
 void record_derived(Provenance& provenance, const std::string& canonical, const std::string& note);
 
 struct ConfigSectionSpec {
-  std::string name;  // for messages: the optimizer's name
-  // Where its leaves go in the canonical order: "optimizer" (after optimizer.fp32_main_params).
+  std::string name;  // for messages: the component's name
+  // Where its leaves go in the canonical order: "optimizer" (after optimizer.fp32_main_params);
+  // "" for a section without leaves.
   std::string slot;
   // The optimizer._target_ value that selects it ("" for none), and whether the TOML dialect
   // offers it.
@@ -74,6 +75,9 @@ struct ConfigSectionSpec {
   bool in_toml_dialect = true;
   bool default_target = false;   // optimizer._target_ when no config names one
   std::vector<LeafSpec> leaves;  // in display order
+  // Fills keys from elsewhere after the front end, before validation (a model's config.json:
+  // model.hf_config), recording where each came from (null: nothing to do).
+  std::function<void(TrainerConfig&, Provenance&)> resolve;
   // Rules across keys, after every leaf's own rule (null: none).
   std::function<void(const TrainerConfig&, const ConfigChecker&)> check;
   // Lines the loader logs as warnings, and `config show` notes (null: none).

@@ -15,10 +15,14 @@
 
 namespace mixtrain {
 
-// One struct for every model (config/model_sections.h says which keys each model reads; a key
-// set for a model that does not read it is refused).
+// model.name of a config that names none: the model registered as the default
+// (model_sections.h); "" before any is registered.
+std::string default_model_name();
+
+// One struct for every model: the decoder's architecture keys (model_sections.h says which keys
+// each model reads; a key set for a model that does not read it is refused).
 struct ModelConfig {
-  std::string name = "qwen2_moe";  // qwen2_moe | qwen3_moe | qwen2 | llama (model/registry.h)
+  std::string name = default_model_name();  // a registered model (model/registry.h)
   // A Hugging Face config.json the architecture keys are read from ("" = the keys themselves).
   std::string hf_config;
   // A Hugging Face model directory whose weights initialise the model (model.safetensors or
@@ -30,16 +34,16 @@ struct ModelConfig {
   int64_t num_heads = 4;
   int64_t num_kv_heads = 2;
   int64_t head_dim = 16;
-  int64_t intermediate_size = 128;  // qwen2: the dense SwiGLU MLP's width
+  int64_t intermediate_size = 128;  // a dense SwiGLU MLP's width
   int64_t moe_intermediate_size = 64;
   int64_t num_experts = 4;
   int64_t num_experts_per_tok = 2;
   int64_t shared_expert_intermediate_size = 128;
   int64_t max_seq_len = 256;
   double rope_theta = 10000.0;
-  // Rotary frequency scaling (model/layers.h rotary_inv_freq): "none", or "llama3" (Llama 3.1's
-  // long-context scheme). The four keys below apply only with llama3; their defaults are
-  // Llama 3.1's values.
+  // Rotary frequency scaling (model/layers.h rotary_inv_freq): "none", or a scheme the models
+  // offer (docs/config.md). The four keys below parameterise it; their defaults are the
+  // scheme's published values.
   std::string rope_scaling = "none";
   double rope_scaling_factor = 8.0;
   double rope_low_freq_factor = 1.0;

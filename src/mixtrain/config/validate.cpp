@@ -79,33 +79,8 @@ std::string main_params_reduce_problem(bool fp32_main_params, const MixPrecision
          "); set it explicitly, it is never changed automatically";
 }
 
-// model.rope_scaling and the keys that parameterise it, which mean nothing without it.
-void check_rope_scaling(const Checker& check, const ModelConfig& m) {
-  check.one_of("model.rope_scaling", m.rope_scaling, {"none", "llama3"});
-  const char* const params[] = {"model.rope_scaling_factor", "model.rope_low_freq_factor",
-                                "model.rope_high_freq_factor", "model.rope_original_max_seq_len"};
-  if (m.rope_scaling == "none") {
-    for (const char* key : params) {
-      if (check.was_set(key)) {
-        check.fail(key, "applies only with " + check.key("model.rope_scaling") +
-                            ": llama3 (it is none); remove it or set the scaling");
-      }
-    }
-    return;
-  }
-  check.positive("model.rope_scaling_factor", m.rope_scaling_factor);
-  check.positive("model.rope_low_freq_factor", m.rope_low_freq_factor);
-  check.positive("model.rope_original_max_seq_len",
-                 static_cast<double>(m.rope_original_max_seq_len));
-  // The smoothing divides by high - low.
-  if (!(m.rope_high_freq_factor > m.rope_low_freq_factor)) {
-    check.fail_value("model.rope_high_freq_factor",
-                     "must be > " + check.key("model.rope_low_freq_factor") + " (" +
-                         std::to_string(m.rope_low_freq_factor) + ")");
-  }
-}
-
-// The keys every model reads, then the model's own section (model_sections.h).
+// The keys every model reads, then the model's own section (model_sections.h). The rotary
+// keys are the models' own section's (model/registry.cpp, a ConfigSectionSpec check).
 void check_model(const Checker& check, const ModelConfig& m) {
   std::vector<std::string> names;
   for (const auto& section : model_sections()) names.push_back(section.name);
@@ -120,7 +95,6 @@ void check_model(const Checker& check, const ModelConfig& m) {
   check.positive("model.max_seq_len", m.max_seq_len);
   check.positive("model.rope_theta", m.rope_theta);
   check.positive("model.rms_norm_eps", m.rms_norm_eps);
-  check_rope_scaling(check, m);
   if (m.num_heads % m.num_kv_heads != 0) {
     check.fail_value("model.num_kv_heads", "must divide " + check.key("model.num_heads") + " (" +
                                                std::to_string(m.num_heads) +

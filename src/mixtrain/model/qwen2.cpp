@@ -106,6 +106,62 @@ void validate_dense(const ModelConfig& config) {
 
 }  // namespace
 
+std::shared_ptr<CausalLM> make_dense_decoder(const ModelConfig& config, uint64_t seed,
+                                             const char* label, const AttentionOptions& attention) {
+  validate_dense(config);
+  return std::make_shared<Qwen2ForCausalLM>(config, seed, label, attention);
+}
+
+namespace {
+
+void check_dense(const ModelConfig& m, const ConfigChecker& check) {
+  check.positive("model.intermediate_size", m.intermediate_size);
+}
+
+void check_qwen2(const ModelConfig& m, const ConfigChecker& check) {
+  check_dense(m, check);
+  // HF Qwen2Attention has q/k/v biases unconditionally: a bias-free Qwen2 would not be Qwen2.
+  if (!m.attention_bias) {
+    check.fail_value("model.attention_bias",
+                     "must be true for model qwen2 (its q/k/v projections always have biases); "
+                     "model llama has bias-free attention");
+  }
+}
+
+}  // namespace
+
+ModelSection dense_section(const std::string& name) {
+  ModelSection section;
+  section.name = name;
+  section.own_keys = {"model.intermediate_size", "model.attention_bias"};
+  section.check = check_dense;
+  section.routed_experts = [](const ModelConfig&) -> int64_t { return 0; };
+  // Column-parallel MLP widths.
+  section.tp_split_sizes = [](const ModelConfig& m) {
+    return std::vector<std::pair<std::string, int64_t>>{
+        {"model.intermediate_size", m.intermediate_size}};
+  };
+  return section;
+}
+
+ModelEntry qwen2_entry() {
+  ModelSection section = dense_section("qwen2");
+  section.check = check_qwen2;
+  HfFamily hf;
+  hf.architecture = "Qwen2ForCausalLM";
+  hf.attention_bias_default = true;  // no field: q/k/v always carry a bias
+  return {"qwen2", make_qwen2, section, hf};
+}
+
+ModelEntry llama_entry() {
+  HfFamily hf;
+  hf.architecture = "LlamaForCausalLM";
+  hf.attention_bias_field = "attention_bias";
+  hf.writes_sliding_window = false;
+  hf.writes_mlp_bias = true;
+  return {"llama", make_llama, dense_section("llama"), hf};
+}
+
 std::shared_ptr<CausalLM> make_qwen2(const ModelConfig& config, uint64_t seed) {
   validate_dense(config);
   require_model_key(config.attention_bias, "attention_bias",

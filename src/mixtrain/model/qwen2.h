@@ -30,6 +30,8 @@
 
 #include "mixtrain/config/trainer_config.h"
 #include "mixtrain/model/causal_lm.h"
+#include "mixtrain/model/layers.h"
+#include "mixtrain/model/registry.h"
 
 namespace mixtrain::qwen2 {
 
@@ -37,5 +39,18 @@ namespace mixtrain::qwen2 {
 // std::invalid_argument naming the field when the shapes cannot work.
 std::shared_ptr<CausalLM> make_qwen2(const ModelConfig& config, uint64_t seed);
 std::shared_ptr<CausalLM> make_llama(const ModelConfig& config, uint64_t seed);
+
+// The dense decoder these families share, for a variant with its own attention (qwen3.h).
+// `label` (a string literal) names the model in errors.
+std::shared_ptr<CausalLM> make_dense_decoder(const ModelConfig& config, uint64_t seed,
+                                             const char* label, const AttentionOptions& attention);
+
+// A dense model's config section: its own keys intermediate_size and attention_bias, no routed
+// experts, the MLP width split by tensor parallelism.
+ModelSection dense_section(const std::string& name);
+
+// The registry's entries (registry.h).
+ModelEntry qwen2_entry();
+ModelEntry llama_entry();
 
 }  // namespace mixtrain::qwen2

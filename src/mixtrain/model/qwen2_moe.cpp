@@ -312,6 +312,71 @@ std::shared_ptr<CausalLM> make_qwen3_moe(const ModelConfig& config, uint64_t see
   return std::make_shared<Qwen2MoeForCausalLM>(config, seed, "qwen3_moe", options);
 }
 
+namespace {
+
+// The keys both MoE models read.
+void check_moe(const ModelConfig& m, const ConfigChecker& check) {
+  check.positive("model.moe_intermediate_size", m.moe_intermediate_size);
+  check.positive("model.num_experts", m.num_experts);
+  check.positive("model.num_experts_per_tok", m.num_experts_per_tok);
+  check.non_negative("model.router_aux_loss_coef", m.router_aux_loss_coef);
+  if (m.num_experts_per_tok > m.num_experts) {
+    check.fail_value("model.num_experts_per_tok",
+                     "must be <= model.num_experts (" + std::to_string(m.num_experts) + ")");
+  }
+}
+
+ModelSection moe_section(const std::string& name) {
+  ModelSection section;
+  section.name = name;
+  section.own_keys = {"model.moe_intermediate_size", "model.num_experts",
+                      "model.num_experts_per_tok",   "model.router_aux_loss_coef",
+                      "model.attention_bias",        "model.norm_topk_prob"};
+  section.check = check_moe;
+  section.routed_experts = [](const ModelConfig& m) { return m.num_experts; };
+  // The routed experts are not split over tp.
+  section.tp_split_sizes = [](const ModelConfig&) {
+    return std::vector<std::pair<std::string, int64_t>>{};
+  };
+  return section;
+}
+
+}  // namespace
+
+ModelEntry qwen2_moe_entry() {
+  ModelSection section = moe_section("qwen2_moe");
+  section.own_keys.insert(section.own_keys.begin() + 3, "model.shared_expert_intermediate_size");
+  section.check = [](const ModelConfig& m, const ConfigChecker& check) {
+    check_moe(m, check);
+    check.positive("model.shared_expert_intermediate_size", m.shared_expert_intermediate_size);
+  };
+  // Column-parallel shared-expert widths.
+  section.tp_split_sizes = [](const ModelConfig& m) {
+    return std::vector<std::pair<std::string, int64_t>>{
+        {"model.shared_expert_intermediate_size", m.shared_expert_intermediate_size}};
+  };
+  HfFamily hf;
+  hf.architecture = "Qwen2MoeForCausalLM";
+  hf.moe = true;
+  hf.shared_expert = true;
+  hf.attention_bias_field = "qkv_bias";
+  hf.attention_bias_default = true;
+  return {"qwen2_moe", make_qwen2_moe, section, hf};
+}
+
+ModelEntry qwen3_moe_entry() {
+  ModelSection section = moe_section("qwen3_moe");
+  section.qk_norm = true;
+  HfFamily hf;
+  hf.architecture = "Qwen3MoeForCausalLM";
+  hf.moe = true;
+  hf.attention_bias_field = "attention_bias";
+  // transformers 5 names the expert count num_local_experts; 4.x num_experts.
+  hf.experts_field = "num_local_experts";
+  hf.experts_field_older = "num_experts";
+  return {"qwen3_moe", make_qwen3_moe, section, hf};
+}
+
 std::pair<torch::Tensor, torch::Tensor> route_top_k(const torch::Tensor& router_logits,
                                                     int64_t top_k, bool norm_topk_prob) {
   const auto probs = torch::softmax(router_logits, -1, torch::kFloat32);

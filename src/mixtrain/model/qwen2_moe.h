@@ -60,6 +60,7 @@
 #include "mixtrain/config/trainer_config.h"
 #include "mixtrain/model/causal_lm.h"
 #include "mixtrain/model/layers.h"
+#include "mixtrain/model/registry.h"
 
 namespace mixtrain::qwen2_moe {
 
@@ -69,6 +70,10 @@ namespace mixtrain::qwen2_moe {
 // multiple of num_kv_heads, num_experts_per_tok > num_experts, odd head_dim).
 std::shared_ptr<CausalLM> make_qwen2_moe(const ModelConfig& config, uint64_t seed);
 std::shared_ptr<CausalLM> make_qwen3_moe(const ModelConfig& config, uint64_t seed);
+
+// The registry's entries (registry.h).
+ModelEntry qwen2_moe_entry();
+ModelEntry qwen3_moe_entry();
 
 // HF TopKRouter after its linear: p = softmax(router_logits) in float32, (weights, indices) =
 // top_k(p), then with norm_topk_prob weights / sum(weights). Returns float32 weights [T, k] and

@@ -1,21 +1,74 @@
 #include "mixtrain/model/registry.h"
 
+#include <mutex>
 #include <stdexcept>
 
+#include "mixtrain/config/section.h"
 #include "mixtrain/core/error.h"
+#include "mixtrain/model/hf_config.h"
 #include "mixtrain/model/qwen2.h"
 #include "mixtrain/model/qwen2_moe.h"
 
 namespace mixtrain {
+namespace {
+
+// model.rope_scaling and the keys that parameterise it, which mean nothing without it
+// (rotary_inv_freq, layers.h).
+void check_rope_scaling(const TrainerConfig& c, const ConfigChecker& check) {
+  const ModelConfig& m = c.model;
+  if (m.rope_scaling != "none" && m.rope_scaling != "llama3") {
+    check.fail("model.rope_scaling", "must be one of none, llama3, got '" + m.rope_scaling + "'");
+  }
+  const char* const params[] = {"model.rope_scaling_factor", "model.rope_low_freq_factor",
+                                "model.rope_high_freq_factor", "model.rope_original_max_seq_len"};
+  if (m.rope_scaling == "none") {
+    for (const char* key : params) {
+      if (check.was_set(key)) {
+        check.fail(key, "applies only with " + check.key("model.rope_scaling") +
+                            ": llama3 (it is none); remove it or set the scaling");
+      }
+    }
+    return;
+  }
+  check.positive("model.rope_scaling_factor", m.rope_scaling_factor);
+  check.positive("model.rope_low_freq_factor", m.rope_low_freq_factor);
+  check.positive("model.rope_original_max_seq_len",
+                 static_cast<double>(m.rope_original_max_seq_len));
+  // The smoothing divides by high - low.
+  if (!(m.rope_high_freq_factor > m.rope_low_freq_factor)) {
+    check.fail_value("model.rope_high_freq_factor",
+                     "must be > " + check.key("model.rope_low_freq_factor") + " (" +
+                         std::to_string(m.rope_low_freq_factor) + ")");
+  }
+}
+
+}  // namespace
 
 const std::vector<ModelEntry>& model_registry() {
+  // One line per model; the first is the default model.name.
   static const std::vector<ModelEntry> models = {
-      {"qwen2_moe", qwen2_moe::make_qwen2_moe},
-      {"qwen3_moe", qwen2_moe::make_qwen3_moe},
-      {"qwen2", qwen2::make_qwen2},
-      {"llama", qwen2::make_llama},
+      qwen2_moe::qwen2_moe_entry(),
+      qwen2_moe::qwen3_moe_entry(),
+      qwen2::qwen2_entry(),
+      qwen2::llama_entry(),
   };
   return models;
+}
+
+void register_model_sections() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    bool first = true;
+    for (const ModelEntry& entry : model_registry()) {
+      register_model_section(entry.section, first);
+      first = false;
+    }
+    ConfigSectionSpec models;
+    models.name = "model";
+    models.check = check_rope_scaling;
+    models.resolve = apply_hf_config;  // model.hf_config / model.init_from
+    register_config_section(models);
+  });
 }
 
 std::shared_ptr<CausalLM> build_model(const ModelConfig& config, uint64_t seed) {

@@ -1,4 +1,4 @@
-#include "mixtrain/config/hf_config.h"
+#include "mixtrain/model/hf_config.h"
 
 #include <cmath>
 #include <filesystem>
@@ -12,6 +12,7 @@
 #include "mixtrain/config/schema.h"
 #include "mixtrain/core/error.h"
 #include "mixtrain/core/printable.h"
+#include "mixtrain/model/registry.h"
 
 namespace mixtrain {
 namespace {
@@ -194,12 +195,13 @@ void refuse_unsupported_moe(const HfReader& r) {
   }
 }
 
-// The config.json field of a model.* key, per family, for the fields that are one HF field.
-struct Plain {
-  const char* key;
-  const char* hf_field;
-  bool architecture;
-};
+// The registered model whose name is `model_type`, or nullptr.
+const ModelEntry* family_of(const std::string& model_type) {
+  for (const ModelEntry& entry : model_registry()) {
+    if (entry.name == model_type) return &entry;
+  }
+  return nullptr;
+}
 
 }  // namespace
 
@@ -213,13 +215,18 @@ HfModelConfig read_hf_config(const std::string& path) {
   };
 
   const json& type = r.require("model_type");
-  if (type != "qwen2_moe" && type != "qwen3_moe" && type != "qwen2" && type != "llama") {
+  const ModelEntry* entry = type.is_string() ? family_of(type.get<std::string>()) : nullptr;
+  if (entry == nullptr) {
+    std::string known;
+    for (const std::string& name : registered_model_names()) {
+      known += (known.empty() ? "" : ", ") + name;
+    }
     r.fail("model_type",
-           printable(type.dump()) +
-               " is not supported (mixtrain builds qwen2_moe, qwen3_moe, qwen2, llama)");
+           printable(type.dump()) + " is not supported (mixtrain builds " + known + ")");
   }
+  const HfFamily& family = entry->hf;
   m.name = type.get<std::string>();
-  const bool moe = m.name == "qwen2_moe" || m.name == "qwen3_moe";
+  const bool moe = family.moe;
   add("model.name", "model_type");
   refuse_unsupported(r);
   if (moe) refuse_unsupported_moe(r);
@@ -257,29 +264,28 @@ HfModelConfig read_hf_config(const std::string& path) {
   m.rms_norm_eps = r.number("rms_norm_eps", r.require("rms_norm_eps"));
   add("model.rms_norm_eps", "rms_norm_eps");
 
-  if (m.name == "qwen2" || m.name == "llama") {
+  if (!moe) {
     m.intermediate_size = r.positive_int("intermediate_size");
     add("model.intermediate_size", "intermediate_size");
   }
-  if (m.name == "qwen2") {  // Qwen2's q/k/v always carry a bias (no config field)
-    m.attention_bias = true;
-    add("model.attention_bias", "default: true (qwen2)");
-  } else if (m.name == "qwen2_moe") {
-    m.attention_bias = r.boolean("qkv_bias", true);
-    add("model.attention_bias", r.find("qkv_bias") ? "qkv_bias" : "default: true (qwen2_moe)");
-  } else {
-    m.attention_bias = r.boolean("attention_bias", false);
-    add("model.attention_bias", r.find("attention_bias") ? "attention_bias" : "default: false");
-  }
+  // A family without the field (Qwen2's q/k/v always carry a bias) has its default.
+  const std::string& bias_field = family.attention_bias_field;
+  m.attention_bias = bias_field.empty() ? family.attention_bias_default
+                                        : r.boolean(bias_field, family.attention_bias_default);
+  add("model.attention_bias", !bias_field.empty() && r.find(bias_field) ? bias_field
+                              : family.attention_bias_default ? "default: true (" + m.name + ")"
+                                                              : std::string("default: false"));
   if (moe) {
-    // transformers 5 names Qwen3-MoE's expert count num_local_experts; 4.x num_experts.
-    std::string experts_field = "num_experts";
-    if (m.name == "qwen3_moe" && r.find("num_local_experts") != nullptr) {
-      experts_field = "num_local_experts";
-      const json* old = r.find("num_experts");
-      if (old != nullptr && *old != root.at("num_local_experts")) {
-        r.fail("num_experts", printable(old->dump()) + " disagrees with num_local_experts " +
-                                  root.at("num_local_experts").dump());
+    // The expert count's field, or its older spelling (transformers 4.x); both must agree.
+    std::string experts_field = family.experts_field;
+    const std::string& older = family.experts_field_older;
+    if (!older.empty() && r.find(experts_field) == nullptr) {
+      experts_field = older;
+    } else if (!older.empty()) {
+      const json* old = r.find(older);
+      if (old != nullptr && *old != root.at(experts_field)) {
+        r.fail(older, printable(old->dump()) + " disagrees with " + experts_field + " " +
+                          root.at(experts_field).dump());
       }
     }
     m.num_experts = r.positive_int(experts_field);
@@ -295,7 +301,7 @@ HfModelConfig read_hf_config(const std::string& path) {
       add("model.router_aux_loss_coef", "router_aux_loss_coef", false);
     }
   }
-  if (m.name == "qwen2_moe") {
+  if (family.shared_expert) {
     m.shared_expert_intermediate_size = r.positive_int("shared_expert_intermediate_size");
     add("model.shared_expert_intermediate_size", "shared_expert_intermediate_size");
   }
@@ -369,18 +375,15 @@ void apply_hf_config(TrainerConfig& config, Provenance& provenance) {
 }
 
 json hf_config_json(const ModelConfig& m, const std::string& dtype) {
-  const bool moe = m.name == "qwen2_moe" || m.name == "qwen3_moe";
-  const char* architecture = m.name == "qwen2_moe"   ? "Qwen2MoeForCausalLM"
-                             : m.name == "qwen3_moe" ? "Qwen3MoeForCausalLM"
-                             : m.name == "qwen2"     ? "Qwen2ForCausalLM"
-                             : m.name == "llama"     ? "LlamaForCausalLM"
-                                                     : nullptr;
-  if (architecture == nullptr) {
+  const ModelEntry* entry = family_of(m.name);
+  if (entry == nullptr) {
     throw std::invalid_argument("hf_config_json: no Hugging Face model type for model '" + m.name +
                                 "'");
   }
+  const HfFamily& family = entry->hf;
+  const bool moe = family.moe;
   json j;
-  j["architectures"] = json::array({architecture});
+  j["architectures"] = json::array({family.architecture});
   j["model_type"] = m.name;
   j["vocab_size"] = m.vocab_size;
   j["hidden_size"] = m.hidden_size;
@@ -404,13 +407,12 @@ json hf_config_json(const ModelConfig& m, const std::string& dtype) {
   j["tie_word_embeddings"] = false;
   j["attention_dropout"] = 0.0;
   j["dtype"] = dtype;
-  if (m.name != "llama") j["use_sliding_window"] = false;
-  if (m.name == "qwen2" || m.name == "llama") j["intermediate_size"] = m.intermediate_size;
-  if (m.name == "qwen2_moe") j["qkv_bias"] = m.attention_bias;
-  if (m.name == "qwen3_moe" || m.name == "llama") j["attention_bias"] = m.attention_bias;
-  if (m.name == "llama") j["mlp_bias"] = false;
+  if (family.writes_sliding_window) j["use_sliding_window"] = false;
+  if (!moe) j["intermediate_size"] = m.intermediate_size;
+  if (!family.attention_bias_field.empty()) j[family.attention_bias_field] = m.attention_bias;
+  if (family.writes_mlp_bias) j["mlp_bias"] = false;
   if (moe) {
-    j[m.name == "qwen3_moe" ? "num_local_experts" : "num_experts"] = m.num_experts;
+    j[family.experts_field] = m.num_experts;
     j["num_experts_per_tok"] = m.num_experts_per_tok;
     j["moe_intermediate_size"] = m.moe_intermediate_size;
     j["norm_topk_prob"] = m.norm_topk_prob;
@@ -418,8 +420,9 @@ json hf_config_json(const ModelConfig& m, const std::string& dtype) {
     j["decoder_sparse_step"] = 1;
     j["mlp_only_layers"] = json::array();
   }
-  if (m.name == "qwen2_moe")
+  if (family.shared_expert) {
     j["shared_expert_intermediate_size"] = m.shared_expert_intermediate_size;
+  }
   return j;
 }
 

@@ -1,7 +1,7 @@
 // config.json -> ModelConfig for each family transformers writes (tests/python/hf_models.py
 // config), every refusal, model.hf_config / model.init_from in load_config (derived keys, the
 // conflict rule, `config show`'s source), and the reverse mapping read back.
-#include "mixtrain/config/hf_config.h"
+#include "mixtrain/model/hf_config.h"
 
 #include <gtest/gtest.h>
 
@@ -11,7 +11,7 @@
 
 #include "mixtrain/config/load.h"
 #include "support/python_script.h"
-#include "temp_config.h"
+#include "unit/config/temp_config.h"
 
 namespace mixtrain {
 namespace MIXTRAIN_FILE_LOCAL {

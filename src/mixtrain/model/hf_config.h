@@ -1,9 +1,9 @@
 // Hugging Face config.json <-> ModelConfig (docs/config.md, "Hugging Face models").
 //
-// read_hf_config maps the config.json of model_type qwen2_moe, qwen3_moe, qwen2 or llama (what
-// transformers' save_pretrained writes, 4.x and 5.x spellings) onto the model.* keys. Every
-// field the mapping reads is checked (type and range), and every field that would change the
-// model into one we do not build is refused unless it has the one value we support:
+// read_hf_config maps the config.json of a registered model_type (model/registry.h; each its
+// HfFamily) (what transformers' save_pretrained writes, 4.x and 5.x spellings) onto the model.*
+// keys. Every field the mapping reads is checked (type and range), and every field that would
+// change the model into one we do not build is refused unless it has the one value we support:
 // tie_word_embeddings true, rope_type other than default or llama3, hidden_act other than
 // silu, mlp_bias true, pretraining_tp != 1, attention_dropout != 0, use_sliding_window true or a
 // layer_types entry other than full_attention, decoder_sparse_step != 1, a non-empty

@@ -5,7 +5,7 @@ every model is built from a config with random weights.
 Usage:
   hf_models.py config DIR
       DIR/FAMILY/config.json as transformers writes it for each tiny FAMILY (qwen2_moe, qwen3_moe,
-      qwen2, llama, llama3: llama with llama3 rope scaling).
+      qwen2, llama, qwen3, llama3: llama with llama3 rope scaling).
   hf_models.py save FAMILY DIR REFERENCE [--dtype float32|bfloat16|float16] [--max-shard-size N]
                     [--layout per-expert|fused] [--seed S] [--max-position P]
       save_pretrained of a random tiny FAMILY model into DIR (per-expert experts, as transformers
@@ -52,6 +52,8 @@ FAMILIES = {
               dict(intermediate_size=20, use_sliding_window=False)),
     "llama": ("LlamaConfig", "LlamaForCausalLM",
               dict(intermediate_size=20, attention_bias=False, mlp_bias=False)),
+    "qwen3": ("Qwen3Config", "Qwen3ForCausalLM",
+              dict(intermediate_size=20, attention_bias=False, use_sliding_window=False)),
     # Llama 3.1's rope scaling (factor 8, low_freq_factor 1, high_freq_factor 4) with the original
     # context shrunk to 100, so head_dim 8's wavelengths 2 pi theta^(2i/8) = 6.3 (theta 10000),
     # 63, 628, 6283 fall in all three bands (kept < 25, smoothed, divided > 100) and the scaling

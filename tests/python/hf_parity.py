@@ -4,7 +4,7 @@ tests/unit/model/qwen2_test.cpp (qwen2, llama) and qwen2_moe_test.cpp (qwen2_moe
 
 Usage:
   hf_parity.py model CASE_JSON DIR
-    CASE_JSON: {"family": "qwen2" | "llama" | "qwen2_moe" | "qwen3_moe", "seed": int,
+    CASE_JSON: {"family": "qwen2" | "llama" | "qwen3" | "qwen2_moe" | "qwen3_moe", "seed": int,
                 "batch": int, "seq": int, "keys": {mixtrain's model.* keys, as in ModelConfig}}
     With keys.rope_scaling llama3 the config's rope_parameters are llama3's, and the run fails
     unless dropping the scaling (same weights, default rope) moves the logits by >= 1e-2 of
@@ -85,6 +85,10 @@ def hf_config(transformers, family, k, scaled=True):
         return transformers.LlamaForCausalLM, transformers.LlamaConfig(
             intermediate_size=k["intermediate_size"], attention_bias=k["attention_bias"],
             mlp_bias=False, **common)
+    if family == "qwen3":
+        return transformers.Qwen3ForCausalLM, transformers.Qwen3Config(
+            intermediate_size=k["intermediate_size"], attention_bias=k["attention_bias"],
+            use_sliding_window=False, **common)
     if family == "qwen2_moe":
         return transformers.Qwen2MoeForCausalLM, transformers.Qwen2MoeConfig(
             shared_expert_intermediate_size=k["shared_expert_intermediate_size"],

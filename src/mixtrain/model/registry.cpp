@@ -8,6 +8,7 @@
 #include "mixtrain/model/hf_config.h"
 #include "mixtrain/model/qwen2.h"
 #include "mixtrain/model/qwen2_moe.h"
+#include "mixtrain/model/qwen3.h"
 
 namespace mixtrain {
 namespace {
@@ -51,6 +52,7 @@ const std::vector<ModelEntry>& model_registry() {
       qwen2_moe::qwen3_moe_entry(),
       qwen2::qwen2_entry(),
       qwen2::llama_entry(),
+      qwen3::qwen3_entry(),
   };
   return models;
 }

@@ -91,6 +91,14 @@ TEST(HfConfig, ReadsEveryFamilyTransformersWrites) {
     EXPECT_EQ(m.intermediate_size, 20);
     EXPECT_FALSE(m.attention_bias);
   }
+  {
+    const ModelConfig m =
+        read_hf_config(write_json(dir, "e.json", transformers_config(dir, "qwen3"))).model;
+    EXPECT_EQ(m.name, "qwen3");
+    expect_common(m);
+    EXPECT_EQ(m.intermediate_size, 20);
+    EXPECT_FALSE(m.attention_bias);  // Qwen3Config's attention_bias
+  }
 }
 
 // transformers 4.x spellings: top-level rope_theta with rope_scaling null, no head_dim, no
@@ -341,7 +349,7 @@ TEST(HfConfig, InitFromImpliesItsConfigJson) {
 // round trip in tests/tools/export_hf_command_test.cpp).
 TEST(HfConfig, WrittenConfigReadsBackAsTheSameModel) {
   TempDir dir;
-  for (const char* family : {"qwen2_moe", "qwen3_moe", "qwen2", "llama", "llama3"}) {
+  for (const char* family : {"qwen2_moe", "qwen3_moe", "qwen2", "llama", "qwen3", "llama3"}) {
     const ModelConfig original =
         read_hf_config(write_json(dir, "in.json", transformers_config(dir, family))).model;
     const ModelConfig back =

@@ -1,4 +1,4 @@
-// Base of the leaf optimizers (AdamW, Muon): LibTorch's torch::optim::Optimizer conventions
+// Base of the leaf optimizers (AdamW, Muon, SGD): LibTorch's torch::optim::Optimizer conventions
 // (param_groups(), state(), step(), zero_grad()), so a LibTorch user can drop one into an
 // ordinary training loop, plus the three hooks the mixed-precision wrapper needs (fp32-main-params
 // §7.2-7.3):

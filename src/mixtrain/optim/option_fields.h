@@ -164,9 +164,9 @@ inline std::function<std::string(const std::string&)> rule_one_of(
     std::vector<std::string> allowed) {
   return [allowed](const std::string& v) -> std::string {
     std::string list;
-    for (const std::string& name : allowed) {
-      if (v == name) return "";
-      list += (list.empty() ? "" : ", ") + name;
+    for (size_t i = 0; i < allowed.size(); ++i) {
+      if (v == allowed[i]) return "";
+      list += (i == 0 ? "" : ", ") + allowed[i];
     }
     return "must be one of " + list + ", got '" + v + "'";
   };

@@ -4,7 +4,7 @@
 // tier (swap_tier.h): a file for CPU state (swap_file_tier.h), pinned host memory for device
 // state (swap_pinned_tier.h). This class is the schedule, the same for both.
 //
-// The leaves (AdamW, Muon on every path) bracket each parameter's state use with
+// The leaves (AdamW, SGD, Muon on every path) bracket each parameter's state use with
 // acquire(param) / release(param) (LeafOptimizer::acquire_state). The floating state tensors of
 // a parameter keep their TensorImpl, shape and dtype at all times; only their storage comes and
 // goes (an empty storage while swapped out), so the leaves' state maps, shape checks and

@@ -16,25 +16,17 @@
 #include "mixtrain/config/load.h"
 #include "mixtrain/model/registry.h"
 #include "support/hf_parity.h"
+#include "support/tiny_model_config.h"
 #include "unit/config/temp_config.h"
 
 namespace mixtrain {
 namespace MIXTRAIN_FILE_LOCAL {
 
-// Every size distinct, and num_heads * head_dim != hidden_size.
+// The shared tiny sizes (every one distinct, num_heads * head_dim != hidden_size), dense.
 ModelConfig tiny_qwen3(bool bias) {
-  ModelConfig c;
+  ModelConfig c = test_support::tiny_config();
   c.name = "qwen3";
-  c.vocab_size = 37;
-  c.hidden_size = 24;
-  c.num_layers = 2;
-  c.num_heads = 4;
-  c.num_kv_heads = 2;
-  c.head_dim = 8;
   c.intermediate_size = 20;
-  c.max_seq_len = 16;
-  c.rope_theta = 10000.0;
-  c.rms_norm_eps = 1e-6;
   c.attention_bias = bias;
   return c;
 }

@@ -2,8 +2,8 @@
 # Runs two mixtrain binaries (say, main before and after a refactor) on the same inputs and
 # compares what they write, byte for byte:
 #   optim-replay, 1 and 2 ranks (Muon + AdamW, fp32 main params, clipping on, 3 steps);
-#   mixtrain train on configs/qwen2_moe_tiny.yaml, 1 rank, 2 ranks (FSDP) and 2 ranks with
-#   expert parallelism, 6 steps, a checkpoint at step 6 (every file) and the logged loss,
+#   mixtrain train on configs/qwen2_moe_tiny.yaml, 1 rank, 2 ranks (FSDP), and 2 ranks with
+#   expert, tensor and context parallelism, 6 steps, a checkpoint at step 6 (every file) and the logged loss,
 #   aux loss and gradient norm of each step.
 # Usage: scripts/bitwise_compare.sh OLD_BINARY NEW_BINARY [WORK_DIR]. Needs the project's .venv
 # (torch, safetensors) for the inputs. Exit 0 when everything is identical, 1 otherwise.
@@ -45,7 +45,7 @@ Y
     "$bin" optim-replay --config c.yaml --params p.safetensors --grads g.safetensors \
       --out replay$n.safetensors --nproc $n > replay$n.log 2>&1
   done
-  local -a layouts=("1" "2" "2 --set parallel.ep=2")
+  local -a layouts=("1" "2" "2 --set parallel.ep=2" "2 --set parallel.tp=2" "2 --set parallel.cp=2")
   local i=0
   for layout in "${layouts[@]}"; do
     i=$((i + 1))
@@ -61,8 +61,8 @@ Y
 (run_all "$new" "$work/new")
 status=0
 cd "$work/new"
-for f in replay1.safetensors replay2.safetensors train1.numbers train2.numbers train3.numbers \
-  $(find train1/checkpoints train2/checkpoints train3/checkpoints -type f | sort); do
+for f in replay1.safetensors replay2.safetensors train{1,2,3,4,5}.numbers \
+  $(find train{1,2,3,4,5}/checkpoints -type f | sort); do
   if cmp -s "$work/old/$f" "$work/new/$f"; then
     echo "identical  $f"
   else

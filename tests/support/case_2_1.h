@@ -25,6 +25,7 @@
 #include "mixtrain/distributed/data_parallel.h"
 #include "mixtrain/distributed/device_mesh.h"
 #include "mixtrain/distributed/fsdp.h"
+#include "mixtrain/distributed/parallelize.h"
 #include "mixtrain/model/init_dtype.h"
 #include "mixtrain/model/qwen2_moe.h"
 #include "mixtrain/optim/adamw_config.h"
@@ -114,7 +115,7 @@ inline Case21Stacks build_case_2_1(const TrainerConfig& config, const DeviceMesh
   s.ref_mp = dynamic_cast<MixedPrecisionOptimizer*>(s.ref_opt.get());
   s.model = qwen2_moe::make_qwen2_moe(config.model, 21);
   apply_model_init_dtype(*s.model, torch::kBFloat16);
-  s.fsdp = shard_model(*s.model, mesh, options);
+  s.fsdp = parallelize(*s.model, mesh, options);
   s.opt = build_optimizer(named_params(*s.model), config);
   s.mp = dynamic_cast<MixedPrecisionOptimizer*>(s.opt.get());
   s.fsdp->set_main_grads(s.opt.get());

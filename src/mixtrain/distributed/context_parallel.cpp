@@ -327,4 +327,8 @@ torch::Tensor ContextParallel::all_reduce_sum(const torch::Tensor& x) {
   return SumOverGroup::apply(x, group_.get());
 }
 
+void plan_context_parallel(const DeviceMesh& mesh, CpRotateMethod method, ParallelPlan& plan) {
+  plan.context_parallel = std::make_shared<ContextParallel>(mesh.cp_group, method);
+}
+
 }  // namespace mixtrain

@@ -36,6 +36,7 @@
 
 #include "mixtrain/core/collectives.h"
 #include "mixtrain/distributed/device_mesh.h"
+#include "mixtrain/distributed/parallel_plan.h"
 #include "mixtrain/model/causal_lm.h"
 
 namespace mixtrain {
@@ -80,5 +81,10 @@ class ContextParallel : public ContextParallelHooks {
   std::shared_ptr<Collectives> group_;
   CpRotateMethod method_;
 };
+
+// Step 2 of parallelize (parallelize.h; mesh.cp > 1): places no parameter (the cp ranks are
+// part of dp_shard, so FSDP shards over them) and gives the model ContextParallel over
+// mesh.cp_group with `method`.
+void plan_context_parallel(const DeviceMesh& mesh, CpRotateMethod method, ParallelPlan& plan);
 
 }  // namespace mixtrain

@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <stdexcept>
+#include <string>
 #include <utility>
 
 #include "mixtrain/core/host_sync.h"
@@ -56,8 +57,31 @@ struct AllToAll : public torch::autograd::Function<AllToAll> {
 
 }  // namespace
 
-bool is_expert_param(const CausalLM& model, const std::string& name) {
-  return model.is_expert(name);
+void plan_expert_parallel(const CausalLM& model, const DeviceMesh& mesh, ParallelPlan& plan) {
+  const int64_t ep = mesh.ep_group->size();
+  for (PlannedParam& p : plan.params) {
+    if (!model.is_expert(p.name)) continue;
+    const std::vector<int64_t>& shape = p.placement.global_shape;
+    if (shape[0] % ep != 0) {
+      throw std::invalid_argument("parallelize: the ep group of " + std::to_string(ep) +
+                                  " does not divide the " + std::to_string(shape[0]) +
+                                  " experts of " + p.name);
+    }
+    if (p.tp_dim >= 0) {
+      throw std::invalid_argument("parallelize: the tp group of " +
+                                  std::to_string(plan.tp_group->size()) + " cannot split " +
+                                  p.name + " along dim " + std::to_string(p.tp_dim));
+    }
+    p.expert = true;
+    p.layout = chunk_layout(shape, ep, mesh.ep_group->rank());
+    p.placement.kind = ParamPlacement::Kind::kExpertSlice;
+    p.placement.shard_group = mesh.ep_group;
+    p.placement.replicate_group = mesh.expert_dp_group;
+    p.placement.offset = p.layout.offset;
+    p.placement.rows = p.layout.rows;
+  }
+  plan.ep_group = mesh.ep_group;
+  plan.expert_dp_group = mesh.expert_dp_group;
 }
 
 ExpertParallel::ExpertParallel(std::shared_ptr<Collectives> ep_group,

@@ -38,15 +38,21 @@
 #include <vector>
 
 #include "mixtrain/core/collectives.h"
+#include "mixtrain/distributed/parallel_plan.h"
 #include "mixtrain/model/causal_lm.h"
 
 namespace mixtrain {
 
 struct DeviceMesh;
 
-// Whether parameter `name` of `model` is a routed-expert tensor split by expert parallelism:
-// the model's own answer (CausalLM::param_role == kExpert, experts on dim 0).
-bool is_expert_param(const CausalLM& model, const std::string& name);
+// Step 3 of parallelize (parallelize.h; mesh.ep > 1): every routed-expert tensor (the model's
+// ParamRole::kExpert, experts on dim 0) is planned as this ep rank's slice of whole experts
+// (kExpertSlice over mesh.ep_group, copies over mesh.expert_dp_group; layout offset
+// ep_rank * E/ep, rows E/ep); data parallelism leaves them alone. Their gradient path is
+// expert_slice_grad.h, driven by the runtime (fsdp.h), which also builds the ExpertParallel token
+// exchange. std::invalid_argument when the ep group does not divide an expert count or an expert
+// tensor is tensor-parallel split.
+void plan_expert_parallel(const CausalLM& model, const DeviceMesh& mesh, ParallelPlan& plan);
 
 class ExpertParallel final : public ExpertDispatcher {
  public:

@@ -13,6 +13,7 @@
 #include "mixtrain/core/dtype.h"
 #include "mixtrain/distributed/context_parallel.h"
 #include "mixtrain/distributed/dim0_shard_grad.h"
+#include "mixtrain/distributed/tensor_parallel.h"
 
 namespace mixtrain {
 namespace {
@@ -22,7 +23,7 @@ using torch::autograd::variable_list;
 
 c10::ScalarType dtype_or_throw(const std::string& role, const std::string& name) {
   const auto dtype = parse_float_dtype(name);
-  if (!dtype) throw std::invalid_argument("shard_model: unknown " + role + " '" + name + "'");
+  if (!dtype) throw std::invalid_argument("parallelize: unknown " + role + " '" + name + "'");
   return *dtype;
 }
 
@@ -121,22 +122,40 @@ struct PreBackwardUnshard : public torch::autograd::Function<PreBackwardUnshard>
 
 }  // namespace
 
-FullyShardedModel::FullyShardedModel(CausalLM& model, std::shared_ptr<Collectives> shard_group,
-                                     std::shared_ptr<Collectives> replicate_group,
-                                     FsdpOptions options, std::shared_ptr<Collectives> ep_group,
-                                     std::shared_ptr<Collectives> expert_dp_group,
-                                     std::shared_ptr<Collectives> tp_group)
-    : shard_group_(std::move(shard_group)),
-      replicate_group_(std::move(replicate_group)),
-      options_(std::move(options)),
-      ep_group_(std::move(ep_group)),
-      expert_dp_group_(std::move(expert_dp_group)) {
-  if (tp_group && tp_group->size() > 1) {
-    tp_group_ = std::move(tp_group);
-    tensor_parallel_ = std::make_shared<TensorParallel>(tp_group_);
+void plan_data_parallel(const DeviceMesh& mesh, ParallelPlan& plan) {
+  plan.shard_group = mesh.dp_shard_group;
+  plan.replicate_group = mesh.dp_replicate_group;
+  const Collectives& shard = *plan.shard_group;
+  for (PlannedParam& p : plan.params) {
+    if (p.expert) continue;  // expert parallelism placed it
+    p.layout = chunk_layout(p.placement.tp_shape(), shard.size(), shard.rank());
+    p.placement.offset = p.layout.offset;
+    p.placement.rows = p.layout.rows;
+    if (shard.size() > 1) {
+      p.placement.kind = ParamPlacement::Kind::kDim0Shard;
+      p.placement.shard_group = plan.shard_group;
+      p.placement.replicate_group = plan.replicate_group;
+    } else if (plan.replicate_group->size() > 1) {
+      p.placement.kind = ParamPlacement::Kind::kReplicated;
+      p.placement.replicate_group = plan.replicate_group;
+    }
   }
-  if (ep_group_ && ep_group_->size() > 1) {
-    if (!expert_dp_group_) throw std::invalid_argument("fsdp: ep_group without expert_dp_group");
+}
+
+FullyShardedModel::FullyShardedModel(const ParallelPlan& plan, FsdpOptions options)
+    : shard_group_(plan.shard_group),
+      replicate_group_(plan.replicate_group),
+      options_(std::move(options)),
+      params_(plan.params),
+      ep_group_(plan.ep_group),
+      expert_dp_group_(plan.expert_dp_group),
+      context_parallel_(plan.context_parallel),
+      tp_group_(plan.tp_group),
+      tensor_parallel_(plan.tensor_parallel) {
+  if (!shard_group_ || !replicate_group_) {
+    throw std::invalid_argument("fsdp: a plan without data parallelism (plan_data_parallel)");
+  }
+  if (ep_group_) {
     expert_parallel_ =
         std::make_shared<ExpertParallel>(ep_group_, [this] { queue_expert_grad_sync(); });
   }
@@ -145,58 +164,26 @@ FullyShardedModel::FullyShardedModel(CausalLM& model, std::shared_ptr<Collective
   // filled in.
   if (options_.fp32_main_params && mp.reduce_dtype.value_or("") != "float32") {
     throw std::invalid_argument(
-        "shard_model: fp32 main grads need reduce dtype float32, got " +
+        "parallelize: fp32 main grads need reduce dtype float32, got " +
         (mp.reduce_dtype ? "'" + *mp.reduce_dtype + "'" : std::string("none")));
   }
   param_dtype_ = dtype_or_throw("param_dtype", mp.param_dtype);
   if (mp.reduce_dtype) reduce_dtype_ = dtype_or_throw("reduce_dtype", *mp.reduce_dtype);
   output_dtype_ = dtype_or_throw("output_dtype", mp.output_dtype);
-  const int64_t parts = shard_group_->size();
-  for (auto& item : model.named_parameters(/*recurse=*/true)) {
-    at::Tensor& p = item.value();
-    if (p.dim() == 0) {
-      throw std::invalid_argument("shard_model: parameter " + item.key() +
-                                  " has no dim 0 to shard");
-    }
-    const bool expert = expert_parallel_ && is_expert_param(model, item.key());
-    if (expert && p.size(0) % ep_group_->size() != 0) {
-      throw std::invalid_argument("shard_model: the ep group of " +
-                                  std::to_string(ep_group_->size()) + " does not divide the " +
-                                  std::to_string(p.size(0)) + " experts of " + item.key());
-    }
-    const int64_t tp_dim = tp_group_ ? model.tp_dim(item.key()) : -1;
-    if (tp_dim >= 0 && (expert || tp_dim >= p.dim() || p.size(tp_dim) % tp_group_->size() != 0)) {
-      throw std::invalid_argument("shard_model: the tp group of " +
-                                  std::to_string(tp_group_->size()) + " cannot split " +
-                                  item.key() + " along dim " + std::to_string(tp_dim));
-    }
-    // This tp rank's slice (the whole parameter without tp): what FSDP shards below.
-    at::Tensor slice = p.detach();
-    if (tp_dim >= 0) {
-      const int64_t n = p.size(tp_dim) / tp_group_->size();
-      slice = slice.narrow(tp_dim, tp_group_->rank() * n, n);
-    }
-    Param entry{item.key(),
-                expert ? chunk_layout(p.sizes().vec(), ep_group_->size(), ep_group_->rank())
-                       : chunk_layout(slice.sizes().vec(), parts, shard_group_->rank()),
-                p,
-                expert,
-                tp_dim,
-                p.sizes().vec()};
-    if (expert || parts > 1 || tp_dim >= 0) {
-      // Before any optimizer or graph exists (the header's contract), so swapping the data is
-      // safe; the TensorImpl, which the module and every later map hold, stays.
-      torch::NoGradGuard no_grad;
-      p.set_data(slice.narrow(0, entry.layout.offset, entry.layout.rows)
-                     .clone(at::MemoryFormat::Contiguous));
-      if (p.grad().defined()) p.mutable_grad().reset();
-    }
-    index_[entry.name] = static_cast<int64_t>(params_.size());
-    names_.push_back(entry.name);
-    params_.push_back(std::move(entry));
+  for (int64_t i = 0; i < static_cast<int64_t>(params_.size()); ++i) {
+    index_[params_[i].name] = i;
+    names_.push_back(params_[i].name);
+    placements_.push_back(params_[i].placement);
   }
   full_storages_.resize(params_.size());
-  for (const Param& p : params_) placements_.push_back(placement_of(p));
+}
+
+ContextParallelHooks* FullyShardedModel::context_parallel() {
+  return context_parallel_.get();
+}
+
+TensorParallelHooks* FullyShardedModel::tensor_parallel() {
+  return tensor_parallel_.get();
 }
 
 int64_t FullyShardedModel::index_of(const std::string& name) const {
@@ -312,31 +299,6 @@ std::vector<at::Tensor> FullyShardedModel::gather_global(
 at::Tensor FullyShardedModel::local_rows(const std::string& name, const at::Tensor& full) const {
   const ShardLayout& l = params_[index_of(name)].layout;
   return full.narrow(0, l.offset, l.rows);
-}
-
-ParamPlacement FullyShardedModel::placement_of(const Param& p) const {
-  ParamPlacement placement;
-  placement.name = p.name;
-  placement.global_shape = p.global_shape;
-  placement.offset = p.layout.offset;
-  placement.rows = p.layout.rows;
-  if (p.tp_dim >= 0) {
-    placement.tp_dim = p.tp_dim;
-    placement.tp_group = tp_group_;
-  }
-  if (p.expert) {
-    placement.kind = ParamPlacement::Kind::kExpertSlice;
-    placement.shard_group = ep_group_;
-    placement.replicate_group = expert_dp_group_;
-  } else if (shard_group_->size() > 1) {
-    placement.kind = ParamPlacement::Kind::kDim0Shard;
-    placement.shard_group = shard_group_;
-    placement.replicate_group = replicate_group_;
-  } else if (replicate_group_->size() > 1) {
-    placement.kind = ParamPlacement::Kind::kReplicated;
-    placement.replicate_group = replicate_group_;
-  }
-  return placement;
 }
 
 const ParamPlacement& FullyShardedModel::placement(const std::string& name) const {
@@ -460,20 +422,6 @@ at::Tensor FullyShardedModel::cast_forward_input(const at::Tensor& input) {
 at::Tensor FullyShardedModel::cast_forward_output(const at::Tensor& output) {
   if (!at::isFloatingType(output.scalar_type())) return output;
   return output.to(output_dtype_);
-}
-
-std::shared_ptr<FullyShardedModel> shard_model(CausalLM& model, const DeviceMesh& mesh,
-                                               const FsdpOptions& options) {
-  auto fsdp = std::make_shared<FullyShardedModel>(
-      model, mesh.dp_shard_group, mesh.dp_replicate_group, options,
-      mesh.ep > 1 ? mesh.ep_group : nullptr, mesh.ep > 1 ? mesh.expert_dp_group : nullptr,
-      mesh.tp > 1 ? mesh.tp_group : nullptr);
-  if (mesh.cp > 1) {
-    fsdp->set_context_parallel(std::make_shared<ContextParallel>(
-        mesh.cp_group, parse_cp_rotate_method(options.cp_rotate_method)));
-  }
-  model.set_parameter_materializer(fsdp);
-  return fsdp;
 }
 
 }  // namespace mixtrain

@@ -1,12 +1,15 @@
-// FSDP / HSDP / DDP for a CausalLM (docs/architecture.md §3, §7; fp32-main-params §5.3 and 8.1),
-// built on the model's ParameterMaterializer hooks (model/causal_lm.h) and a custom autograd
-// Function.
+// Data parallelism (FSDP / HSDP / DDP) for a CausalLM, and the runtime of every parallelism
+// (docs/architecture.md §3, §7; fp32-main-params §5.3 and 8.1): the model's parameter
+// materializer (model/causal_lm.h) with a custom autograd Function. parallelize.h applies the
+// parallelisms as steps; plan_data_parallel below is the last of them, FullyShardedModel runs
+// the plan they made.
 //
-// shard_model() (before any optimizer exists, after model_init_dtype, fp32-main-params §6.1)
-// replaces every parameter's data by this rank's dim-0 chunk over mesh.dp_shard_group (torch.chunk
-// semantics: chunk = ceil(d0 / n), rank r holds rows [r*chunk, min(d0, (r+1)*chunk)), trailing
-// ranks may hold fewer or zero rows; padding exists only on the wire), in the parameter's dtype;
-// the parameter objects keep their identity. With dp_shard == 1 nothing is sharded (DDP).
+// Placement (plan_data_parallel): every parameter not placed by expert parallelism holds this
+// rank's dim-0 chunk of its tensor-parallel slice (the whole parameter without tp) over
+// mesh.dp_shard_group (torch.chunk semantics: chunk = ceil(d0 / n), rank r holds rows
+// [r*chunk, min(d0, (r+1)*chunk)), trailing ranks may hold fewer or zero rows; padding exists
+// only on the wire), in the parameter's dtype; with dp_shard == 1 nothing is sharded (DDP over
+// dp_replicate, or one rank).
 //
 // Forward: unshard(name) all-gathers the shard in param_dtype (bfloat16 travels as bits) into a
 // freshly allocated full parameter (DDP: casts to param_dtype); the logits are cast to
@@ -16,39 +19,29 @@
 // divided by the number of data-parallel ranks (each rank's loss is a mean over its own
 // batch), then rounded to reduce_dtype (unset: kept as reduced, in float32; fp32_main_params
 // requires it set to float32, fp32-main-params §2.5: validate_config refuses it in the user's keys,
-// and shard_model, given such options in code, throws std::invalid_argument). With
+// and parallelize, given such options in code, throws std::invalid_argument). With
 // fp32_main_params: added to main_grad(name) of the attached optimizer (accumulating over
 // micro-batches) and no gradient is returned, so .grad stays empty (fp32-main-params §8.1);
 // otherwise returned in the parameter's dtype and accumulated in .grad. Reductions run in float32
 // whatever reduce_dtype says (Gloo cannot reduce bfloat16).
-// Each layout's gradient path is its own file: dim0_shard_grad.h (FSDP rows, HSDP/DDP copies,
-// a whole parameter) and expert_slice_grad.h (routed experts under expert parallelism).
+// Each placement's gradient path is its own file: dim0_shard_grad.h (FSDP rows, HSDP/DDP copies,
+// a whole parameter) and expert_slice_grad.h (routed experts under expert parallelism: unshard
+// only casts them; their gradients are summed over expert_dp_group and divided by the number of
+// data-parallel ranks at the end of backward, an autograd final callback, then delivered like
+// every other gradient). The model reaches the token exchange through expert_dispatcher(),
+// tensor parallelism's communication through tensor_parallel() and context parallelism's
+// through context_parallel() (nullptr when that degree is 1).
+//
+// Under tensor parallelism layout(), unshard, gather_full and local_rows all speak of the tp
+// slice (its shape is layout().global_shape); placements() carry the whole picture: global_shape
+// the full (Hugging Face) shape, tp_dim and tp_group. A caller needing a global tensor of a
+// TP-split parameter must also gather over placement().tp_group along tp_dim (gather_global).
 //
 // Memory: the full parameter's storage is freed in the reduce-scatter (after backward at the
 // latest). reshard_after_forward (torch FSDP2's default) frees it as soon as the module that
 // used it has finished its forward (post_forward) and gathers it again, into the same storage,
 // in an autograd node on the module's output, i.e. right before that module's backward. This
 // covers every parameter of the model (linear layers, embedding, norms, the 3-D experts).
-//
-// Expert parallelism (expert_parallel.h; mesh.ep > 1): the routed-expert tensors (the model's
-// ParamRole::kExpert, e.g. model.layers.N.mlp.experts.*) hold this rank's ep slice of whole
-// experts (layout(): offset ep_rank * E/ep, rows E/ep) instead of a dp_shard chunk; unshard
-// only casts them to param_dtype; their gradients are summed over expert_dp_group and divided
-// by the number of data-parallel ranks at the end of backward (an autograd final callback),
-// then delivered like every other gradient (main_grad or .grad). gather_full gathers them over
-// the ep group, and placements() marks them kExpertSlice. The model reaches the token exchange
-// through expert_dispatcher().
-//
-// Tensor parallelism (tensor_parallel.h; mesh.tp > 1): each parameter the model splits
-// (CausalLM::tp_dim(name) >= 0) is first narrowed to this tp rank's slice along tp_dim, and that
-// slice is what FSDP shards, gathers and reduces as above: layout(), unshard, gather_full and
-// local_rows all speak of the tp slice (its shape is layout().global_shape), and gradients are
-// reduced over dp_shard x dp_replicate only, never over tp (Megatron without sequence
-// parallelism: the parameters every tp rank holds whole get bitwise identical gradients on each).
-// placements() carry the whole picture: global_shape the full (Hugging Face) shape, tp_dim and
-// tp_group. A caller needing a global tensor of a TP-split parameter must also gather over
-// placement().tp_group along tp_dim (or refuse TP). tensor_parallel() hands the model the
-// TensorParallel communication (nullptr for tp = 1).
 //
 // Collectives run inside autograd nodes; the CPU autograd engine runs nodes in decreasing
 // creation order, and the model creates them in the same order on every rank, so all ranks
@@ -73,6 +66,7 @@
 #include "mixtrain/distributed/device_mesh.h"
 #include "mixtrain/distributed/expert_parallel.h"
 #include "mixtrain/distributed/expert_slice_grad.h"
+#include "mixtrain/distributed/parallel_plan.h"
 #include "mixtrain/distributed/shard_layout.h"
 #include "mixtrain/distributed/tensor_parallel.h"
 #include "mixtrain/model/causal_lm.h"
@@ -88,14 +82,10 @@ struct FsdpOptions {
 
 class FullyShardedModel : public ParameterMaterializer {
  public:
-  // Use shard_model(); shard_group / replicate_group may be one-rank groups.
-  // ep_group / expert_dp_group: expert parallelism when ep_group has more than one rank.
-  // tp_group: tensor parallelism when it has more than one rank.
-  FullyShardedModel(CausalLM& model, std::shared_ptr<Collectives> shard_group,
-                    std::shared_ptr<Collectives> replicate_group, FsdpOptions options,
-                    std::shared_ptr<Collectives> ep_group = nullptr,
-                    std::shared_ptr<Collectives> expert_dp_group = nullptr,
-                    std::shared_ptr<Collectives> tp_group = nullptr);
+  // Use parallelize() (parallelize.h): the runtime of a plan every step has filled in. Throws
+  // std::invalid_argument for an unknown dtype name in options.mix_precision or fp32_main_params
+  // without reduce dtype float32; touches no parameter.
+  FullyShardedModel(const ParallelPlan& plan, FsdpOptions options);
 
   // fp32_main_params: where the reduced gradients go (the optimizer built on the sharded params,
   // accumulate_main_grad(name, grad)). Must be set before the first backward.
@@ -144,24 +134,13 @@ class FullyShardedModel : public ParameterMaterializer {
   at::Tensor cast_forward_input(const at::Tensor& input) override;
   at::Tensor cast_forward_output(const at::Tensor& output) override;
   ExpertDispatcher* expert_dispatcher() override { return expert_parallel_.get(); }
-  ContextParallelHooks* context_parallel() override { return context_parallel_.get(); }
-  TensorParallelHooks* tensor_parallel() override { return tensor_parallel_.get(); }
-  // Context parallelism (shard_model sets it when mesh.cp > 1, before any forward).
-  void set_context_parallel(std::shared_ptr<ContextParallelHooks> hooks) {
-    context_parallel_ = std::move(hooks);
-  }
+  ContextParallelHooks* context_parallel() override;
+  TensorParallelHooks* tensor_parallel() override;
   // Whether parameter `name` is split by expert parallelism (not FSDP-sharded).
   bool is_expert_parallel(const std::string& name) const;
 
-  // Implementation, used by the autograd nodes in fsdp.cpp.
-  struct Param {
-    std::string name;
-    ShardLayout layout;
-    at::Tensor param;     // the registered parameter (the local shard)
-    bool expert = false;  // split by expert parallelism: layout is the ep slice
-    int64_t tp_dim = -1;  // split over tp along this dim (layout is then the tp slice's)
-    std::vector<int64_t> global_shape;  // the model's full shape
-  };
+  // Implementation, used by the autograd nodes in fsdp.cpp. param: the local piece.
+  using Param = PlannedParam;
   const Param& param(int64_t index) const { return params_[index]; }
   int64_t index_of(const std::string& name) const;
   // Fills `full` (param_dtype, global shape, contiguous) from the shards.
@@ -177,7 +156,6 @@ class FullyShardedModel : public ParameterMaterializer {
   std::vector<Param> params_;
   std::vector<std::string> names_;
   std::vector<ParamPlacement> placements_;  // by param index
-  ParamPlacement placement_of(const Param& p) const;
   std::unordered_map<std::string, int64_t> index_;
   // Storage of each parameter's full tensor gathered in the current forward, until its
   // module's post_forward hands it to the pre-backward node.
@@ -190,24 +168,18 @@ class FullyShardedModel : public ParameterMaterializer {
   std::shared_ptr<ExpertParallel> expert_parallel_;
   ExpertSliceGrads expert_grads_;  // expert_slice_grad.h
   bool expert_sync_queued_ = false;
-  std::shared_ptr<ContextParallelHooks> context_parallel_;
-  std::shared_ptr<Collectives> tp_group_;            // null when tp = 1
-  std::shared_ptr<TensorParallel> tensor_parallel_;  // null when tp = 1
+  std::shared_ptr<ContextParallel> context_parallel_;  // null when cp = 1
+  std::shared_ptr<Collectives> tp_group_;              // null when tp = 1
+  std::shared_ptr<TensorParallel> tensor_parallel_;    // null when tp = 1
   void queue_expert_grad_sync();
   void sync_expert_grads();
   void deliver_grad(const Param& p, at::Tensor grad);
 };
 
-// Shards `model` over mesh.dp_shard_group (FSDP; HSDP when mesh.dp_replicate > 1, DDP when
-// dp_shard == 1; the routed experts over mesh.ep_group when mesh.ep > 1; its tp-split
-// parameters first over mesh.tp_group when mesh.tp > 1) and installs the result as
-// the model's parameter materializer. Call after apply_model_init_dtype and before building the
-// optimizer; then, with fp32_main_params, pass the optimizer to set_main_grads(). Throws
-// std::invalid_argument for a parameter of dimension 0, an unknown dtype name in
-// options.mix_precision, fp32_main_params without reduce dtype float32, or an expert count the
-// ep group does not divide, or a tp-split dimension the tp group does not divide
-// (validate_config refuses each config that would do this first).
-std::shared_ptr<FullyShardedModel> shard_model(CausalLM& model, const DeviceMesh& mesh,
-                                               const FsdpOptions& options);
+// Step 4 of parallelize (parallelize.h): every parameter expert parallelism did not place gets
+// its dim-0 chunk of its tp slice over mesh.dp_shard_group (kDim0Shard, copies over
+// dp_replicate_group) when dp_shard > 1, else is replicated over dp_replicate_group
+// (kReplicated, DDP) when that has several ranks, else stays whole (kWhole).
+void plan_data_parallel(const DeviceMesh& mesh, ParallelPlan& plan);
 
 }  // namespace mixtrain

@@ -4,6 +4,7 @@
 #include <torch/types.h>
 
 #include <stdexcept>
+#include <string>
 #include <utility>
 
 namespace mixtrain {
@@ -104,6 +105,24 @@ torch::Tensor TensorParallel::vocab_parallel_cross_entropy(const torch::Tensor& 
         "vocab_parallel_cross_entropy: expects logits [N, V/tp] and labels [N]");
   }
   return VocabParallelCrossEntropy::apply(local_logits.to(at::kFloat), labels, this);
+}
+
+void plan_tensor_parallel(const CausalLM& model, const DeviceMesh& mesh, ParallelPlan& plan) {
+  const int64_t tp = mesh.tp_group->size();
+  for (PlannedParam& p : plan.params) {
+    const int64_t dim = model.tp_dim(p.name);
+    if (dim < 0) continue;
+    const std::vector<int64_t>& shape = p.placement.global_shape;
+    if (dim >= static_cast<int64_t>(shape.size()) || shape[dim] % tp != 0) {
+      throw std::invalid_argument("parallelize: the tp group of " + std::to_string(tp) +
+                                  " cannot split " + p.name + " along dim " + std::to_string(dim));
+    }
+    p.tp_dim = dim;
+    p.placement.tp_dim = dim;
+    p.placement.tp_group = mesh.tp_group;
+  }
+  plan.tp_group = mesh.tp_group;
+  plan.tensor_parallel = std::make_shared<TensorParallel>(mesh.tp_group);
 }
 
 }  // namespace mixtrain

@@ -18,6 +18,8 @@
 #include <memory>
 
 #include "mixtrain/core/collectives.h"
+#include "mixtrain/distributed/device_mesh.h"
+#include "mixtrain/distributed/parallel_plan.h"
 #include "mixtrain/model/causal_lm.h"
 
 namespace mixtrain {
@@ -41,5 +43,15 @@ class TensorParallel : public TensorParallelHooks {
  private:
   std::shared_ptr<Collectives> group_;
 };
+
+// Step 1 of parallelize (parallelize.h; mesh.tp > 1): every parameter the model splits
+// (CausalLM::tp_dim(name) >= 0: 0 for column-parallel weights and biases and the vocabulary of
+// embed_tokens and lm_head, 1 for row-parallel weights) is planned as this tp rank's even slice
+// along that dim (placement tp_dim / tp_group; what later steps place is that slice); the model
+// gets a TensorParallel over mesh.tp_group. Its gradients are reduced over the data-parallel
+// ranks only, never over tp (Megatron without sequence parallelism: the parameters every tp rank
+// holds whole get bitwise identical gradients on each). std::invalid_argument when the tp group
+// does not divide a split dimension.
+void plan_tensor_parallel(const CausalLM& model, const DeviceMesh& mesh, ParallelPlan& plan);
 
 }  // namespace mixtrain

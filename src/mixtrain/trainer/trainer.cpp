@@ -32,9 +32,9 @@
 #include "mixtrain/distributed/data_parallel.h"
 #include "mixtrain/distributed/device_mesh.h"
 #include "mixtrain/distributed/fsdp.h"
+#include "mixtrain/distributed/parallelize.h"
 #include "mixtrain/distributed/rendezvous.h"
 #include "mixtrain/model/init_dtype.h"
-#include "mixtrain/model/max_logit_recorder.h"
 #include "mixtrain/model/registry.h"
 #include "mixtrain/optim/build_optimizer.h"
 #include "mixtrain/optim/chained_optimizer.h"
@@ -42,7 +42,6 @@
 #include "mixtrain/optim/muon_config.h"
 #include "mixtrain/optim/optimizer_table.h"
 #include "mixtrain/optim/param_groups.h"
-#include "mixtrain/optim/qk_clip.h"
 #include "mixtrain/optim/state_swap.h"
 #include "mixtrain/optim/training_optimizer.h"
 #include "mixtrain/trainer/checkpointing.h"
@@ -50,8 +49,11 @@
 #include "mixtrain/trainer/interrupt.h"
 #include "mixtrain/trainer/loss_plot.h"
 #include "mixtrain/trainer/metrics_writer.h"
+#include "mixtrain/trainer/muon_telemetry_hook.h"
 #include "mixtrain/trainer/optimizer_report.h"
 #include "mixtrain/trainer/progress.h"
+#include "mixtrain/trainer/qk_clip_hook.h"
+#include "mixtrain/trainer/step_hook.h"
 #include "mixtrain/trainer/step_profile.h"
 #include "mixtrain/trainer/step_recorder.h"
 #include "mixtrain/trainer/threads.h"
@@ -254,17 +256,17 @@ BuiltModel build_training_model(const TrainerConfig& config, const DeviceMesh& m
   apply_model_init_dtype(*built.model, model_dtype);
   if (!mesh.device.is_cpu()) built.model->to(mesh.device);
   if (mesh.rank == 0) log_info(format_model_config_block(config.model));
-  // With parallel.ep > 1, shard_model splits the routed experts over the ep group (and the
-  // model exchanges tokens with all_to_all); the rest stays FSDP / DDP.
-  // The FSDP path also serves one process whose compute dtype differs from the stored one: it
-  // casts each parameter to param_dtype in forward and delivers float32 main_grads in backward.
+  // The parallelisms, as ordered steps (distributed/parallelize.h): TP, CP, EP, then
+  // FSDP / HSDP / DDP. The FSDP path also serves one process whose compute dtype differs from the
+  // stored one: it casts each parameter to param_dtype in forward and delivers float32 main_grads
+  // in backward.
   if (mesh.world_size > 1 || parse_float_dtype(config.mix_precision.param_dtype) != model_dtype) {
     FsdpOptions fsdp;
     fsdp.mix_precision = config.mix_precision;
     fsdp.fp32_main_params = config.optimizer.fp32_main_params;
     fsdp.reshard_after_forward = config.fsdp.reshard_after_forward;
     fsdp.cp_rotate_method = config.parallel.cp_rotate_method;
-    built.sharded = shard_model(*built.model, mesh, fsdp);
+    built.sharded = parallelize(*built.model, mesh, fsdp);
   }
   if (load_init_from && !config.model.init_from.empty()) {
     import_init_from(*built.model, built.sharded.get(), nullptr, config.model.init_from,
@@ -315,8 +317,11 @@ Trainer::Trainer(const ResolvedConfig& resolved, const DeviceMesh& mesh, const s
   }
   if (muon_config(config).qk_clip_tau > 0) {
     // Every attention forward now also records its heads' max logits (one more Q K^T).
-    max_logits_ = std::make_shared<MaxLogitRecorder>();
-    model_->set_max_logit_recorder(max_logits_);
+    FullyShardedModel* sharded = sharded_.get();
+    hooks_.push_back(std::make_unique<QkClipHook>(
+        *model_, *optimizer_, mesh_, config.model, muon_config(config).qk_clip_tau, [sharded] {
+          return sharded != nullptr ? sharded->placements() : std::vector<ParamPlacement>{};
+        }));
     if (is_rank0) {
       log_info(
           "QK-clip: after every step, query heads whose max attention logit (over the step's "
@@ -327,6 +332,11 @@ Trainer::Trainer(const ResolvedConfig& resolved, const DeviceMesh& mesh, const s
                                                         : "the parameters") +
           " (optimizer " + config.optimizer.target + ")");
     }
+  }
+  if (muon_config(config).telemetry) {
+    auto telemetry = std::make_unique<MuonTelemetryHook>(*optimizer_, mesh_);
+    telemetry_ = telemetry.get();
+    hooks_.push_back(std::move(telemetry));
   }
   if (is_rank0) {
     for (const OptimizerTableEntry& entry : optimizer_table()) {
@@ -374,6 +384,11 @@ Trainer::Trainer(const ResolvedConfig& resolved, const DeviceMesh& mesh, const s
 
 Trainer::~Trainer() = default;
 
+const std::vector<MuonGroupTelemetry>& Trainer::muon_telemetry() const {
+  static const std::vector<MuonGroupTelemetry> kNone;
+  return telemetry_ != nullptr ? telemetry_->figures() : kNone;
+}
+
 std::string Trainer::checkpoint_dir() const {
   const std::string& dir = resolved_.config.checkpoint.dir;
   return dir.empty() ? (std::filesystem::path(run_dir_) / "checkpoints").string() : dir;
@@ -415,7 +430,7 @@ UnreadStepResult Trainer::compute_gradients_unread() {
       optimizer_for_target(config.optimizer.target).reported_lr(config.optimizer) * lr_factor;
 
   recorder_.start();
-  if (max_logits_) max_logits_->clear();  // this step's micro-batches only (not evaluations)
+  for (const auto& hook : hooks_) hook->before_forward(result.step);
   if (config.train.profile && !mesh_.device.is_cpu()) {
     at::accelerator::resetPeakStats(mesh_.device.index());
   }
@@ -439,29 +454,17 @@ UnreadStepResult Trainer::compute_gradients_unread() {
 
 void Trainer::apply_update() {
   const TrainConfig& train = resolved_.config.train;
-  const bool telemetry = muon_config(resolved_.config).telemetry &&
-                         is_log_step(pending_.known.step, train.log_every, train.steps);
-  muon_telemetry_.clear();
-  if (telemetry) arm_muon_telemetry(optimizer_->chained());
+  const int64_t step = pending_.known.step;
+  const bool log_step = is_log_step(step, train.log_every, train.steps);
+  for (const auto& hook : hooks_) hook->before_update(step, log_step);
   {
-    PhaseTimer step(recorder_, Phase::kOptimizer);
+    PhaseTimer timer(recorder_, Phase::kOptimizer);
     optimizer_->step_with_ready_grads();
     optimizer_->zero_grad();
-    if (max_logits_) {
-      // After the update, on what the optimizer updated (optim/qk_clip.h); counted in the step.
-      const double tau = muon_config(resolved_.config).qk_clip_tau;
-      static const std::vector<ParamPlacement> kWhole;
-      const QkClipStats stats = apply_qk_clip(
-          optimizer_->chained(), reduce_max_logits(*mesh_.world, max_logits_->layers()),
-          sharded_ ? sharded_->placements() : kWhole, resolved_.config.model, tau,
-          model_->param_roles());
-      pending_.known.qk_clip = true;
-      pending_.known.qk_clip_heads = stats.heads_clipped;
-      pending_.known.qk_max_logit = stats.max_logit;
-    }
+    for (const auto& hook : hooks_) hook->after_update(pending_.known);  // e.g. QK-clip
   }
-  // Outside the optimizer phase: the profile times the step, not its telemetry.
-  if (telemetry) muon_telemetry_ = muon_step_telemetry(optimizer_->chained(), mesh_.world.get());
+  // Outside the optimizer phase: the profile times the step, not (say) its telemetry.
+  for (const auto& hook : hooks_) hook->after_step(step, log_step);
   if (resolved_.config.train.profile && !mesh_.device.is_cpu()) {
     // Since compute_gradients reset it; index 0 is StatType::AGGREGATE (every pool).
     recorder_.times().peak_device_bytes =
@@ -472,10 +475,9 @@ void Trainer::apply_update() {
 
 EvalResult Trainer::evaluate() {
   if (!evaluator_) throw std::logic_error("Trainer::evaluate: train.eval_every is 0");
-  // QK-clip's statistic is the training batches'; evaluation forwards skip its extra work.
-  model_->set_max_logit_recorder(nullptr);
+  for (const auto& hook : hooks_) hook->before_eval();
   EvalResult result = evaluator_->evaluate(*model_, mesh_);
-  model_->set_max_logit_recorder(max_logits_);
+  for (const auto& hook : hooks_) hook->after_eval();
   return result;
 }
 

@@ -43,7 +43,8 @@ class TrainingOptimizer;
 class TokenDataset;
 class LrSchedule;
 class CheckpointSaver;
-class MaxLogitRecorder;
+class StepHook;
+class MuonTelemetryHook;
 
 // The model as the trainer builds it (fp32-main-params §6.1): built and initialised on the CPU
 // from config.model and train.seed, model_init_dtype applied, moved to mesh.device, then sharded
@@ -104,7 +105,7 @@ class Trainer {
   // optimizer.muon_telemetry: the figures of the last step if it was a log step (every
   // train.log_every-th and the last), else empty. Computed inside apply_update (collective on those
   // steps).
-  const std::vector<MuonGroupTelemetry>& muon_telemetry() const { return muon_telemetry_; }
+  const std::vector<MuonGroupTelemetry>& muon_telemetry() const;
   // The phase times of the last step: compute_gradients() restarts them and fills forward,
   // backward, reduce, clip (and its prepare_grads into optimizer); apply_update() adds the
   // optimizer step; save_checkpoint() after it adds checkpoint. step_s is run_training's to fill.
@@ -144,8 +145,9 @@ class Trainer {
   int64_t completed_steps_ = 0;
   UnreadStepResult pending_;  // compute_gradients' result until apply_update
   StepRecorder recorder_;     // the phase times of the step in flight / last completed
-  std::vector<MuonGroupTelemetry> muon_telemetry_;
-  std::shared_ptr<MaxLogitRecorder> max_logits_;  // QK-clip on: the forwards' max logits
+  // The optional features around each step (step_hook.h), in installation order.
+  std::vector<std::unique_ptr<StepHook>> hooks_;
+  MuonTelemetryHook* telemetry_ = nullptr;  // one of hooks_ with optimizer.muon_telemetry
 };
 
 struct TrainOptions {

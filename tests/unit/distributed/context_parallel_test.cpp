@@ -1,7 +1,7 @@
 // Context parallelism (distributed/context_parallel.h) on real Gloo groups of 2 and 4 cp ranks:
 // the chunk layout, the cp sum, attention (ring and all-gather) against model/attention.h's
 // causal_attention of the whole sequence in one process (forward and the q/k/v gradients), and
-// the tiny Qwen2-MoE through shard_model with cp = 2 against the unsharded model.
+// the tiny Qwen2-MoE through parallelize with cp = 2 against the unsharded model.
 //
 // Every rank computes the single-process reference itself from the same seeded inputs and
 // compares its own slice (context_parallel_slice of the reference) with what CP gave it.
@@ -16,6 +16,7 @@
 #include "mixtrain/distributed/context_parallel.h"
 #include "mixtrain/distributed/device_mesh.h"
 #include "mixtrain/distributed/fsdp.h"
+#include "mixtrain/distributed/parallelize.h"
 #include "mixtrain/model/attention.h"
 #include "mixtrain/model/qwen2_moe.h"
 #include "support/multiprocess.h"
@@ -145,7 +146,7 @@ MIXTRAIN_WORKER(cp_attention) {
   }
 }
 
-// The tiny Qwen2-MoE through shard_model on dp_shard 1 x cp 2 (FSDP shards over those 2 ranks
+// The tiny Qwen2-MoE through parallelize on dp_shard 1 x cp 2 (FSDP shards over those 2 ranks
 // and divides the summed gradient by 2) against the same model unsharded on the whole batch:
 // loss = mean over cp ranks of each rank's cross-entropy, the aux loss (the whole batch's on
 // every rank) and every parameter gradient. float32 throughout.
@@ -166,7 +167,7 @@ MIXTRAIN_WORKER(cp_model) {
   auto model = qwen2_moe::make_qwen2_moe(config, 3);
   FsdpOptions options;
   options.cp_rotate_method = method;
-  const auto fsdp = shard_model(*model, mesh, options);
+  const auto fsdp = parallelize(*model, mesh, options);
   ASSERT_NE(fsdp->context_parallel(), nullptr);
   const int64_t n = mesh.cp, r = mesh.cp_index();
   const CausalLMOutput out = model->forward(context_parallel_slice(ids, r, n));

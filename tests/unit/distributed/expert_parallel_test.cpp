@@ -29,6 +29,7 @@
 #include "mixtrain/distributed/device_mesh.h"
 #include "mixtrain/distributed/expert_parallel.h"
 #include "mixtrain/distributed/fsdp.h"
+#include "mixtrain/distributed/parallelize.h"
 #include "mixtrain/model/init_dtype.h"
 #include "mixtrain/model/qwen2_moe.h"
 #include "mixtrain/optim/build_optimizer.h"
@@ -45,10 +46,10 @@ TEST(ExpertParallelSingleProcess, ExpertParamNames) {
   auto c = test_support::tiny_config();
   c.num_layers = 12;
   const auto model = qwen2_moe::make_qwen2_moe(c, 1);
-  EXPECT_TRUE(is_expert_param(*model, "model.layers.0.mlp.experts.gate_proj"));
-  EXPECT_TRUE(is_expert_param(*model, "model.layers.11.mlp.experts.down_proj"));
-  EXPECT_FALSE(is_expert_param(*model, "model.layers.0.mlp.shared_expert.gate_proj.weight"));
-  EXPECT_FALSE(is_expert_param(*model, "model.layers.0.mlp.gate.weight"));
+  EXPECT_TRUE(model->is_expert("model.layers.0.mlp.experts.gate_proj"));
+  EXPECT_TRUE(model->is_expert("model.layers.11.mlp.experts.down_proj"));
+  EXPECT_FALSE(model->is_expert("model.layers.0.mlp.shared_expert.gate_proj.weight"));
+  EXPECT_FALSE(model->is_expert("model.layers.0.mlp.gate.weight"));
 }
 
 // ---- token_dispatch / token_combine ---------------------------------------------------------
@@ -216,7 +217,7 @@ void run_ep_case_2_1(const testing::WorkerEnv& worker, const std::string& target
   int expert_params = 0;
   for (auto& [name, p] : named_params(*s.model)) {
     EXPECT_EQ(p.scalar_type(), torch::kBFloat16) << name;
-    if (is_expert_param(*s.model, name)) {
+    if (s.model->is_expert(name)) {
       ++expert_params;
       EXPECT_TRUE(s.fsdp->is_expert_parallel(name)) << name;
       EXPECT_EQ(p.size(0), local_experts) << name;
@@ -277,7 +278,7 @@ MIXTRAIN_WORKER(ep_grads_without_main_params) {
   apply_model_init_dtype(*ref_model, torch::kBFloat16);
   auto model = qwen2_moe::make_qwen2_moe(c, 21);
   apply_model_init_dtype(*model, torch::kBFloat16);
-  auto fsdp = shard_model(*model, mesh, FsdpOptions{config.mix_precision, false, true});
+  auto fsdp = parallelize(*model, mesh, FsdpOptions{config.mix_precision, false, true});
   const auto ids = ids_for_step(c, 1, kGlobalBatch, kSeq);
   for (int64_t r = 0; r < dp; ++r) {
     const auto micro = ids.narrow(0, r * rows_per_rank, rows_per_rank);
@@ -310,7 +311,7 @@ MIXTRAIN_WORKER(ep_forward_every_expert) {
   apply_model_init_dtype(*ref_model, torch::kBFloat16);
   auto model = qwen2_moe::make_qwen2_moe(c, 21);
   apply_model_init_dtype(*model, torch::kBFloat16);
-  auto fsdp = shard_model(*model, mesh, FsdpOptions{config.mix_precision, false, true});
+  auto fsdp = parallelize(*model, mesh, FsdpOptions{config.mix_precision, false, true});
   const auto ids = ids_for_step(c, 1, kGlobalBatch, kSeq);
   const int64_t rows_per_rank = kGlobalBatch / mesh.world_size;
   const auto micro = ids.narrow(0, mesh.rank * rows_per_rank, rows_per_rank);

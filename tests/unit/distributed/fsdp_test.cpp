@@ -27,6 +27,7 @@
 #include "mixtrain/distributed/data_parallel.h"
 #include "mixtrain/distributed/device_mesh.h"
 #include "mixtrain/distributed/fsdp.h"
+#include "mixtrain/distributed/parallelize.h"
 #include "mixtrain/model/init_dtype.h"
 #include "mixtrain/model/qwen2_moe.h"
 #include "mixtrain/optim/build_optimizer.h"
@@ -127,7 +128,7 @@ TEST(FsdpSingleProcess, MaterializerHooksLeaveLogitsAndGradsBitwiseUnchanged) {
   }
 }
 
-// One rank: shard_model is the identity layout; the gradient must arrive unchanged in main_grad
+// One rank: parallelize is the identity layout; the gradient must arrive unchanged in main_grad
 // (fp32_main_params) or .grad, and the logits take output_dtype.
 TEST(FsdpSingleProcess, OneRankRoutesGradsIntoMainGradOrGrad) {
   const auto c = tiny_config();
@@ -142,7 +143,7 @@ TEST(FsdpSingleProcess, OneRankRoutesGradsIntoMainGradOrGrad) {
     TrainerConfig config = rfc_config("AdamW");
     config.optimizer.fp32_main_params = fp32_main;
     FsdpOptions options{config.mix_precision, fp32_main, true};
-    auto fsdp = shard_model(*model, make_single_process_mesh(), options);
+    auto fsdp = parallelize(*model, make_single_process_mesh(), options);
     auto optimizer = build_optimizer(named_params(*model), config);
     fsdp->set_main_grads(optimizer.get());
     const auto out = model->forward(ids);
@@ -169,13 +170,13 @@ TEST(FsdpSingleProcess, OutputDtypeAndBadDtypes) {
   FsdpOptions options;
   options.mix_precision.param_dtype = "bfloat16";
   options.mix_precision.output_dtype = "float32";
-  shard_model(*model, make_single_process_mesh(), options);
+  parallelize(*model, make_single_process_mesh(), options);
   const auto out = model->forward(ids_for_step(tiny_config(), 0, 1, 4));
   EXPECT_EQ(out.logits.scalar_type(), torch::kFloat32);  // computed in bf16, cast on output
   EXPECT_EQ(out.aux_loss.scalar_type(), torch::kFloat32);
   options.mix_precision.param_dtype = "bfloat17";
   auto other = qwen2_moe::make_qwen2_moe(tiny_config(), 7);
-  EXPECT_THROW(shard_model(*other, make_single_process_mesh(), options), std::invalid_argument);
+  EXPECT_THROW(parallelize(*other, make_single_process_mesh(), options), std::invalid_argument);
 }
 
 // fp32-main-params §2.5 for options built in code: main_grads are float32, so an unset or bfloat16
@@ -188,11 +189,11 @@ TEST(FsdpSingleProcess, MainParamsNeedFloat32Reduce) {
     if (*reduce != '\0') options.mix_precision.reduce_dtype = reduce;
     options.fp32_main_params = true;
     try {
-      shard_model(*model, make_single_process_mesh(), options);
+      parallelize(*model, make_single_process_mesh(), options);
       ADD_FAILURE() << "reduce_dtype '" << reduce << "' was accepted";
     } catch (const std::invalid_argument& error) {
       EXPECT_EQ(std::string(error.what()),
-                "shard_model: fp32 main grads need reduce dtype float32, got " +
+                "parallelize: fp32 main grads need reduce dtype float32, got " +
                     std::string(*reduce == '\0' ? "none" : "'bfloat16'"));
     }
   }
@@ -200,7 +201,7 @@ TEST(FsdpSingleProcess, MainParamsNeedFloat32Reduce) {
   FsdpOptions options;
   options.mix_precision.reduce_dtype = "float32";
   options.fp32_main_params = true;
-  EXPECT_NO_THROW(shard_model(*model, make_single_process_mesh(), options));
+  EXPECT_NO_THROW(parallelize(*model, make_single_process_mesh(), options));
 }
 
 // ---- multi-process: fp32-main-params §2.1
@@ -322,7 +323,7 @@ MIXTRAIN_WORKER(fsdp_gather_many) {
   auto whole_model = qwen2_moe::make_qwen2_moe(c, 11);  // the same draw, unsharded
   MixPrecisionConfig fp32;
   fp32.reduce_dtype = "float32";
-  auto fsdp = shard_model(*model, mesh, FsdpOptions{fp32, false, true});
+  auto fsdp = parallelize(*model, mesh, FsdpOptions{fp32, false, true});
   std::vector<std::string> names;
   std::vector<at::Tensor> locals;
   for (const auto& [name, p] : named_params(*model)) {

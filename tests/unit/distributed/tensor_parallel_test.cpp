@@ -1,7 +1,7 @@
 // Tensor parallelism (distributed/tensor_parallel.h, the models' Megatron layout, FSDP's tp
 // slices), multi-process on real Gloo groups (tests/support/multiprocess.h):
 //   vocab_parallel_cross_entropy against torch's cross_entropy on the full logits (tp 2, 4);
-//   whole models through shard_model in float32 (llama with o_proj bias, qwen2, qwen2_moe with
+//   whole models through parallelize in float32 (llama with o_proj bias, qwen2, qwen2_moe with
 //   its shared expert, qwen3_moe with q/k norms) on tp 2 and tp 2 x dp_shard 2 against one
 //   unsharded process: the loss and every parameter's gradient (this rank's piece of it, per
 //   its placement).
@@ -23,6 +23,7 @@
 
 #include "mixtrain/distributed/device_mesh.h"
 #include "mixtrain/distributed/fsdp.h"
+#include "mixtrain/distributed/parallelize.h"
 #include "mixtrain/distributed/tensor_parallel.h"
 #include "mixtrain/model/qwen2.h"
 #include "mixtrain/model/qwen2_moe.h"
@@ -206,7 +207,7 @@ MIXTRAIN_WORKER(tp_model_grads) {
   auto model = make_model(name, 5);
   MixPrecisionConfig fp32;
   fp32.reduce_dtype = "float32";
-  auto fsdp = shard_model(*model, mesh, FsdpOptions{fp32, false, true});
+  auto fsdp = parallelize(*model, mesh, FsdpOptions{fp32, false, true});
   ASSERT_NE(fsdp->tensor_parallel(), nullptr);
   EXPECT_EQ(fsdp->tensor_parallel()->tp_size(), mesh.tp);
   const at::Tensor micro = ids.narrow(0, mesh.data_rank() * rows, rows);
@@ -315,7 +316,7 @@ MIXTRAIN_WORKER(tp_traffic) {
   auto model = make_model("llama", 5);
   MixPrecisionConfig fp32;
   fp32.reduce_dtype = "float32";
-  auto fsdp = shard_model(*model, mesh, FsdpOptions{fp32, false, true});
+  auto fsdp = parallelize(*model, mesh, FsdpOptions{fp32, false, true});
   const CollectiveStats before = thread_collective_stats();
   training_loss(*model, model->forward(ids), ids).backward();
   const CollectiveStats sent = thread_collective_stats() - before;

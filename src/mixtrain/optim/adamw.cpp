@@ -8,10 +8,8 @@
 #include <stdexcept>
 #include <utility>
 
-#include "mixtrain/core/cpu_capability.h"
 #include "mixtrain/core/dtype.h"
-#include "mixtrain/optim/cuda_elementwise.h"
-#include "mixtrain/optim/kernels/adamw_kernel.h"
+#include "mixtrain/optim/adamw_fused.h"
 
 namespace mixtrain {
 namespace {
@@ -68,25 +66,6 @@ void unfused_step(const AdamWOptions& options, int64_t step, const at::Tensor& p
   param.addcdiv_(exp_avg, denom, -step_size);
 }
 
-bool fusable(const at::Tensor& t) {
-  return t.device().is_cpu() && t.scalar_type() == at::kFloat && t.is_contiguous() &&
-         t.layout() == at::kStrided;
-}
-
-bool fusable_model_param(const at::Tensor& model, const at::Tensor& param) {
-  return model.device().is_cpu() && model.is_contiguous() && model.numel() == param.numel() &&
-         is_low_precision(model.scalar_type());
-}
-
-using AdamWKernel = void (*)(const AdamWStepScalars&, float*, const float*, float*, float*, void*,
-                             c10::ScalarType, int64_t);
-
-AdamWKernel adamw_kernel() {
-  static const AdamWKernel kernel =
-      select_kernel<AdamWKernel>(DEFAULT::adamw_step, AVX2::adamw_step, AVX512::adamw_step);
-  return kernel;
-}
-
 at::Tensor state_tensor_like(const at::Tensor& value, const at::Tensor& param) {
   // A private copy in the param's dtype, laid out like the param.
   at::Tensor out = at::empty_like(param, at::MemoryFormat::Preserve);
@@ -94,20 +73,21 @@ at::Tensor state_tensor_like(const at::Tensor& value, const at::Tensor& param) {
   return out;
 }
 
-// The CUDA updates of one step, launched together (cuda_elementwise.h), and the copy-backs
-// that must follow them (a model param the pass cannot write).
-struct CudaBatch {
-  std::vector<AdamWCudaUpdate> updates;
+// Fused updates waiting to run (adamw_fused.h), and the copy-backs that must follow them (a
+// model param the pass cannot write). A CPU update runs at once; the CUDA updates of a step are
+// launched together at its end (one multi-tensor pass per device).
+struct FusedBatch {
+  std::vector<AdamWFusedUpdate> updates;
   std::vector<std::pair<at::Tensor, at::Tensor>> copies;  // (model param, param)
 
-  // One launch per device, in order of first appearance, then the copies (same streams).
+  // One pass per device, in order of first appearance, then the copies (same streams).
   void run() {
-    std::vector<AdamWCudaUpdate> rest = std::move(updates);
+    std::vector<AdamWFusedUpdate> rest = std::move(updates);
     while (!rest.empty()) {
       const at::Device device = rest.front().param.device();
-      std::vector<AdamWCudaUpdate> here, elsewhere;
+      std::vector<AdamWFusedUpdate> here, elsewhere;
       for (auto& u : rest) (u.param.device() == device ? here : elsewhere).push_back(std::move(u));
-      adamw_step_cuda(here);
+      adamw_step_fused(here);
       rest = std::move(elsewhere);
     }
     for (const auto& [model, param] : copies) model.copy_(param);
@@ -128,7 +108,7 @@ at::Tensor AdamW::step(LossClosure closure) {
   c10::NoGradGuard no_grad;
   // Without the swap optimizer every CUDA parameter of the step goes into one batch; with it,
   // a parameter's state is only acquired while its lease lasts, so each is launched on its own.
-  CudaBatch batch;
+  FusedBatch batch;
   for (auto& group : param_groups_) {
     const auto& options = static_cast<const AdamWOptions&>(group.options());
     for (auto& param : group.params()) {
@@ -148,40 +128,13 @@ at::Tensor AdamW::step(LossClosure closure) {
       state.step(state.step() + 1);
       const at::Tensor model = copy_back_target(param);
 
-      if (fusable(param) && fusable(grad) && fusable(state.exp_avg()) &&
-          fusable(state.exp_avg_sq()) && grad.numel() == param.numel()) {
-        const bool fuse_model = model.defined() && fusable_model_param(model, param);
-        adamw_kernel()(step_scalars(options, state.step()), param.data_ptr<float>(),
-                       grad.data_ptr<float>(), state.exp_avg().data_ptr<float>(),
-                       state.exp_avg_sq().data_ptr<float>(),
-                       fuse_model ? model.data_ptr() : nullptr,
-                       fuse_model ? model.scalar_type() : at::kFloat, param.numel());
-        // Written through raw pointers: bump the version counters as the in-place ops would,
-        // so autograd still notices a graph that saved one of them.
-        for (const at::Tensor* t : {&param, &state.exp_avg(), &state.exp_avg_sq()}) {
-          t->unsafeGetTensorImpl()->bump_version();
-        }
-        if (fuse_model) {
-          model.unsafeGetTensorImpl()->bump_version();
-        } else if (model.defined()) {
-          model.copy_(param);
-        }
-        continue;
-      }
-      if (adamw_cuda_fusable(param, grad, state.exp_avg(), state.exp_avg_sq())) {
-        const bool fuse_model = model.defined() && adamw_cuda_fusable_model(model, param);
+      if (adamw_fusable(param, grad, state.exp_avg(), state.exp_avg_sq())) {
+        const bool fuse_model = model.defined() && adamw_fusable_model(model, param);
         batch.updates.push_back({param, grad, state.exp_avg(), state.exp_avg_sq(),
                                  fuse_model ? model : at::Tensor(),
                                  step_scalars(options, state.step())});
-        for (const at::Tensor* t : {&param, &state.exp_avg(), &state.exp_avg_sq()}) {
-          t->unsafeGetTensorImpl()->bump_version();
-        }
-        if (fuse_model) {
-          model.unsafeGetTensorImpl()->bump_version();
-        } else if (model.defined()) {
-          batch.copies.emplace_back(model, param);
-        }
-        if (state_swap() != nullptr) batch.run();  // inside the lease
+        if (model.defined() && !fuse_model) batch.copies.emplace_back(model, param);
+        if (param.is_cpu() || state_swap() != nullptr) batch.run();  // (inside the lease)
         continue;
       }
       unfused_step(options, state.step(), param, grad.to(param.scalar_type()), state.exp_avg(),

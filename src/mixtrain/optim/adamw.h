@@ -27,7 +27,7 @@
 // itself, with state in the param's dtype.
 //
 // CUDA path (float32 contiguous param, grad and moments on one CUDA device): the step collects
-// every such parameter and updates them all in one multi-tensor pass (cuda_elementwise.h,
+// every such parameter and updates them all in one multi-tensor pass (adamw_fused.h,
 // kernels/adamw_kernel.h's CUDA::adamw_step; a few launches for very many tensors) on the
 // current stream at the end of step(), without waiting for the device. Same per-element
 // operations as the AVX2/AVX-512 kernels except a correctly rounded sqrt (the CPU's is MKL's),

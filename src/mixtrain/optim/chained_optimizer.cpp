@@ -11,13 +11,11 @@
 #include <stdexcept>
 #include <unordered_set>
 
-#include "mixtrain/core/cpu_capability.h"
 #include "mixtrain/core/dtype.h"
 #include "mixtrain/core/host_sync.h"
 #include "mixtrain/core/text.h"
-#include "mixtrain/optim/cuda_elementwise.h"
 #include "mixtrain/optim/grad_clip.h"
-#include "mixtrain/optim/kernels/widen_add_kernel.h"
+#include "mixtrain/optim/widen_add_fused.h"
 
 namespace mixtrain {
 namespace {
@@ -339,19 +337,10 @@ void ChainedOptimizer::accumulate_main_grad(const std::string& name, const at::T
   if (first) {
     e.main_grad = at::empty(e.model_param.sizes(), e.model_param.options().dtype(at::kFloat));
   }
-  const at::ScalarType type = grad.scalar_type();
-  if ((type == at::kBFloat16 || type == at::kHalf) && grad.is_cuda() &&
-      grad.device() == e.main_grad.device() && grad.is_contiguous() &&
-      e.main_grad.is_contiguous()) {
-    widen_add_cuda(e.main_grad, grad, first);  // its CUDA twin, same bits
-  } else if ((type == at::kBFloat16 || type == at::kHalf) && grad.is_contiguous() &&
-             e.main_grad.is_contiguous() && grad.is_cpu() && e.main_grad.is_cpu()) {
-    // One pass (kernels/widen_add_kernel.h); ATen's mixed-dtype add would first copy the grad
-    // into a float32 temporary. Same bits as the ATen path below.
-    using Kernel = void (*)(float*, const void*, c10::ScalarType, int64_t, bool);
-    static const Kernel widen_add =
-        select_kernel<Kernel>(DEFAULT::widen_add, AVX2::widen_add, AVX512::widen_add);
-    widen_add(e.main_grad.data_ptr<float>(), grad.data_ptr(), type, grad.numel(), first);
+  if (widen_add_fusable(e.main_grad, grad)) {
+    // One pass (widen_add_fused.h); ATen's mixed-dtype add would first copy the grad into a
+    // float32 temporary. Same bits as the ATen path below.
+    widen_add_fused(e.main_grad, grad, first);
   } else if (first) {
     // 0 + grad in float32: bitwise the zeroed buffer plus grad (-0 becomes +0). A 1-element
     // float32 zero (not 0-dim: that would not promote) makes the sum float32.

@@ -7,53 +7,34 @@
 #include <optional>
 
 #include "mixtrain/core/collectives.h"
-#include "mixtrain/core/cpu_capability.h"
 #include "mixtrain/core/host_sync.h"
-#include "mixtrain/optim/cuda_elementwise.h"
-#include "mixtrain/optim/kernels/sum_of_squares_kernel.h"
+#include "mixtrain/optim/sum_of_squares_fused.h"
 
 namespace mixtrain {
 
 namespace {
 
-bool kernel_dtype(const at::Tensor& t) {
-  const auto dtype = t.scalar_type();
-  return dtype == at::kFloat || dtype == at::kBFloat16 || dtype == at::kHalf;
-}
-
-bool kernel_eligible(const at::Tensor& t) {
-  return t.device().is_cpu() && kernel_dtype(t);
-}
-
-// Sum of squares of all defined tensors: the eligible CPU ones through one kernel call (one
-// parallel region for the whole list), those on the first CUDA device met through one CUDA pass
-// (its device sum read back once, after the CPU work: the value is the caller's result), the
-// rest through ATen in double.
+// Sum of squares of all defined tensors: the fusable CPU ones through one pass (one parallel
+// region for the whole list), those on the first CUDA device met through one CUDA pass (its
+// device sum read back once, after the CPU work: the value is the caller's result), the rest
+// through ATen in double (sum_of_squares_fused.h).
 double total_sum_of_squares(const std::vector<at::Tensor>& tensors) {
-  using Kernel = double (*)(const SquaresBuffer*, int64_t);
-  static const Kernel kernel =
-      select_kernel<Kernel>(DEFAULT::sum_of_squares, AVX2::sum_of_squares, AVX512::sum_of_squares);
-  std::vector<at::Tensor> contiguous;  // keeps copies of non-contiguous tensors alive
-  std::vector<SquaresBuffer> buffers;
-  std::vector<at::Tensor> on_cuda;
+  std::vector<at::Tensor> on_cpu, on_cuda;
   double other = 0.0;
   for (const auto& t : tensors) {
     if (!t.defined() || t.numel() == 0) continue;
-    if (t.is_cuda() && kernel_dtype(t) &&
-        (on_cuda.empty() || on_cuda.front().device() == t.device())) {
-      on_cuda.push_back(t.contiguous());
-      continue;
-    }
-    if (!kernel_eligible(t)) {
+    if (sum_of_squares_fusable(t) && t.is_cpu()) {
+      on_cpu.push_back(t);
+    } else if (sum_of_squares_fusable(t) &&
+               (on_cuda.empty() || on_cuda.front().device() == t.device())) {
+      on_cuda.push_back(t);
+    } else {
       other += t.to(at::kDouble).square().sum().item<double>();
-      continue;
     }
-    contiguous.push_back(t.contiguous());  // no copy when already contiguous
-    buffers.push_back({contiguous.back().data_ptr(), t.numel(), t.scalar_type()});
   }
-  const double sum = kernel(buffers.data(), static_cast<int64_t>(buffers.size())) + other;
+  const double sum = sum_of_squares_fused(on_cpu, at::kCPU).item<double>() + other;
   if (on_cuda.empty()) return sum;
-  return sum + read_double(sum_of_squares_cuda(on_cuda, on_cuda.front().device()),
+  return sum + read_double(sum_of_squares_fused(on_cuda, on_cuda.front().device()),
                            "grad norm (host form)");
 }
 
@@ -153,7 +134,8 @@ std::optional<at::Device> one_cuda_device(const std::vector<at::Tensor>& grads) 
   std::optional<at::Device> device;
   for (const auto& t : grads) {
     if (!t.defined() || t.numel() == 0) continue;
-    if (!t.is_cuda() || !kernel_dtype(t) || (device && *device != t.device())) return std::nullopt;
+    if (!t.is_cuda() || !sum_of_squares_fusable(t) || (device && *device != t.device()))
+      return std::nullopt;
     device = t.device();
   }
   return device;
@@ -199,7 +181,7 @@ at::Tensor clip_grad_norm_unread(const std::vector<at::Tensor>& grads,
       if (t.numel() > 0) contiguous.push_back(t.contiguous());
     }
     const at::Tensor sum =
-        all_reduced(sum_of_squares_cuda(contiguous, *device), groups.keys[g].pieces);
+        all_reduced(sum_of_squares_fused(contiguous, *device), groups.keys[g].pieces);
     total = total + all_reduced(sum, groups.keys[g].tp);
   }
   const at::Tensor norm = total.sqrt();

@@ -17,6 +17,8 @@
 #include <utility>
 #include <vector>
 
+#include "mixtrain/trainer/run_hook.h"
+
 namespace mixtrain {
 
 void write_loss_svg(const std::string& path, const std::vector<std::pair<int64_t, double>>& points,
@@ -27,5 +29,22 @@ void write_loss_svg(const std::string& path, const std::vector<std::pair<int64_t
 std::string render_loss_svg(const std::vector<std::pair<int64_t, double>>& points,
                             const std::string& title,
                             const std::vector<std::pair<int64_t, double>>& eval_points = {});
+
+// As a run hook (run_hook.h): collects each step's loss and each evaluation's loss and, at the
+// end of the run, writes them with write_loss_svg to `path`.
+class LossPlot final : public RunHook {
+ public:
+  LossPlot(std::string path, std::string title)
+      : path_(std::move(path)), title_(std::move(title)) {}
+  void on_step(const StepMetrics& row) override { points_.emplace_back(row.step, row.loss); }
+  void on_eval(const EvalMetrics& row, const EvalResult&) override {
+    eval_points_.emplace_back(row.step, row.eval_loss);
+  }
+  void on_end() override { write_loss_svg(path_, points_, title_, eval_points_); }
+
+ private:
+  std::string path_, title_;
+  std::vector<std::pair<int64_t, double>> points_, eval_points_;
+};
 
 }  // namespace mixtrain

@@ -16,9 +16,12 @@
 #include <cstdio>
 #include <string>
 
+#include "mixtrain/trainer/run_hook.h"
+
 namespace mixtrain {
 
-class ProgressBar {
+// As a run hook (run_hook.h): each step's row updates it; the end of the run finishes it.
+class ProgressBar final : public RunHook {
  public:
   ProgressBar(int64_t total_steps, int64_t log_every, bool is_terminal, std::FILE* out = stderr);
   ~ProgressBar();
@@ -26,6 +29,10 @@ class ProgressBar {
   ProgressBar& operator=(const ProgressBar&) = delete;
 
   void update(int64_t step, double loss, double tokens_per_s, double elapsed_s);
+  void on_step(const StepMetrics& row) override {
+    update(row.step, row.loss, row.tokens_per_s, row.elapsed_s);
+  }
+  void on_end() override { finish(); }
 
   // Ends an open terminal line with '\n' (so later output starts on a fresh line); idempotent,
   // a no-op in plain mode.

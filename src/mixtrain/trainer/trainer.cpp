@@ -53,7 +53,9 @@
 #include "mixtrain/trainer/optimizer_report.h"
 #include "mixtrain/trainer/progress.h"
 #include "mixtrain/trainer/qk_clip_hook.h"
+#include "mixtrain/trainer/run_hook.h"
 #include "mixtrain/trainer/step_hook.h"
+#include "mixtrain/trainer/step_log.h"
 #include "mixtrain/trainer/step_profile.h"
 #include "mixtrain/trainer/step_recorder.h"
 #include "mixtrain/trainer/threads.h"
@@ -209,13 +211,6 @@ torch::Tensor accumulate_gradients(CausalLM& model, TokenDataset& data, const Tr
     total = total + values[micro] / static_cast<double>(accumulation_steps);
   }
   return total;
-}
-
-// The steps the trainer logs: every log_every-th and the last, as the progress line prints
-// them. log_every <= 0 (validate refuses it; a hand-built config could pass it): the last only,
-// rather than a division by zero.
-bool is_log_step(int64_t step, int64_t log_every, int64_t steps) {
-  return step == steps || (log_every > 0 && step % log_every == 0);
 }
 
 }  // namespace
@@ -508,6 +503,19 @@ void Trainer::wait_for_checkpoint() {
 
 // Every rank stops at the same step boundary: a Ctrl-C seen by any rank stops all of them
 // (otherwise the others would block in the next collective until the timeout).
+// A step's row as far as the host knows it before its results are read.
+static StepMetrics known_step_metrics(Trainer& trainer, const StepResult& known, double elapsed_s) {
+  StepMetrics row;
+  row.step = known.step;
+  row.lr = known.lr;
+  row.loss_scale = trainer.optimizer().loss_scale();
+  row.skipped_steps = trainer.optimizer().skipped_steps();
+  row.muon = trainer.muon_telemetry();
+  if (known.qk_clip) row.qk_clip = QkClipMetrics{known.qk_clip_heads, known.qk_max_logit};
+  row.elapsed_s = elapsed_s;
+  return row;
+}
+
 static bool any_rank_interrupted(const DeviceMesh& mesh) {
   if (mesh.world_size == 1) return interrupt_requested();
   at::Tensor flag = at::full({1}, interrupt_requested() ? 1 : 0, at::kLong);
@@ -552,19 +560,26 @@ TrainSummary run_training(const ResolvedConfig& resolved, const TrainOptions& op
            (step % checkpoint.interval == 0 || step == config.train.steps);
   };
 
-  // Only rank 0 shows progress and writes metrics and the loss picture.
+  // Only rank 0 reports (run_hook.h), in this order: metrics.jsonl, the progress line, the
+  // optional features' log lines, the loss picture.
   TrainSummary summary;
-  std::unique_ptr<MetricsWriter> metrics;
-  std::unique_ptr<ProgressBar> progress;
+  std::vector<std::unique_ptr<RunHook>> report;
   if (is_rank0) {
-    metrics = std::make_unique<MetricsWriter>(options.run_dir, trainer.completed_steps());
+    auto metrics = std::make_unique<MetricsWriter>(options.run_dir, trainer.completed_steps());
     summary.metrics_path = metrics->path();
     summary.plot_path = (std::filesystem::path(options.run_dir) / "loss.svg").string();
-    progress = std::make_unique<ProgressBar>(config.train.steps, config.train.log_every,
-                                             options.is_terminal);
+    report.push_back(std::move(metrics));
+    report.push_back(std::make_unique<ProgressBar>(config.train.steps, config.train.log_every,
+                                                   options.is_terminal));
+    report.push_back(std::make_unique<StepLog>(config.train.log_every, config.train.steps));
+    if (config.train.profile) {
+      report.push_back(std::make_unique<ProfileLog>(
+          config.train.log_every, config.train.steps,
+          static_cast<double>(config.data.global_batch_size) * config.data.seq_len));
+    }
+    report.push_back(
+        std::make_unique<LossPlot>(summary.plot_path, "mixtrain loss: " + config.source_file));
   }
-  std::vector<std::pair<int64_t, double>> loss_curve;
-  std::vector<std::pair<int64_t, double>> eval_curve;
   auto eval_due = [&](int64_t step) {
     return config.train.eval_every > 0 &&
            (step % config.train.eval_every == 0 || step == config.train.steps);
@@ -572,7 +587,6 @@ TrainSummary run_training(const ResolvedConfig& resolved, const TrainOptions& op
   const double tokens_per_step =
       static_cast<double>(config.data.global_batch_size) * config.data.seq_len;
 
-  StepProfile profile;  // train.profile, rank 0: the steps since the last profile line
   const Stopwatch run;  // elapsed_s
   const int64_t first_step = trainer.completed_steps() + 1;
   if (is_rank0 && first_step > config.train.steps) {
@@ -591,7 +605,7 @@ TrainSummary run_training(const ResolvedConfig& resolved, const TrainOptions& op
     double training_s = 0.0;
   };
   std::vector<UnreadRow> unread;
-  auto write_rows = [&] {
+  auto report_rows = [&] {
     if (unread.empty()) return;
     std::vector<UnreadStepResult> steps;
     for (const UnreadRow& u : unread) steps.push_back(u.result);
@@ -604,28 +618,9 @@ TrainSummary run_training(const ResolvedConfig& resolved, const TrainOptions& op
       row.aux_loss = results[i].aux_loss;
       row.grad_norm = results[i].grad_norm;
       row.tokens_per_s = tokens_per_step / (unread[i].training_s + wait_share);
-      loss_curve.emplace_back(row.step, row.loss);
       if (row.step == first_step) summary.first_loss = row.loss;
       summary.last_loss = row.loss;
-      if (!is_rank0) continue;
-      metrics->write(row);
-      progress->update(row.step, row.loss, row.tokens_per_s, row.elapsed_s);
-      if (!row.muon.empty()) {
-        log_info("step " + std::to_string(row.step) + ": " + format_muon_telemetry(row.muon));
-      }
-      const bool log_step = is_log_step(row.step, config.train.log_every, config.train.steps);
-      if (row.qk_clip && log_step) {
-        log_info("step " + std::to_string(row.step) + " QK-clip: max attention logit " +
-                 format_number(row.qk_clip->max_logit) + ", " +
-                 std::to_string(row.qk_clip->heads_clipped) + " head(s) clipped");
-      }
-      if (row.profile) {
-        profile.add(row.step, *row.profile, tokens_per_step);
-        if (log_step) {
-          log_info(profile.format());
-          profile.clear();
-        }
-      }
+      for (const auto& hook : report) hook->on_step(row);
     }
     unread.clear();
   };
@@ -637,23 +632,12 @@ TrainSummary run_training(const ResolvedConfig& resolved, const TrainOptions& op
         break;
       }
       const Stopwatch training;  // tokens_per_s: the training step alone
-      UnreadRow u;
-      u.result = trainer.step_unread();
-      u.training_s = training.seconds();
-      StepMetrics& row = u.row;
-      row.step = step;
-      row.lr = u.result.known.lr;
-      row.loss_scale = trainer.optimizer().loss_scale();
-      row.skipped_steps = trainer.optimizer().skipped_steps();
-      row.muon = trainer.muon_telemetry();
-      if (u.result.known.qk_clip) {
-        row.qk_clip = QkClipMetrics{u.result.known.qk_clip_heads, u.result.known.qk_max_logit};
-      }
-      row.elapsed_s = run.seconds();
+      const UnreadStepResult result = trainer.step_unread();
+      const double training_s = training.seconds();
+      StepMetrics row = known_step_metrics(trainer, result.known, run.seconds());
       summary.steps_completed = step;
       if (save_due(step)) {
-        // The earlier steps' rows first: a save that fails leaves them written.
-        write_rows();
+        report_rows();              // the earlier steps' rows first: a failed save leaves them
         trainer.save_checkpoint();  // recorded as the step's checkpoint phase
       }
       // The row is taken after the save, so that the profile counts the checkpoint in its step.
@@ -662,20 +646,16 @@ TrainSummary run_training(const ResolvedConfig& resolved, const TrainOptions& op
         times.step_s = iteration.seconds();
         row.profile = times;
       }
-      unread.push_back(std::move(u));
+      unread.push_back(UnreadRow{result, std::move(row), training_s});
       if (is_log_step(step, config.train.log_every, config.train.steps) || save_due(step) ||
           eval_due(step)) {
-        write_rows();
+        report_rows();
       }
       // After the step's row: its tokens_per_s and profile do not count the evaluation.
       if (eval_due(step)) {
         const EvalResult eval = trainer.evaluate();  // collective: every rank
-        if (is_rank0) {
-          EvalMetrics eval_row{step, eval.loss(), eval.perplexity(), eval.tokens};
-          metrics->write_eval(eval_row);
-          eval_curve.emplace_back(step, eval_row.eval_loss);
-          log_info("eval at step " + std::to_string(step) + ": " + format_eval_result(eval));
-        }
+        const EvalMetrics row{step, eval.loss(), eval.perplexity(), eval.tokens};
+        for (const auto& hook : report) hook->on_eval(row, eval);
       }
     }
   } catch (...) {
@@ -684,20 +664,16 @@ TrainSummary run_training(const ResolvedConfig& resolved, const TrainOptions& op
     // make it: rows since the last log, save or eval step are lost with the run.
     if (mesh.world_size == 1) {
       try {
-        write_rows();
+        report_rows();
       } catch (const std::exception&) {
         // The first error is the one to report.
       }
     }
     throw;
   }
-  write_rows();                   // the steps before an interruption
+  report_rows();                  // the steps before an interruption
   trainer.wait_for_checkpoint();  // an async save finishes (or reports its error) before exit
-  if (is_rank0) {
-    progress->finish();
-    write_loss_svg(summary.plot_path, loss_curve, "mixtrain loss: " + config.source_file,
-                   eval_curve);
-  }
+  for (const auto& hook : report) hook->on_end();
   if (is_rank0 && config.train.profile && config.train.cpu_allocator == "caching") {
     log_info(format_cpu_allocator_stats(CachingCpuAllocator::instance().stats()));
   }

@@ -21,7 +21,9 @@
 // only. With train.eval_every it evaluates data.eval_path (trainer/evaluator.h) every eval_every
 // steps and at the last one, after that step's row, and rank 0 adds an eval row (metrics_writer.h)
 // and the eval series of loss.svg; the evaluation reads neither the RNG nor the training data, so
-// the training run is the same with and without it.
+// the training run is the same with and without it. Inside the Trainer the optional features
+// of a step are step hooks (step_hook.h); what run_training reports goes through run hooks
+// (run_hook.h), so both loops read as the algorithm.
 #pragma once
 
 #include <cstdint>

@@ -11,9 +11,9 @@
 #include <vector>
 
 #include "mixtrain/core/cpu_capability.h"
-#include "mixtrain/optim/cuda_elementwise.h"
 #include "mixtrain/optim/grad_clip.h"
 #include "mixtrain/optim/kernels/sum_of_squares_kernel.h"
+#include "mixtrain/optim/sum_of_squares_fused.h"
 
 namespace mixtrain {
 namespace MIXTRAIN_FILE_LOCAL {
@@ -48,7 +48,7 @@ std::vector<at::Tensor> mixed_buffers() {
 }
 
 double device_sum(const std::vector<at::Tensor>& tensors) {
-  const at::Tensor sum = sum_of_squares_cuda(tensors, at::Device(at::kCUDA, 0));
+  const at::Tensor sum = sum_of_squares_fused(tensors, at::Device(at::kCUDA, 0));
   EXPECT_EQ(sum.scalar_type(), at::kDouble);
   EXPECT_TRUE(sum.is_cuda());
   EXPECT_EQ(sum.dim(), 0);
@@ -111,7 +111,7 @@ TEST(SumOfSquaresCuda, KnownValues) {
 
 TEST(SumOfSquaresCuda, RejectsOtherDtypes) {
   const at::Tensor d = at::ones({4}, at::TensorOptions().device(at::kCUDA).dtype(at::kDouble));
-  EXPECT_THROW(sum_of_squares_cuda({d}, d.device()), c10::Error);
+  EXPECT_THROW(sum_of_squares_fused({d}, d.device()), c10::Error);
   // grad_clip sums such tensors through ATen in double instead.
   EXPECT_EQ(sum_of_squares(d), 4.0);
 }

@@ -1,5 +1,5 @@
-// CUDA::widen_add (optim/kernels/widen_add_kernel.h) through widen_add_cuda
-// (optim/cuda_elementwise.h): bitwise what the CPU's dst.add_(src) and zeros + src give (one
+// CUDA::widen_add (optim/kernels/widen_add_kernel.h) through widen_add_fused
+// (optim/widen_add_fused.h): bitwise what the CPU's dst.add_(src) and zeros + src give (one
 // float addition after an exact widening), for bfloat16 and float16 sources with -0, subnormals
 // and infinities, lengths with tails and more elements than the grid covers in one round.
 // NaN inputs are checked for NaN only: a GPU returns its canonical NaN, x86 the input's payload.
@@ -10,7 +10,7 @@
 #include <cstdint>
 #include <cstring>
 
-#include "mixtrain/optim/cuda_elementwise.h"
+#include "mixtrain/optim/widen_add_fused.h"
 
 namespace mixtrain {
 namespace MIXTRAIN_FILE_LOCAL {
@@ -45,11 +45,11 @@ TEST(WidenAddCuda, BitwiseTheCpuAdd) {
       const at::Tensor expected_overwrite = at::zeros({n}).add_(src);  // -0 becomes +0
 
       at::Tensor dst = dst0.to(at::kCUDA);
-      widen_add_cuda(dst, src.to(at::kCUDA), /*overwrite=*/false);
+      widen_add_fused(dst, src.to(at::kCUDA), /*overwrite=*/false);
       EXPECT_TRUE(same_bits(dst, expected_add)) << dtype << " n=" << n;
 
       at::Tensor fresh = at::full({n}, 123.0f, at::TensorOptions().device(at::kCUDA));
-      widen_add_cuda(fresh, src.to(at::kCUDA), /*overwrite=*/true);
+      widen_add_fused(fresh, src.to(at::kCUDA), /*overwrite=*/true);
       EXPECT_TRUE(same_bits(fresh, expected_overwrite)) << dtype << " n=" << n;
     }
   }
@@ -59,18 +59,18 @@ TEST(WidenAddCuda, NaNStaysNaN) {
   for (const auto dtype : {at::kBFloat16, at::kHalf}) {
     const at::Tensor src = at::full({5}, NAN, at::TensorOptions().dtype(dtype).device(at::kCUDA));
     at::Tensor dst = at::ones({5}, at::TensorOptions().device(at::kCUDA));
-    widen_add_cuda(dst, src, false);
+    widen_add_fused(dst, src, false);
     EXPECT_TRUE(dst.isnan().all().item<bool>());
   }
 }
 
 TEST(WidenAddCuda, EmptyAndBadArguments) {
   at::Tensor empty = at::empty({0}, at::TensorOptions().device(at::kCUDA));
-  widen_add_cuda(empty, at::empty({0}, empty.options().dtype(at::kHalf)), true);
+  widen_add_fused(empty, at::empty({0}, empty.options().dtype(at::kHalf)), true);
   at::Tensor dst = at::zeros({4}, at::TensorOptions().device(at::kCUDA));
-  EXPECT_THROW(widen_add_cuda(dst, at::zeros({4}, dst.options()), false), c10::Error);  // float32
-  EXPECT_THROW(widen_add_cuda(dst, at::zeros({4}, at::kBFloat16), false), c10::Error);  // on CPU
-  EXPECT_THROW(widen_add_cuda(dst, at::zeros({5}, dst.options().dtype(at::kHalf)), false),
+  EXPECT_THROW(widen_add_fused(dst, at::zeros({4}, dst.options()), false), c10::Error);  // float32
+  EXPECT_THROW(widen_add_fused(dst, at::zeros({4}, at::kBFloat16), false), c10::Error);  // on CPU
+  EXPECT_THROW(widen_add_fused(dst, at::zeros({5}, dst.options().dtype(at::kHalf)), false),
                c10::Error);
 }
 

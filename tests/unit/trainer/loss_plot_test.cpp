@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "mixtrain/core/error.h"
+#include "mixtrain/trainer/evaluator.h"
 
 namespace mixtrain {
 namespace MIXTRAIN_FILE_LOCAL {
@@ -222,6 +223,21 @@ TEST_F(LossPlotFileTest, WritesTheRenderedDocumentAndNoTemporaryFile) {
   write_loss_svg(path.string(), points, "run");
   EXPECT_EQ(read_file(path), render_loss_svg(points, "run"));
   EXPECT_EQ(entries(), std::vector<std::string>{"loss.svg"});
+}
+
+TEST_F(LossPlotFileTest, AsARunHookDrawsTheRowsAndEvaluationsAtTheEnd) {
+  const fs::path path = dir_ / "loss.svg";
+  LossPlot plot(path.string(), "run");
+  for (const auto& [step, loss] : Points{{1, 4.0}, {2, 3.0}, {3, 2.5}}) {
+    StepMetrics row;
+    row.step = step;
+    row.loss = loss;
+    plot.on_step(row);
+  }
+  plot.on_eval(EvalMetrics{2, 3.5, 33.1, 10}, EvalResult{});
+  EXPECT_FALSE(fs::exists(path)) << "nothing is written before the end";
+  plot.on_end();
+  EXPECT_EQ(read_file(path), render_loss_svg({{1, 4.0}, {2, 3.0}, {3, 2.5}}, "run", {{2, 3.5}}));
 }
 
 TEST_F(LossPlotFileTest, ReplacesAnExistingPicture) {

@@ -31,6 +31,7 @@
 #include "mixtrain/data/dataset.h"
 #include "mixtrain/model/causal_lm.h"
 #include "mixtrain/model/init_dtype.h"
+#include "mixtrain/model/moe_config.h"
 #include "mixtrain/model/registry.h"
 #include "mixtrain/optim/adamw_config.h"
 #include "mixtrain/optim/chained_optimizer.h"
@@ -72,7 +73,7 @@ OracleGrads oracle_grads(CausalLM& model, const TrainerConfig& config) {
     for (auto& param : model.parameters()) param.mutable_grad().reset();
     const CausalLMOutput output = model.forward(batch.input_ids);
     const at::Tensor loss = cross_entropy(output.logits, batch.labels) +
-                            config.model.router_aux_loss_coef * output.aux_loss;
+                            moe_config(config.model).router_aux_loss_coef * output.aux_loss;
     (loss * (1.0 / static_cast<double>(micro_batches))).backward();
     out.loss += loss.item<double>() / static_cast<double>(micro_batches);
     for (const auto& item : model.named_parameters()) {

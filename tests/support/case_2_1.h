@@ -27,6 +27,7 @@
 #include "mixtrain/distributed/fsdp.h"
 #include "mixtrain/distributed/parallelize.h"
 #include "mixtrain/model/init_dtype.h"
+#include "mixtrain/model/moe_config.h"
 #include "mixtrain/model/qwen2_moe.h"
 #include "mixtrain/optim/adamw_config.h"
 #include "mixtrain/optim/build_optimizer.h"
@@ -144,7 +145,8 @@ inline void compare_case_2_1_steps(const testing::WorkerEnv& worker, const Devic
     double ref_loss = 0;
     for (int64_t r = 0; r < dp; ++r) {
       const auto micro = ids.narrow(0, r * rows_per_rank, rows_per_rank);
-      const auto loss = loss_of(s.ref_model->forward(micro), micro, c.router_aux_loss_coef);
+      const auto loss =
+          loss_of(s.ref_model->forward(micro), micro, moe_config(c).router_aux_loss_coef);
       (loss / static_cast<double>(dp)).backward();
       s.ref_opt->accumulate_model_grads();
       ref_loss += loss.item<double>() / static_cast<double>(dp);
@@ -160,7 +162,8 @@ inline void compare_case_2_1_steps(const testing::WorkerEnv& worker, const Devic
 
     // Tested step: this rank's slice of the same global batch.
     const auto micro = ids.narrow(0, mesh.rank * rows_per_rank, rows_per_rank);
-    const auto local_loss = loss_of(s.model->forward(micro), micro, c.router_aux_loss_coef);
+    const auto local_loss =
+        loss_of(s.model->forward(micro), micro, moe_config(c).router_aux_loss_coef);
     local_loss.backward();
     const double loss = average_over_data_parallel(local_loss.item<double>(), mesh);
     for (auto& [name, p] : named_params(*s.model)) {

@@ -30,6 +30,7 @@
 #include "mixtrain/core/param_placement.h"
 #include "mixtrain/core/safetensors.h"
 #include "mixtrain/model/hf_config.h"
+#include "mixtrain/model/moe_config.h"
 #include "mixtrain/model/registry.h"
 #include "support/python_script.h"
 #include "support/scoped_temp_dir.h"
@@ -70,20 +71,20 @@ inline HfParity run_hf_parity(const ModelConfig& c, int seed, int batch, int seq
          << ", \"hidden_size\": " << c.hidden_size << ", \"num_layers\": " << c.num_layers
          << ", \"num_heads\": " << c.num_heads << ", \"num_kv_heads\": " << c.num_kv_heads
          << ", \"head_dim\": " << c.head_dim << ", \"intermediate_size\": " << c.intermediate_size
-         << ", \"moe_intermediate_size\": " << c.moe_intermediate_size
-         << ", \"num_experts\": " << c.num_experts
-         << ", \"num_experts_per_tok\": " << c.num_experts_per_tok
-         << ", \"shared_expert_intermediate_size\": " << c.shared_expert_intermediate_size
-         << ", \"max_seq_len\": " << c.max_seq_len << ", \"rope_theta\": " << c.rope_theta
-         << ", \"rope_scaling\": \"" << c.rope_scaling
+         << ", \"moe_intermediate_size\": " << moe_config(c).moe_intermediate_size
+         << ", \"num_experts\": " << moe_config(c).num_experts
+         << ", \"num_experts_per_tok\": " << moe_config(c).num_experts_per_tok
+         << ", \"shared_expert_intermediate_size\": "
+         << moe_config(c).shared_expert_intermediate_size << ", \"max_seq_len\": " << c.max_seq_len
+         << ", \"rope_theta\": " << c.rope_theta << ", \"rope_scaling\": \"" << c.rope_scaling
          << "\", \"rope_scaling_factor\": " << c.rope_scaling_factor
          << ", \"rope_low_freq_factor\": " << c.rope_low_freq_factor
          << ", \"rope_high_freq_factor\": " << c.rope_high_freq_factor
          << ", \"rope_original_max_seq_len\": " << c.rope_original_max_seq_len
          << ", \"rms_norm_eps\": " << c.rms_norm_eps
-         << ", \"router_aux_loss_coef\": " << c.router_aux_loss_coef
+         << ", \"router_aux_loss_coef\": " << moe_config(c).router_aux_loss_coef
          << ", \"attention_bias\": " << (c.attention_bias ? "true" : "false")
-         << ", \"norm_topk_prob\": " << (c.norm_topk_prob ? "true" : "false") << "}}\n";
+         << ", \"norm_topk_prob\": " << (moe_config(c).norm_topk_prob ? "true" : "false") << "}}\n";
   }
   HfParity r;
   if (!python_script_succeeds({"hf_parity.py", "model", dir + "/case.json", dir})) return r;
@@ -116,18 +117,23 @@ inline HfParity run_hf_parity(const ModelConfig& c, int seed, int batch, int seq
   }
   const bool moe = c.name == "qwen2_moe" || c.name == "qwen3_moe";
   if (moe) {
-    keys.insert(keys.end(),
-                {{"moe_intermediate_size", c.moe_intermediate_size, loaded.moe_intermediate_size},
-                 {"num_experts", c.num_experts, loaded.num_experts},
-                 {"num_experts_per_tok", c.num_experts_per_tok, loaded.num_experts_per_tok},
-                 {"norm_topk_prob", c.norm_topk_prob, loaded.norm_topk_prob},
-                 {"router_aux_loss_coef", c.router_aux_loss_coef, loaded.router_aux_loss_coef}});
+    keys.insert(
+        keys.end(),
+        {{"moe_intermediate_size", moe_config(c).moe_intermediate_size,
+          moe_config(loaded).moe_intermediate_size},
+         {"num_experts", moe_config(c).num_experts, moe_config(loaded).num_experts},
+         {"num_experts_per_tok", moe_config(c).num_experts_per_tok,
+          moe_config(loaded).num_experts_per_tok},
+         {"norm_topk_prob", moe_config(c).norm_topk_prob, moe_config(loaded).norm_topk_prob},
+         {"router_aux_loss_coef", moe_config(c).router_aux_loss_coef,
+          moe_config(loaded).router_aux_loss_coef}});
   } else {
     keys.emplace_back("intermediate_size", c.intermediate_size, loaded.intermediate_size);
   }
   if (c.name == "qwen2_moe") {
-    keys.emplace_back("shared_expert_intermediate_size", c.shared_expert_intermediate_size,
-                      loaded.shared_expert_intermediate_size);
+    keys.emplace_back("shared_expert_intermediate_size",
+                      moe_config(c).shared_expert_intermediate_size,
+                      moe_config(loaded).shared_expert_intermediate_size);
   }
   for (const auto& [key, ours, theirs] : keys) EXPECT_EQ(ours, theirs) << key;
   auto model = build_model(loaded, 1);
@@ -144,7 +150,7 @@ inline HfParity run_hf_parity(const ModelConfig& c, int seed, int batch, int seq
   const int64_t s = ids.size(1), vocab = out.logits.size(-1);
   const auto ce = torch::nn::functional::cross_entropy(
       out.logits.narrow(1, 0, s - 1).reshape({-1, vocab}), ids.narrow(1, 1, s - 1).reshape({-1}));
-  const auto loss = moe ? ce + loaded.router_aux_loss_coef * out.aux_loss : ce;
+  const auto loss = moe ? ce + moe_config(loaded).router_aux_loss_coef * out.aux_loss : ce;
   loss.backward();
 
   r.logits = out.logits.detach().to(torch::kFloat64);

@@ -5,6 +5,7 @@
 #pragma once
 
 #include "mixtrain/config/trainer_config.h"
+#include "mixtrain/model/moe_config.h"
 
 namespace mixtrain::test_support {
 
@@ -16,12 +17,12 @@ inline ModelConfig tiny_config() {
   c.num_heads = 4;
   c.num_kv_heads = 2;
   c.head_dim = 8;
-  c.moe_intermediate_size = 12;
-  c.num_experts = 4;
-  c.num_experts_per_tok = 2;
-  c.shared_expert_intermediate_size = 20;
+  moe_config(c).moe_intermediate_size = 12;
+  moe_config(c).num_experts = 4;
+  moe_config(c).num_experts_per_tok = 2;
+  moe_config(c).shared_expert_intermediate_size = 20;
   c.max_seq_len = 16;
-  c.router_aux_loss_coef = 0.01;
+  moe_config(c).router_aux_loss_coef = 0.01;
   return c;
 }
 

@@ -1,9 +1,12 @@
 #include "mixtrain/config/schema.h"
+
+#include "mixtrain/config/leaf.h"
 #include "mixtrain/core/text.h"
 
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <map>
 #include <optional>
 #include <stdexcept>
 #include <type_traits>
@@ -14,8 +17,12 @@ namespace mixtrain {
 void freeze_config_sections();  // section.cpp
 
 namespace {
-// The registered sections' leaves follow this key (ConfigSectionSpec::slot "optimizer").
-constexpr const char* kOptimizerSlotAfter = "optimizer.fp32_main_params";
+// Where the registered sections' leaves go (ConfigSectionSpec::slot): after this key.
+const std::map<std::string, std::string>& slot_after_keys() {
+  static const std::map<std::string, std::string> slots = {
+      {"model.attention_bias", "model"}, {"optimizer.fp32_main_params", "optimizer"}};
+  return slots;
+}
 }  // namespace
 
 std::string format_number(double value) {
@@ -54,80 +61,11 @@ std::string format_string_list(const std::vector<std::string>& strings) {
 
 namespace {
 
-// Typed read and display per field type; the leaf() template below picks them by type.
-void read_into(bool& out, const DocValue& v, const Where& w) {
-  out = read_bool(v, w);
-}
-void read_into(int64_t& out, const DocValue& v, const Where& w) {
-  out = read_int(v, w);
-}
-void read_into(double& out, const DocValue& v, const Where& w) {
-  out = read_float(v, w);
-}
-void read_into(std::string& out, const DocValue& v, const Where& w) {
-  out = read_string(v, w);
-}
-void read_into(std::optional<std::string>& out, const DocValue& v, const Where& w) {
-  if (v.kind == DocValue::Kind::kNull) {
-    out.reset();
-  } else {
-    out = read_string(v, w);
-  }
-}
-void read_into(std::array<double, 2>& out, const DocValue& v, const Where& w) {
-  out = read_float_pair(v, w);
-}
-void read_into(std::vector<std::array<double, 3>>& out, const DocValue& v, const Where& w) {
-  out = read_float_triples(v, w);
-}
-void read_into(std::vector<std::string>& out, const DocValue& v, const Where& w) {
-  out = read_string_list(v, w);
-}
-
-std::string display(bool v) {
-  return v ? "true" : "false";
-}
-std::string display(int64_t v) {
-  return std::to_string(v);
-}
-std::string display(double v) {
-  return format_number(v);
-}
-std::string display(const std::string& v) {
-  return v.empty() ? "\"\"" : v;
-}
-std::string display(const std::optional<std::string>& v) {
-  return v ? *v : "null";
-}
-std::string display(const std::array<double, 2>& v) {
-  return format_pair(v);
-}
-std::string display(const std::vector<std::array<double, 3>>& v) {
-  return format_triples(v);
-}
-std::string display(const std::vector<std::string>& v) {
-  return format_string_list(v);
-}
-
-// `access` is a generic lambda returning a reference to the field, so one lambda serves both
-// the mutable setter and the const formatter.
-template <typename Access>
-LeafSpec leaf(std::string key, Access access, bool settable = true) {
-  LeafSpec spec;
-  spec.key = std::move(key);
-  spec.settable = settable;
-  spec.assign = [access](TrainerConfig& c, const DocValue& v, const Where& w) {
-    read_into(access(c), v, w);
-  };
-  spec.format = [access](const TrainerConfig& c) { return display(access(c)); };
-  return spec;
-}
-
 #define MIXTRAIN_LEAF(key, field) \
-  leaf(                           \
+  field_leaf(                     \
       key, [](auto& c) -> auto& { return c.field; })
 #define MIXTRAIN_DERIVED_LEAF(key, field) \
-  leaf(                                   \
+  field_leaf(                             \
       key, [](auto& c) -> auto& { return c.field; }, false)
 
 std::vector<LeafSpec> build_leaves() {
@@ -145,10 +83,6 @@ std::vector<LeafSpec> build_leaves() {
       MIXTRAIN_LEAF("model.num_kv_heads", model.num_kv_heads),
       MIXTRAIN_LEAF("model.head_dim", model.head_dim),
       MIXTRAIN_LEAF("model.intermediate_size", model.intermediate_size),
-      MIXTRAIN_LEAF("model.moe_intermediate_size", model.moe_intermediate_size),
-      MIXTRAIN_LEAF("model.num_experts", model.num_experts),
-      MIXTRAIN_LEAF("model.num_experts_per_tok", model.num_experts_per_tok),
-      MIXTRAIN_LEAF("model.shared_expert_intermediate_size", model.shared_expert_intermediate_size),
       MIXTRAIN_LEAF("model.max_seq_len", model.max_seq_len),
       MIXTRAIN_LEAF("model.rope_theta", model.rope_theta),
       MIXTRAIN_LEAF("model.rope_scaling", model.rope_scaling),
@@ -157,9 +91,7 @@ std::vector<LeafSpec> build_leaves() {
       MIXTRAIN_LEAF("model.rope_high_freq_factor", model.rope_high_freq_factor),
       MIXTRAIN_LEAF("model.rope_original_max_seq_len", model.rope_original_max_seq_len),
       MIXTRAIN_LEAF("model.rms_norm_eps", model.rms_norm_eps),
-      MIXTRAIN_LEAF("model.router_aux_loss_coef", model.router_aux_loss_coef),
       MIXTRAIN_LEAF("model.attention_bias", model.attention_bias),
-      MIXTRAIN_LEAF("model.norm_topk_prob", model.norm_topk_prob),
       MIXTRAIN_LEAF("data.kind", data.kind),
       MIXTRAIN_LEAF("data.path", data.path),
       MIXTRAIN_LEAF("data.seq_len", data.seq_len),
@@ -217,17 +149,22 @@ const std::vector<LeafSpec>& canonical_leaves() {
   static const std::vector<LeafSpec> leaves = [] {
     freeze_config_sections();
     std::vector<LeafSpec> own = build_leaves();
+    for (const ConfigSectionSpec& section : config_sections()) {
+      if (section.slot.empty() && section.leaves.empty()) continue;
+      bool known = false;
+      for (const auto& [after, slot] : slot_after_keys()) known |= slot == section.slot;
+      if (!known) {
+        throw std::logic_error("config section '" + section.name + "': unknown slot '" +
+                               section.slot + "'");
+      }
+    }
     std::vector<LeafSpec> all;
     for (LeafSpec& leaf : own) {
-      const bool slot_follows = leaf.key == kOptimizerSlotAfter;
+      const auto slot = slot_after_keys().find(leaf.key);
       all.push_back(std::move(leaf));
-      if (!slot_follows) continue;
+      if (slot == slot_after_keys().end()) continue;
       for (const ConfigSectionSpec& section : config_sections()) {
-        if (section.slot.empty() && section.leaves.empty()) continue;
-        if (section.slot != "optimizer") {
-          throw std::logic_error("config section '" + section.name + "': unknown slot '" +
-                                 section.slot + "'");
-        }
+        if (section.slot != slot->second) continue;
         all.insert(all.end(), section.leaves.begin(), section.leaves.end());
       }
     }

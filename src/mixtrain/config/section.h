@@ -66,8 +66,9 @@ void record_derived(Provenance& provenance, const std::string& canonical, const 
 
 struct ConfigSectionSpec {
   std::string name;  // for messages: the component's name
-  // Where its leaves go in the canonical order: "optimizer" (after optimizer.fp32_main_params);
-  // "" for a section without leaves.
+  // Where its leaves go in the canonical order: "model" (after model.attention_bias, a model
+  // family's own keys), "optimizer" (after optimizer.fp32_main_params); "" for a section
+  // without leaves.
   std::string slot;
   // The optimizer._target_ value that selects it ("" for none), and whether the TOML dialect
   // offers it.

@@ -19,8 +19,10 @@ namespace mixtrain {
 // (model_sections.h); "" before any is registered.
 std::string default_model_name();
 
-// One struct for every model: the decoder's architecture keys (model_sections.h says which keys
-// each model reads; a key set for a model that does not read it is refused).
+// The keys every decoder model has (model_sections.h says which keys each model reads; a key
+// set for a model that does not read it is refused), and the values of the keys a model family
+// owns in `family`, one struct per family kind (its header in model/, e.g. the routed experts'
+// keys), which that family registers as a config section.
 struct ModelConfig {
   std::string name = default_model_name();  // a registered model (model/registry.h)
   // A Hugging Face config.json the architecture keys are read from ("" = the keys themselves).
@@ -35,10 +37,6 @@ struct ModelConfig {
   int64_t num_kv_heads = 2;
   int64_t head_dim = 16;
   int64_t intermediate_size = 128;  // a dense SwiGLU MLP's width
-  int64_t moe_intermediate_size = 64;
-  int64_t num_experts = 4;
-  int64_t num_experts_per_tok = 2;
-  int64_t shared_expert_intermediate_size = 128;
   int64_t max_seq_len = 256;
   double rope_theta = 10000.0;
   // Rotary frequency scaling (model/layers.h rotary_inv_freq): "none", or a scheme the models
@@ -50,9 +48,8 @@ struct ModelConfig {
   double rope_high_freq_factor = 4.0;
   int64_t rope_original_max_seq_len = 8192;  // HF original_max_position_embeddings
   double rms_norm_eps = 1e-6;
-  double router_aux_loss_coef = 0.001;
-  bool attention_bias = true;   // q/k/v projections carry a bias (HF qkv_bias / attention_bias)
-  bool norm_topk_prob = false;  // MoE: renormalise the top-k routing weights to sum to 1
+  bool attention_bias = true;  // q/k/v projections carry a bias (HF qkv_bias / attention_bias)
+  SectionValues family;        // the family's own keys (model/moe_config.h, ...)
 };
 
 struct DataConfig {

@@ -12,6 +12,7 @@
 #include "mixtrain/config/schema.h"
 #include "mixtrain/core/error.h"
 #include "mixtrain/core/printable.h"
+#include "mixtrain/model/moe_config.h"
 #include "mixtrain/model/registry.h"
 
 namespace mixtrain {
@@ -288,21 +289,22 @@ HfModelConfig read_hf_config(const std::string& path) {
                           root.at(experts_field).dump());
       }
     }
-    m.num_experts = r.positive_int(experts_field);
+    moe_config(m).num_experts = r.positive_int(experts_field);
     add("model.num_experts", experts_field);
-    m.num_experts_per_tok = r.positive_int("num_experts_per_tok");
+    moe_config(m).num_experts_per_tok = r.positive_int("num_experts_per_tok");
     add("model.num_experts_per_tok", "num_experts_per_tok");
-    m.moe_intermediate_size = r.positive_int("moe_intermediate_size");
+    moe_config(m).moe_intermediate_size = r.positive_int("moe_intermediate_size");
     add("model.moe_intermediate_size", "moe_intermediate_size");
-    m.norm_topk_prob = r.boolean("norm_topk_prob", false);
+    moe_config(m).norm_topk_prob = r.boolean("norm_topk_prob", false);
     add("model.norm_topk_prob", r.find("norm_topk_prob") ? "norm_topk_prob" : "default: false");
     if (const json* coef = r.find("router_aux_loss_coef")) {
-      m.router_aux_loss_coef = r.number("router_aux_loss_coef", *coef);
+      moe_config(m).router_aux_loss_coef = r.number("router_aux_loss_coef", *coef);
       add("model.router_aux_loss_coef", "router_aux_loss_coef", false);
     }
   }
   if (family.shared_expert) {
-    m.shared_expert_intermediate_size = r.positive_int("shared_expert_intermediate_size");
+    moe_config(m).shared_expert_intermediate_size =
+        r.positive_int("shared_expert_intermediate_size");
     add("model.shared_expert_intermediate_size", "shared_expert_intermediate_size");
   }
   return out;
@@ -352,7 +354,7 @@ void apply_hf_config(TrainerConfig& config, Provenance& provenance) {
   }
   if (set_by_user("model.max_seq_len")) merged.max_seq_len = model.max_seq_len;
   if (!aux_from_file || set_by_user("model.router_aux_loss_coef")) {
-    merged.router_aux_loss_coef = model.router_aux_loss_coef;
+    moe_config(merged).router_aux_loss_coef = moe_config(model).router_aux_loss_coef;
   }
   // An architecture key the user set as well must say what config.json says (a full config
   // may keep its model section); a different value is refused.
@@ -412,16 +414,16 @@ json hf_config_json(const ModelConfig& m, const std::string& dtype) {
   if (!family.attention_bias_field.empty()) j[family.attention_bias_field] = m.attention_bias;
   if (family.writes_mlp_bias) j["mlp_bias"] = false;
   if (moe) {
-    j[family.experts_field] = m.num_experts;
-    j["num_experts_per_tok"] = m.num_experts_per_tok;
-    j["moe_intermediate_size"] = m.moe_intermediate_size;
-    j["norm_topk_prob"] = m.norm_topk_prob;
-    j["router_aux_loss_coef"] = m.router_aux_loss_coef;
+    j[family.experts_field] = moe_config(m).num_experts;
+    j["num_experts_per_tok"] = moe_config(m).num_experts_per_tok;
+    j["moe_intermediate_size"] = moe_config(m).moe_intermediate_size;
+    j["norm_topk_prob"] = moe_config(m).norm_topk_prob;
+    j["router_aux_loss_coef"] = moe_config(m).router_aux_loss_coef;
     j["decoder_sparse_step"] = 1;
     j["mlp_only_layers"] = json::array();
   }
   if (family.shared_expert) {
-    j["shared_expert_intermediate_size"] = m.shared_expert_intermediate_size;
+    j["shared_expert_intermediate_size"] = moe_config(m).shared_expert_intermediate_size;
   }
   return j;
 }

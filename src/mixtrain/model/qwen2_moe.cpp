@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "mixtrain/model/layers.h"
+#include "mixtrain/model/moe_config.h"
 #include "mixtrain/model/routed_experts.h"
 
 namespace mixtrain::qwen2_moe {
@@ -135,16 +136,18 @@ class Qwen2MoeExperts : public torch::nn::Module {
 class Qwen2MoeSparseMoeBlock : public torch::nn::Module {
  public:
   Qwen2MoeSparseMoeBlock(const ModelConfig& c, const ParamAccess& access, bool with_shared_expert)
-      : top_k_(c.num_experts_per_tok), norm_topk_prob_(c.norm_topk_prob) {
-    gate = register_module("gate", std::make_shared<Linear>(c.hidden_size, c.num_experts, false,
-                                                            access.child("gate")));
-    experts = register_module("experts", std::make_shared<Qwen2MoeExperts>(
-                                             c.num_experts, c.hidden_size, c.moe_intermediate_size,
-                                             access.child("experts")));
+      : top_k_(moe_config(c).num_experts_per_tok), norm_topk_prob_(moe_config(c).norm_topk_prob) {
+    gate =
+        register_module("gate", std::make_shared<Linear>(c.hidden_size, moe_config(c).num_experts,
+                                                         false, access.child("gate")));
+    experts = register_module(
+        "experts", std::make_shared<Qwen2MoeExperts>(moe_config(c).num_experts, c.hidden_size,
+                                                     moe_config(c).moe_intermediate_size,
+                                                     access.child("experts")));
     if (!with_shared_expert) return;
     shared_expert = register_module(
         "shared_expert",
-        std::make_shared<SwiGLUMLP>(c.hidden_size, c.shared_expert_intermediate_size,
+        std::make_shared<SwiGLUMLP>(c.hidden_size, moe_config(c).shared_expert_intermediate_size,
                                     access.child("shared_expert")));
     shared_expert_gate = register_module(
         "shared_expert_gate",
@@ -275,8 +278,8 @@ class Qwen2MoeForCausalLM : public Qwen2FamilyForCausalLM<Qwen2MoeModel> {
     // Only the logits take output_dtype: the aux loss stays float32 (contract above).
     out.logits = logits(hidden);
     // With context parallelism the statistics are the whole sequence's (summed over cp).
-    out.aux_loss = load_balancing_loss(router_logits, config_.num_experts,
-                                       config_.num_experts_per_tok, context_parallel());
+    out.aux_loss = load_balancing_loss(router_logits, moe_config(config_).num_experts,
+                                       moe_config(config_).num_experts_per_tok, context_parallel());
     return out;
   }
 };
@@ -284,20 +287,22 @@ class Qwen2MoeForCausalLM : public Qwen2FamilyForCausalLM<Qwen2MoeModel> {
 // The checks both MoE models need.
 void validate_moe(const ModelConfig& c) {
   validate_qwen2_common(c);
-  require_model_key(c.moe_intermediate_size > 0, "moe_intermediate_size", "must be > 0");
-  require_model_key(c.num_experts > 0, "num_experts", "must be > 0");
-  require_model_key(c.num_experts_per_tok > 0 && c.num_experts_per_tok <= c.num_experts,
+  require_model_key(moe_config(c).moe_intermediate_size > 0, "moe_intermediate_size",
+                    "must be > 0");
+  require_model_key(moe_config(c).num_experts > 0, "num_experts", "must be > 0");
+  require_model_key(moe_config(c).num_experts_per_tok > 0 &&
+                        moe_config(c).num_experts_per_tok <= moe_config(c).num_experts,
                     "num_experts_per_tok",
-                    "must be in [1, num_experts = " + std::to_string(c.num_experts) + "], got " +
-                        std::to_string(c.num_experts_per_tok));
+                    "must be in [1, num_experts = " + std::to_string(moe_config(c).num_experts) +
+                        "], got " + std::to_string(moe_config(c).num_experts_per_tok));
 }
 
 }  // namespace
 
 std::shared_ptr<CausalLM> make_qwen2_moe(const ModelConfig& config, uint64_t seed) {
   validate_moe(config);
-  require_model_key(config.shared_expert_intermediate_size > 0, "shared_expert_intermediate_size",
-                    "must be > 0");
+  require_model_key(moe_config(config).shared_expert_intermediate_size > 0,
+                    "shared_expert_intermediate_size", "must be > 0");
   MoeOptions options;
   options.attention = {/*qkv_bias=*/config.attention_bias, /*o_bias=*/false};
   return std::make_shared<Qwen2MoeForCausalLM>(config, seed, "qwen2_moe", options);
@@ -316,13 +321,14 @@ namespace {
 
 // The keys both MoE models read.
 void check_moe(const ModelConfig& m, const ConfigChecker& check) {
-  check.positive("model.moe_intermediate_size", m.moe_intermediate_size);
-  check.positive("model.num_experts", m.num_experts);
-  check.positive("model.num_experts_per_tok", m.num_experts_per_tok);
-  check.non_negative("model.router_aux_loss_coef", m.router_aux_loss_coef);
-  if (m.num_experts_per_tok > m.num_experts) {
-    check.fail_value("model.num_experts_per_tok",
-                     "must be <= model.num_experts (" + std::to_string(m.num_experts) + ")");
+  check.positive("model.moe_intermediate_size", moe_config(m).moe_intermediate_size);
+  check.positive("model.num_experts", moe_config(m).num_experts);
+  check.positive("model.num_experts_per_tok", moe_config(m).num_experts_per_tok);
+  check.non_negative("model.router_aux_loss_coef", moe_config(m).router_aux_loss_coef);
+  if (moe_config(m).num_experts_per_tok > moe_config(m).num_experts) {
+    check.fail_value(
+        "model.num_experts_per_tok",
+        "must be <= model.num_experts (" + std::to_string(moe_config(m).num_experts) + ")");
   }
 }
 
@@ -333,7 +339,7 @@ ModelSection moe_section(const std::string& name) {
                       "model.num_experts_per_tok",   "model.router_aux_loss_coef",
                       "model.attention_bias",        "model.norm_topk_prob"};
   section.check = check_moe;
-  section.routed_experts = [](const ModelConfig& m) { return m.num_experts; };
+  section.routed_experts = [](const ModelConfig& m) { return moe_config(m).num_experts; };
   // The routed experts are not split over tp.
   section.tp_split_sizes = [](const ModelConfig&) {
     return std::vector<std::pair<std::string, int64_t>>{};
@@ -348,12 +354,13 @@ ModelEntry qwen2_moe_entry() {
   section.own_keys.insert(section.own_keys.begin() + 3, "model.shared_expert_intermediate_size");
   section.check = [](const ModelConfig& m, const ConfigChecker& check) {
     check_moe(m, check);
-    check.positive("model.shared_expert_intermediate_size", m.shared_expert_intermediate_size);
+    check.positive("model.shared_expert_intermediate_size",
+                   moe_config(m).shared_expert_intermediate_size);
   };
   // Column-parallel shared-expert widths.
   section.tp_split_sizes = [](const ModelConfig& m) {
     return std::vector<std::pair<std::string, int64_t>>{
-        {"model.shared_expert_intermediate_size", m.shared_expert_intermediate_size}};
+        {"model.shared_expert_intermediate_size", moe_config(m).shared_expert_intermediate_size}};
   };
   HfFamily hf;
   hf.architecture = "Qwen2MoeForCausalLM";

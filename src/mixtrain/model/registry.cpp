@@ -6,6 +6,7 @@
 #include "mixtrain/config/section.h"
 #include "mixtrain/core/error.h"
 #include "mixtrain/model/hf_config.h"
+#include "mixtrain/model/moe_config.h"
 #include "mixtrain/model/qwen2.h"
 #include "mixtrain/model/qwen2_moe.h"
 #include "mixtrain/model/qwen3.h"
@@ -48,11 +49,8 @@ void check_rope_scaling(const TrainerConfig& c, const ConfigChecker& check) {
 const std::vector<ModelEntry>& model_registry() {
   // One line per model; the first is the default model.name.
   static const std::vector<ModelEntry> models = {
-      qwen2_moe::qwen2_moe_entry(),
-      qwen2_moe::qwen3_moe_entry(),
-      qwen2::qwen2_entry(),
-      qwen2::llama_entry(),
-      qwen3::qwen3_entry(),
+      qwen2_moe::qwen2_moe_entry(), qwen2_moe::qwen3_moe_entry(), qwen2::qwen2_entry(),
+      qwen2::llama_entry(),         qwen3::qwen3_entry(),
   };
   return models;
 }
@@ -65,6 +63,7 @@ void register_model_sections() {
       register_model_section(entry.section, first);
       first = false;
     }
+    register_moe_config_section();  // the routed-expert models' own keys
     ConfigSectionSpec models;
     models.name = "model";
     models.check = check_rope_scaling;

@@ -35,6 +35,7 @@
 #include "mixtrain/distributed/parallelize.h"
 #include "mixtrain/distributed/rendezvous.h"
 #include "mixtrain/model/init_dtype.h"
+#include "mixtrain/model/moe_config.h"
 #include "mixtrain/model/registry.h"
 #include "mixtrain/optim/build_optimizer.h"
 #include "mixtrain/optim/chained_optimizer.h"
@@ -188,7 +189,7 @@ torch::Tensor accumulate_gradients(CausalLM& model, TokenDataset& data, const Tr
       // With tensor parallelism the logits are this rank's vocabulary slice: the loss is the
       // vocabulary-parallel cross-entropy.
       loss = causal_lm_cross_entropy(model, out.logits, labels) +
-             config.model.router_aux_loss_coef * out.aux_loss;
+             moe_config(config.model).router_aux_loss_coef * out.aux_loss;
     }
     {
       // Backward reduces the gradients (FSDP's reduce-scatter, EP's all_to_all) on the thread

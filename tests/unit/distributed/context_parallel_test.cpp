@@ -18,6 +18,7 @@
 #include "mixtrain/distributed/fsdp.h"
 #include "mixtrain/distributed/parallelize.h"
 #include "mixtrain/model/attention.h"
+#include "mixtrain/model/moe_config.h"
 #include "mixtrain/model/qwen2_moe.h"
 #include "support/multiprocess.h"
 #include "support/tiny_model_config.h"
@@ -154,7 +155,7 @@ MIXTRAIN_WORKER(cp_model) {
   const DeviceMesh mesh = cp_mesh(worker);
   const std::string method = worker.get("CP_METHOD");
   ModelConfig config = test_support::tiny_config();
-  const double coef = config.router_aux_loss_coef;
+  const double coef = moe_config(config).router_aux_loss_coef;
   auto gen = at::make_generator<at::CPUGeneratorImpl>(5);
   const at::Tensor ids = at::randint(config.vocab_size, {2, 16}, gen, at::kLong);
   const at::Tensor labels = ids.roll(-1, 1);

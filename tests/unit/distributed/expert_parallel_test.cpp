@@ -31,6 +31,7 @@
 #include "mixtrain/distributed/fsdp.h"
 #include "mixtrain/distributed/parallelize.h"
 #include "mixtrain/model/init_dtype.h"
+#include "mixtrain/model/moe_config.h"
 #include "mixtrain/model/qwen2_moe.h"
 #include "mixtrain/optim/build_optimizer.h"
 #include "mixtrain/optim/distributed_muon.h"
@@ -211,7 +212,7 @@ void run_ep_case_2_1(const testing::WorkerEnv& worker, const std::string& target
 
   // The built state: expert tensors hold this ep rank's E/ep whole experts (kLocal for Muon),
   // everything else its dp_shard chunk; bf16 model params, each with its own fp32 main param.
-  const int64_t local_experts = c.num_experts / mesh.ep;
+  const int64_t local_experts = moe_config(c).num_experts / mesh.ep;
   const int64_t ep_rank = mesh.ep_group->rank();
   std::set<c10::TensorImpl*> mains;
   int expert_params = 0;
@@ -282,11 +283,12 @@ MIXTRAIN_WORKER(ep_grads_without_main_params) {
   const auto ids = ids_for_step(c, 1, kGlobalBatch, kSeq);
   for (int64_t r = 0; r < dp; ++r) {
     const auto micro = ids.narrow(0, r * rows_per_rank, rows_per_rank);
-    (loss_of(ref_model->forward(micro), micro, c.router_aux_loss_coef) / static_cast<double>(dp))
+    (loss_of(ref_model->forward(micro), micro, moe_config(c).router_aux_loss_coef) /
+     static_cast<double>(dp))
         .backward();
   }
   const auto micro = ids.narrow(0, mesh.rank * rows_per_rank, rows_per_rank);
-  loss_of(model->forward(micro), micro, c.router_aux_loss_coef).backward();
+  loss_of(model->forward(micro), micro, moe_config(c).router_aux_loss_coef).backward();
   auto ref = named_params(*ref_model);
   auto tested = named_params(*model);
   for (size_t i = 0; i < tested.size(); ++i) {
@@ -305,7 +307,7 @@ MIXTRAIN_WORKER(ep_grads_without_main_params) {
 MIXTRAIN_WORKER(ep_forward_every_expert) {
   DeviceMesh mesh = worker.make_mesh();
   TrainerConfig config = rfc_config("AdamW");
-  config.model.num_experts_per_tok = config.model.num_experts;
+  moe_config(config.model).num_experts_per_tok = moe_config(config.model).num_experts;
   const ModelConfig& c = config.model;
   auto ref_model = qwen2_moe::make_qwen2_moe(c, 21);
   apply_model_init_dtype(*ref_model, torch::kBFloat16);

@@ -29,6 +29,7 @@
 #include "mixtrain/distributed/fsdp.h"
 #include "mixtrain/distributed/parallelize.h"
 #include "mixtrain/model/init_dtype.h"
+#include "mixtrain/model/moe_config.h"
 #include "mixtrain/model/qwen2_moe.h"
 #include "mixtrain/optim/build_optimizer.h"
 #include "mixtrain/optim/distributed_muon.h"
@@ -81,7 +82,7 @@ struct ForwardBackward {
 ForwardBackward run_once(CausalLM& model, const torch::Tensor& ids) {
   ForwardBackward r;
   const auto out = model.forward(ids);
-  loss_of(out, ids, model.config().router_aux_loss_coef).backward();
+  loss_of(out, ids, moe_config(model.config()).router_aux_loss_coef).backward();
   r.logits = out.logits.detach();
   r.aux = out.aux_loss.detach();
   for (auto& item : model.named_parameters()) {
@@ -148,7 +149,7 @@ TEST(FsdpSingleProcess, OneRankRoutesGradsIntoMainGradOrGrad) {
     fsdp->set_main_grads(optimizer.get());
     const auto out = model->forward(ids);
     EXPECT_EQ(out.logits.scalar_type(), torch::kBFloat16);
-    loss_of(out, ids, c.router_aux_loss_coef).backward();
+    loss_of(out, ids, moe_config(c).router_aux_loss_coef).backward();
     EXPECT_TRUE(torch::equal(out.logits.detach(), ref.logits));
     for (auto& item : model->named_parameters()) {
       const auto& name = item.key();

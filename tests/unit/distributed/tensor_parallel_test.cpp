@@ -25,6 +25,7 @@
 #include "mixtrain/distributed/fsdp.h"
 #include "mixtrain/distributed/parallelize.h"
 #include "mixtrain/distributed/tensor_parallel.h"
+#include "mixtrain/model/moe_config.h"
 #include "mixtrain/model/qwen2.h"
 #include "mixtrain/model/qwen2_moe.h"
 #include "support/multiprocess.h"
@@ -162,7 +163,7 @@ at::Tensor global_ids(const ModelConfig& c) {
 // Cross-entropy (the model's: vocabulary-parallel under tp) plus the weighted router loss.
 at::Tensor training_loss(const CausalLM& model, const CausalLMOutput& out, const at::Tensor& ids) {
   return causal_lm_cross_entropy(model, out.logits, ids.roll(-1, 1)) +
-         model.config().router_aux_loss_coef * out.aux_loss;
+         moe_config(model.config()).router_aux_loss_coef * out.aux_loss;
 }
 
 // Tolerances. Loss, relative: the tp ranks sum the row-parallel partial products, the

@@ -10,6 +10,7 @@
 #include <string>
 
 #include "mixtrain/config/load.h"
+#include "mixtrain/model/moe_config.h"
 #include "support/python_script.h"
 #include "unit/config/temp_config.h"
 
@@ -57,22 +58,22 @@ TEST(HfConfig, ReadsEveryFamilyTransformersWrites) {
         read_hf_config(write_json(dir, "a.json", transformers_config(dir, "qwen2_moe"))).model;
     EXPECT_EQ(m.name, "qwen2_moe");
     expect_common(m);
-    EXPECT_EQ(m.moe_intermediate_size, 12);
-    EXPECT_EQ(m.shared_expert_intermediate_size, 20);
-    EXPECT_EQ(m.num_experts, 4);
-    EXPECT_EQ(m.num_experts_per_tok, 2);
-    EXPECT_FALSE(m.norm_topk_prob);
+    EXPECT_EQ(moe_config(m).moe_intermediate_size, 12);
+    EXPECT_EQ(moe_config(m).shared_expert_intermediate_size, 20);
+    EXPECT_EQ(moe_config(m).num_experts, 4);
+    EXPECT_EQ(moe_config(m).num_experts_per_tok, 2);
+    EXPECT_FALSE(moe_config(m).norm_topk_prob);
     EXPECT_TRUE(m.attention_bias);  // qkv_bias
-    EXPECT_EQ(m.router_aux_loss_coef, 0.01);
+    EXPECT_EQ(moe_config(m).router_aux_loss_coef, 0.01);
   }
   {
     const ModelConfig m =
         read_hf_config(write_json(dir, "b.json", transformers_config(dir, "qwen3_moe"))).model;
     EXPECT_EQ(m.name, "qwen3_moe");
     expect_common(m);
-    EXPECT_EQ(m.moe_intermediate_size, 12);
-    EXPECT_EQ(m.num_experts, 4);  // num_local_experts in transformers 5
-    EXPECT_TRUE(m.norm_topk_prob);
+    EXPECT_EQ(moe_config(m).moe_intermediate_size, 12);
+    EXPECT_EQ(moe_config(m).num_experts, 4);  // num_local_experts in transformers 5
+    EXPECT_TRUE(moe_config(m).norm_topk_prob);
     EXPECT_FALSE(m.attention_bias);
   }
   {
@@ -273,7 +274,7 @@ TEST(HfConfig, LoadConfigTakesTheArchitectureFromConfigJson) {
   const ModelConfig& m = resolved.config.model;
   EXPECT_EQ(m.hidden_size, 24);
   EXPECT_EQ(m.max_seq_len, 32);  // the user's value wins for this training key
-  EXPECT_EQ(m.router_aux_loss_coef, 0.01);
+  EXPECT_EQ(moe_config(m).router_aux_loss_coef, 0.01);
   const ResolvedLeaf* layers = resolved.leaf("model.num_layers");
   ASSERT_NE(layers, nullptr);
   EXPECT_EQ(layers->value, "2");
@@ -362,10 +363,11 @@ TEST(HfConfig, WrittenConfigReadsBackAsTheSameModel) {
     EXPECT_EQ(back.num_kv_heads, original.num_kv_heads);
     EXPECT_EQ(back.head_dim, original.head_dim);
     EXPECT_EQ(back.intermediate_size, original.intermediate_size);
-    EXPECT_EQ(back.moe_intermediate_size, original.moe_intermediate_size);
-    EXPECT_EQ(back.num_experts, original.num_experts);
-    EXPECT_EQ(back.num_experts_per_tok, original.num_experts_per_tok);
-    EXPECT_EQ(back.shared_expert_intermediate_size, original.shared_expert_intermediate_size);
+    EXPECT_EQ(moe_config(back).moe_intermediate_size, moe_config(original).moe_intermediate_size);
+    EXPECT_EQ(moe_config(back).num_experts, moe_config(original).num_experts);
+    EXPECT_EQ(moe_config(back).num_experts_per_tok, moe_config(original).num_experts_per_tok);
+    EXPECT_EQ(moe_config(back).shared_expert_intermediate_size,
+              moe_config(original).shared_expert_intermediate_size);
     EXPECT_EQ(back.max_seq_len, original.max_seq_len);
     EXPECT_EQ(back.rope_theta, original.rope_theta);
     EXPECT_EQ(back.rope_scaling, original.rope_scaling);
@@ -374,9 +376,9 @@ TEST(HfConfig, WrittenConfigReadsBackAsTheSameModel) {
     EXPECT_EQ(back.rope_high_freq_factor, original.rope_high_freq_factor);
     EXPECT_EQ(back.rope_original_max_seq_len, original.rope_original_max_seq_len);
     EXPECT_EQ(back.rms_norm_eps, original.rms_norm_eps);
-    EXPECT_EQ(back.router_aux_loss_coef, original.router_aux_loss_coef);
+    EXPECT_EQ(moe_config(back).router_aux_loss_coef, moe_config(original).router_aux_loss_coef);
     EXPECT_EQ(back.attention_bias, original.attention_bias);
-    EXPECT_EQ(back.norm_topk_prob, original.norm_topk_prob);
+    EXPECT_EQ(moe_config(back).norm_topk_prob, moe_config(original).norm_topk_prob);
   }
 }
 

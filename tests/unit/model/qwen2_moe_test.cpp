@@ -4,6 +4,7 @@
 // dense experts). Qwen3-MoE: names/shapes/roles, and for both: the router against HF's TopKRouter,
 // and logits, loss (with aux loss) and every gradient against transformers (support/hf_parity.h).
 #include "mixtrain/model/qwen2_moe.h"
+#include "mixtrain/model/moe_config.h"
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <gtest/gtest.h>
@@ -51,8 +52,9 @@ std::map<std::string, torch::Tensor> params_of(torch::nn::Module& m) {
 
 TEST(Qwen2Moe, ParameterNamesAndShapesMatchHuggingFace) {
   const auto c = tiny_config();
-  const int64_t V = c.vocab_size, H = c.hidden_size, D = c.head_dim, E = c.num_experts;
-  const int64_t I = c.moe_intermediate_size, S = c.shared_expert_intermediate_size;
+  const int64_t V = c.vocab_size, H = c.hidden_size, D = c.head_dim, E = moe_config(c).num_experts;
+  const int64_t I = moe_config(c).moe_intermediate_size,
+                S = moe_config(c).shared_expert_intermediate_size;
   const int64_t Q = c.num_heads * D, KV = c.num_kv_heads * D;
   std::vector<std::pair<std::string, std::vector<int64_t>>> expected = {
       {"model.embed_tokens.weight", {V, H}}};
@@ -175,7 +177,7 @@ TEST(Qwen2Moe, ForwardBackwardReachesEveryParameter) {
   const auto out = model->forward(inputs);
   const auto ce = torch::nn::functional::cross_entropy(out.logits.reshape({-1, c.vocab_size}),
                                                        labels.reshape({-1}));
-  const auto loss = ce + c.router_aux_loss_coef * out.aux_loss;
+  const auto loss = ce + moe_config(c).router_aux_loss_coef * out.aux_loss;
   ASSERT_TRUE(std::isfinite(loss.item<double>()));
   // A fresh model predicts nearly uniformly: CE close to ln(vocab).
   EXPECT_NEAR(ce.item<double>(), std::log(double(c.vocab_size)), 0.1);
@@ -186,7 +188,7 @@ TEST(Qwen2Moe, ForwardBackwardReachesEveryParameter) {
     EXPECT_TRUE(torch::isfinite(g).all().item<bool>()) << item.key();
     EXPECT_GT(g.abs().sum().item<double>(), 0.0) << item.key();
     if (item.key().find("mlp.experts.") != std::string::npos) {
-      for (int64_t e = 0; e < c.num_experts; ++e) {
+      for (int64_t e = 0; e < moe_config(c).num_experts; ++e) {
         EXPECT_GT(g[e].abs().sum().item<double>(), 0.0) << item.key() << " expert " << e;
       }
     }
@@ -377,12 +379,12 @@ std::pair<torch::Tensor, torch::Tensor> ref_layer(const ModelConfig& c, Params& 
   // Dense: every expert on every token, weighted by its probability if it is in the top-k.
   auto moe = torch::zeros_like(h2);
   for (int64_t t = 0; t < S; ++t) {
-    std::vector<int64_t> order(c.num_experts);
-    for (int64_t e = 0; e < c.num_experts; ++e) order[e] = e;
+    std::vector<int64_t> order(moe_config(c).num_experts);
+    for (int64_t e = 0; e < moe_config(c).num_experts; ++e) order[e] = e;
     std::sort(order.begin(), order.end(), [&](int64_t a, int64_t b) {
       return probs[t][a].item<double>() > probs[t][b].item<double>();
     });
-    for (int64_t j = 0; j < c.num_experts_per_tok; ++j) {
+    for (int64_t j = 0; j < moe_config(c).num_experts_per_tok; ++j) {
       const int64_t e = order[j];
       const auto y = ref_swiglu(h2[t].unsqueeze(0), P[p + "mlp.experts.gate_proj"][e],
                                 P[p + "mlp.experts.up_proj"][e], P[p + "mlp.experts.down_proj"][e]);
@@ -432,13 +434,14 @@ TEST(Qwen2Moe, MatchesAnIndependentFloat64Reference) {
   for (int64_t n = 0; n < c.num_layers; ++n) {
     const auto rows = torch::cat(router_per_layer[n]);
     for (int64_t t = 0; t < rows.size(0); ++t) {
-      router_rows.push_back(std::vector<double>(rows[t].data_ptr<double>(),
-                                                rows[t].data_ptr<double>() + c.num_experts));
+      router_rows.push_back(std::vector<double>(
+          rows[t].data_ptr<double>(), rows[t].data_ptr<double>() + moe_config(c).num_experts));
     }
   }
-  EXPECT_NEAR(out.aux_loss.item<double>(),
-              hand_aux_loss(router_rows, c.num_experts, c.num_experts_per_tok),
-              1e-6);  // O(2) value, float32 means: ~1e-7
+  EXPECT_NEAR(
+      out.aux_loss.item<double>(),
+      hand_aux_loss(router_rows, moe_config(c).num_experts, moe_config(c).num_experts_per_tok),
+      1e-6);  // O(2) value, float32 means: ~1e-7
 }
 
 // --- low precision ----------------------------------------------------------------------------
@@ -467,7 +470,7 @@ TEST(Qwen2Moe, Bfloat16ForwardAndBackward) {
   EXPECT_LT(err, 0.05 * scale);
   const auto loss = torch::nn::functional::cross_entropy(
       out.logits.to(torch::kFloat32).reshape({-1, c.vocab_size}), ids.roll(-1, 1).reshape({-1}));
-  (loss + c.router_aux_loss_coef * out.aux_loss).backward();
+  (loss + moe_config(c).router_aux_loss_coef * out.aux_loss).backward();
   for (auto& item : model->named_parameters()) {
     ASSERT_TRUE(item.value().grad().defined()) << item.key();
     EXPECT_EQ(item.value().grad().scalar_type(), torch::kBFloat16) << item.key();
@@ -488,14 +491,15 @@ ModelConfig tiny_qwen3_moe(bool attention_bias, bool norm_topk_prob) {
   auto c = tiny_config();
   c.name = "qwen3_moe";
   c.attention_bias = attention_bias;
-  c.norm_topk_prob = norm_topk_prob;
+  moe_config(c).norm_topk_prob = norm_topk_prob;
   return c;
 }
 
 TEST(Qwen3Moe, ParameterNamesShapesAndRolesMatchHuggingFace) {
   const auto c = tiny_qwen3_moe(/*attention_bias=*/true, /*norm_topk_prob=*/true);
-  const int64_t V = c.vocab_size, H = c.hidden_size, D = c.head_dim, E = c.num_experts;
-  const int64_t I = c.moe_intermediate_size, Q = c.num_heads * D, KV = c.num_kv_heads * D;
+  const int64_t V = c.vocab_size, H = c.hidden_size, D = c.head_dim, E = moe_config(c).num_experts;
+  const int64_t I = moe_config(c).moe_intermediate_size, Q = c.num_heads * D,
+                KV = c.num_kv_heads * D;
   std::vector<std::pair<std::string, std::vector<int64_t>>> expected = {
       {"model.embed_tokens.weight", {V, H}}};
   for (int n = 0; n < 2; ++n) {
@@ -574,7 +578,8 @@ TEST(MoeRouter, TopKChoicesAndWeightsMatchTransformers) {
 
 TEST(Qwen2Moe, LogitsLossAndGradientsMatchTransformers) {
   auto c = tiny_config();
-  c.router_aux_loss_coef = 0.05;  // large enough that the aux-loss term moves the gradients
+  moe_config(c).router_aux_loss_coef =
+      0.05;  // large enough that the aux-loss term moves the gradients
   const auto r = test_support::run_hf_parity(c, 21, 2, 13);
   if (HasFailure()) return;
   test_support::expect_hf_parity(r, "qwen2_moe");
@@ -584,7 +589,7 @@ TEST(Qwen3Moe, LogitsLossAndGradientsMatchTransformers) {
   // HF's defaults (no attention bias, no renormalisation), then both switched on.
   for (const bool on : {false, true}) {
     auto c = tiny_qwen3_moe(/*attention_bias=*/on, /*norm_topk_prob=*/on);
-    c.router_aux_loss_coef = 0.05;
+    moe_config(c).router_aux_loss_coef = 0.05;
     const auto r = test_support::run_hf_parity(c, 22, 2, 13);
     if (HasFailure()) return;
     test_support::expect_hf_parity(r,

@@ -10,6 +10,7 @@
 
 #include "mixtrain/config/model_sections.h"
 #include "mixtrain/core/error.h"
+#include "mixtrain/model/moe_config.h"
 
 namespace mixtrain {
 namespace MIXTRAIN_FILE_LOCAL {
@@ -77,7 +78,8 @@ TEST(ModelRegistry, UnknownNameIsAConfigErrorNamingTheKey) {
     build_model(c, 1);
   } catch (const ConfigError& e) {
     EXPECT_EQ(e.key(), "model.name");
-    EXPECT_EQ(e.problem(), "unknown model 'llama_moe' (known: qwen2_moe, qwen3_moe, qwen2, llama, qwen3)");
+    EXPECT_EQ(e.problem(),
+              "unknown model 'llama_moe' (known: qwen2_moe, qwen3_moe, qwen2, llama, qwen3)");
   }
 }
 
@@ -89,10 +91,10 @@ TEST(ModelRegistry, ImpossibleShapesAreInvalidArgumentsNamingTheField) {
   EXPECT_EQ(shape_error(c),
             "model config: num_kv_heads must be > 0 and divide num_heads (4), got 3");
   c = small_config();
-  c.num_experts_per_tok = c.num_experts + 1;
+  moe_config(c).num_experts_per_tok = moe_config(c).num_experts + 1;
   EXPECT_EQ(shape_error(c), "model config: num_experts_per_tok must be in [1, num_experts = " +
-                                std::to_string(c.num_experts) + "], got " +
-                                std::to_string(c.num_experts + 1));
+                                std::to_string(moe_config(c).num_experts) + "], got " +
+                                std::to_string(moe_config(c).num_experts + 1));
   c = small_config();
   c.head_dim = 7;  // rotary embeddings rotate pairs
   EXPECT_NE(shape_error(c).find("head_dim"), std::string::npos);

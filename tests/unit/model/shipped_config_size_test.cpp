@@ -9,6 +9,7 @@
 #include <cstdint>
 
 #include "mixtrain/config/load.h"
+#include "mixtrain/model/moe_config.h"
 #include "mixtrain/model/registry.h"
 
 namespace mixtrain {
@@ -25,15 +26,17 @@ struct Counts {
 Counts qwen2_moe_counts(const ModelConfig& c) {
   const int64_t h = c.hidden_size, q = c.num_heads * c.head_dim, kv = c.num_kv_heads * c.head_dim;
   const int64_t attention = (h * q + q) + 2 * (h * kv + kv) + q * h;
-  const int64_t expert = 3 * h * c.moe_intermediate_size;
-  const int64_t layer_without_experts =
-      attention + c.num_experts * h + 3 * h * c.shared_expert_intermediate_size + h + 2 * h;
+  const int64_t expert = 3 * h * moe_config(c).moe_intermediate_size;
+  const int64_t layer_without_experts = attention + moe_config(c).num_experts * h +
+                                        3 * h * moe_config(c).shared_expert_intermediate_size + h +
+                                        2 * h;
   const int64_t embedding = c.vocab_size * h;
   Counts counts;
-  counts.total =
-      c.num_layers * (layer_without_experts + c.num_experts * expert) + embedding + h + embedding;
+  counts.total = c.num_layers * (layer_without_experts + moe_config(c).num_experts * expert) +
+                 embedding + h + embedding;
   counts.active =
-      c.num_layers * (layer_without_experts + c.num_experts_per_tok * expert) + h + embedding;
+      c.num_layers * (layer_without_experts + moe_config(c).num_experts_per_tok * expert) + h +
+      embedding;
   return counts;
 }
 
@@ -54,10 +57,10 @@ TEST(ShippedConfigSize, FormulaMatchesTheRegistryOnSmallShapes) {
   small.num_heads = 8;
   small.num_kv_heads = 2;
   small.head_dim = 4;
-  small.moe_intermediate_size = 12;
-  small.num_experts = 16;
-  small.num_experts_per_tok = 2;
-  small.shared_expert_intermediate_size = 48;
+  moe_config(small).moe_intermediate_size = 12;
+  moe_config(small).num_experts = 16;
+  moe_config(small).num_experts_per_tok = 2;
+  moe_config(small).shared_expert_intermediate_size = 48;
   EXPECT_EQ(qwen2_moe_counts(small).total, built_param_count(small));
   // head_dim x heads != hidden, and an odd layer count.
   small.head_dim = 6;

@@ -5,7 +5,7 @@ every model is built from a config with random weights.
 Usage:
   hf_models.py config DIR
       DIR/FAMILY/config.json as transformers writes it for each tiny FAMILY (qwen2_moe, qwen3_moe,
-      qwen2, llama, qwen3, llama3: llama with llama3 rope scaling).
+      qwen2, llama, qwen3, llama3: llama with llama3 rope scaling, mistral, qwen2_tied, llama_tied).
   hf_models.py save FAMILY DIR REFERENCE [--dtype float32|bfloat16|float16] [--max-shard-size N]
                     [--layout per-expert|fused] [--seed S] [--max-position P]
       save_pretrained of a random tiny FAMILY model into DIR (per-expert experts, as transformers
@@ -52,6 +52,16 @@ FAMILIES = {
               dict(intermediate_size=20, use_sliding_window=False)),
     "llama": ("LlamaConfig", "LlamaForCausalLM",
               dict(intermediate_size=20, attention_bias=False, mlp_bias=False)),
+    # Mistral with a window shorter than the tests' 12-position sequences.
+    "mistral": ("MistralConfig", "MistralForCausalLM",
+                dict(intermediate_size=20, sliding_window=5)),
+    # Tied embeddings (Qwen2.5-0.5B, Llama-3.2-1B): lm_head is the embedding. save_pretrained
+    # writes no lm_head.weight; --layout fused (the state dict) writes it, equal to the embedding.
+    "qwen2_tied": ("Qwen2Config", "Qwen2ForCausalLM",
+                   dict(intermediate_size=20, use_sliding_window=False, tie_word_embeddings=True)),
+    "llama_tied": ("LlamaConfig", "LlamaForCausalLM",
+                   dict(intermediate_size=20, attention_bias=False, mlp_bias=False,
+                        tie_word_embeddings=True)),
     "qwen3": ("Qwen3Config", "Qwen3ForCausalLM",
               dict(intermediate_size=20, attention_bias=False, use_sliding_window=False)),
     # Llama 3.1's rope scaling (factor 8, low_freq_factor 1, high_freq_factor 4) with the original
@@ -108,7 +118,7 @@ def save(args):
     model = model.to(dtype)
     kwargs = {"max_shard_size": args.max_shard_size} if args.max_shard_size else {}
     model.save_pretrained(args.dir, **kwargs)
-    state = {k: v.detach() for k, v in model.state_dict().items()}
+    state = {k: v.detach().clone() for k, v in model.state_dict().items()}  # tied: own copies
     if args.layout == "fused":
         for name in os.listdir(args.dir):
             if name.endswith(".safetensors") or name.endswith(".index.json"):

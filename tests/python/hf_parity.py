@@ -4,8 +4,11 @@ tests/unit/model/qwen2_test.cpp (qwen2, llama) and qwen2_moe_test.cpp (qwen2_moe
 
 Usage:
   hf_parity.py model CASE_JSON DIR
-    CASE_JSON: {"family": "qwen2" | "llama" | "qwen3" | "qwen2_moe" | "qwen3_moe", "seed": int,
+    CASE_JSON: {"family": "qwen2" | "llama" | "qwen3" | "mistral" | "qwen2_moe" | "qwen3_moe",
+                "seed": int,
                 "batch": int, "seq": int, "keys": {mixtrain's model.* keys, as in ModelConfig}}
+    With keys.tie_word_embeddings the HF model ties lm_head to the embedding (one tensor; its
+    gradient sums both uses).
     With keys.rope_scaling llama3 the config's rope_parameters are llama3's, and the run fails
     unless dropping the scaling (same weights, default rope) moves the logits by >= 1e-2 of
     their max |logit|.
@@ -70,7 +73,8 @@ def hf_config(transformers, family, k, scaled=True):
         num_key_value_heads=k["num_kv_heads"], head_dim=k["head_dim"],
         max_position_embeddings=k["max_seq_len"],
         rope_parameters=rope_parameters(k, scaled),
-        rms_norm_eps=k["rms_norm_eps"], tie_word_embeddings=False, attention_dropout=0.0,
+        rms_norm_eps=k["rms_norm_eps"], tie_word_embeddings=k.get("tie_word_embeddings", False),
+        attention_dropout=0.0,
         hidden_act="silu")
     moe = dict(moe_intermediate_size=k["moe_intermediate_size"], num_experts=k["num_experts"],
                num_experts_per_tok=k["num_experts_per_tok"], norm_topk_prob=k["norm_topk_prob"],
@@ -85,6 +89,10 @@ def hf_config(transformers, family, k, scaled=True):
         return transformers.LlamaForCausalLM, transformers.LlamaConfig(
             intermediate_size=k["intermediate_size"], attention_bias=k["attention_bias"],
             mlp_bias=False, **common)
+    if family == "mistral":
+        window = k.get("sliding_window", 0)
+        return transformers.MistralForCausalLM, transformers.MistralConfig(
+            intermediate_size=k["intermediate_size"], sliding_window=window or None, **common)
     if family == "qwen3":
         return transformers.Qwen3ForCausalLM, transformers.Qwen3Config(
             intermediate_size=k["intermediate_size"], attention_bias=k["attention_bias"],
@@ -185,6 +193,12 @@ def run_model(case, out_dir):
     params = dict(model.named_parameters())
     grads = {}
     for name, weight in saved.items():
+        if name == "lm_head.weight" and config.tie_word_embeddings and name not in params:
+            # A tied head saved beside the embedding: the same tensor, whose gradient is the
+            # embedding's (named_parameters lists the tied pair once).
+            if not torch.equal(weight, saved["model.embed_tokens.weight"]):
+                sys.exit("FAIL: the saved tied lm_head.weight is not the embedding")
+            continue
         param, index = in_memory(params, name, k.get("moe_intermediate_size"))
         # The saved tensor is the in-memory slice: checks the layout in_memory assumes.
         if not torch.equal(param.detach()[index], weight.to(torch.float64)):

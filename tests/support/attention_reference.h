@@ -57,13 +57,15 @@ struct Reference {
   double sigma = 0;
 };
 
-inline Reference reference_attention(const Inputs& in) {
+// window > 0: sliding-window attention, keys j with i - window < j <= i (HF Mistral's mask).
+inline Reference reference_attention(const Inputs& in, int64_t window = 0) {
   const auto q = in.q.to(torch::kFloat64), k = in.k.to(torch::kFloat64),
              v = in.v.to(torch::kFloat64), dout = in.dout.to(torch::kFloat64);
   const int64_t batch = q.size(0), heads = q.size(1), seq = q.size(2), dim = q.size(3);
   const int64_t groups = heads / k.size(1);
   const double scale = 1.0 / std::sqrt(double(dim));
-  const auto future = torch::ones({seq, seq}, torch::kBool).triu(1);
+  auto future = torch::ones({seq, seq}, torch::kBool).triu(1);
+  if (window > 0) future = future.logical_or(torch::ones({seq, seq}, torch::kBool).tril(-window));
   Reference r;
   for (auto* t : {&r.value, &r.magnitude}) {
     t->out = torch::zeros_like(q);

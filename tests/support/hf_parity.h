@@ -32,6 +32,7 @@
 #include "mixtrain/model/hf_config.h"
 #include "mixtrain/model/moe_config.h"
 #include "mixtrain/model/registry.h"
+#include "mixtrain/model/sliding_window_config.h"
 #include "support/python_script.h"
 #include "support/scoped_temp_dir.h"
 
@@ -84,6 +85,8 @@ inline HfParity run_hf_parity(const ModelConfig& c, int seed, int batch, int seq
          << ", \"rms_norm_eps\": " << c.rms_norm_eps
          << ", \"router_aux_loss_coef\": " << moe_config(c).router_aux_loss_coef
          << ", \"attention_bias\": " << (c.attention_bias ? "true" : "false")
+         << ", \"tie_word_embeddings\": " << (c.tie_word_embeddings ? "true" : "false")
+         << ", \"sliding_window\": " << sliding_window_config(c).sliding_window
          << ", \"norm_topk_prob\": " << (moe_config(c).norm_topk_prob ? "true" : "false") << "}}\n";
   }
   HfParity r;
@@ -105,7 +108,10 @@ inline HfParity run_hf_parity(const ModelConfig& c, int seed, int batch, int seq
       {"rope_theta", c.rope_theta, loaded.rope_theta},
       {"rms_norm_eps", c.rms_norm_eps, loaded.rms_norm_eps},
       {"max_seq_len", c.max_seq_len, loaded.max_seq_len},
-      {"attention_bias", c.attention_bias, loaded.attention_bias}};
+      {"attention_bias", c.attention_bias, loaded.attention_bias},
+      {"tie_word_embeddings", c.tie_word_embeddings, loaded.tie_word_embeddings},
+      {"sliding_window", static_cast<double>(sliding_window_config(c).sliding_window),
+       static_cast<double>(sliding_window_config(loaded).sliding_window)}};
   EXPECT_EQ(loaded.rope_scaling, c.rope_scaling);
   if (c.rope_scaling == "llama3") {
     keys.insert(keys.end(),

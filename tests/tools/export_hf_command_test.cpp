@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <map>
 #include <regex>
 #include <sstream>
@@ -189,10 +190,60 @@ TEST(ExportHf, TransformersLoadsTheExportWithOurLogits) {
   // moves transformers' logits of 12 positions by 1.9 of max 4.3 (measured when written), far
   // over the 1e-5 bound.
   expect_logits_round_trip("llama3", "", "", "--dtype f32");
+  // Mistral's sliding window (5 of 12 positions) survives the export: transformers applies it
+  // from the exported config.json, or the later positions' logits would differ by O(1).
+  expect_logits_round_trip("mistral", "", "", "--dtype f32");
 }
 
 TEST(ExportHf, TwoRankInitFromTrainExportReload) {
   expect_logits_round_trip("qwen2_moe", "--nproc 2", "parallel:\n  dp_shard: 2\n  ep: 2\n", "");
+}
+
+// Tied embeddings (model.tie_word_embeddings from config.json): save_pretrained's layout (no
+// lm_head.weight) loads and exports back bit for bit, without lm_head.weight and with
+// tie_word_embeddings: true; the state-dict layout (lm_head.weight equal to the embedding) loads;
+// a checkpoint whose lm_head.weight differs is refused naming both keys; and transformers loads
+// the export of a trained tied model with our logits, on one rank and on two FSDP ranks.
+TEST(ExportHf, TiedEmbeddingsInAndOut) {
+  expect_identity_round_trip("qwen2_tied", "", "");
+  expect_identity_round_trip("llama_tied", "", "--nproc 2", "parallel:\n  dp_shard: 2\n");
+  TempDir tmp;
+  ASSERT_NO_FATAL_FAILURE(save_hf("qwen2_tied", tmp.file("hf")));
+  ASSERT_EQ(hf_tensors(tmp.file("hf")).count("lm_head.weight"), 0u)
+      << "save_pretrained writes a tied model without lm_head.weight";
+  ASSERT_EQ(train(tmp, write_config(tmp, tmp.file("hf"), 0.0)).exit_code, 0);
+  const CommandResult e =
+      run_mixtrain("export-hf " + tmp.file("run/checkpoints") + " " + tmp.file("out"));
+  ASSERT_EQ(e.exit_code, 0) << e.output;
+  std::ifstream config(tmp.file("out/config.json"));
+  const std::string text((std::istreambuf_iterator<char>(config)), {});
+  EXPECT_NE(text.find("\"tie_word_embeddings\": true"), std::string::npos) << text;
+  EXPECT_EQ(hf_tensors(tmp.file("out")).count("lm_head.weight"), 0u);
+
+  // The state dict's layout: lm_head.weight beside the embedding, equal to it.
+  TempDir fused;
+  ASSERT_NO_FATAL_FAILURE(save_hf("qwen2_tied", fused.file("hf"), "--layout fused"));
+  auto tensors = hf_tensors(fused.file("hf"));
+  ASSERT_EQ(tensors.count("lm_head.weight"), 1u);
+  ASSERT_TRUE(at::equal(tensors.at("lm_head.weight"), tensors.at("model.embed_tokens.weight")));
+  CommandResult r = train(fused, write_config(fused, fused.file("hf"), 0.0));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  // Not the embedding: refused, naming both keys.
+  NamedTensors changed;
+  for (auto& [name, tensor] : tensors) {
+    changed.emplace_back(name, name == "lm_head.weight" ? tensor + 1 : tensor);
+  }
+  write_safetensors(fused.file("hf/model.safetensors"), changed, {{"format", "pt"}});
+  fs::remove_all(fused.file("run"));
+  r = train(fused, write_config(fused, fused.file("hf"), 0.0));
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("lm_head.weight: differs from model.embed_tokens.weight, but the model "
+                          "ties them"),
+            std::string::npos)
+      << r.output;
+
+  expect_logits_round_trip("qwen2_tied", "", "", "--dtype f32");
+  expect_logits_round_trip("llama_tied", "--nproc 2", "parallel:\n  dp_shard: 2\n", "");
 }
 
 TEST(ExportHf, RefusalsLeaveNothingBehind) {

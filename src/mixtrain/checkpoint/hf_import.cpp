@@ -116,6 +116,9 @@ Sources open_sources(const std::string& dir, std::vector<std::string>& problems)
 // elements, into `dest` (rows x row_elems elements, any dtype/device). With a box (a
 // tensor-parallel piece split along a dim > 0): the rows are read whole, seen as
 // [rows, row_shape...], and dims 1.. narrowed to [box_offsets, box_offsets + dest's sizes).
+constexpr const char* kHeadKey = "lm_head.weight";
+constexpr const char* kEmbeddingKey = "model.embed_tokens.weight";
+
 struct Copy {
   std::string key;
   int64_t row_elems = 0;
@@ -236,6 +239,23 @@ HfImportStats import_hf_weights(const std::string& dir,
   Sources sources = open_sources(dir, problems);
   Plan plan;
   for (const HfImportTarget& target : targets) plan_target(target, sources, plan);
+  // A tied model (no lm_head.weight: tie_word_embeddings) reads HF's layouts of it: no
+  // lm_head.weight, or one that must equal the embedding, read beside it and compared below.
+  std::vector<std::pair<at::Tensor, at::Tensor>> tied;  // (lm_head rows, embedding rows)
+  const bool has_head = std::any_of(targets.begin(), targets.end(),
+                                    [](const HfImportTarget& t) { return t.name == kHeadKey; });
+  if (!has_head && sources.by_key.count(kHeadKey) != 0 && plan.expected.count(kEmbeddingKey) != 0) {
+    expect(plan, kHeadKey, plan.expected.at(kEmbeddingKey));
+    const size_t planned = plan.copies.size();
+    for (size_t i = 0; i < planned; ++i) {
+      if (plan.copies[i].key != kEmbeddingKey) continue;
+      Copy head = plan.copies[i];
+      head.key = kHeadKey;
+      head.dest = at::empty_like(head.dest);
+      tied.emplace_back(head.dest, plan.copies[i].dest);
+      plan.copies.push_back(std::move(head));
+    }
+  }
   check_plan(plan, sources, dir, problems);
   if (!problems.empty()) {
     std::string message = dir + ": cannot load the Hugging Face weights (" +
@@ -274,6 +294,14 @@ HfImportStats import_hf_weights(const std::string& dir,
       box = box.narrow(static_cast<int64_t>(d + 1), copy.box_offsets[d], copy.dest.size(d + 1));
     }
     copy.dest.copy_(box);
+  }
+  for (const auto& [head, embedding] : tied) {
+    if (!at::equal(head, embedding)) {
+      throw DataError(dir + ": " + kHeadKey + ": differs from " + kEmbeddingKey +
+                      ", but the model ties them (model.tie_word_embeddings: true): one matrix "
+                      "serves both; untie it, or use a checkpoint whose " +
+                      kHeadKey + " is the embedding");
+    }
   }
   return stats;
 }

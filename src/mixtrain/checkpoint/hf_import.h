@@ -21,6 +21,9 @@
 //               expert, up = rows [I, 2I): transformers' in-memory Qwen2MoeExperts, which
 //               chunks the projection in that order) and .down_proj [E, H, I]
 //   ours        <prefix>.mlp.experts.{gate_proj,up_proj,down_proj} as held
+// A model with tied embeddings (model.tie_word_embeddings: no lm_head.weight) accepts a file
+// without lm_head.weight (what save_pretrained writes for a tied model) or with one equal to
+// model.embed_tokens.weight (each rank compares the rows it reads; a difference is a DataError).
 // Any problem (a shard named by the index missing, a missing, extra or mis-shaped tensor, an
 // unconvertible dtype, a bad header) is one DataError listing each as "<file>: <key>: <what>".
 #pragma once

@@ -91,6 +91,7 @@ std::vector<LeafSpec> build_leaves() {
       MIXTRAIN_LEAF("model.rope_high_freq_factor", model.rope_high_freq_factor),
       MIXTRAIN_LEAF("model.rope_original_max_seq_len", model.rope_original_max_seq_len),
       MIXTRAIN_LEAF("model.rms_norm_eps", model.rms_norm_eps),
+      MIXTRAIN_LEAF("model.tie_word_embeddings", model.tie_word_embeddings),
       MIXTRAIN_LEAF("model.attention_bias", model.attention_bias),
       MIXTRAIN_LEAF("data.kind", data.kind),
       MIXTRAIN_LEAF("data.path", data.path),

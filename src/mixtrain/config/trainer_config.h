@@ -48,6 +48,9 @@ struct ModelConfig {
   double rope_high_freq_factor = 4.0;
   int64_t rope_original_max_seq_len = 8192;  // HF original_max_position_embeddings
   double rms_norm_eps = 1e-6;
+  // One matrix for the input embedding and the output head (HF tie_word_embeddings): the model
+  // has no lm_head.weight; the head multiplies by model.embed_tokens.weight.
+  bool tie_word_embeddings = false;
   bool attention_bias = true;  // q/k/v projections carry a bias (HF qkv_bias / attention_bias)
   SectionValues family;        // the family's own keys (model/moe_config.h, ...)
 };

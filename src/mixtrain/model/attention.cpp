@@ -21,32 +21,42 @@ AttentionKernel attention_kernel_for(c10::ScalarType dtype, c10::Device device) 
 }
 
 torch::Tensor causal_attention(const torch::Tensor& q, const torch::Tensor& k,
-                               const torch::Tensor& v, AttentionKernel kernel) {
+                               const torch::Tensor& v, AttentionKernel kernel, int64_t window) {
   TORCH_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4,
               "causal_attention: q, k, v must be [batch, heads, seq, head_dim]");
   TORCH_CHECK(k.sizes() == v.sizes() && q.size(0) == k.size(0) && q.size(2) == k.size(2) &&
                   q.size(3) == k.size(3) && q.size(1) % k.size(1) == 0,
               "causal_attention: q ", q.sizes(), " and k/v ", k.sizes(), " ", v.sizes(),
               " do not fit (kv heads must divide query heads)");
+  TORCH_CHECK(window >= 0, "causal_attention: window must be >= 0, got ", window);
   const int64_t head_dim = q.size(3), seq = q.size(2);
+  // Hidden pairs: the future, and with a window the keys window or more positions back.
+  const auto ones = at::ones({seq, seq}, q.options().dtype(at::kBool));
+  auto hidden = ones.triu(1);
+  const bool banded = window > 0 && window < seq;
+  if (banded) hidden = hidden.logical_or(ones.tril(-window));
   if (kernel == AttentionKernel::kFlash) {
+    const double scale = 1.0 / std::sqrt(double(head_dim));
+    if (banded) {
+      return at::scaled_dot_product_attention(q, k, v, /*attn_mask=*/hidden.logical_not(),
+                                              /*dropout_p=*/0.0, /*is_causal=*/false, scale,
+                                              /*enable_gqa=*/true);
+    }
     return at::scaled_dot_product_attention(q, k, v, /*attn_mask=*/{}, /*dropout_p=*/0.0,
-                                            /*is_causal=*/true, 1.0 / std::sqrt(double(head_dim)),
-                                            /*enable_gqa=*/true);
+                                            /*is_causal=*/true, scale, /*enable_gqa=*/true);
   }
   const int64_t groups = q.size(1) / k.size(1);
   const auto key = repeat_kv(k, groups), value = repeat_kv(v, groups);
   auto weights = at::matmul(q, key.transpose(2, 3)) / std::sqrt(double(head_dim));
-  const auto future = at::ones({seq, seq}, q.options().dtype(at::kBool)).triu(1);
-  weights = weights.masked_fill(future, -std::numeric_limits<double>::infinity());
+  weights = weights.masked_fill(hidden, -std::numeric_limits<double>::infinity());
   // Upcast for the softmax, as HF: bf16 exp/sum over the keys loses too much.
   weights = at::softmax(weights, -1, at::kFloat).to(q.scalar_type());
   return at::matmul(weights, value);
 }
 
 torch::Tensor causal_max_logits(const torch::Tensor& q, const torch::Tensor& k,
-                                const torch::Tensor& q_positions,
-                                const torch::Tensor& k_positions) {
+                                const torch::Tensor& q_positions, const torch::Tensor& k_positions,
+                                int64_t window) {
   TORCH_CHECK(q.dim() == 4 && k.dim() == 4 && q.size(0) == k.size(0) && q.size(3) == k.size(3) &&
                   q.size(1) % k.size(1) == 0,
               "causal_max_logits: q ", q.sizes(), " and k ", k.sizes(), " do not fit");
@@ -70,7 +80,9 @@ torch::Tensor causal_max_logits(const torch::Tensor& q, const torch::Tensor& k,
   for (int64_t start = 0; start < q_len; start += rows) {
     const int64_t n = std::min(rows, q_len - start);
     at::Tensor scores = at::matmul(q.narrow(2, start, n).to(at::kFloat), key) * scale;
-    const at::Tensor hidden = k_pos.unsqueeze(0) > q_pos.narrow(0, start, n).unsqueeze(1);
+    const at::Tensor q_rows = q_pos.narrow(0, start, n).unsqueeze(1);
+    at::Tensor hidden = k_pos.unsqueeze(0) > q_rows;
+    if (window > 0) hidden = hidden.logical_or(k_pos.unsqueeze(0) <= q_rows - window);
     scores.masked_fill_(hidden, -std::numeric_limits<float>::infinity());
     result = at::maximum(result, scores.amax({0, 2, 3}));
   }

@@ -37,8 +37,11 @@ const char* attention_kernel_name(AttentionKernel kernel);  // "math", "flash"
 // reference.
 AttentionKernel attention_kernel_for(c10::ScalarType dtype, c10::Device device = c10::kCPU);
 
+// window > 0: sliding-window causal attention (HF Mistral's sliding_window): position i attends
+// to keys max(0, i - window + 1)..i, window keys including itself; kFlash then passes the band
+// as SDPA's boolean mask. 0: every earlier key.
 torch::Tensor causal_attention(const torch::Tensor& q, const torch::Tensor& k,
-                               const torch::Tensor& v, AttentionKernel kernel);
+                               const torch::Tensor& v, AttentionKernel kernel, int64_t window = 0);
 
 // QK-clip's statistic (Kimi K2, arXiv 2507.20534): per query head h, the max over the batch and
 // over every (query i, key j) pair the causal mask lets through of the scaled logit
@@ -48,9 +51,10 @@ torch::Tensor causal_attention(const torch::Tensor& q, const torch::Tensor& k,
 // -> float32 [Hq] on q's device. The scores are formed in blocks of query rows (at most 2^24
 // floats at a time), so the memory is bounded whatever the sequence length; the cost is one
 // extra Q K^T per forward.
+// window > 0: only the pairs sliding-window attention lets through (k_pos > q_pos - window).
 torch::Tensor causal_max_logits(const torch::Tensor& q, const torch::Tensor& k,
                                 const torch::Tensor& q_positions = {},
-                                const torch::Tensor& k_positions = {});
+                                const torch::Tensor& k_positions = {}, int64_t window = 0);
 
 // Grouped-query attention: [B, Hkv, S, D] -> [B, Hkv * n_rep, S, D], query head h reads kv head
 // h / n_rep (HF repeat_kv, = repeat_interleave on dim 1).

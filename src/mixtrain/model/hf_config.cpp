@@ -14,6 +14,7 @@
 #include "mixtrain/core/printable.h"
 #include "mixtrain/model/moe_config.h"
 #include "mixtrain/model/registry.h"
+#include "mixtrain/model/sliding_window_config.h"
 
 namespace mixtrain {
 namespace {
@@ -165,7 +166,6 @@ void read_rope(const HfReader& r, ModelConfig& m,
 }
 
 void refuse_unsupported(const HfReader& r) {
-  r.only("tie_word_embeddings", false, "lm_head is its own parameter");
   r.only("hidden_act", "silu", "SwiGLU with SiLU");
   r.only("attention_dropout", 0.0, "no dropout");
   r.only("use_sliding_window", false, "full attention in every layer");
@@ -269,6 +269,10 @@ HfModelConfig read_hf_config(const std::string& path) {
     m.intermediate_size = r.positive_int("intermediate_size");
     add("model.intermediate_size", "intermediate_size");
   }
+  // Every family's config class defaults to untied (transformers' Qwen2/Qwen3/Llama/*Moe).
+  m.tie_word_embeddings = r.boolean("tie_word_embeddings", false);
+  add("model.tie_word_embeddings",
+      r.find("tie_word_embeddings") ? "tie_word_embeddings" : "default: false");
   // A family without the field (Qwen2's q/k/v always carry a bias) has its default.
   const std::string& bias_field = family.attention_bias_field;
   m.attention_bias = bias_field.empty() ? family.attention_bias_default
@@ -276,6 +280,13 @@ HfModelConfig read_hf_config(const std::string& path) {
   add("model.attention_bias", !bias_field.empty() && r.find(bias_field) ? bias_field
                               : family.attention_bias_default ? "default: true (" + m.name + ")"
                                                               : std::string("default: false"));
+  if (const std::string& field = family.sliding_window_field; !field.empty()) {
+    // An integer window, or null (and absent): full causal attention.
+    const json* window = r.find(field);
+    const bool set = window != nullptr && !window->is_null();
+    sliding_window_config(m).sliding_window = set ? r.positive_int(field, *window) : 0;
+    add("model.sliding_window", set ? field : "default: null (full causal)");
+  }
   if (moe) {
     // The expert count's field, or its older spelling (transformers 4.x); both must agree.
     std::string experts_field = family.experts_field;
@@ -406,10 +417,14 @@ json hf_config_json(const ModelConfig& m, const std::string& dtype) {
     j["rope_parameters"] = {{"rope_type", "default"}, {"rope_theta", m.rope_theta}};
   }
   j["hidden_act"] = "silu";
-  j["tie_word_embeddings"] = false;
+  j["tie_word_embeddings"] = m.tie_word_embeddings;
   j["attention_dropout"] = 0.0;
   j["dtype"] = dtype;
   if (family.writes_sliding_window) j["use_sliding_window"] = false;
+  if (const std::string& field = family.sliding_window_field; !field.empty()) {
+    const int64_t window = sliding_window_config(m).sliding_window;
+    j[field] = window > 0 ? json(window) : json(nullptr);
+  }
   if (!moe) j["intermediate_size"] = m.intermediate_size;
   if (!family.attention_bias_field.empty()) j[family.attention_bias_field] = m.attention_bias;
   if (family.writes_mlp_bias) j["mlp_bias"] = false;

@@ -4,11 +4,13 @@
 // HfFamily) (what transformers' save_pretrained writes, 4.x and 5.x spellings) onto the model.*
 // keys. Every field the mapping reads is checked (type and range), and every field that would
 // change the model into one we do not build is refused unless it has the one value we support:
-// tie_word_embeddings true, rope_type other than default or llama3, hidden_act other than
+// rope_type other than default or llama3, hidden_act other than
 // silu, mlp_bias true, pretraining_tp != 1, attention_dropout != 0, use_sliding_window true or a
 // layer_types entry other than full_attention, decoder_sparse_step != 1, a non-empty
 // mlp_only_layers, a quantization_config. Fields that do not change the model (token ids,
-// dtype, initializer_range, use_cache, ...) are ignored. Each problem is one ConfigError
+// dtype, initializer_range, use_cache, ...) are ignored. tie_word_embeddings maps onto
+// model.tie_word_embeddings (absent: false, every supported family's default). Each problem is one
+// ConfigError
 // "<path>: <field>: <problem>".
 //
 // apply_hf_config runs in load_config between the front end and validation: with model.hf_config

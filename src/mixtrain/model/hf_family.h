@@ -21,7 +21,10 @@ struct HfFamily {
   std::string experts_field = "num_experts";
   std::string experts_field_older;
   bool writes_sliding_window = true;  // "use_sliding_window": false
-  bool writes_mlp_bias = false;       // "mlp_bias": false
+  // model.sliding_window (sliding_window_config.h) is read from and written to this field (null
+  // there: 0); "" = the family has no window (its sliding_window field, if any, is unused).
+  std::string sliding_window_field;
+  bool writes_mlp_bias = false;  // "mlp_bias": false
 };
 
 }  // namespace mixtrain

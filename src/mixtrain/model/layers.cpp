@@ -98,6 +98,10 @@ torch::Tensor Embedding::forward(const torch::Tensor& input_ids) {
   return access_.post_forward({"weight"}, tp->reduce_from_tp(local));
 }
 
+torch::Tensor Embedding::attend(const torch::Tensor& hidden) {
+  return access_.post_forward({"weight"}, at::linear(hidden, access_.unshard("weight", weight)));
+}
+
 RMSNorm::RMSNorm(int64_t hidden_size, double eps, ParamAccess access, bool tp_local_heads)
     : WeightedLayer({hidden_size}, std::move(access)), eps_(eps), tp_local_heads_(tp_local_heads) {}
 
@@ -117,6 +121,7 @@ Qwen2Attention::Qwen2Attention(const ModelConfig& c, const ParamAccess& access,
     : num_heads_(c.num_heads),
       num_key_value_heads_(c.num_kv_heads),
       head_dim_(c.head_dim),
+      sliding_window_(options.sliding_window),
       access_(access) {
   const int64_t q_width = c.num_heads * c.head_dim, kv_width = c.num_kv_heads * c.head_dim;
   q_proj =
@@ -167,14 +172,18 @@ torch::Tensor Qwen2Attention::forward(const torch::Tensor& x, const torch::Tenso
   // chunks take part too.
   const AttentionKernel kernel = attention_kernel_for(query.scalar_type(), query.device());
   ContextParallelHooks* cp = access_.context_parallel();
+  TORCH_CHECK(cp == nullptr || sliding_window_ == 0,
+              "attention: context parallelism has no sliding window (model.sliding_window ",
+              sliding_window_, "); validation refuses parallel.cp > 1 with it");
   if (MaxLogitRecorder* recorder = access_.max_logit_recorder()) {
     // QK-clip: query heads [tp_rank * heads, ...) of the model's num_heads_.
     const int64_t tp_rank = tp != nullptr ? tp->tp_rank() : 0;
     recorder->record(access_.prefix, num_heads_, tp_rank * heads,
-                     cp != nullptr ? cp->max_logits(query, key) : causal_max_logits(query, key));
+                     cp != nullptr ? cp->max_logits(query, key)
+                                   : causal_max_logits(query, key, {}, {}, sliding_window_));
   }
   auto attn_output = cp != nullptr ? cp->attention(query, key, value, kernel)
-                                   : causal_attention(query, key, value, kernel);
+                                   : causal_attention(query, key, value, kernel, sliding_window_);
   attn_output = attn_output.transpose(1, 2).reshape({bsz, q_len, heads * head_dim_});
   return o_proj->forward(attn_output);
 }

@@ -92,6 +92,11 @@ class Embedding : public WeightedLayer {
  public:
   Embedding(int64_t num_embeddings, int64_t embedding_dim, ParamAccess access);
   torch::Tensor forward(const torch::Tensor& input_ids);
+  // The tied output head (tie_word_embeddings): hidden W^T with this table as W, column-parallel
+  // under tp (hidden came through tp_block_input; the logits are this rank's vocabulary rows,
+  // the same rows the lookup holds). The table is materialized again for this use, so its
+  // gradient gets both uses' contributions, each reduced once.
+  torch::Tensor attend(const torch::Tensor& hidden);
 };
 
 // HF Qwen2RMSNorm: normalise in float32 (bf16 has too few mantissa bits for the mean of
@@ -116,6 +121,10 @@ struct AttentionOptions {
   bool qkv_bias = true;
   bool o_bias = false;
   bool qk_norm = false;  // registers self_attn.q_norm / k_norm, weight [head_dim]
+  // Sliding-window causal attention (HF Mistral): each position attends to the last
+  // sliding_window keys, itself included (attention.h); 0: every earlier key. Context
+  // parallelism's ring has no window: the forward refuses the combination (validation first).
+  int64_t sliding_window = 0;
 };
 
 // HF Qwen2Attention / LlamaAttention / Qwen3MoeAttention (eval, no cache): q/k/v projections,
@@ -138,6 +147,7 @@ class Qwen2Attention : public torch::nn::Module {
 
  private:
   int64_t num_heads_, num_key_value_heads_, head_dim_;  // the model's (all tp ranks')
+  int64_t sliding_window_;
   ParamAccess access_;
 };
 
@@ -223,18 +233,19 @@ void check_qwen2_input_ids(const char* label, const torch::Tensor& input_ids, in
 void validate_qwen2_common(const ModelConfig& c);
 
 // The causal-LM wrapper every Qwen2-family model shares (HF *ForCausalLM): the decoder stack
-// `Model` registered as "model", then the untied lm_head (HF's order, hence named_parameters()
-// order); forward's input checks and materializer casts around them; the roles of the parts
-// every family member has. Model(config, access, model_args...) has embed_tokens, layers (each
-// with self_attn, input_layernorm, post_attention_layernorm) and norm. A subclass adds its layers'
-// MLP roles and calls init_hf_weights once the tree is complete.
+// `Model` registered as "model", then lm_head (HF's order, hence named_parameters() order), or,
+// with tie_word_embeddings, no lm_head: the head is model.embed_tokens (Embedding::attend), one
+// parameter for both uses, as HF ties them; forward's input checks and materializer casts around
+// them; the roles of the parts every family member has. Model(config, access, model_args...) has
+// embed_tokens, layers (each with self_attn, input_layernorm, post_attention_layernorm) and norm. A
+// subclass adds its layers' MLP roles and calls init_hf_weights once the tree is complete.
 template <typename Model>
 class Qwen2FamilyForCausalLM : public CausalLM {
  public:
   const ModelConfig& config() const override { return config_; }
 
   std::shared_ptr<Model> model;
-  std::shared_ptr<Linear> lm_head;
+  std::shared_ptr<Linear> lm_head;  // null with tie_word_embeddings
 
  protected:
   // label names the model in forward's errors ("qwen2", "qwen2_moe", ...); model_args go to
@@ -246,9 +257,11 @@ class Qwen2FamilyForCausalLM : public CausalLM {
     model =
         register_module("model", std::make_shared<Model>(c, root.child("model"), model_args...));
     // Column-parallel under tp: the logits stay split over the vocabulary.
-    lm_head = register_module("lm_head",
-                              std::make_shared<Linear>(c.hidden_size, c.vocab_size, false,
-                                                       root.child("lm_head"), TpStyle::kColumn));
+    if (!c.tie_word_embeddings) {
+      lm_head = register_module("lm_head",
+                                std::make_shared<Linear>(c.hidden_size, c.vocab_size, false,
+                                                         root.child("lm_head"), TpStyle::kColumn));
+    }
   }
 
   // input_ids, checked to be int64 [batch, seq] with seq <= max_seq_len, as the stack takes it.
@@ -258,9 +271,11 @@ class Qwen2FamilyForCausalLM : public CausalLM {
     return materializer ? materializer->cast_forward_input(input_ids) : input_ids;
   }
 
-  // lm_head(hidden), in output_dtype where a materializer casts it.
+  // lm_head(hidden) (tied: embed_tokens.attend(hidden)), in output_dtype where a materializer
+  // casts it.
   torch::Tensor logits(const torch::Tensor& hidden) {
-    auto out = lm_head->forward(tp_block_input(ParamAccess{materializer_slot(), ""}, hidden));
+    const torch::Tensor input = tp_block_input(ParamAccess{materializer_slot(), ""}, hidden);
+    auto out = lm_head ? lm_head->forward(input) : model->embed_tokens->attend(input);
     const auto& materializer = parameter_materializer();
     return materializer ? materializer->cast_forward_output(out) : out;
   }
@@ -284,7 +299,7 @@ class Qwen2FamilyForCausalLM : public CausalLM {
       assign_tp_dim(p + "v_proj.", *attn.v_proj, 0);
       assign_tp_dim(p + "o_proj.", *attn.o_proj, 1, /*weight_only=*/true);
     }
-    assign_tp_dim("lm_head.", *lm_head, 0);
+    if (lm_head) assign_tp_dim("lm_head.", *lm_head, 0);
   }
 
   // A SwiGLU MLP under `prefix` (dense MLP, shared expert): gate/up column, down row.
@@ -315,7 +330,7 @@ class Qwen2FamilyForCausalLM : public CausalLM {
                         ParamRole::kNorm);
     }
     assign_param_role("model.norm.", *model->norm, ParamRole::kNorm);
-    assign_param_role("lm_head.", *lm_head, ParamRole::kOutputHead);
+    if (lm_head) assign_param_role("lm_head.", *lm_head, ParamRole::kOutputHead);
   }
 
   ModelConfig config_;

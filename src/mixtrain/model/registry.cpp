@@ -6,10 +6,12 @@
 #include "mixtrain/config/section.h"
 #include "mixtrain/core/error.h"
 #include "mixtrain/model/hf_config.h"
+#include "mixtrain/model/mistral.h"
 #include "mixtrain/model/moe_config.h"
 #include "mixtrain/model/qwen2.h"
 #include "mixtrain/model/qwen2_moe.h"
 #include "mixtrain/model/qwen3.h"
+#include "mixtrain/model/sliding_window_config.h"
 
 namespace mixtrain {
 namespace {
@@ -50,7 +52,7 @@ const std::vector<ModelEntry>& model_registry() {
   // One line per model; the first is the default model.name.
   static const std::vector<ModelEntry> models = {
       qwen2_moe::qwen2_moe_entry(), qwen2_moe::qwen3_moe_entry(), qwen2::qwen2_entry(),
-      qwen2::llama_entry(),         qwen3::qwen3_entry(),
+      qwen2::llama_entry(),         qwen3::qwen3_entry(),         mistral::mistral_entry(),
   };
   return models;
 }
@@ -64,6 +66,7 @@ void register_model_sections() {
       first = false;
     }
     register_moe_config_section();  // the routed-expert models' own keys
+    register_sliding_window_section();
     ConfigSectionSpec models;
     models.name = "model";
     models.check = check_rope_scaling;

@@ -36,10 +36,10 @@ using test_support::Tolerance;
 using test_support::tolerance_of;
 using test_support::unit_roundoff;
 
-Result run(AttentionKernel kernel, const Inputs& in) {
+Result run(AttentionKernel kernel, const Inputs& in, int64_t window = 0) {
   const auto q = in.q.detach().requires_grad_(), k = in.k.detach().requires_grad_(),
              v = in.v.detach().requires_grad_();
-  const auto out = causal_attention(q, k, v, kernel);
+  const auto out = causal_attention(q, k, v, kernel, window);
   if (kernel == AttentionKernel::kFlash) {
     // at::scaled_dot_product_attention may fall back to its math backend; this must not.
     EXPECT_NE(out.grad_fn()->name().find("FlashAttention"), std::string::npos)
@@ -98,6 +98,57 @@ TEST_P(AttentionAccuracy, BothKernelsMatchTheFloat64ReferenceWithinTheirBounds) 
 INSTANTIATE_TEST_SUITE_P(Dtypes, AttentionAccuracy,
                          ::testing::Values(torch::kFloat32, torch::kBFloat16, torch::kHalf),
                          [](const auto& info) { return std::string(c10::toString(info.param)); });
+
+// Sliding-window attention (window keys per query, itself included) against the float64 reference
+// with the band mask, within the same bounds as full causal attention (the band only removes
+// keys from each softmax, so every rounding argument of tolerance_of holds with fewer terms);
+// windows 1 (each position sees itself only), 5 and >= seq (plain causal, bitwise the same as
+// window 0).
+TEST(Attention, SlidingWindowMatchesTheReference) {
+  uint64_t seed = 100;
+  for (const auto dtype : {torch::kFloat32, torch::kBFloat16}) {
+    const double u = unit_roundoff(dtype);
+    for (const Shape& shape : kShapes) {
+      const Inputs in = make_inputs(shape, dtype, 1.0, seed++);
+      for (const int64_t window : {int64_t{1}, int64_t{5}}) {
+        const Reference ref = reference_attention(in, window);
+        for (AttentionKernel kernel : {AttentionKernel::kMath, AttentionKernel::kFlash}) {
+          const Result got = run(kernel, in, window);
+          const Tolerance tol = tolerance_of(kernel, shape, u, ref.sigma);
+          const std::string where = std::string(attention_kernel_name(kernel)) + " " +
+                                    c10::toString(dtype) + " S=" + std::to_string(shape.seq) +
+                                    " window " + std::to_string(window);
+          EXPECT_LE(error(got.out, ref.value.out, ref.magnitude.out), tol.out) << where;
+          EXPECT_LE(error(got.dq, ref.value.dq, ref.magnitude.dq), tol.dq) << where;
+          EXPECT_LE(error(got.dk, ref.value.dk, ref.magnitude.dk), tol.dk) << where;
+          EXPECT_LE(error(got.dv, ref.value.dv, ref.magnitude.dv), tol.dv) << where;
+        }
+      }
+      for (AttentionKernel kernel : {AttentionKernel::kMath, AttentionKernel::kFlash}) {
+        EXPECT_TRUE(torch::equal(run(kernel, in, shape.seq).out, run(kernel, in).out));
+      }
+    }
+  }
+}
+
+// QK-clip's statistic with a window: the max over the band only, against the reference's scores.
+TEST(AttentionMaxLogits, SlidingWindowTakesTheBandOnly) {
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(9);
+  const auto q = torch::randn({2, 4, 9, 8}, gen), k = torch::randn({2, 2, 9, 8}, gen);
+  const auto got = causal_max_logits(q, k, {}, {}, /*window=*/3);
+  const auto scores =
+      at::matmul(q.to(torch::kFloat64), repeat_kv(k, 2).to(torch::kFloat64).transpose(2, 3)) /
+      std::sqrt(8.0);
+  const auto hidden = torch::ones({9, 9}, torch::kBool)
+                          .triu(1)
+                          .logical_or(torch::ones({9, 9}, torch::kBool).tril(-3));
+  const auto expected =
+      std::get<0>(scores.masked_fill(hidden, -1e300).amax({2, 3}).max(0)).to(torch::kFloat32);
+  // float32 scores of 8-term dot products against float64: ~1e-6 relative; bound 1e-5.
+  EXPECT_TRUE(torch::allclose(got, expected, 1e-5, 1e-5)) << got << expected;
+  EXPECT_FALSE(torch::allclose(causal_max_logits(q, k), expected, 1e-5, 1e-5))
+      << "the band must matter on this case";
+}
 
 // The distributed tests compare runs whose ranks see other batch sizes (and may use other thread
 // counts) than the single process: the same bits regardless. One exception, of the math kernel in

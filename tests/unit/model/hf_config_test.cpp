@@ -220,7 +220,7 @@ TEST(HfConfig, RefusesEveryUnsupportedValueNamingFileAndField) {
     std::string says;
   };
   const std::vector<Case> cases = {
-      {&qwen2_moe, "tie_word_embeddings", true, "true is not supported"},
+      {&qwen2_moe, "tie_word_embeddings", "yes", "must be true or false, got \"yes\""},
       {&qwen2_moe, "hidden_act", "gelu", "\"gelu\" is not supported"},
       {&qwen2_moe, "use_sliding_window", true, "true is not supported"},
       {&qwen2_moe, "attention_dropout", 0.1, "is not supported"},
@@ -350,7 +350,8 @@ TEST(HfConfig, InitFromImpliesItsConfigJson) {
 // round trip in tests/tools/export_hf_command_test.cpp).
 TEST(HfConfig, WrittenConfigReadsBackAsTheSameModel) {
   TempDir dir;
-  for (const char* family : {"qwen2_moe", "qwen3_moe", "qwen2", "llama", "qwen3", "llama3"}) {
+  for (const char* family : {"qwen2_moe", "qwen3_moe", "qwen2", "llama", "qwen3", "llama3",
+                             "qwen2_tied", "llama_tied"}) {
     const ModelConfig original =
         read_hf_config(write_json(dir, "in.json", transformers_config(dir, family))).model;
     const ModelConfig back =
@@ -379,7 +380,31 @@ TEST(HfConfig, WrittenConfigReadsBackAsTheSameModel) {
     EXPECT_EQ(moe_config(back).router_aux_loss_coef, moe_config(original).router_aux_loss_coef);
     EXPECT_EQ(back.attention_bias, original.attention_bias);
     EXPECT_EQ(moe_config(back).norm_topk_prob, moe_config(original).norm_topk_prob);
+    EXPECT_EQ(back.tie_word_embeddings, original.tie_word_embeddings);
+    EXPECT_EQ(original.tie_word_embeddings, std::string(family).find("_tied") != std::string::npos)
+        << family;
   }
+}
+
+// tie_word_embeddings as transformers writes it (true for the tied families, false otherwise)
+// and absent (every supported family's config class defaults to false).
+TEST(HfConfig, TieWordEmbeddingsFromTheFileOrFalse) {
+  TempDir dir;
+  const auto origin = [](const HfModelConfig& hf) {
+    for (const HfField& f : hf.fields)
+      if (f.key == "model.tie_word_embeddings") return f.hf_field;
+    return std::string("(absent)");
+  };
+  const HfModelConfig tied =
+      read_hf_config(write_json(dir, "t.json", transformers_config(dir, "qwen2_tied")));
+  EXPECT_TRUE(tied.model.tie_word_embeddings);
+  EXPECT_EQ(origin(tied), "tie_word_embeddings");
+  json untied = transformers_config(dir, "llama");
+  EXPECT_FALSE(read_hf_config(write_json(dir, "u.json", untied)).model.tie_word_embeddings);
+  untied.erase("tie_word_embeddings");
+  const HfModelConfig absent = read_hf_config(write_json(dir, "a.json", untied));
+  EXPECT_FALSE(absent.model.tie_word_embeddings);
+  EXPECT_EQ(origin(absent), "default: false");
 }
 
 }  // namespace MIXTRAIN_FILE_LOCAL

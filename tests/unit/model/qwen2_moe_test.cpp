@@ -585,6 +585,19 @@ TEST(Qwen2Moe, LogitsLossAndGradientsMatchTransformers) {
   test_support::expect_hf_parity(r, "qwen2_moe");
 }
 
+// Tied embeddings on a routed-expert model (Qwen3-30B-A3B is untied; the path is the shared
+// wrapper's, so one MoE case covers it): no lm_head.weight, the embedding's gradient sums both
+// uses; tolerances as above.
+TEST(Qwen3Moe, TiedEmbeddingsMatchTransformers) {
+  auto c = tiny_qwen3_moe(/*attention_bias=*/false, /*norm_topk_prob=*/true);
+  c.tie_word_embeddings = true;
+  moe_config(c).router_aux_loss_coef = 0.05;
+  const auto r = test_support::run_hf_parity(c, 23, 2, 13);
+  if (HasFailure()) return;
+  EXPECT_EQ(r.grads.count("lm_head.weight"), 0u);
+  test_support::expect_hf_parity(r, "qwen3_moe (tied embeddings)");
+}
+
 TEST(Qwen3Moe, LogitsLossAndGradientsMatchTransformers) {
   // HF's defaults (no attention bias, no renormalisation), then both switched on.
   for (const bool on : {false, true}) {

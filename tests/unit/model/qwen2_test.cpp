@@ -245,6 +245,34 @@ TEST(Llama, LogitsLossAndGradientsMatchTransformers) {
   }
 }
 
+// Tied embeddings (Qwen2.5-0.5B, Llama-3.2-1B): no lm_head.weight; the head is the embedding, and
+// HF's gradient of model.embed_tokens.weight (one tensor in HF too) sums the lookup's and the
+// head's. The same tolerances as untied: the head's gradient adds one more [N, V] x [N, H]
+// product to the embedding's, the same order of rounding as lm_head's own.
+TEST(Qwen2, TiedEmbeddingsMatchTransformers) {
+  ModelConfig c = tiny_dense();
+  c.tie_word_embeddings = true;
+  const auto model = build_model(c, 3);
+  bool head = false, embedding = false;
+  for (const auto& item : model->named_parameters()) {
+    head |= item.key() == "lm_head.weight";
+    embedding |= item.key() == "model.embed_tokens.weight";
+  }
+  EXPECT_FALSE(head) << "a tied model has no lm_head.weight";
+  EXPECT_TRUE(embedding);
+  const auto r = test_support::run_hf_parity(c, 14, 2, 13);
+  if (HasFailure()) return;
+  test_support::expect_hf_parity(r, "qwen2 (tied embeddings)");
+}
+
+TEST(Llama, TiedEmbeddingsMatchTransformers) {
+  ModelConfig c = tiny_llama(false);
+  c.tie_word_embeddings = true;
+  const auto r = test_support::run_hf_parity(c, 15, 2, 13);
+  if (HasFailure()) return;
+  test_support::expect_hf_parity(r, "llama (tied embeddings)");
+}
+
 // tiny_llama with Llama 3.1's rope scaling factors and the original context shrunk to 100.
 ModelConfig tiny_llama3() {
   auto c = tiny_llama(false);

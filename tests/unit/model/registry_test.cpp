@@ -78,8 +78,9 @@ TEST(ModelRegistry, UnknownNameIsAConfigErrorNamingTheKey) {
     build_model(c, 1);
   } catch (const ConfigError& e) {
     EXPECT_EQ(e.key(), "model.name");
-    EXPECT_EQ(e.problem(),
-              "unknown model 'llama_moe' (known: qwen2_moe, qwen3_moe, qwen2, llama, qwen3)");
+    EXPECT_EQ(
+        e.problem(),
+        "unknown model 'llama_moe' (known: qwen2_moe, qwen3_moe, qwen2, llama, qwen3, mistral)");
   }
 }
 

@@ -108,6 +108,8 @@ std::vector<LeafSpec> build_leaves() {
       MIXTRAIN_LEAF("train.eval_every", train.eval_every),
       MIXTRAIN_LEAF("train.profile", train.profile),
       MIXTRAIN_LEAF("train.cpu_allocator", train.cpu_allocator),
+      MIXTRAIN_LEAF("train.activation_checkpointing", train.activation_checkpointing),
+      MIXTRAIN_LEAF("train.activation_checkpointing_every", train.activation_checkpointing_every),
       MIXTRAIN_LEAF("train.lr_scheduler.warmup_steps", train.lr_scheduler.warmup_steps),
       MIXTRAIN_LEAF("train.lr_scheduler.decay", train.lr_scheduler.decay),
       MIXTRAIN_LEAF("train.lr_scheduler.min_lr_ratio", train.lr_scheduler.min_lr_ratio),

@@ -1,5 +1,6 @@
 #include "mixtrain/config/toml_front_end.h"
 
+#include <cstdlib>
 #include <map>
 #include <set>
 
@@ -51,6 +52,9 @@ const std::vector<std::pair<std::string, std::string>>& renamed_keys() {
         {"validation.steps", "data.eval_batches"},
         // torchtitan's switch for its profiler; here it turns on the per-phase step timing.
         {"profiling.enable_profiling", "train.profile"},
+        // torchtitan's [activation_checkpoint]: mode none | full | selective (its
+        // selective_ac_option, the layer count, is translated below).
+        {"activation_checkpoint.mode", "train.activation_checkpointing"},
     };
     // [model] takes our model keys unchanged.
     for (const LeafSpec& spec : canonical_leaves()) {
@@ -74,10 +78,15 @@ const std::vector<std::pair<std::string, std::string>>& renamed_keys() {
 const std::vector<std::string>& special_keys() {
   static const std::vector<std::string> keys = [] {
     std::vector<std::string> result = {
-        "job.dump_folder",          "job.description",
-        "job.custom_config_module", "training.global_batch_size",
-        "checkpoint.enable",        "checkpoint.folder",
-        "checkpoint.async_mode",    "checkpoint.initial_load_model_only",
+        "job.dump_folder",
+        "job.description",
+        "job.custom_config_module",
+        "training.global_batch_size",
+        "checkpoint.enable",
+        "checkpoint.folder",
+        "checkpoint.async_mode",
+        "checkpoint.initial_load_model_only",
+        "activation_checkpoint.selective_ac_option",
     };
     for (const ConfigSectionSpec& section : config_sections()) {
       result.insert(result.end(), section.toml_keys.begin(), section.toml_keys.end());
@@ -217,6 +226,24 @@ void translate_training_and_checkpoint(const GivenKeys& given, TrainerConfig& co
     config.checkpoint.async = mode != "disabled";
     record(provenance, "checkpoint.async", given.source("checkpoint.async_mode"),
            "checkpoint.async_mode");
+  }
+  // torchtitan's selective_ac_option: a layer count ("2": every 2nd block), or "op" (per-op
+  // selection by a save list, which mixtrain does not have).
+  if (const DocValue* v = given.find("activation_checkpoint.selective_ac_option")) {
+    const Where where = given.where("activation_checkpoint.selective_ac_option");
+    const std::string option = read_string(*v, where);
+    char* end = nullptr;
+    const long long every = std::strtoll(option.c_str(), &end, 10);
+    if (option.empty() || *end != '\0' || every < 1) {
+      throw_config_error(where,
+                         "must be a layer count >= 1 such as '2' (op-level selection, "
+                         "'op', is not supported), got '" +
+                             option + "'");
+    }
+    config.train.activation_checkpointing_every = every;
+    record(provenance, "train.activation_checkpointing_every",
+           given.source("activation_checkpoint.selective_ac_option"),
+           "activation_checkpoint.selective_ac_option");
   }
   if (const DocValue* v = given.find("checkpoint.initial_load_model_only")) {
     config.checkpoint.restore_optimizer =

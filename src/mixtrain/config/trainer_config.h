@@ -87,6 +87,11 @@ struct TrainConfig {
   // Where CPU tensor buffers come from: "caching" keeps freed buffers for reuse
   // (core/caching_cpu_allocator.h), "system" is LibTorch's default (glibc malloc).
   std::string cpu_allocator = "caching";
+  // Recompute decoder layers in backward instead of keeping their activations: "none", "full"
+  // (every layer) or "selective" (every activation_checkpointing_every-th layer, counted from 1
+  // as torchtitan does). Loss and gradients are bitwise the same as "none".
+  std::string activation_checkpointing = "none";
+  int64_t activation_checkpointing_every = 2;
   LrSchedulerConfig lr_scheduler;
 };
 

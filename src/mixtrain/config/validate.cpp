@@ -203,6 +203,17 @@ void check_train_and_checkpoint(const Checker& check, const TrainerConfig& c) {
   check.one_of("train.lr_scheduler.decay", c.train.lr_scheduler.decay,
                {"constant", "linear", "cosine"});
   check.one_of("train.cpu_allocator", c.train.cpu_allocator, {"caching", "system"});
+  check.one_of("train.activation_checkpointing", c.train.activation_checkpointing,
+               {"none", "full", "selective"});
+  check.positive("train.activation_checkpointing_every",
+                 static_cast<double>(c.train.activation_checkpointing_every));
+  if (c.train.activation_checkpointing != "selective" &&
+      check.was_set("train.activation_checkpointing_every")) {
+    check.fail("train.activation_checkpointing_every",
+               "applies only with " + check.key("train.activation_checkpointing") +
+                   ": selective (it is " + c.train.activation_checkpointing +
+                   "); remove it or select layers");
+  }
   const double min_ratio = c.train.lr_scheduler.min_lr_ratio;
   if (!(min_ratio >= 0 && min_ratio <= 1)) {
     check.fail_value("train.lr_scheduler.min_lr_ratio", "must be in [0, 1]");

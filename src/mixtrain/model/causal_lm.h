@@ -184,6 +184,12 @@ class CausalLM : public torch::nn::Module {
   }
   // QK-clip: while installed, every attention forward records its heads' max logits into it
   // (max_logit_recorder.h); nullptr (the default) records nothing.
+  // Activation checkpointing (train.activation_checkpointing, model/recompute.h): every
+  // `every`-th decoder layer (recomputes_layer; 0 none, 1 all) keeps only its input in forward
+  // and recomputes itself in backward. Loss and gradients are bitwise the same.
+  void set_activation_checkpointing(int64_t every) { recompute_every_ = every; }
+  int64_t activation_checkpointing() const { return recompute_every_; }
+
   void set_max_logit_recorder(std::shared_ptr<MaxLogitRecorder> recorder) {
     *recorder_ = std::move(recorder);
   }
@@ -209,6 +215,7 @@ class CausalLM : public torch::nn::Module {
 
  private:
   MaterializerSlot materializer_ = std::make_shared<std::shared_ptr<ParameterMaterializer>>();
+  int64_t recompute_every_ = 0;  // activation checkpointing (set_activation_checkpointing)
   RecorderSlot recorder_ = std::make_shared<std::shared_ptr<MaxLogitRecorder>>();
   ParamRoles roles_;
   std::map<std::string, int64_t> tp_dims_;  // absent: -1

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "mixtrain/model/layers.h"
+#include "mixtrain/model/recompute.h"
 
 namespace mixtrain::qwen2 {
 namespace {
@@ -58,11 +59,23 @@ class Qwen2Model : public torch::nn::Module {
         "norm", std::make_shared<RMSNorm>(c.hidden_size, c.rms_norm_eps, access.child("norm")));
   }
 
-  // input_ids [B, S] -> final hidden states [B, S, H]
-  torch::Tensor forward(const torch::Tensor& input_ids) {
+  // input_ids [B, S] -> final hidden states [B, S, H]; the layers recomputes_layer(i,
+  // recompute_every) picks are recomputed in backward (recompute.h).
+  torch::Tensor forward(const torch::Tensor& input_ids, int64_t recompute_every) {
     auto [cos, sin] = rotary_(input_ids, config_, access_);
     auto h = embed_tokens->forward(input_ids);
-    for (auto& layer : layers) h = layer->forward(h, cos, sin);
+    for (size_t i = 0; i < layers.size(); ++i) {
+      Qwen2DecoderLayer& layer = *layers[i];
+      if (!recomputes_layer(static_cast<int64_t>(i), recompute_every)) {
+        h = layer.forward(h, cos, sin);
+        continue;
+      }
+      h = recompute_in_backward(
+          [&layer, cos = cos, sin = sin](const std::vector<torch::Tensor>& in) {
+            return std::vector<torch::Tensor>{layer.forward(in[0], cos, sin)};
+          },
+          {h})[0];
+    }
     return norm->forward(h);
   }
 
@@ -93,7 +106,7 @@ class Qwen2ForCausalLM : public Qwen2FamilyForCausalLM<Qwen2Model> {
 
   CausalLMOutput forward(const torch::Tensor& input_ids) override {
     CausalLMOutput out;
-    out.logits = logits(model->forward(model_input(input_ids)));
+    out.logits = logits(model->forward(model_input(input_ids), activation_checkpointing()));
     out.aux_loss = torch::zeros({}, out.logits.options().dtype(torch::kFloat32));  // no router
     return out;
   }

@@ -11,6 +11,7 @@
 
 #include "mixtrain/model/layers.h"
 #include "mixtrain/model/moe_config.h"
+#include "mixtrain/model/recompute.h"
 #include "mixtrain/model/routed_experts.h"
 
 namespace mixtrain::qwen2_moe {
@@ -225,15 +226,30 @@ class Qwen2MoeModel : public torch::nn::Module {
   }
 
   // -> (final hidden states [B, S, H], router logits of every layer)
-  std::pair<torch::Tensor, std::vector<torch::Tensor>> forward(const torch::Tensor& input_ids) {
+  // The layers recomputes_layer(i, recompute_every) picks are recomputed in backward
+  // (recompute.h), router logits included.
+  std::pair<torch::Tensor, std::vector<torch::Tensor>> forward(const torch::Tensor& input_ids,
+                                                               int64_t recompute_every) {
     auto [cos, sin] = rotary_(input_ids, config_, access_);
     auto h = embed_tokens->forward(input_ids);
     std::vector<torch::Tensor> router_logits;
     router_logits.reserve(layers.size());
-    for (auto& layer : layers) {
-      auto [out, logits] = layer->forward(h, cos, sin);
-      h = out;
-      router_logits.push_back(logits);
+    for (size_t i = 0; i < layers.size(); ++i) {
+      Qwen2MoeDecoderLayer& layer = *layers[i];
+      if (!recomputes_layer(static_cast<int64_t>(i), recompute_every)) {
+        auto [out, logits] = layer.forward(h, cos, sin);
+        h = out;
+        router_logits.push_back(logits);
+        continue;
+      }
+      auto outs = recompute_in_backward(
+          [&layer, cos = cos, sin = sin](const std::vector<torch::Tensor>& in) {
+            auto [out, logits] = layer.forward(in[0], cos, sin);
+            return std::vector<torch::Tensor>{out, logits};
+          },
+          {h});
+      h = outs[0];
+      router_logits.push_back(outs[1]);
     }
     return {norm->forward(h), std::move(router_logits)};
   }
@@ -273,7 +289,8 @@ class Qwen2MoeForCausalLM : public Qwen2FamilyForCausalLM<Qwen2MoeModel> {
   }
 
   CausalLMOutput forward(const torch::Tensor& input_ids) override {
-    auto [hidden, router_logits] = model->forward(model_input(input_ids));
+    auto [hidden, router_logits] =
+        model->forward(model_input(input_ids), activation_checkpointing());
     CausalLMOutput out;
     // Only the logits take output_dtype: the aux loss stays float32 (contract above).
     out.logits = logits(hidden);

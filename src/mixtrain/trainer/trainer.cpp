@@ -250,6 +250,11 @@ BuiltModel build_training_model(const TrainerConfig& config, const DeviceMesh& m
   BuiltModel built;
   built.model = build_model(config.model, config.train.seed);
   apply_model_init_dtype(*built.model, model_dtype);
+  const std::string& ac = config.train.activation_checkpointing;
+  built.model->set_activation_checkpointing(ac == "full" ? 1
+                                            : ac == "selective"
+                                                ? config.train.activation_checkpointing_every
+                                                : 0);
   if (!mesh.device.is_cpu()) built.model->to(mesh.device);
   if (mesh.rank == 0) log_info(format_model_config_block(config.model));
   // The parallelisms, as ordered steps (distributed/parallelize.h): TP, CP, EP, then

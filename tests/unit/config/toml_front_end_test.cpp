@@ -96,6 +96,24 @@ TEST(TomlFrontEndTest, MatchRmsIgnoresMuonLrWithAWarning) {
             std::string::npos);
 }
 
+// torchtitan's [activation_checkpoint]: mode renamed, selective_ac_option's layer count parsed
+// from its string, "op" refused naming the key.
+TEST(TomlFrontEndTest, ActivationCheckpointSection) {
+  EXPECT_EQ(translate_text("").config.train.activation_checkpointing, "none");
+  const Translated t = translate_text(
+      "[activation_checkpoint]\nmode = \"selective\"\nselective_ac_option = \"3\"\n");
+  EXPECT_EQ(t.config.train.activation_checkpointing, "selective");
+  EXPECT_EQ(t.config.train.activation_checkpointing_every, 3);
+  EXPECT_EQ(t.provenance.source("train.activation_checkpointing_every"), ValueSource::kFile);
+  for (const char* bad : {"op", "0", "2x", ""}) {
+    const std::string message =
+        error_of(std::string("[activation_checkpoint]\nselective_ac_option = \"") + bad + "\"\n");
+    EXPECT_NE(message.find("activation_checkpoint.selective_ac_option: must be a layer count"),
+              std::string::npos)
+        << message;
+  }
+}
+
 TEST(TomlFrontEndTest, MuonCommunicationDtype) {
   EXPECT_EQ(muon_config(translate_text("").config).options.communication_dtype(), at::kBFloat16);
   const Translated t = translate_text("[optimizer]\nmuon_communication_dtype = \"float32\"\n");

@@ -274,6 +274,19 @@ TEST(ValidateTest, RopeScaling) {
   });
 }
 
+TEST(ValidateTest, ActivationCheckpointing) {
+  expect_refused({
+      {"c.yaml", "train:\n  activation_checkpointing: some\n",
+       "train.activation_checkpointing: must be one of none, full, selective, got 'some'"},
+      {"c.yaml",
+       "train:\n  activation_checkpointing: selective\n  activation_checkpointing_every: 0\n",
+       "train.activation_checkpointing_every: must be > 0, got 0"},
+      {"c.yaml", "train:\n  activation_checkpointing: full\n  activation_checkpointing_every: 3\n",
+       "train.activation_checkpointing_every: applies only with train.activation_checkpointing: "
+       "selective (it is full); remove it or select layers"},
+  });
+}
+
 TEST(ValidateTest, DistributedTimeout) {
   EXPECT_EQ(yaml_error("distributed:\n  timeout_s: 0\n"),
             "distributed.timeout_s: must be > 0, got 0");

@@ -11,18 +11,18 @@
 //   model.layers.N.mlp.{gate,up}_proj.weight                  [I, H]
 //   model.layers.N.mlp.down_proj.weight                       [H, I]
 //   model.layers.N.{input,post_attention}_layernorm.weight    [H]
-//   model.norm.weight [H], lm_head.weight [vocab, H]
-// Embeddings are untied (HF tie_word_embeddings = false, as Qwen2-7B and larger); the tied
-// variants (Qwen2-0.5B/1.5B) are not offered. No sliding window (HF use_sliding_window = false,
-// the default), no dropout. Numerics as qwen2_moe.h: RMSNorm in float32 and cast back, rotary
-// tables in float32, attention softmax in float32; the MLP is SwiGLU. No router: aux_loss = 0.
-// Parameter roles (core/param_role.h): embed_tokens kEmbedding, self_attn.{q,k,v,o}_proj
-// kAttention{Query,Key,Value,Output}, mlp kMlp, norms
-// kNorm, lm_head kOutputHead; no kExpert, so expert parallelism does not apply. Tensor
+//   model.norm.weight [H], lm_head.weight [vocab, H] (none with model.tie_word_embeddings: the
+//   head is then model.embed_tokens, as in Qwen2.5-0.5B/1.5B/3B; layers.h)
+// No sliding window (HF use_sliding_window = false, the default), no dropout. Numerics as
+// qwen2_moe.h: RMSNorm in float32 and cast back, rotary tables in float32, attention softmax in
+// float32; the MLP is SwiGLU. No router: aux_loss = 0. Parameter roles (core/param_role.h):
+// embed_tokens kEmbedding, self_attn.{q,k,v,o}_proj kAttention{Query,Key,Value,Output}, mlp kMlp,
+// norms kNorm, lm_head kOutputHead; no kExpert, so expert parallelism does not apply. Tensor
 // parallelism (Megatron): embed_tokens and lm_head split over the vocabulary, q/k/v and
 // mlp.{gate,up}_proj column-, o_proj and mlp.down_proj row-parallel, norms whole.
 // Model keys they read: vocab_size, hidden_size, num_layers, num_heads, num_kv_heads, head_dim,
-// intermediate_size, max_seq_len, rope_theta, rms_norm_eps, attention_bias (docs/config.md).
+// intermediate_size, max_seq_len, rope_theta, rms_norm_eps, attention_bias, tie_word_embeddings
+// (docs/config.md).
 #pragma once
 
 #include <cstdint>

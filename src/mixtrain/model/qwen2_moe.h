@@ -22,7 +22,7 @@
 //   model.layers.N.mlp.shared_expert.down_proj.weight       [H, S]   (qwen2_moe)
 //   model.layers.N.mlp.shared_expert_gate.weight            [1, H]   (qwen2_moe)
 //   model.layers.N.{input,post_attention}_layernorm.weight  [H]
-//   model.norm.weight [H], lm_head.weight [vocab, H] (untied)
+//   model.norm.weight [H], lm_head.weight [vocab, H] (none when tied)
 // The experts are stored as 3-D tensors (the layout of current HF and of expert parallelism);
 // the model has no buffers: rotary cos/sin are computed per forward in float32 (HF keeps inv_freq
 // as a non-persistent buffer, which LibTorch cannot mark as such, and which would be rounded to

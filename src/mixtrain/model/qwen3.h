@@ -2,10 +2,10 @@
 // with per-head RMSNorm on queries and keys (self_attn.q_norm / k_norm, weight [head_dim],
 // applied before rotary, as Qwen3-MoE's) and q/k/v/o biases only with attention_bias (HF's
 // default false). The MLP is SwiGLU without biases; no sliding window (HF use_sliding_window
-// false, every layer_types entry full_attention); untied embeddings (tie_word_embeddings false).
-// Parameter roles, tensor parallelism and numerics as qwen2.h (the q/k norms are kNorm, whole on
-// every tp rank). Its per-head q/k norms make QK-clip meaningless (ModelSection::qk_norm).
-// Model keys it reads: those of qwen2.h.
+// false, every layer_types entry full_attention); embeddings untied or tied
+// (model.tie_word_embeddings, as Qwen3-0.6B/1.7B/4B). Parameter roles, tensor parallelism and
+// numerics as qwen2.h (the q/k norms are kNorm, whole on every tp rank). Its per-head q/k norms
+// make QK-clip meaningless (ModelSection::qk_norm). Model keys it reads: those of qwen2.h.
 #pragma once
 
 #include <cstdint>

@@ -3,10 +3,10 @@
 // The norm is computed in double from the vectorized sum-of-squares kernel
 // (kernels/sum_of_squares_kernel.h, dispatched on cpu_capability()): float32, bfloat16 and
 // float16 CPU tensors take the kernel; such tensors on a CUDA device take its deterministic CUDA
-// twin (cuda_elementwise.h: one pass, a device sum, read back once as this API returns a double,
-// the value the trainer logs); any other tensor (float64, a second CUDA device) is summed by ATen
-// in double. Undefined tensors are skipped; non-contiguous ones are made contiguous for the norm.
-// The result is bit-identical for any thread count and from run to run.
+// twin (sum_of_squares_fused.h: one pass, a device sum, read back once as this API returns a
+// double, the value the trainer logs); any other tensor (float64, a second CUDA device) is summed
+// by ATen in double. Undefined tensors are skipped; non-contiguous ones are made contiguous for the
+// norm. The result is bit-identical for any thread count and from run to run.
 #pragma once
 
 #include <ATen/core/Tensor.h>

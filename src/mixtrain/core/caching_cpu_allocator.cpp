@@ -162,16 +162,18 @@ std::string format_cpu_allocator_stats(const CachingCpuAllocatorStats& stats) {
   const int64_t requests = stats.hits + stats.misses;
   const int64_t held = stats.live_bytes + stats.cached_bytes;
   char line[320];
-  std::snprintf(line, sizeof(line),
-                "cpu allocator (caching): %.1f%% of %lld requests >= %zu KiB reused; holds %.1f "
-                "MiB (live %.1f + cached %.1f), %.2fx its peak of live buffers; released %.1f MiB",
-                requests > 0 ? 100.0 * static_cast<double>(stats.hits) / requests : 0.0,
-                static_cast<long long>(requests), CachingCpuAllocator::kMinCachedBytes / 1024,
-                mib(held), mib(stats.live_bytes), mib(stats.cached_bytes),
-                stats.peak_live_bytes > 0
-                    ? static_cast<double>(held) / static_cast<double>(stats.peak_live_bytes)
-                    : 0.0,
-                mib(stats.released_bytes));
+  std::snprintf(
+      line, sizeof(line),
+      "cpu allocator (caching): %.1f%% of %lld requests >= %zu KiB reused; holds %.1f "
+      "MiB (live %.1f + cached %.1f), %.2fx its peak of live buffers (%.1f MiB); released "
+      "%.1f MiB",
+      requests > 0 ? 100.0 * static_cast<double>(stats.hits) / requests : 0.0,
+      static_cast<long long>(requests), CachingCpuAllocator::kMinCachedBytes / 1024, mib(held),
+      mib(stats.live_bytes), mib(stats.cached_bytes),
+      stats.peak_live_bytes > 0
+          ? static_cast<double>(held) / static_cast<double>(stats.peak_live_bytes)
+          : 0.0,
+      mib(stats.peak_live_bytes), mib(stats.released_bytes));
   return line;
 }
 

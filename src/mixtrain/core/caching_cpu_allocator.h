@@ -79,7 +79,8 @@ class CachingCpuAllocator final : public c10::Allocator {
 };
 
 // One log line: "cpu allocator (caching): 97.2% of 26922 requests >= 64 KiB reused; holds 893.1
-// MiB (live 443.6 + cached 449.5), 1.19x its peak of live buffers; released 1019.0 MiB".
+// MiB (live 443.6 + cached 449.5), 1.19x its peak of live buffers (750.5 MiB); released 1019.0
+// MiB".
 std::string format_cpu_allocator_stats(const CachingCpuAllocatorStats& stats);
 
 // Makes CachingCpuAllocator::instance() LibTorch's CPU allocator (idempotent). Call before the

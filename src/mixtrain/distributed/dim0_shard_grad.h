@@ -9,9 +9,18 @@
 // float32 on the wire and in the sums whatever the compute dtype: Gloo cannot reduce bfloat16,
 // and the fp32 main_grad wants the unrounded sum (fp32-main-params §8.1). Collective over both
 // groups; the result is a new contiguous tensor.
+//
+// A gradient whose float32 wire form (shards x chunk_rows rows) exceeds `block_bytes` is
+// reduce-scattered in blocks of rows: call b carries rows [b k, (b + 1) k) of every rank's
+// chunk, so the float32 copy and the receive buffer hold one block, not the whole parameter (a
+// 151,936 x 2048 output head on 2 ranks: 2 x 64 MiB instead of 2 x 1.2 GiB). Every element is
+// still the sum of the same terms in rank order (Gloo), so the result is the same bits; every
+// rank makes the same calls, as the block size depends on shapes only.
 #pragma once
 
 #include <ATen/core/Tensor.h>
+
+#include <cstdint>
 
 #include "mixtrain/core/collectives.h"
 #include "mixtrain/distributed/shard_layout.h"
@@ -19,6 +28,7 @@
 namespace mixtrain {
 
 at::Tensor reduce_dim0_shard_grad(const at::Tensor& full_grad, const ShardLayout& layout,
-                                  Collectives& shard_group, Collectives& replicate_group);
+                                  Collectives& shard_group, Collectives& replicate_group,
+                                  int64_t block_bytes = int64_t{64} << 20);
 
 }  // namespace mixtrain

@@ -2,8 +2,11 @@
 
 #include <ATen/ATen.h>
 #include <c10/core/GradMode.h>
+#include <torch/csrc/autograd/function_hook.h>
+#include <torch/csrc/autograd/variable.h>
 
 #include <map>
+#include <memory>
 #include <set>
 #include <sstream>
 #include <stdexcept>
@@ -15,7 +18,27 @@
 #include "mixtrain/core/text.h"
 
 namespace mixtrain {
-namespace {}  // namespace
+namespace {
+
+// main_grad += param.grad (float32), then param.grad = undefined: run by autograd right after
+// it accumulated the param's gradient (torch's register_post_accumulate_grad_hook).
+class MainGradHook : public torch::autograd::PostAccumulateGradHook {
+ public:
+  MainGradHook(TrainingOptimizer* optimizer, std::string name)
+      : optimizer_(optimizer), name_(std::move(name)) {}
+  void operator()(const torch::autograd::Variable& param) override {
+    if (!param.grad().defined()) return;
+    c10::NoGradGuard no_grad;
+    optimizer_->accumulate_main_grad(name_, param.grad());
+    param.mutable_grad().reset();
+  }
+
+ private:
+  TrainingOptimizer* optimizer_;
+  std::string name_;
+};
+
+}  // namespace
 
 MixedPrecisionOptimizer::MixedPrecisionOptimizer(std::unique_ptr<ChainedOptimizer> chained,
                                                  DynamicLossScalerOptions scaler_options)
@@ -90,6 +113,22 @@ at::Tensor& MixedPrecisionOptimizer::main_grad(const std::string& name) {
 void MixedPrecisionOptimizer::accumulate_main_grad(const std::string& name,
                                                    const at::Tensor& grad) {
   chained_->accumulate_main_grad(name, grad);
+}
+
+void MixedPrecisionOptimizer::accumulate_model_grads_in_backward() {
+  for (const auto& name : low_precision_names_) {
+    const at::Tensor& model = chained_->model_param(name);
+    if (!model.requires_grad()) continue;
+    torch::autograd::impl::set_post_acc_grad_hooks(model,
+                                                   std::make_unique<MainGradHook>(this, name));
+    hooked_.push_back(model);
+  }
+}
+
+MixedPrecisionOptimizer::~MixedPrecisionOptimizer() {
+  for (const at::Tensor& model : hooked_) {
+    torch::autograd::impl::post_acc_grad_hooks(model).reset();
+  }
 }
 
 void MixedPrecisionOptimizer::accumulate_model_grads() {

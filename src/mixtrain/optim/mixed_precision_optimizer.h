@@ -72,6 +72,8 @@ class MixedPrecisionOptimizer : public TrainingOptimizer {
   at::Tensor& main_grad(const std::string& name) override;
   void accumulate_main_grad(const std::string& name, const at::Tensor& grad) override;
   void accumulate_model_grads() override;
+  void accumulate_model_grads_in_backward() override;
+  ~MixedPrecisionOptimizer() override;
   double loss_scale() const override { return scaler_ ? scaler_->scale() : 1.0; }
   void prepare_grads() override;
   std::vector<at::Tensor> grads_for_clipping() override;
@@ -93,7 +95,8 @@ class MixedPrecisionOptimizer : public TrainingOptimizer {
   std::vector<std::vector<at::Tensor>> fp32_from_float16_groups_;
   std::vector<std::vector<at::Tensor>> fp32_from_fp32_groups_;
   std::unique_ptr<DynamicLossScaler> scaler_;
-  bool found_inf_ = false;  // set by prepare_grads, consumed by step_with_ready_grads
+  bool found_inf_ = false;          // set by prepare_grads, consumed by step_with_ready_grads
+  std::vector<at::Tensor> hooked_;  // model params given a MainGradHook (removed on destruction)
 };
 
 }  // namespace mixtrain

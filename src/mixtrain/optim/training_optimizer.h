@@ -51,6 +51,13 @@ class TrainingOptimizer : public MainGradSink {
   // fp32_main_params: for each param with a .grad: main_grad += grad (in float32), then
   // .grad = undefined. The plain chain leaves .grad where it is (no-op).
   virtual void accumulate_model_grads() = 0;
+  // fp32_main_params: from now on each low-precision model param's .grad goes into main_grad as
+  // soon as autograd has accumulated it (a post-accumulate-grad hook, Megatron's main_grad
+  // accumulation), so backward never holds every param's 16-bit gradient at once; .grad stays
+  // undefined after backward. Same bits as accumulate_model_grads() after backward while each
+  // param's gradient is accumulated once per backward. Undone when the optimizer is destroyed.
+  // The trainer opts in; a user's own loop that reads .grad does not. The plain chain: no-op.
+  virtual void accumulate_model_grads_in_backward() {}
   // 1.0 except with float16 dynamic loss scaling; the trainer multiplies the loss by it.
   virtual double loss_scale() const = 0;
   // fp32-main-params §8.2 prepare_grads (+ unscale and inf/nan check for float16).

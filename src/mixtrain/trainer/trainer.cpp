@@ -297,6 +297,9 @@ Trainer::Trainer(const ResolvedConfig& resolved, const DeviceMesh& mesh, const s
   model_ = std::move(built.model);
   sharded_ = std::move(built.sharded);
   optimizer_ = build_optimizer(named_parameters_of(*model_), config, model_->param_roles());
+  // Without FSDP the model's 16-bit .grad goes into the float32 main_grad param by param during
+  // backward, not all at once after it (FSDP delivers main_grad itself).
+  optimizer_->accumulate_model_grads_in_backward();
   if (sharded_) {
     if (config.optimizer.fp32_main_params) sharded_->set_main_grads(optimizer_.get());
     optimizer_->chained().set_placements(sharded_->placements());

@@ -138,7 +138,7 @@ TEST(CachingCpuAllocatorTest, StatsLine) {
   // 3 of 4 reused; held 3 MiB = 1.50x the 2 MiB peak.
   EXPECT_EQ(format_cpu_allocator_stats(stats),
             "cpu allocator (caching): 75.0% of 4 requests >= 64 KiB reused; holds 3.0 MiB (live "
-            "2.0 + cached 1.0), 1.50x its peak of live buffers; released 0.5 MiB");
+            "2.0 + cached 1.0), 1.50x its peak of live buffers (2.0 MiB); released 0.5 MiB");
 }
 
 TEST(CachingCpuAllocatorTest, InstalledItServesLibTorchTensors) {

@@ -3,12 +3,16 @@
 // dp_shard 2 (reduce-scatter, uneven rows: 5 over 2 ranks is 3 + 2) and with dp_replicate 2
 // (all-reduce). Each rank draws both ranks' gradients from fixed seeds, so it computes the
 // expected mean alone: (g0 + g1) / 2 in float32 is exact to compare bitwise, since a sum of two
-// float32 terms does not depend on the order and halving is exact.
+// float32 terms does not depend on the order and halving is exact. The blocked reduce-scatter
+// (a block_bytes smaller than the wire form) must give the same bits: 11 rows over 2 ranks
+// (chunks of 6, one padding row) in blocks of 1, 2 and 4 rows (the last block short), against
+// the one-call path and the mean.
 #include "mixtrain/distributed/dim0_shard_grad.h"
 
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <string>
 
 #include "support/multiprocess.h"
@@ -58,6 +62,42 @@ MIXTRAIN_WORKER(dim0_shard_grad_replicated) {
   const at::Tensor grad = reduce_dim0_shard_grad(rank_grad(mesh.rank), chunk_layout({5, 4}, 1, 0),
                                                  *mesh.dp_shard_group, *mesh.dp_replicate_group);
   EXPECT_TRUE(at::equal(grad, expected_mean())) << "rank " << mesh.rank;
+}
+
+at::Tensor tall_grad(int rank) {
+  at::manual_seed(200 + rank);
+  return at::randn({11, 3}).to(at::kBFloat16);
+}
+
+MIXTRAIN_WORKER(dim0_shard_grad_blocks) {
+  DeviceMesh mesh = worker.make_mesh();
+  const ShardLayout layout = chunk_layout({11, 3}, 2, mesh.rank);
+  const at::Tensor mean = ((tall_grad(0).to(at::kFloat) + tall_grad(1).to(at::kFloat)) / 2)
+                              .narrow(0, layout.offset, layout.rows);
+  const at::Tensor whole = reduce_dim0_shard_grad(tall_grad(mesh.rank), layout,
+                                                  *mesh.dp_shard_group, *mesh.dp_replicate_group);
+  EXPECT_TRUE(at::equal(whole, mean)) << "rank " << mesh.rank;
+  // One row on the wire is 2 ranks x 3 float32 = 24 bytes.
+  for (const int64_t block_bytes : {int64_t{1}, int64_t{24}, int64_t{48}, int64_t{100}}) {
+    const int64_t calls_before = thread_collective_stats()[CollectiveOp::kReduceScatter].calls;
+    const at::Tensor blocked = reduce_dim0_shard_grad(
+        tall_grad(mesh.rank), layout, *mesh.dp_shard_group, *mesh.dp_replicate_group, block_bytes);
+    const int64_t calls =
+        thread_collective_stats()[CollectiveOp::kReduceScatter].calls - calls_before;
+    const int64_t block_rows = std::max<int64_t>(1, block_bytes / 24);
+    EXPECT_EQ(calls, (6 + block_rows - 1) / block_rows) << "block_bytes " << block_bytes;
+    ASSERT_EQ(blocked.sizes(), whole.sizes());
+    EXPECT_TRUE(blocked.is_contiguous());
+    EXPECT_TRUE(at::equal(blocked, whole))
+        << "rank " << mesh.rank << ", block_bytes " << block_bytes;
+  }
+}
+
+TEST(Dim0ShardGrad, BlockedReduceScatterGivesTheSameBits) {
+  ParallelConfig parallel;
+  parallel.dp_shard = 2;
+  const WorkerResult result = run_workers("dim0_shard_grad_blocks", 2, parallel);
+  ASSERT_TRUE(result.all_ok()) << result.summary();
 }
 
 TEST(Dim0ShardGrad, TwoShardsGetTheirRowsOfTheMean) {

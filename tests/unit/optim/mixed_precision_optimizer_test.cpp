@@ -208,6 +208,46 @@ TEST(MixedPrecisionOptimizer, AccumulatesMicroBatchGradsInFloat32) {
   EXPECT_TRUE(s.main("layer.w").grad().is_same(s.opt->main_grad("layer.w")));
 }
 
+// Micro-batch k's loss through the Stack's params, w used twice (its two gradient
+// contributions meet in autograd before the one accumulation), b float32.
+at::Tensor micro_batch_loss(const Stack& s, int k) {
+  const at::Tensor x = at::sin(at::arange(8, at::kFloat) * (k + 1)).reshape({4, 2}).to(s.w.dtype());
+  const at::Tensor h = at::matmul(x, s.w);
+  const at::Tensor y = at::matmul(h + s.b.to(h.dtype()) + at::matmul(x * 0.5, s.w), s.m);
+  return (y.to(at::kFloat) * y.to(at::kFloat)).sum();
+}
+
+TEST(MixedPrecisionOptimizer, AccumulatingInBackwardGivesTheSameMainGradBits) {
+  Stack hooked, after;  // main_grad during backward / after it (accumulate_model_grads)
+  hooked.opt->accumulate_model_grads_in_backward();
+  for (int k = 0; k < 3; ++k) {
+    micro_batch_loss(hooked, k).backward();
+    // Consumed during backward: no 16-bit grad left; float32 params keep theirs in .grad.
+    EXPECT_FALSE(hooked.w.grad().defined());
+    EXPECT_FALSE(hooked.m.grad().defined());
+    EXPECT_TRUE(hooked.b.grad().defined());
+    hooked.opt->accumulate_model_grads();  // what the trainer calls: moves b's grad only
+    micro_batch_loss(after, k).backward();
+    EXPECT_TRUE(after.w.grad().defined());
+    after.opt->accumulate_model_grads();
+  }
+  for (const char* name : {"layer.w", "layer.m", "layer.b"}) {
+    SCOPED_TRACE(name);
+    EXPECT_TRUE(bitwise_equal(hooked.opt->main_grad(name), after.opt->main_grad(name)));
+  }
+  hooked.opt->prepare_grads();
+  after.opt->prepare_grads();
+  EXPECT_TRUE(hooked.opt->step());
+  EXPECT_TRUE(after.opt->step());
+  EXPECT_TRUE(bitwise_equal(hooked.w, after.w));
+  EXPECT_TRUE(bitwise_equal(hooked.m, after.m));
+  // The hooks go with the optimizer: a later backward leaves .grad as autograd does.
+  hooked.opt.reset();
+  micro_batch_loss(hooked, 0).backward();
+  EXPECT_TRUE(hooked.w.grad().defined());
+  EXPECT_TRUE(hooked.m.grad().defined());
+}
+
 TEST(MixedPrecisionOptimizer, ReloadModelParamsCopiesModelIntoMain) {
   Stack s;
   s.set_grads(1);

@@ -1,0 +1,394 @@
+// Real model shapes, measured: what `mixtrain train` holds in memory and how fast it trains at the
+// sizes people fine-tune, with random weights (no download).
+//
+// A plain program (no Google Benchmark). Three configs, written to the work directory, each with
+// the fp32-main-params §1 precision (bfloat16 model, float32 main params, FSDP reducing in
+// float32, bfloat16 logits):
+//   - qwen3-0.6b: Qwen3-0.6B's config.json dims (vocabulary 151,936, hidden 1024, 28 layers,
+//     16 query / 8 kv heads of 128, MLP 3072, tied embeddings), whole;
+//   - qwen2.5-1.5b/14: Qwen2.5-1.5B's dims (hidden 1536, 12 / 2 heads of 128, MLP 8960, q/k/v
+//     biases, tied) with 14 of its 28 layers: the whole model's weights, float32 main params,
+//     gradients and Muon/AdamW state (~16 bytes per parameter, 1.54e9 parameters) exceed this
+//     machine's 24 GiB;
+//   - qwen3-30b-a3b/1L-32E: one layer of Qwen3-30B-A3B (hidden 2048, 32 / 4 heads of 128, q/k
+//     norms, routed experts of 768, top 8, normalized; untied embedding and head) with 32 of its
+//     128 experts: its untied embedding and head alone (6.2e8 parameters) take ~11 GiB with
+//     AdamW at 18 bytes each, and 128 experts add 6.0e8 more.
+// Each is trained for S steps (default 3) of 2 x 512 tokens (global batch 2; one 512-token
+// micro-batch per rank and step on 2 ranks, two accumulated on 1 rank) under every setting:
+// optimizer Muon (+ AdamW for embedding, norms, biases, router: the Moonlight routing) or AdamW
+// alone; activation checkpointing none or full; 1 rank (both cores) or 2 ranks (FSDP over
+// dp_shard 2, one thread each). Per run it reports:
+//   - peak RSS: ru_maxrss of the run (wait4; on 2 ranks the larger rank's), minus the RSS of the
+//     same binary doing no training (`config show`: libraries, the config), and the caching CPU
+//     allocator's own peak of live buffers (its log line; the larger rank's), which is what the
+//     analytic count is compared with (the RSS adds the blocks the allocator keeps cached);
+//   - the analytic bytes per rank for the same run: bf16 weights 2P/N, float32 main params 4P/N,
+//     optimizer state (8 bytes per AdamW element, 4 per Muon element) / N, gradients, and the
+//     activations of one micro-batch of T tokens. Gradients: the float32 main_grad (4P/N) lives
+//     from the first micro-batch's backward to the step; on 1 rank each param's bf16 .grad is
+//     folded into it as autograd produces it (2 bytes x the largest parameter at a time); on N
+//     ranks FSDP's working copy of the largest parameter (its gathered bf16 copy and full bf16
+//     gradient, 4 bytes per element, plus one 64 MiB float32 block of the reduce-scatter and its
+//     receive buffer) comes on top. Not counted: the optimizer step's temporaries (Newton-Schulz
+//     on the largest matrix; the bf16 copy-back). Activations, bytes per token,
+//     counted from the ops' saved tensors (model/layers.cpp, model/attention.cpp): per layer
+//     16H (two RMSNorms: float32 input, bf16 normed, bf16 scaled output) + 8 hq D (q, repeated
+//     k and v, attention output) + 6 hq T (bf16 attention's float32 softmax and its bf16 copy,
+//     one row of T keys per query) + 8 I (SwiGLU: gate, up, silu, product) + with q/k norms
+//     6 (hq + hkv) D; a routed-experts layer has instead of 8 I: 6 E (router logits, float32
+//     probabilities) + k (4 H + 8 I_e) (each token's k expert rows in and out, SwiGLU of I_e);
+//     after the layers 8H (final norm) + 10 V (bf16 logits, float32 log-probabilities and their
+//     gradient). With full checkpointing a layer keeps only its input (2H) plus one layer's set
+//     during its recompute;
+//   - tokens/s (the median over steps 2..S of metrics.jsonl's tokens_per_s: step 1 creates the
+//     optimizer state) and the median optimizer time (train.profile).
+// The table is Markdown, for bench/README.md. A run the machine cannot hold (killed, or the
+// trainer's out-of-memory error) is reported as such, not skipped.
+//
+// Usage: bench_real_size_bench [MIXTRAIN_BINARY] [--steps S] [--only NAME] [--work-dir DIR]
+//                              [--keep]
+// Exit code 0 when every run trained and was measured, 1 otherwise.
+#include <c10/util/accumulate.h>
+#include <sys/resource.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <regex>
+#include <string>
+#include <vector>
+
+#include "bench_support.h"
+#include "mixtrain/config/load.h"
+#include "mixtrain/model/registry.h"
+#include "mixtrain/optim/optimizer_table.h"
+#include "mixtrain/optim/routing.h"
+
+namespace {
+
+using namespace mixtrain::bench;  // bench_support.h
+
+constexpr int kSeq = 512, kGlobalBatch = 2;
+
+// The dims the analytic count needs (the config's model keys, repeated).
+struct Shape {
+  int64_t vocab, hidden, layers, heads, kv_heads, head_dim, mlp;
+  bool qk_norm;
+  int64_t experts = 0, top_k = 0, expert_mlp = 0;  // routed experts (0: dense)
+};
+
+struct ModelSpec {
+  std::string name;
+  std::string model_yaml;  // the model section
+  Shape shape;
+};
+
+std::vector<ModelSpec> model_specs() {
+  return {
+      {"qwen3-0.6b",
+       R"(model:
+  name: qwen3
+  vocab_size: 151936
+  hidden_size: 1024
+  intermediate_size: 3072
+  num_layers: 28
+  num_heads: 16
+  num_kv_heads: 8
+  head_dim: 128
+  rope_theta: 1000000.0
+  rms_norm_eps: 1.0e-6
+  tie_word_embeddings: true
+)",
+       {151936, 1024, 28, 16, 8, 128, 3072, true}},
+      {"qwen2.5-1.5b/14",
+       R"(model:
+  name: qwen2
+  vocab_size: 151936
+  hidden_size: 1536
+  intermediate_size: 8960
+  num_layers: 14
+  num_heads: 12
+  num_kv_heads: 2
+  head_dim: 128
+  rope_theta: 1000000.0
+  rms_norm_eps: 1.0e-6
+  tie_word_embeddings: true
+)",
+       {151936, 1536, 14, 12, 2, 128, 8960, false}},
+      {"qwen3-30b-a3b/1L-32E",
+       R"(model:
+  name: qwen3_moe
+  vocab_size: 151936
+  hidden_size: 2048
+  num_layers: 1
+  num_heads: 32
+  num_kv_heads: 4
+  head_dim: 128
+  moe_intermediate_size: 768
+  num_experts: 32
+  num_experts_per_tok: 8
+  norm_topk_prob: true
+  router_aux_loss_coef: 0.001
+  rope_theta: 1000000.0
+  rms_norm_eps: 1.0e-6
+  tie_word_embeddings: false
+)",
+       {151936, 2048, 1, 32, 4, 128, 0, true, 32, 8, 768}},
+  };
+}
+
+std::string config_text(const ModelSpec& spec) {
+  return std::string("# Written by bench_real_size_bench (bench/real_size_bench.cpp).\n") +
+         kMuonAdamWSections + spec.model_yaml + "  max_seq_len: " + std::to_string(kSeq) +
+         "\ndata:\n  kind: synthetic\n  seq_len: " + std::to_string(kSeq) +
+         "\n  micro_batch_size: 1\n  global_batch_size: " + std::to_string(kGlobalBatch) +
+         R"(
+train:
+  seed: 1234
+  max_grad_norm: 1.0
+  log_every: 1
+  profile: true
+checkpoint:
+  interval: 0
+)";
+}
+
+// Activation bytes of one micro-batch of `tokens` tokens (the header's count).
+double activation_bytes(const Shape& s, int64_t tokens, bool full_checkpointing) {
+  const double h = s.hidden, q = s.heads * s.head_dim;
+  double layer = 16 * h + 8 * q + 6.0 * s.heads * tokens;
+  if (s.qk_norm) layer += 6.0 * (s.heads + s.kv_heads) * s.head_dim;
+  layer += s.experts > 0 ? 6.0 * s.experts + s.top_k * (4 * h + 8.0 * s.expert_mlp) : 8.0 * s.mlp;
+  const double kept = full_checkpointing ? s.layers * 2 * h + layer : s.layers * layer;
+  return tokens * (kept + 8 * h + 10.0 * s.vocab);
+}
+
+struct ParamCount {
+  int64_t total = 0, adamw = 0, muon = 0, largest = 0;
+};
+
+// Through the library: the model built from the config, its parameters routed (optim/routing.h).
+ParamCount count_params(const std::string& config_path, bool muon) {
+  std::vector<std::string> overrides;
+  if (!muon) overrides.push_back("optimizer._target_=AdamW");
+  const mixtrain::ResolvedConfig resolved = mixtrain::load_config(config_path, overrides);
+  const auto model = mixtrain::build_model(resolved.config.model, 1);
+  std::vector<std::pair<std::string, at::Tensor>> named;
+  for (const auto& item : model->named_parameters()) named.emplace_back(item.key(), item.value());
+  ParamCount count;
+  for (const mixtrain::RouteEntry& route :
+       mixtrain::route_parameters(named, resolved.config.optimizer)) {
+    const int64_t numel = c10::multiply_integers(route.shape);
+    count.total += numel;
+    count.largest = std::max(count.largest, numel);
+    (route.optimizer == "muon" ? count.muon : count.adamw) += numel;
+  }
+  return count;
+}
+
+struct Setting {
+  bool muon;
+  bool full_ac;
+  int ranks;
+  std::string label() const {
+    return std::string(muon ? "Muon" : "AdamW") + ", AC " + (full_ac ? "full" : "none") + ", " +
+           std::to_string(ranks) + (ranks == 1 ? " rank" : " ranks");
+  }
+};
+
+struct Analytic {
+  double weights, main, state, grads, activations, working, total;
+};
+
+Analytic analytic(const Shape& shape, const ParamCount& p, const Setting& s) {
+  const double n = s.ranks;
+  Analytic a{};
+  a.weights = 2.0 * p.total / n;
+  a.main = 4.0 * p.total / n;
+  a.state = (8.0 * p.adamw + 4.0 * p.muon) / n;
+  a.activations = activation_bytes(shape, kSeq, s.full_ac);
+  a.grads = 4.0 * p.total / n;
+  a.working = s.ranks == 1 ? 2.0 * p.largest : 4.0 * p.largest + 2.0 * (64 << 20);
+  a.total = a.weights + a.main + a.state + a.grads + a.activations + a.working;
+  return a;
+}
+
+struct RunResult {
+  int exit_code = -1;  // -signal when killed
+  double peak_rss_mib = 0, allocator_peak_mib = 0, tokens_per_s = 0, optimizer_s = 0, step_s = 0;
+  std::string log;
+};
+
+// Waits for `pid`; its exit code (-signal when killed) and ru_maxrss in MiB (descendants
+// included: on 2 ranks the launcher waits for both).
+int wait_child(pid_t pid, double* max_rss_mib) {
+  int status = 0;
+  struct rusage usage {};
+  while (wait4(pid, &status, 0, &usage) < 0) {
+    if (errno != EINTR) fail(std::string("wait4: ") + std::strerror(errno));
+  }
+  *max_rss_mib = usage.ru_maxrss / 1024.0;
+  if (WIFEXITED(status)) return WEXITSTATUS(status);
+  return WIFSIGNALED(status) ? -WTERMSIG(status) : -1;
+}
+
+// The largest "its peak of live buffers (X MiB)" in the log (one line per rank); 0 when none.
+double allocator_peak_mib(const std::string& log_path) {
+  std::ifstream in(log_path);
+  const std::regex pattern(R"(its peak of live buffers \(([0-9.]+) MiB\))");
+  std::string line;
+  double peak = 0;
+  std::smatch match;
+  while (std::getline(in, line)) {
+    if (std::regex_search(line, match, pattern)) peak = std::max(peak, std::stod(match[1]));
+  }
+  return peak;
+}
+
+RunResult run(const std::string& binary, const std::string& config, const std::string& dir,
+              const Setting& s, int steps) {
+  RunResult r;
+  r.log = dir + ".log";
+  std::vector<std::string> args = {
+      binary,      "train",
+      "--config",  config,
+      "--run-dir", dir,
+      "--set",     "train.steps=" + std::to_string(steps),
+      "--set",     std::string("train.activation_checkpointing=") + (s.full_ac ? "full" : "none")};
+  if (!s.muon) args.insert(args.end(), {"--set", "optimizer._target_=AdamW"});
+  if (s.ranks > 1) args.insert(args.begin() + 2, {"--nproc", std::to_string(s.ranks)});
+  r.exit_code = wait_child(spawn_logged(args, r.log), &r.peak_rss_mib);
+  if (r.exit_code != 0) return r;
+  r.allocator_peak_mib = allocator_peak_mib(r.log);
+  const std::vector<nlohmann::json> rows = read_jsonl(dir + "/metrics.jsonl");
+  std::vector<double> tokens, optimizer, step;
+  for (size_t i = 1; i < rows.size(); ++i) {
+    tokens.push_back(rows[i].at("tokens_per_s").get<double>());
+    optimizer.push_back(rows[i].at("optimizer_s").get<double>());
+    step.push_back(rows[i].at("step_s").get<double>());
+  }
+  r.tokens_per_s = median(tokens);
+  r.optimizer_s = median(optimizer);
+  r.step_s = median(step);
+  return r;
+}
+
+double gib(double bytes) {
+  return bytes / (1024.0 * 1024.0 * 1024.0);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  mixtrain::register_model_sections();  // before any config is read
+  mixtrain::register_optimizer_sections();
+  program_name() = "bench_real_size_bench";
+  std::string binary = MIXTRAIN_BINARY, work_dir, only;
+  bool keep = false;
+  int steps = 3;
+  parse_arguments(argc, argv,
+                  "[MIXTRAIN_BINARY] [--steps S] [--only NAME] [--work-dir DIR] [--keep]\n"
+                  "Trains real-size configs (random weights) S steps (default 3) under Muon or\n"
+                  "AdamW, activation checkpointing none or full, on 1 and 2 ranks; prints peak\n"
+                  "RSS against the analytic bytes, and tokens/s.\n",
+                  &binary, work_dir, keep, [&](const std::string& arg, const auto& value) {
+                    if (arg == "--steps") {
+                      steps = int_at_least(value(), "--steps", 2, "step 1 is not counted");
+                    } else if (arg == "--only") {
+                      only = value();
+                    } else {
+                      return false;
+                    }
+                    return true;
+                  });
+  require_executable(binary);
+  const std::string dir = make_work_dir(work_dir, "mixtrain-real-size");
+  double load[1] = {-1};
+  getloadavg(load, 1);
+  std::printf(
+      "machine: %ld CPUs, %s, %.1f GiB memory; load average %.2f; %d steps of %d x %d "
+      "tokens per run\n",
+      sysconf(_SC_NPROCESSORS_ONLN), cpu_model().c_str(), mem_total_kib() / 1048576.0, load[0],
+      steps, kGlobalBatch, kSeq);
+
+  bool all_ok = true;
+  std::vector<std::string> table;
+  for (const ModelSpec& spec : model_specs()) {
+    if (!only.empty() && spec.name != only) continue;
+    std::string file = spec.name;
+    std::replace(file.begin(), file.end(), '/', '_');
+    const std::string config = dir + "/" + file + ".yaml";
+    std::ofstream(config) << config_text(spec);
+    double base_mib = 0;
+    if (wait_child(spawn_logged({binary, "config", "show", config}, dir + "/base.log"),
+                   &base_mib) != 0) {
+      fail("config show " + config + " failed:\n" + tail_of_file(dir + "/base.log", 8));
+    }
+    std::vector<std::pair<Setting, RunResult>> runs;
+    for (const bool muon : {true, false}) {
+      for (const bool full_ac : {false, true}) {
+        for (const int ranks : {1, 2}) {
+          const Setting s{muon, full_ac, ranks};
+          const auto start = std::chrono::steady_clock::now();
+          std::printf("%s, %s ...", spec.name.c_str(), s.label().c_str());
+          std::fflush(stdout);
+          const std::string run_dir = dir + "/" + file + "_" + std::to_string(runs.size());
+          runs.emplace_back(s, run(binary, config, run_dir, s, steps));
+          const RunResult& r = runs.back().second;
+          std::printf(
+              " exit %d after %.0f s\n", r.exit_code,
+              std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+          if (r.exit_code != 0) {
+            all_ok = false;
+            std::printf("  end of %s:\n%s", r.log.c_str(), tail_of_file(r.log, 6).c_str());
+          }
+          std::fflush(stdout);
+        }
+      }
+    }
+    // After the runs: a child's ru_maxrss counts what its parent had resident when it forked.
+    for (const bool muon : {true, false}) {
+      const ParamCount p = count_params(config, muon);
+      for (const auto& [s, r] : runs) {
+        if (s.muon != muon) continue;
+        const Analytic a = analytic(spec.shape, p, s);
+        char row[640];
+        if (r.exit_code != 0) {
+          std::snprintf(row, sizeof(row), "| %s | %.3f | %s | %.2f | failed (exit %d) | | | | |",
+                        spec.name.c_str(), p.total / 1e9, s.label().c_str(), gib(a.total),
+                        r.exit_code);
+        } else {
+          const double rss = (r.peak_rss_mib - base_mib) / 1024.0;
+          std::snprintf(
+              row, sizeof(row),
+              "| %s | %.3f | %s | %.2f (%.2f + %.2f + %.2f + %.2f + %.2f + %.2f) | %.2f | %.2f | "
+              "%.2f | %.1f | %.1f |",
+              spec.name.c_str(), p.total / 1e9, s.label().c_str(), gib(a.total), gib(a.weights),
+              gib(a.main), gib(a.state), gib(a.grads), gib(a.activations), gib(a.working), rss,
+              r.allocator_peak_mib / 1024.0, r.allocator_peak_mib / 1024.0 / gib(a.total),
+              r.tokens_per_s, r.optimizer_s);
+        }
+        table.push_back(row);
+      }
+    }
+    std::printf("%s: process base (config show) %.0f MiB\n", spec.name.c_str(), base_mib);
+  }
+  std::printf(
+      "\n| config | params (1e9) | setting | analytic GiB per rank (weights + main + state + "
+      "grads + activations + working gradient) | peak RSS - base, GiB | allocator peak "
+      "live, GiB | allocator peak / analytic | tokens/s | optimizer s/step |\n");
+  std::printf("| --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
+  for (const std::string& row : table) std::printf("%s\n", row.c_str());
+  keep_or_remove(dir, keep, "\nruns kept in ");
+  return all_ok ? 0 : 1;
+}

@@ -46,8 +46,9 @@
 // The table is Markdown, for bench/README.md. A run the machine cannot hold (killed, or the
 // trainer's out-of-memory error) is reported as such, not skipped.
 //
-// Usage: bench_real_size_bench [MIXTRAIN_BINARY] [--steps S] [--only NAME] [--work-dir DIR]
-//                              [--keep]
+// Usage: bench_real_size_bench [MIXTRAIN_BINARY] [--steps S] [--only NAME[,NAME...]]
+//                              [--work-dir DIR] [--keep]
+// It takes about 50 minutes on 2 cores (Muon's Newton-Schulz at these sizes dominates).
 // Exit code 0 when every run trained and was measured, 1 otherwise.
 #include <c10/util/accumulate.h>
 #include <sys/resource.h>
@@ -297,7 +298,7 @@ int main(int argc, char** argv) {
   bool keep = false;
   int steps = 3;
   parse_arguments(argc, argv,
-                  "[MIXTRAIN_BINARY] [--steps S] [--only NAME] [--work-dir DIR] [--keep]\n"
+                  "[MIXTRAIN_BINARY] [--steps S] [--only NAME,...] [--work-dir DIR] [--keep]\n"
                   "Trains real-size configs (random weights) S steps (default 3) under Muon or\n"
                   "AdamW, activation checkpointing none or full, on 1 and 2 ranks; prints peak\n"
                   "RSS against the analytic bytes, and tokens/s.\n",
@@ -321,20 +322,31 @@ int main(int argc, char** argv) {
       sysconf(_SC_NPROCESSORS_ONLN), cpu_model().c_str(), mem_total_kib() / 1048576.0, load[0],
       steps, kGlobalBatch, kSeq);
 
+  // Every run first, the parameter counts (which build the models here) after all of them: a
+  // child's ru_maxrss counts what its parent had resident when it forked, and glibc keeps part of
+  // a freed model resident.
+  struct ConfigRuns {
+    const ModelSpec* spec;
+    std::string config;
+    std::vector<std::pair<Setting, RunResult>> runs;
+  };
+  const std::vector<ModelSpec> specs = model_specs();
+  std::vector<ConfigRuns> done;
+  double base_mib = -1;
   bool all_ok = true;
-  std::vector<std::string> table;
-  for (const ModelSpec& spec : model_specs()) {
-    if (!only.empty() && spec.name != only) continue;
+  for (const ModelSpec& spec : specs) {
+    if (!only.empty() && ("," + only + ",").find("," + spec.name + ",") == std::string::npos) {
+      continue;
+    }
     std::string file = spec.name;
     std::replace(file.begin(), file.end(), '/', '_');
-    const std::string config = dir + "/" + file + ".yaml";
-    std::ofstream(config) << config_text(spec);
-    double base_mib = 0;
-    if (wait_child(spawn_logged({binary, "config", "show", config}, dir + "/base.log"),
+    ConfigRuns c{&spec, dir + "/" + file + ".yaml", {}};
+    std::ofstream(c.config) << config_text(spec);
+    if (base_mib < 0 &&
+        wait_child(spawn_logged({binary, "config", "show", c.config}, dir + "/base.log"),
                    &base_mib) != 0) {
-      fail("config show " + config + " failed:\n" + tail_of_file(dir + "/base.log", 8));
+      fail("config show " + c.config + " failed:\n" + tail_of_file(dir + "/base.log", 8));
     }
-    std::vector<std::pair<Setting, RunResult>> runs;
     for (const bool muon : {true, false}) {
       for (const bool full_ac : {false, true}) {
         for (const int ranks : {1, 2}) {
@@ -342,9 +354,9 @@ int main(int argc, char** argv) {
           const auto start = std::chrono::steady_clock::now();
           std::printf("%s, %s ...", spec.name.c_str(), s.label().c_str());
           std::fflush(stdout);
-          const std::string run_dir = dir + "/" + file + "_" + std::to_string(runs.size());
-          runs.emplace_back(s, run(binary, config, run_dir, s, steps));
-          const RunResult& r = runs.back().second;
+          const std::string run_dir = dir + "/" + file + "_" + std::to_string(c.runs.size());
+          c.runs.emplace_back(s, run(binary, c.config, run_dir, s, steps));
+          const RunResult& r = c.runs.back().second;
           std::printf(
               " exit %d after %.0f s\n", r.exit_code,
               std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
@@ -356,16 +368,22 @@ int main(int argc, char** argv) {
         }
       }
     }
-    // After the runs: a child's ru_maxrss counts what its parent had resident when it forked.
+    done.push_back(std::move(c));
+  }
+  if (done.empty()) fail("--only " + only + " names no config");
+  std::printf("process base (the binary's `config show`): %.0f MiB\n", base_mib);
+
+  std::vector<std::string> table;
+  for (const ConfigRuns& c : done) {
     for (const bool muon : {true, false}) {
-      const ParamCount p = count_params(config, muon);
-      for (const auto& [s, r] : runs) {
+      const ParamCount p = count_params(c.config, muon);
+      for (const auto& [s, r] : c.runs) {
         if (s.muon != muon) continue;
-        const Analytic a = analytic(spec.shape, p, s);
+        const Analytic a = analytic(c.spec->shape, p, s);
         char row[640];
         if (r.exit_code != 0) {
           std::snprintf(row, sizeof(row), "| %s | %.3f | %s | %.2f | failed (exit %d) | | | | |",
-                        spec.name.c_str(), p.total / 1e9, s.label().c_str(), gib(a.total),
+                        c.spec->name.c_str(), p.total / 1e9, s.label().c_str(), gib(a.total),
                         r.exit_code);
         } else {
           const double rss = (r.peak_rss_mib - base_mib) / 1024.0;
@@ -373,7 +391,7 @@ int main(int argc, char** argv) {
               row, sizeof(row),
               "| %s | %.3f | %s | %.2f (%.2f + %.2f + %.2f + %.2f + %.2f + %.2f) | %.2f | %.2f | "
               "%.2f | %.1f | %.1f |",
-              spec.name.c_str(), p.total / 1e9, s.label().c_str(), gib(a.total), gib(a.weights),
+              c.spec->name.c_str(), p.total / 1e9, s.label().c_str(), gib(a.total), gib(a.weights),
               gib(a.main), gib(a.state), gib(a.grads), gib(a.activations), gib(a.working), rss,
               r.allocator_peak_mib / 1024.0, r.allocator_peak_mib / 1024.0 / gib(a.total),
               r.tokens_per_s, r.optimizer_s);
@@ -381,7 +399,6 @@ int main(int argc, char** argv) {
         table.push_back(row);
       }
     }
-    std::printf("%s: process base (config show) %.0f MiB\n", spec.name.c_str(), base_mib);
   }
   std::printf(
       "\n| config | params (1e9) | setting | analytic GiB per rank (weights + main + state + "

@@ -121,13 +121,14 @@ void MixedPrecisionOptimizer::accumulate_model_grads_in_backward() {
     if (!model.requires_grad()) continue;
     torch::autograd::impl::set_post_acc_grad_hooks(model,
                                                    std::make_unique<MainGradHook>(this, name));
-    hooked_.push_back(model);
   }
+  grads_hooked_ = true;
 }
 
 MixedPrecisionOptimizer::~MixedPrecisionOptimizer() {
-  for (const at::Tensor& model : hooked_) {
-    torch::autograd::impl::post_acc_grad_hooks(model).reset();
+  if (!grads_hooked_) return;
+  for (const auto& name : low_precision_names_) {
+    torch::autograd::impl::post_acc_grad_hooks(chained_->model_param(name)).reset();
   }
 }
 

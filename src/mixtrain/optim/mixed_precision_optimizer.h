@@ -95,8 +95,8 @@ class MixedPrecisionOptimizer : public TrainingOptimizer {
   std::vector<std::vector<at::Tensor>> fp32_from_float16_groups_;
   std::vector<std::vector<at::Tensor>> fp32_from_fp32_groups_;
   std::unique_ptr<DynamicLossScaler> scaler_;
-  bool found_inf_ = false;          // set by prepare_grads, consumed by step_with_ready_grads
-  std::vector<at::Tensor> hooked_;  // model params given a MainGradHook (removed on destruction)
+  bool found_inf_ = false;     // set by prepare_grads, consumed by step_with_ready_grads
+  bool grads_hooked_ = false;  // accumulate_model_grads_in_backward ran (hooks to remove)
 };
 
 }  // namespace mixtrain

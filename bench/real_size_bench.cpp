@@ -50,7 +50,6 @@
 //                              [--work-dir DIR] [--keep]
 // It takes about 50 minutes on 2 cores (Muon's Newton-Schulz at these sizes dominates).
 // Exit code 0 when every run trained and was measured, 1 otherwise.
-#include <c10/util/accumulate.h>
 #include <sys/resource.h>
 #include <sys/types.h>
 #include <sys/wait.h>
@@ -70,10 +69,10 @@
 #include <vector>
 
 #include "bench_support.h"
-#include "mixtrain/config/load.h"
+#include "mixtrain/model/moe_config.h"
 #include "mixtrain/model/registry.h"
 #include "mixtrain/optim/optimizer_table.h"
-#include "mixtrain/optim/routing.h"
+#include "routed_params.h"
 
 namespace {
 
@@ -81,17 +80,9 @@ using namespace mixtrain::bench;  // bench_support.h
 
 constexpr int kSeq = 512, kGlobalBatch = 2;
 
-// The dims the analytic count needs (the config's model keys, repeated).
-struct Shape {
-  int64_t vocab, hidden, layers, heads, kv_heads, head_dim, mlp;
-  bool qk_norm;
-  int64_t experts = 0, top_k = 0, expert_mlp = 0;  // routed experts (0: dense)
-};
-
 struct ModelSpec {
   std::string name;
   std::string model_yaml;  // the model section
-  Shape shape;
 };
 
 std::vector<ModelSpec> model_specs() {
@@ -109,8 +100,7 @@ std::vector<ModelSpec> model_specs() {
   rope_theta: 1000000.0
   rms_norm_eps: 1.0e-6
   tie_word_embeddings: true
-)",
-       {151936, 1024, 28, 16, 8, 128, 3072, true}},
+)"},
       {"qwen2.5-1.5b/14",
        R"(model:
   name: qwen2
@@ -124,8 +114,7 @@ std::vector<ModelSpec> model_specs() {
   rope_theta: 1000000.0
   rms_norm_eps: 1.0e-6
   tie_word_embeddings: true
-)",
-       {151936, 1536, 14, 12, 2, 128, 8960, false}},
+)"},
       {"qwen3-30b-a3b/1L-32E",
        R"(model:
   name: qwen3_moe
@@ -143,8 +132,7 @@ std::vector<ModelSpec> model_specs() {
   rope_theta: 1000000.0
   rms_norm_eps: 1.0e-6
   tie_word_embeddings: false
-)",
-       {151936, 2048, 1, 32, 4, 128, 0, true, 32, 8, 768}},
+)"},
   };
 }
 
@@ -164,37 +152,27 @@ checkpoint:
 )";
 }
 
-// Activation bytes of one micro-batch of `tokens` tokens (the header's count).
-double activation_bytes(const Shape& s, int64_t tokens, bool full_checkpointing) {
-  const double h = s.hidden, q = s.heads * s.head_dim;
-  double layer = 16 * h + 8 * q + 6.0 * s.heads * tokens;
-  if (s.qk_norm) layer += 6.0 * (s.heads + s.kv_heads) * s.head_dim;
-  layer += s.experts > 0 ? 6.0 * s.experts + s.top_k * (4 * h + 8.0 * s.expert_mlp) : 8.0 * s.mlp;
-  const double kept = full_checkpointing ? s.layers * 2 * h + layer : s.layers * layer;
-  return tokens * (kept + 8 * h + 10.0 * s.vocab);
+// Whether the config's model normalizes each head's q and k (its registry section says).
+bool qk_norm(const mixtrain::ModelConfig& m) {
+  for (const mixtrain::ModelEntry& entry : mixtrain::model_registry()) {
+    if (entry.name == m.name) return entry.section.qk_norm;
+  }
+  fail("no registered model " + m.name);
 }
 
-struct ParamCount {
-  int64_t total = 0, adamw = 0, muon = 0, largest = 0;
-};
-
-// Through the library: the model built from the config, its parameters routed (optim/routing.h).
-ParamCount count_params(const std::string& config_path, bool muon) {
-  std::vector<std::string> overrides;
-  if (!muon) overrides.push_back("optimizer._target_=AdamW");
-  const mixtrain::ResolvedConfig resolved = mixtrain::load_config(config_path, overrides);
-  const auto model = mixtrain::build_model(resolved.config.model, 1);
-  std::vector<std::pair<std::string, at::Tensor>> named;
-  for (const auto& item : model->named_parameters()) named.emplace_back(item.key(), item.value());
-  ParamCount count;
-  for (const mixtrain::RouteEntry& route :
-       mixtrain::route_parameters(named, resolved.config.optimizer)) {
-    const int64_t numel = c10::multiply_integers(route.shape);
-    count.total += numel;
-    count.largest = std::max(count.largest, numel);
-    (route.optimizer == "muon" ? count.muon : count.adamw) += numel;
-  }
-  return count;
+// Activation bytes of one micro-batch of `tokens` tokens (the header's count) of the model `p`
+// describes.
+double activation_bytes(const RoutedParams& p, int64_t tokens, bool full_checkpointing) {
+  const mixtrain::ModelConfig& m = p.model;
+  const double h = m.hidden_size, q = m.num_heads * m.head_dim;
+  double layer = 16 * h + 8 * q + 6.0 * m.num_heads * tokens;
+  if (qk_norm(m)) layer += 6.0 * (m.num_heads + m.num_kv_heads) * m.head_dim;
+  const mixtrain::MoeConfig& moe = mixtrain::moe_config(m);
+  layer += p.experts ? 6.0 * moe.num_experts +
+                           moe.num_experts_per_tok * (4 * h + 8.0 * moe.moe_intermediate_size)
+                     : 8.0 * m.intermediate_size;
+  const double kept = full_checkpointing ? m.num_layers * 2 * h + layer : m.num_layers * layer;
+  return tokens * (kept + 8 * h + 10.0 * m.vocab_size);
 }
 
 struct Setting {
@@ -211,13 +189,13 @@ struct Analytic {
   double weights, main, state, grads, activations, working, total;
 };
 
-Analytic analytic(const Shape& shape, const ParamCount& p, const Setting& s) {
+Analytic analytic(const RoutedParams& p, const Setting& s) {
   const double n = s.ranks;
   Analytic a{};
   a.weights = 2.0 * p.total / n;
   a.main = 4.0 * p.total / n;
-  a.state = (8.0 * p.adamw + 4.0 * p.muon) / n;
-  a.activations = activation_bytes(shape, kSeq, s.full_ac);
+  a.state = p.state_bytes() / n;
+  a.activations = activation_bytes(p, kSeq, s.full_ac);
   a.grads = 4.0 * p.total / n;
   a.working = s.ranks == 1 ? 2.0 * p.largest : 4.0 * p.largest + 2.0 * (64 << 20);
   a.total = a.weights + a.main + a.state + a.grads + a.activations + a.working;
@@ -376,10 +354,12 @@ int main(int argc, char** argv) {
   std::vector<std::string> table;
   for (const ConfigRuns& c : done) {
     for (const bool muon : {true, false}) {
-      const ParamCount p = count_params(c.config, muon);
+      const RoutedParams p =
+          routed_params(c.config, muon ? std::vector<std::string>{}
+                                       : std::vector<std::string>{"optimizer._target_=AdamW"});
       for (const auto& [s, r] : c.runs) {
         if (s.muon != muon) continue;
-        const Analytic a = analytic(c.spec->shape, p, s);
+        const Analytic a = analytic(p, s);
         char row[640];
         if (r.exit_code != 0) {
           std::snprintf(row, sizeof(row), "| %s | %.3f | %s | %.2f | failed (exit %d) | | | | |",

@@ -26,7 +26,6 @@
 // Exit code: 0 when both runs trained and were measured (whether or not the targets were met);
 // 1 when a run failed (the trainer's exit code and the end of its log are printed) or the
 // losses differ.
-#include <c10/util/accumulate.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/time.h>
@@ -49,10 +48,9 @@
 #include <vector>
 
 #include "bench_support.h"
-#include "mixtrain/config/load.h"
 #include "mixtrain/model/registry.h"
 #include "mixtrain/optim/optimizer_table.h"
-#include "mixtrain/optim/routing.h"
+#include "routed_params.h"
 
 namespace {
 
@@ -112,13 +110,6 @@ struct Options {
   bool keep = false;
 };
 
-struct StateSize {
-  int64_t params = 0;        // every trainable element
-  int64_t adamw_params = 0;  // elements routed to AdamW
-  int64_t muon_params = 0;   // elements routed to Muon
-  double bytes() const { return 8.0 * adamw_params + 4.0 * muon_params; }
-};
-
 struct RunResult {
   std::string name;
   std::string run_dir;
@@ -144,22 +135,6 @@ Options parse_options(int argc, char** argv) {
                     return true;
                   });
   return options;
-}
-
-StateSize optimizer_state_size(const std::string& config_path) {
-  const mixtrain::ResolvedConfig resolved = mixtrain::load_config(config_path, {});
-  const auto model = mixtrain::build_model(resolved.config.model,
-                                           static_cast<uint64_t>(resolved.config.train.seed));
-  std::vector<std::pair<std::string, at::Tensor>> named;
-  for (const auto& item : model->named_parameters()) named.emplace_back(item.key(), item.value());
-  StateSize size;
-  for (const mixtrain::RouteEntry& route :
-       mixtrain::route_parameters(named, resolved.config.optimizer)) {
-    const int64_t numel = c10::multiply_integers(route.shape);
-    size.params += numel;
-    (route.optimizer == "muon" ? size.muon_params : size.adamw_params) += numel;
-  }
-  return size;
 }
 
 // "VmHWM:\t  123456 kB" -> 123456; -1 when the process or the field is gone.
@@ -306,20 +281,19 @@ int main(int argc, char** argv) {
 
   // Only now, after the runs: a child's ru_maxrss includes what its parent had resident when
   // it forked, so the model built here must not exist before them.
-  StateSize state;
+  RoutedParams state;
   try {
-    state = optimizer_state_size(config_path);
+    state = routed_params(config_path);
   } catch (const std::exception& e) {
     fail(std::string("cannot size the optimizer state: ") + e.what());
   }
   std::printf(
       "model: %.1fM parameters (%.1fM AdamW, %.1fM Muon), bfloat16, fp32 main params; "
       "optimizer state %.1f MiB\n",
-      state.params / 1e6, state.adamw_params / 1e6, state.muon_params / 1e6,
-      state.bytes() / 1048576.0);
+      state.total / 1e6, state.adamw / 1e6, state.muon / 1e6, state.state_bytes() / 1048576.0);
 
   const double drop_kib = static_cast<double>(base_run.peak_rss_kib - swap_run.peak_rss_kib);
-  const double drop_fraction = drop_kib * 1024.0 / state.bytes();
+  const double drop_fraction = drop_kib * 1024.0 / state.state_bytes();
   const double t_base = median(base_run.step_s), t_swap = median(swap_run.step_s);
   const double ratio = t_swap / t_base;
   const bool later_known = base_run.later_peak_rss_kib > 0 && swap_run.later_peak_rss_kib > 0;
@@ -341,14 +315,14 @@ int main(int argc, char** argv) {
       "| peak RSS, whole run (MiB) | %.0f | %.0f | -%.0f MiB = %.0f%% of the %.0f MiB "
       "optimizer state | >= %.0f%%: %s |\n",
       mib(base_run.peak_rss_kib), mib(swap_run.peak_rss_kib), mib(drop_kib), 100 * drop_fraction,
-      state.bytes() / 1048576.0, 100 * kMinRssDropFraction,
+      state.state_bytes() / 1048576.0, 100 * kMinRssDropFraction,
       drop_fraction >= kMinRssDropFraction ? "met" : "NOT met");
   if (later_known) {
     std::printf(
         "| peak RSS, steps 2..%d (MiB) | %.0f | %.0f | -%.0f MiB = %.0f%% of the state "
         "| |\n",
         options.steps, mib(base_run.later_peak_rss_kib), mib(swap_run.later_peak_rss_kib),
-        mib(later_drop_kib), 100 * later_drop_kib * 1024.0 / state.bytes());
+        mib(later_drop_kib), 100 * later_drop_kib * 1024.0 / state.state_bytes());
   } else {
     std::printf(
         "| peak RSS, steps 2..%d (MiB) | n/a | n/a | (could not reset the high-water "

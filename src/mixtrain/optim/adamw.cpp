@@ -10,6 +10,7 @@
 
 #include "mixtrain/core/dtype.h"
 #include "mixtrain/optim/adamw_fused.h"
+#include "mixtrain/optim/python_scalar.h"
 
 namespace mixtrain {
 namespace {
@@ -59,9 +60,9 @@ void unfused_step(const AdamWOptions& options, int64_t step, const at::Tensor& p
   const double bias_correction1 = 1 - std::pow(beta1, static_cast<double>(step));
   const double bias_correction2 = 1 - std::pow(beta2, static_cast<double>(step));
   const double step_size = lr / bias_correction1;
-  param.mul_(1 - lr * options.weight_decay());
+  mul_python_float_(param, 1 - lr * options.weight_decay());
   exp_avg.lerp_(grad, 1 - beta1);
-  exp_avg_sq.mul_(beta2).addcmul_(grad, grad, 1 - beta2);
+  mul_python_float_(exp_avg_sq, beta2).addcmul_(grad, grad, 1 - beta2);
   const at::Tensor denom = (exp_avg_sq.sqrt() / std::sqrt(bias_correction2)).add_(options.eps());
   param.addcdiv_(exp_avg, denom, -step_size);
 }

@@ -15,6 +15,7 @@
 #include "mixtrain/optim/muon_fused.h"
 #include "mixtrain/optim/normuon.h"
 #include "mixtrain/optim/option_fields.h"
+#include "mixtrain/optim/python_scalar.h"
 
 namespace mixtrain {
 
@@ -63,7 +64,7 @@ at::Tensor muon_momentum_update(at::Tensor& momentum_buffer, const at::Tensor& g
   const at::Tensor g = grad.to(momentum_buffer.scalar_type());
   switch (style) {
     case MomentumStyle::kSum:
-      momentum_buffer.mul_(mu).add_(g);
+      mul_python_float_(momentum_buffer, mu).add_(g);
       return nesterov ? g.add(momentum_buffer, mu) : momentum_buffer;
     case MomentumStyle::kEma:
       momentum_buffer.lerp_(g, 1.0 - mu);
@@ -95,14 +96,14 @@ void muon_apply_update(at::Tensor& param, const at::Tensor& orthogonalized, doub
   // Multiplying by exactly 1 changes nothing, so skip the pass.
   if (weight_decay != 0.0 && cautious) {
     // The factor in p.mul_'s compute dtype (float for bfloat16/float16 p), so where the mask
-    // holds p rounds exactly as the plain decay's p.mul_(1 - lr*wd) does, and stays put elsewhere.
+    // holds p rounds exactly as the plain decay (mul_python_float_) does, and stays put elsewhere.
     const auto dtype = at::promote_types(param.scalar_type(), at::kFloat);
     const auto options = param.options().dtype(dtype);
     param.mul_(at::where(cautious_decay_mask(orthogonalized, param),
                          at::scalar_tensor(1.0 - lr * weight_decay, options),
                          at::scalar_tensor(1.0, options)));
   } else if (weight_decay != 0.0) {
-    param.mul_(1.0 - lr * weight_decay);
+    mul_python_float_(param, 1.0 - lr * weight_decay);
   }
   param.add_(orthogonalized, -lr * scale);
 }

@@ -7,6 +7,8 @@
 #include <stdexcept>
 #include <utility>
 
+#include "mixtrain/optim/python_scalar.h"
+
 namespace mixtrain {
 namespace {
 
@@ -31,7 +33,8 @@ void sgd_update(const SgdOptions& options, const at::Tensor& param, at::Tensor g
     if (first) {
       state.momentum_buffer(grad.clone().detach());
     } else {
-      state.momentum_buffer().mul_(options.momentum()).add_(grad, 1 - options.dampening());
+      mul_python_float_(state.momentum_buffer(), options.momentum())
+          .add_(grad, 1 - options.dampening());
     }
     grad = options.nesterov() ? grad.add(state.momentum_buffer(), options.momentum())
                               : state.momentum_buffer();

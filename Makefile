@@ -5,7 +5,7 @@ CONFIG ?= configs/qwen2_moe_tiny.yaml
 RUN_DIR ?= runs/default
 NPROC ?= 2
 
-.PHONY: all setup configure build test train bench format clean
+.PHONY: all setup configure build python test train bench format clean
 
 all: build
 
@@ -23,9 +23,16 @@ configure: setup $(BUILD_DIR)/CMakeCache.txt
 build: configure
 	cmake --build $(BUILD_DIR) -j $(JOBS)
 
-# `build` compiles `mixtrain` and the test executables (the bench programs: `make bench`).
-# --no-tests=error: a test run that finds no tests fails.
-test: build
+# The Python package `mixtrain` (docs/python.md), built by `build` into $(BUILD_DIR)/python:
+# a .pth file in .venv's site-packages names that folder, so .venv's Python imports it.
+python: build
+	@site=$$(.venv/bin/python -c "import sysconfig; print(sysconfig.get_paths()['purelib'])") && \
+	  echo "$(abspath $(BUILD_DIR))/python" > "$$site/mixtrain.pth" && \
+	  .venv/bin/python -c "import mixtrain, mixtrain.optim; print(f'mixtrain {mixtrain.__version__} (for torch {mixtrain.torch_version}): importable from .venv')"
+
+# `build` compiles `mixtrain`, the Python package and the test executables (the bench
+# programs: `make bench`). --no-tests=error: a test run that finds no tests fails.
+test: python
 	ctest --test-dir $(BUILD_DIR) --output-on-failure --no-tests=error -j $(JOBS)
 
 # Only what training needs: the mixtrain binary.

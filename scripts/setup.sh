@@ -12,8 +12,10 @@ cd "$(dirname "$0")/.."
 # libgloo-dev: headers only. The torch wheel carries Gloo inside libtorch_cpu but not its
 # headers, which c10d's ProcessGroupGloo.hpp includes.
 # ninja-build and lld: the build's generator and linker (docs/development.md).
+# python3-dev: Python.h, for the Python package's extension module (docs/python.md).
 PACKAGES=(
   build-essential cmake ninja-build lld pkg-config ccache clang-format python3 python3-venv
+  python3-dev
   libgloo-dev libsleef-dev
   libyaml-cpp-dev libtoml11-dev nlohmann-json3-dev libcli11-dev libxxhash-dev libpcre2-dev
   libgtest-dev libgmock-dev libbenchmark-dev

@@ -57,7 +57,7 @@ std::string format_load_problems(const std::string& what,
   return message;
 }
 
-void ChainedOptimizer::add_leaf(std::unique_ptr<LeafOptimizer> leaf,
+void ChainedOptimizer::add_leaf(std::shared_ptr<LeafOptimizer> leaf,
                                 const NamedTensors& named_params) {
   if (!leaf) throw std::invalid_argument("ChainedOptimizer::add_leaf: null leaf");
   const std::string kind = leaf->kind();

@@ -66,11 +66,12 @@ class ChainedOptimizer : public TrainingOptimizer {
   // Adds a leaf. named_params lists every parameter of the leaf's groups exactly once, by
   // model name (the leaf's params are the model params at this point). Throws
   // std::invalid_argument for a mismatch or a name/parameter another leaf already has.
-  void add_leaf(std::unique_ptr<LeafOptimizer> leaf, const NamedTensors& named_params);
+  // Shared: a mixtrain.optim optimizer object keeps its leaf too (docs/python.md).
+  void add_leaf(std::shared_ptr<LeafOptimizer> leaf, const NamedTensors& named_params);
   // The routing table routing() reports (build_optimizer sets it).
   void set_routing(std::vector<RouteEntry> routes) { routes_ = std::move(routes); }
 
-  const std::vector<std::unique_ptr<LeafOptimizer>>& leaves() const { return leaves_; }
+  const std::vector<std::shared_ptr<LeafOptimizer>>& leaves() const { return leaves_; }
 
   // Swap optimizer (state_swap.h): from now on the leaves' state lives in `swap`'s file
   // between steps. step_with_ready_grads and initialize_state bracket the leaf steps with
@@ -207,7 +208,7 @@ class ChainedOptimizer : public TrainingOptimizer {
   // (leaf, optimizer param) of every parameter, in name order.
   std::vector<std::pair<LeafOptimizer*, at::Tensor>> leaf_params() const;
 
-  std::vector<std::unique_ptr<LeafOptimizer>> leaves_;
+  std::vector<std::shared_ptr<LeafOptimizer>> leaves_;
   std::unique_ptr<StateSwap> swap_;  // declared after leaves_: destroyed before them
   // Throws std::logic_error when a leaf gained param groups after add_leaf.
   void check_group_counts() const;

@@ -66,6 +66,8 @@ set(MIXTRAIN_TEST_TABLE
   "python_sgd_oracle                         1          180      slow"    # 17.5 (loaded machine)
   "python_safetensors_oracle                 2          70       "        # 7 (alone; 2 ranks)
   "python_twin_oracle                        1          70       "        # 5-7 (loaded machine)
+  "python_package_checkpoint_test            1          90       "        # 6-9 (2026-12-04; 4 trainings of the tiny config)
+  "python_example_hf_finetune_muon           1          60       "        # 5.5 (2026-12-04; transformers import)
 )
 
 # Applies the table to the tests already added; call once, after the last add_test.

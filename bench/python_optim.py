@@ -82,6 +82,16 @@ def newton_schulz_flops(matrices):
     return total
 
 
+def report(what, results, theirs, ours, bound, target):
+    """One table block: each variant's ms/step, theirs / it, bound / it; then the target."""
+    for name, seconds in results.items():
+        print(f"{name:36s} {seconds * 1e3:9.1f} {results[theirs] / seconds:8.2f}x "
+              f"{bound / seconds:8.0%}")
+    ratio = results[theirs] / results[ours]
+    print(f"{what}: ours / {theirs} = {ratio:.2f}x (target >= {target}: "
+          f"{'met' if ratio >= target else 'NOT met'})")
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", required=True)
@@ -129,22 +139,12 @@ def main():
         print(f"{'optimizer':36s} {'ms/step':>9s} {'vs torch':>9s} {'of bound':>9s}")
         results = {name: median_step_seconds(make, params, grads_all, args.steps)
                    for name, make in adamw.items()}
-        bound = 28 * count / bandwidth
-        for name, seconds in results.items():
-            print(f"{name:36s} {seconds * 1e3:9.1f} "
-                  f"{results['torch AdamW fused=True'] / seconds:8.2f}x {bound / seconds:8.0%}")
-        ratio = results["torch AdamW fused=True"] / results["mixtrain.optim.AdamW"]
-        print(f"AdamW: ours / torch fused = {ratio:.2f}x (target >= 1.0: "
-              f"{'met' if ratio >= 1.0 else 'NOT met'})")
+        report("AdamW", results, "torch AdamW fused=True", "mixtrain.optim.AdamW",
+               28 * count / bandwidth, 1.0)
         results = {name: median_step_seconds(make, ps, gs, args.steps)
                    for name, (make, ps, gs) in muon.items()}
-        bound = newton_schulz_flops(muon_2d) / gemm
-        for name, seconds in results.items():
-            print(f"{name:36s} {seconds * 1e3:9.1f} "
-                  f"{results['torch.optim.Muon (2-D)'] / seconds:8.2f}x {bound / seconds:8.0%}")
-        ratio = results["torch.optim.Muon (2-D)"] / results["mixtrain.optim.Muon (2-D)"]
-        print(f"Muon: ours / torch = {ratio:.2f}x (target >= 1.5: "
-              f"{'met' if ratio >= 1.5 else 'NOT met'})")
+        report("Muon", results, "torch.optim.Muon (2-D)", "mixtrain.optim.Muon (2-D)",
+               newton_schulz_flops(muon_2d) / gemm, 1.5)
     return 0
 
 

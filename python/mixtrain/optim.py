@@ -57,6 +57,7 @@ class _StateView(Mapping):
 
     def __init__(self, optimizers):
         self._optimizers = optimizers
+        self._owner = {}  # id(param) -> (optimizer, param), rebuilt when a lookup misses
 
     def _pairs(self):
         for opt in self._optimizers:
@@ -65,10 +66,11 @@ class _StateView(Mapping):
                     yield opt, p
 
     def _find(self, param):
-        for opt, p in self._pairs():
-            if p is param:
-                return opt
-        return None
+        entry = self._owner.get(id(param))
+        if entry is None or entry[1] is not param:
+            self._owner = {id(p): (opt, p) for opt, p in self._pairs()}
+            entry = self._owner.get(id(param))
+        return None if entry is None or entry[1] is not param else entry[0]
 
     def __getitem__(self, param):
         opt = self._find(param)
@@ -82,6 +84,13 @@ class _StateView(Mapping):
 
     def __len__(self):
         return sum(1 for _ in self)
+
+    def items(self):
+        """(param, state) of every parameter with state, in param group order."""
+        for opt, p in self._pairs():
+            state = opt._torch_state(p)
+            if state:
+                yield p, state
 
 
 class _LeafOptimizer(Optimizer):
@@ -492,8 +501,16 @@ class FP32MainParams(Optimizer):
             self._enable_swap(swap, named)
         self._optimizers = opts
         self._prepared = False
+        self._built = False
         super().__init__([group for opt in opts for group in opt.param_groups], {})
+        self._built = True
         self.state = _StateView(opts)
+
+    def add_param_group(self, param_group):
+        if self._built:
+            raise RuntimeError("FP32MainParams.add_param_group: add every group to the wrapped "
+                               "optimizers before wrapping them")
+        super().add_param_group(param_group)
 
     def _enable_swap(self, swap, named):
         options = {"file": None, "bucket_mb": 64, "merge_buckets": 1}

@@ -309,6 +309,11 @@ def check_wrapping_rules(check):
     except RuntimeError as error:
         check.expect("FP32MainParams" in str(error), f"message {error}")
     try:
+        opt.add_param_group({"params": [torch.nn.Parameter(torch.zeros(2))]})
+        check.expect(False, "add_param_group on the wrapper was accepted")
+    except RuntimeError as error:
+        check.expect("before wrapping" in str(error), f"message {error}")
+    try:
         mo.FP32MainParams(torch.optim.SGD([named[0][1]]), named)
         check.expect(False, "a torch optimizer was wrapped")
     except TypeError as error:

@@ -323,6 +323,33 @@ def check_add_param_group(check):
     compare_states(check, "add_param_group", ours, theirs, po, pt)
 
 
+def check_zero_copy(check):
+    """The step updates the Python tensors themselves (same storage before and after), and
+    .state's tensors are the leaf's live state (a write through them is what the next step
+    reads), as with torch's own optimizers."""
+    import torch
+
+    import mixtrain.optim as mo
+
+    p = make_params([(16, 8)], torch.float32, seed=17)
+    q = clone_params(p)
+    ours, theirs = mo.AdamW(p, lr=0.01), torch.optim.AdamW(q, lr=0.01, foreach=False)
+    address = p[0].data_ptr()
+    for a, b in ((ours, p), (theirs, q)):
+        b[0].grad = torch.ones(16, 8)
+        a.step()
+    check.expect(p[0].data_ptr() == address, "the step moved the parameter's storage")
+    state = ours.state[p[0]]["exp_avg"]
+    check.expect(state.data_ptr() == ours.state[p[0]]["exp_avg"].data_ptr(),
+                 ".state gave a copy, not the live state")
+    state.mul_(0.5)
+    theirs.state[q[0]]["exp_avg"].mul_(0.5)
+    for a, b in ((ours, p), (theirs, q)):
+        b[0].grad = torch.ones(16, 8)
+        a.step()
+    compare_states(check, "zero copy", ours, theirs, p, q)
+
+
 def check_routing(check):
     import torch
 
@@ -362,6 +389,7 @@ def main():
     check_refusals(check)
     check_failed_load_changes_nothing(check)
     check_add_param_group(check)
+    check_zero_copy(check)
     check_routing(check)
     check.finish()
 

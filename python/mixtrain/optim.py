@@ -241,10 +241,12 @@ class _LeafOptimizer(Optimizer):
 
 
 class AdamW(_LeafOptimizer):
-    """torch.optim.AdamW with amsgrad off: the same arguments and defaults, the same bits as
-    foreach=False (one fused pass per parameter; `foreach` and `fused` are accepted and change
-    nothing). amsgrad, maximize, capturable, differentiable and decoupled_weight_decay=False
-    are refused."""
+    """torch.optim.AdamW with amsgrad off: the same arguments and defaults, and the same bits:
+    those of torch's single-tensor AdamW (foreach=False, the CPU default) by default, those of
+    torch's fused kernel with fused=True (a correctly rounded sqrt instead of ATen's MKL one;
+    float32 parameters, e.g. FP32MainParams' main params). Either way one vectorized pass per
+    parameter; `foreach` changes nothing. fused must be the same in every group. amsgrad,
+    maximize, capturable, differentiable and decoupled_weight_decay=False are refused."""
 
     _KIND = "adamw"
     _COUNT_ONLY_STEP = False  # AdamW's bias correction reads "step": a state must carry it
@@ -255,7 +257,24 @@ class AdamW(_LeafOptimizer):
         defaults = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, amsgrad=amsgrad,
                         maximize=maximize, foreach=foreach, capturable=capturable,
                         differentiable=differentiable, fused=fused, decoupled_weight_decay=True)
+        if fused and foreach:
+            raise ValueError("mixtrain.optim.AdamW: `fused` and `foreach` cannot be True "
+                             "together (as in torch)")
         super().__init__(params, defaults)
+
+    def _new_leaf(self):
+        self._fused = None  # the new leaf's form is set by the next _sync
+        return super()._new_leaf()
+
+    def _sync(self):
+        super()._sync()
+        forms = {bool(g.get("fused")) for g in self.param_groups}
+        if len(forms) != 1:
+            raise ValueError("mixtrain.optim.AdamW: `fused` must be the same in every param group")
+        fused = forms.pop()
+        if fused != self._fused:
+            self._leaf.set_fused_form(fused)
+            self._fused = fused
 
     def _hyperparameters(self, group):
         _refuse("AdamW", group, {

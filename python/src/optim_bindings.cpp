@@ -51,6 +51,13 @@ void step_leaf(LeafOptimizer& leaf) {
   leaf.step();
 }
 
+AdamW& as_adamw(LeafOptimizer& leaf) {
+  auto* adamw = dynamic_cast<AdamW*>(&leaf);
+  if (adamw == nullptr)
+    throw std::invalid_argument(leaf.kind() + " has no fused form (AdamW only)");
+  return *adamw;
+}
+
 Muon& as_muon(LeafOptimizer& leaf) {
   auto* muon = dynamic_cast<Muon*>(&leaf);
   if (muon == nullptr) throw std::invalid_argument(leaf.kind() + " has no head split (Muon only)");
@@ -111,6 +118,8 @@ void bind_optim(py::module_& m) {
       .def("state", &LeafOptimizer::export_state)
       .def("state_problems", &LeafOptimizer::check_state)
       .def("import_state", &LeafOptimizer::import_state)
+      .def("set_fused_form",
+           [](LeafOptimizer& leaf, bool fused) { as_adamw(leaf).set_fused_form(fused); })
       .def("set_head_split",
            [](LeafOptimizer& leaf, const at::Tensor& param, int64_t dim, int64_t block) {
              as_muon(leaf).set_head_split(param, {dim, block});

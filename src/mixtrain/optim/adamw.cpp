@@ -1,6 +1,7 @@
 #include "mixtrain/optim/adamw.h"
 
 #include <ATen/ATen.h>
+#include <ATen/Version.h>
 #include <c10/core/GradMode.h>
 
 #include <cmath>
@@ -67,6 +68,36 @@ void unfused_step(const AdamWOptions& options, int64_t step, const at::Tensor& p
   param.addcdiv_(exp_avg, denom, -step_size);
 }
 
+// Elements [begin, begin + count) of a contiguous tensor, flat (the tensor itself when that is
+// all of it).
+at::Tensor flat_part(const at::Tensor& t, int64_t begin, int64_t count) {
+  if (begin == 0 && count == t.numel()) return t;
+  return t.view(-1).narrow(0, begin, count);
+}
+
+// Float lanes of ATen's Vectorized<float> at the capability ATen runs (ATen/cpu/vec/vec_base.h:
+// 64-byte vectors with AVX-512, 32-byte ones otherwise on x86-64).
+int64_t aten_float_lanes() {
+  static const int64_t lanes = at::get_cpu_capability() == "AVX512" ? 16 : 8;
+  return lanes;
+}
+
+// torch.optim.AdamW(fused=True)'s update of elements [head, numel) of a float32 contiguous CPU
+// param, by ATen's _fused_adamw_ on those elements: fewer than one of its vectors, so its tail
+// loop, exactly as in its call on the whole tensor (same addresses; its work splits at
+// multiples of 16 elements, so only the tensor's last elements are ever a tail).
+void aten_fused_tail(const AdamWOptions& options, int64_t step, const at::Tensor& param,
+                     const at::Tensor& grad, const at::Tensor& exp_avg,
+                     const at::Tensor& exp_avg_sq, int64_t head) {
+  const int64_t count = param.numel() - head;
+  const at::Tensor steps = at::scalar_tensor(static_cast<double>(step), at::kFloat);
+  at::_fused_adamw_({flat_part(param, head, count)}, {flat_part(grad, head, count)},
+                    {flat_part(exp_avg, head, count)}, {flat_part(exp_avg_sq, head, count)}, {},
+                    {steps}, options.lr(), std::get<0>(options.betas()),
+                    std::get<1>(options.betas()), options.weight_decay(), options.eps(),
+                    /*amsgrad=*/false, /*maximize=*/false);
+}
+
 at::Tensor state_tensor_like(const at::Tensor& value, const at::Tensor& param) {
   // A private copy in the param's dtype, laid out like the param.
   at::Tensor out = at::empty_like(param, at::MemoryFormat::Preserve);
@@ -131,9 +162,22 @@ at::Tensor AdamW::step(LossClosure closure) {
 
       if (adamw_fusable(param, grad, state.exp_avg(), state.exp_avg_sq())) {
         const bool fuse_model = model.defined() && adamw_fusable_model(model, param);
-        batch.updates.push_back({param, grad, state.exp_avg(), state.exp_avg_sq(),
-                                 fuse_model ? model : at::Tensor(),
-                                 step_scalars(options, state.step())});
+        AdamWStepScalars scalars = step_scalars(options, state.step());
+        scalars.correctly_rounded_sqrt = fused_form_;
+        // The fused form on the CPU: ATen's _fused_adamw_ itself for the last elements that do
+        // not fill one of its vectors (its scalar tail, whose operations its compiler chose),
+        // first; the kernel for the rest.
+        const int64_t tail = fused_form_ && param.is_cpu() ? param.numel() % aten_float_lanes() : 0;
+        const int64_t head = param.numel() - tail;
+        if (tail > 0) {
+          aten_fused_tail(options, state.step(), param, grad, state.exp_avg(), state.exp_avg_sq(),
+                          head);
+          if (fuse_model) flat_part(model, head, tail).copy_(flat_part(param, head, tail));
+        }
+        batch.updates.push_back({flat_part(param, 0, head), flat_part(grad, 0, head),
+                                 flat_part(state.exp_avg(), 0, head),
+                                 flat_part(state.exp_avg_sq(), 0, head),
+                                 fuse_model ? flat_part(model, 0, head) : at::Tensor(), scalars});
         if (model.defined() && !fuse_model) batch.copies.emplace_back(model, param);
         if (param.is_cpu() || state_swap() != nullptr) batch.run();  // (inside the lease)
         continue;

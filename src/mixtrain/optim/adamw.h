@@ -60,6 +60,16 @@ class AdamW : public LeafOptimizer {
   at::Tensor step(LossClosure closure = nullptr) override;
   std::string kind() const override { return "adamw"; }
 
+  // torch.optim.AdamW(fused=True)'s form instead of the single-tensor one (false, the default):
+  // the fused pass takes a correctly rounded sqrt (kernels/adamw_kernel.h AdamWStepScalars), as
+  // ATen's _fused_adamw_ does on the CPU; the other operations are the same, except in the last
+  // numel % (ATen's float lanes) elements of a CPU param, where ATen's kernel runs scalar code
+  // whose multiply-adds its compiler contracted: those go through _fused_adamw_ itself. Only the
+  // fused pass has the form (float32 contiguous params); the op-sequence fallback keeps ATen's
+  // single-tensor sqrt.
+  void set_fused_form(bool fused) { fused_form_ = fused; }
+  bool fused_form() const { return fused_form_; }
+
   // "exp_avg", "exp_avg_sq" (aliases of the live state) and "step" (int64 scalar tensor);
   // empty before the param's first step.
   NamedTensorList export_state(const at::Tensor& param) const override;
@@ -73,6 +83,9 @@ class AdamW : public LeafOptimizer {
   nlohmann::json group_hyperparameters(size_t group) const override;
   std::unique_ptr<torch::optim::OptimizerOptions> options_with_hyperparameters(
       size_t group, const nlohmann::json& values) const override;
+
+ private:
+  bool fused_form_ = false;
 };
 
 }  // namespace mixtrain

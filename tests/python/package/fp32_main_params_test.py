@@ -282,6 +282,36 @@ def check_swap(check):
     del torch
 
 
+def check_fused_adamw(check):
+    """FP32MainParams(AdamW(fused=True)) == torch's fused AdamW on float32 masters cast to
+    bfloat16, bitwise, with sizes that leave a tail of every length class (the copy of the
+    tail into the model params included)."""
+    import torch
+
+    import mixtrain.optim as mo
+
+    gen = torch.Generator().manual_seed(21)
+    shapes = {"a.weight": (37, 11), "b.weight": (64,), "c.weight": (9,), "d.weight": (1031,)}
+    params = {n: (torch.randn(s, generator=gen) * 0.5).bfloat16() for n, s in shapes.items()}
+    grads = [{n: torch.randn(s, generator=gen).bfloat16().float() for n, s in shapes.items()}
+             for _ in range(3)]
+    named = named_parameters(params)
+    opt = mo.FP32MainParams(mo.AdamW([p for _, p in named], lr=1e-2, weight_decay=0.1,
+                                     fused=True), named)
+    masters = {n: t.float().clone().requires_grad_() for n, t in params.items()}
+    ref = torch.optim.AdamW(list(masters.values()), lr=1e-2, weight_decay=0.1, fused=True)
+    for step_grads in grads:
+        for n, p in named:
+            p.grad = step_grads[n].bfloat16()
+            masters[n].grad = step_grads[n].clone()
+        opt.step()
+        opt.zero_grad()
+        ref.step()
+    for n, p in named:
+        check.expect(same(opt.main_param(n).detach(), masters[n].detach()), f"{n}: fused main")
+        check.expect(same(p.detach(), masters[n].detach().bfloat16()), f"{n}: fused model")
+
+
 def check_wrapping_rules(check):
     import torch
 
@@ -327,6 +357,7 @@ def main():
     check_float16_loss_scaling(check)
     check_resume(check)
     check_swap(check)
+    check_fused_adamw(check)
     check_wrapping_rules(check)
     check.finish()
 

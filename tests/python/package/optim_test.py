@@ -1,5 +1,6 @@
 """mixtrain.optim.AdamW / SGD / Muon against torch.optim.AdamW(foreach=False) / SGD(foreach=False)
-/ Muon, in one process on the same tensors: BITWISE (params and every state tensor after every
+/ Muon, and AdamW(fused=True) against torch's fused AdamW (at every CPU capability, in child
+processes), in one process on the same tensors: BITWISE (params and every state tensor after every
 step), with LR schedulers, two param groups, an option changed between steps, a closure, and
 state_dict() moved both ways between ours and torch's mid-run. Then the contract's edges:
 torch's refusals, our refusals of torch options we lack, a load_state_dict that fails changing
@@ -149,6 +150,47 @@ def check_adamw(check):
                  lambda ps: torch.optim.AdamW(groups(ps), lr=3e-3, weight_decay=0.05,
                                               foreach=False),
                  lambda_schedule, change)
+    check_adamw_fused(check, torch.backends.cpu.get_cpu_capability())
+
+
+def check_adamw_fused(check, capability):
+    """fused=True against torch's fused AdamW (ATen's _fused_adamw_), float32, shapes whose
+    sizes are no multiple of any vector width (the tails)."""
+    import torch
+
+    import mixtrain.optim as mo
+
+    shapes = [(33, 17), (64,), (5, 7, 9), (1000003,)]
+    params = make_params(shapes, torch.float32, seed=15)
+    grads = grads_for(shapes, STEPS, seed=16)
+
+    def groups(ps):
+        return [{"params": ps[:2]}, {"params": ps[2:], "weight_decay": 0.0,
+                                     "betas": (0.8, 0.99)}]
+
+    run_pair(check, f"AdamW fused=True ({capability})", params, grads,
+             lambda ps: mo.AdamW(groups(ps), lr=3e-3, weight_decay=0.05, fused=True),
+             lambda ps: torch.optim.AdamW(groups(ps), lr=3e-3, weight_decay=0.05, fused=True),
+             lambda_schedule)
+
+
+def check_adamw_fused_every_capability(check):
+    """check_adamw_fused in a child per CPU capability below this CPU's best (ATen's and ours
+    lowered together, as both pick the best by default)."""
+    import subprocess
+
+    import torch
+
+    order = ["DEFAULT", "AVX2", "AVX512"]
+    best = torch.backends.cpu.get_cpu_capability()
+    for capability in order[:order.index(best)] if best in order else []:
+        env = dict(os.environ, ATEN_CPU_CAPABILITY=capability.lower(),
+                   MIXTRAIN_CPU_CAPABILITY=capability.lower())
+        result = subprocess.run([sys.executable, os.path.abspath(__file__), "--fused-only"],
+                                env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                text=True, timeout=300)
+        check.expect(result.returncode == 0 and capability in result.stdout,
+                     f"fused AdamW at {capability}:\n{result.stdout[-3000:]}")
 
 
 def check_sgd(check):
@@ -263,6 +305,8 @@ def check_refusals(check):
     expect_error(check, "AdamW amsgrad", ValueError, lambda: mo.AdamW(p, amsgrad=True), "amsgrad")
     expect_error(check, "AdamW maximize", ValueError, lambda: mo.AdamW(p, maximize=True),
                  "maximize")
+    expect_error(check, "AdamW fused and foreach", ValueError,
+                 lambda: mo.AdamW(p, fused=True, foreach=True), "fused")
     expect_error(check, "AdamW beta", ValueError, lambda: mo.AdamW(p, betas=(1.5, 0.9)), "beta")
     expect_error(check, "AdamW lr", ValueError, lambda: mo.AdamW(p, lr=-1.0), "lr")
     expect_error(check, "SGD nesterov", ValueError, lambda: mo.SGD(p, nesterov=True), "nesterov")
@@ -380,8 +424,20 @@ def check_routing(check):
 
 
 def main():
+    if "--fused-only" in sys.argv:
+        import torch
+
+        sys.argv.remove("--fused-only")
+        check = util.Checker()
+        torch.set_num_threads(1)
+        capability = torch.backends.cpu.get_cpu_capability()
+        print("capability", capability)
+        check_adamw_fused(check, capability)
+        check.finish()
+        return
     args, check = util.start(__doc__.splitlines()[0])
     del args
+    check_adamw_fused_every_capability(check)
     check_adamw(check)
     check_sgd(check)
     check_muon(check)

@@ -161,11 +161,49 @@ void adamw_range(const VecScalars& s, float* param, const float* grad, float* ex
       updates(param), reads(grad), updates(exp_avg), updates(exp_avg_sq), writes(model));
 }
 
+// The fused form (correctly_rounded_sqrt): the same operations with Vectorized's sqrt, so each
+// block of two vectors is read, updated and written once.
+template <typename ModelT>
+void adamw_range_exact_sqrt(const VecScalars& s, float* param, const float* grad, float* exp_avg,
+                            float* exp_avg_sq, ModelT* model, int64_t n) {
+  for_blocks_padded<kBlock>(
+      n,
+      [&](int64_t len, float* p, const float* g, float* m, float* v, ModelT* out) {
+        for (int64_t i = 0; i < len; i += kBlock) {
+          Vec m0 = Vec::loadu(m + i), v0 = Vec::loadu(v + i);
+          Vec m1 = Vec::loadu(m + i + kLanes), v1 = Vec::loadu(v + i + kLanes);
+          update_moments(s, Vec::loadu(g + i), m0, v0);
+          update_moments(s, Vec::loadu(g + i + kLanes), m1, v1);
+          const Vec p0 = update_param(s, Vec::loadu(p + i), m0, v0.sqrt());
+          const Vec p1 = update_param(s, Vec::loadu(p + i + kLanes), m1, v1.sqrt());
+          m0.store(m + i);
+          m1.store(m + i + kLanes);
+          v0.store(v + i);
+          v1.store(v + i + kLanes);
+          p0.store(p + i);
+          p1.store(p + i + kLanes);
+          store_float(p0, p1, at_offset(out, i));
+        }
+      },
+      updates(param), reads(grad), updates(exp_avg), updates(exp_avg_sq), writes(model));
+}
+
 template <typename ModelT>
 void adamw_chunks(const AdamWStepScalars& scalars, float* param, const float* grad, float* exp_avg,
                   float* exp_avg_sq, ModelT* model, int64_t numel) {
   const VecScalars s(scalars);
   const int64_t chunks = (numel + kAdamWChunk - 1) / kAdamWChunk;
+  if (scalars.correctly_rounded_sqrt) {
+    at::parallel_for(0, chunks, 1, [&](int64_t begin, int64_t end) {
+      for (int64_t c = begin; c < end; ++c) {
+        const int64_t offset = c * kAdamWChunk;
+        adamw_range_exact_sqrt(s, param + offset, grad + offset, exp_avg + offset,
+                               exp_avg_sq + offset, at_offset(model, offset),
+                               std::min(kAdamWChunk, numel - offset));
+      }
+    });
+    return;
+  }
   at::parallel_for(0, chunks, 1, [&](int64_t begin, int64_t end) {
 #if MIXTRAIN_ATEN_SQRT_IS_MKL
     // One MKL thread per call: VML would otherwise start its own threads for each span where

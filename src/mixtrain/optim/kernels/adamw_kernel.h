@@ -31,6 +31,12 @@ constexpr int64_t kAdamWChunk = int64_t{1} << 16;
 
 // The scalar operands of one step, each the float ATen's op would see: torch computes them in
 // double (Python floats) and the op casts the double Scalar to float.
+//
+// correctly_rounded_sqrt picks the form: false (the default) is the single-tensor op sequence
+// above, sqrt as ATen's (MKL's where ATen takes it from MKL); true is torch.optim.AdamW(fused=True)
+// on the CPU (ATen's _fused_adamw_): the same operations with a correctly rounded sqrt
+// (Vectorized<float>::sqrt), which lets the CPU variants update each vector in one pass. The
+// CUDA twin always takes a correctly rounded sqrt.
 struct AdamWStepScalars {
   float decay;                  // 1 - lr * weight_decay          param.mul_
   float exp_avg_weight;         // 1 - beta1                      exp_avg.lerp_ weight
@@ -39,6 +45,7 @@ struct AdamWStepScalars {
   float bias_correction2_sqrt;  // sqrt(1 - beta2^step)           divisor of sqrt(exp_avg_sq)
   float eps;                    //                                add_
   float neg_step_size;          // -lr / (1 - beta1^step)         addcdiv_ value
+  bool correctly_rounded_sqrt = false;
 };
 
 // model_dtype is kBFloat16 or kHalf when model_param is not null (ignored otherwise).

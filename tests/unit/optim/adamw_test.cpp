@@ -211,6 +211,50 @@ TEST(AdamWFused, BitwiseEqualToUnfusedOpsAtEveryCpuCapability) {
       "AdamWFused.BitwiseEqualToUnfusedOpsAtCurrentCapability");
 }
 
+// set_fused_form(true) against ATen's own fused AdamW (at::_fused_adamw_, what
+// torch.optim.AdamW(fused=True) calls), with a bfloat16 copy-back target: every size class of
+// the tail (none, less than one vector, more than 8 elements of it).
+void expect_fused_form_equals_aten(int64_t n, const AdamWOptions& o) {
+  SCOPED_TRACE("numel " + std::to_string(n) + ", wd " + std::to_string(o.weight_decay()));
+  at::manual_seed(n + 7);
+  const at::Tensor init = at::randn({n});
+  at::Tensor param = init.clone().requires_grad_(true);
+  at::Tensor model = init.to(at::kBFloat16);
+  AdamW optimizer({OptimizerParamGroup({param})}, o);
+  optimizer.set_fused_form(true);
+  optimizer.set_copy_back(param, model);
+  at::Tensor ref = init.clone(), ref_exp_avg = at::zeros({n}), ref_exp_avg_sq = at::zeros({n});
+  for (int64_t t = 1; t <= 4; ++t) {
+    const at::Tensor grad = wide_range_randn(n);
+    set_grad(param, grad);
+    optimizer.step();
+    at::_fused_adamw_({ref}, {grad}, {ref_exp_avg}, {ref_exp_avg_sq}, {},
+                      {at::scalar_tensor(static_cast<double>(t), at::kFloat)}, o.lr(),
+                      std::get<0>(o.betas()), std::get<1>(o.betas()), o.weight_decay(), o.eps(),
+                      /*amsgrad=*/false, /*maximize=*/false);
+    const auto state = optimizer.export_state(param);
+    EXPECT_EQ(count_bit_differences(param.detach(), ref), 0) << "param, step " << t;
+    EXPECT_EQ(count_bit_differences(state[0].second, ref_exp_avg), 0) << "exp_avg, step " << t;
+    EXPECT_EQ(count_bit_differences(state[1].second, ref_exp_avg_sq), 0)
+        << "exp_avg_sq, step " << t;
+    EXPECT_TRUE(bitwise_equal(model, ref.to(at::kBFloat16))) << "model param, step " << t;
+  }
+}
+
+TEST(AdamWFusedForm, BitwiseEqualToAtenFusedAdamWAtCurrentCapability) {
+  MIXTRAIN_ANNOUNCE_CAPABILITY_OR_SKIP();
+  for (const int64_t n :
+       {int64_t{1}, int64_t{7}, int64_t{13}, int64_t{16}, int64_t{33}, int64_t{1000003}}) {
+    expect_fused_form_equals_aten(n, options(1e-3, 0.01));
+    expect_fused_form_equals_aten(n, options(3e-2, 0.0, 0.3, 0.95, 1e-6));
+  }
+}
+
+TEST(AdamWFusedForm, BitwiseEqualToAtenFusedAdamWAtEveryCpuCapability) {
+  testing::expect_passes_at_every_capability(
+      "AdamWFusedForm.BitwiseEqualToAtenFusedAdamWAtCurrentCapability");
+}
+
 TEST(AdamWFused, ResultDoesNotDependOnThreadCount) {
   const int64_t n = 5 * kAdamWChunk + 3;
   at::manual_seed(7);

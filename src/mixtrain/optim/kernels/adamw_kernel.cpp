@@ -147,63 +147,51 @@ C10_ALWAYS_INLINE void adamw_span(const VecScalars& s, float* param, const float
   }
 }
 
-// Elements [0, n) of one chunk, kSpan at a time, the tail zero-padded (for_blocks_padded).
+// The fused form's block (correctly_rounded_sqrt): the same operations with Vectorized's sqrt,
+// so each pair of vectors is read, updated and written once.
 template <typename ModelT>
+C10_ALWAYS_INLINE void adamw_block_exact_sqrt(const VecScalars& s, float* param, const float* grad,
+                                              float* exp_avg, float* exp_avg_sq, ModelT* model) {
+  Vec m0 = Vec::loadu(exp_avg), v0 = Vec::loadu(exp_avg_sq);
+  Vec m1 = Vec::loadu(exp_avg + kLanes), v1 = Vec::loadu(exp_avg_sq + kLanes);
+  update_moments(s, Vec::loadu(grad), m0, v0);
+  update_moments(s, Vec::loadu(grad + kLanes), m1, v1);
+  const Vec p0 = update_param(s, Vec::loadu(param), m0, v0.sqrt());
+  const Vec p1 = update_param(s, Vec::loadu(param + kLanes), m1, v1.sqrt());
+  m0.store(exp_avg);
+  m1.store(exp_avg + kLanes);
+  v0.store(exp_avg_sq);
+  v1.store(exp_avg_sq + kLanes);
+  p0.store(param);
+  p1.store(param + kLanes);
+  store_float(p0, p1, model);
+}
+
+// Elements [0, n) of one chunk, the tail zero-padded (for_blocks_padded): kSpan at a time with
+// ATen's single-tensor sqrt, or a block at a time with a correctly rounded one (kExactSqrt).
+template <bool kExactSqrt, typename ModelT>
 void adamw_range(const VecScalars& s, float* param, const float* grad, float* exp_avg,
                  float* exp_avg_sq, ModelT* model, int64_t n) {
   for_blocks_padded<kBlock>(
       n,
       [&](int64_t len, float* p, const float* g, float* m, float* v, ModelT* out) {
-        for (int64_t i = 0; i < len; i += kSpan) {
-          adamw_span(s, p + i, g + i, m + i, v + i, at_offset(out, i), std::min(kSpan, len - i));
+        if constexpr (kExactSqrt) {
+          for (int64_t i = 0; i < len; i += kBlock) {
+            adamw_block_exact_sqrt(s, p + i, g + i, m + i, v + i, at_offset(out, i));
+          }
+        } else {
+          for (int64_t i = 0; i < len; i += kSpan) {
+            adamw_span(s, p + i, g + i, m + i, v + i, at_offset(out, i), std::min(kSpan, len - i));
+          }
         }
       },
       updates(param), reads(grad), updates(exp_avg), updates(exp_avg_sq), writes(model));
 }
 
-// The fused form (correctly_rounded_sqrt): the same operations with Vectorized's sqrt, so each
-// block of two vectors is read, updated and written once.
-template <typename ModelT>
-void adamw_range_exact_sqrt(const VecScalars& s, float* param, const float* grad, float* exp_avg,
-                            float* exp_avg_sq, ModelT* model, int64_t n) {
-  for_blocks_padded<kBlock>(
-      n,
-      [&](int64_t len, float* p, const float* g, float* m, float* v, ModelT* out) {
-        for (int64_t i = 0; i < len; i += kBlock) {
-          Vec m0 = Vec::loadu(m + i), v0 = Vec::loadu(v + i);
-          Vec m1 = Vec::loadu(m + i + kLanes), v1 = Vec::loadu(v + i + kLanes);
-          update_moments(s, Vec::loadu(g + i), m0, v0);
-          update_moments(s, Vec::loadu(g + i + kLanes), m1, v1);
-          const Vec p0 = update_param(s, Vec::loadu(p + i), m0, v0.sqrt());
-          const Vec p1 = update_param(s, Vec::loadu(p + i + kLanes), m1, v1.sqrt());
-          m0.store(m + i);
-          m1.store(m + i + kLanes);
-          v0.store(v + i);
-          v1.store(v + i + kLanes);
-          p0.store(p + i);
-          p1.store(p + i + kLanes);
-          store_float(p0, p1, at_offset(out, i));
-        }
-      },
-      updates(param), reads(grad), updates(exp_avg), updates(exp_avg_sq), writes(model));
-}
-
-template <typename ModelT>
-void adamw_chunks(const AdamWStepScalars& scalars, float* param, const float* grad, float* exp_avg,
+template <bool kExactSqrt, typename ModelT>
+void adamw_chunks(const VecScalars& s, float* param, const float* grad, float* exp_avg,
                   float* exp_avg_sq, ModelT* model, int64_t numel) {
-  const VecScalars s(scalars);
   const int64_t chunks = (numel + kAdamWChunk - 1) / kAdamWChunk;
-  if (scalars.correctly_rounded_sqrt) {
-    at::parallel_for(0, chunks, 1, [&](int64_t begin, int64_t end) {
-      for (int64_t c = begin; c < end; ++c) {
-        const int64_t offset = c * kAdamWChunk;
-        adamw_range_exact_sqrt(s, param + offset, grad + offset, exp_avg + offset,
-                               exp_avg_sq + offset, at_offset(model, offset),
-                               std::min(kAdamWChunk, numel - offset));
-      }
-    });
-    return;
-  }
   at::parallel_for(0, chunks, 1, [&](int64_t begin, int64_t end) {
 #if MIXTRAIN_ATEN_SQRT_IS_MKL
     // One MKL thread per call: VML would otherwise start its own threads for each span where
@@ -213,13 +201,25 @@ void adamw_chunks(const AdamWStepScalars& scalars, float* param, const float* gr
 #endif
     for (int64_t c = begin; c < end; ++c) {
       const int64_t offset = c * kAdamWChunk;
-      adamw_range(s, param + offset, grad + offset, exp_avg + offset, exp_avg_sq + offset,
-                  at_offset(model, offset), std::min(kAdamWChunk, numel - offset));
+      adamw_range<kExactSqrt>(s, param + offset, grad + offset, exp_avg + offset,
+                              exp_avg_sq + offset, at_offset(model, offset),
+                              std::min(kAdamWChunk, numel - offset));
     }
 #if MIXTRAIN_ATEN_SQRT_IS_MKL
     MKL_Set_Num_Threads_Local(mkl_threads);
 #endif
   });
+}
+
+template <typename ModelT>
+void adamw_chunks(const AdamWStepScalars& scalars, float* param, const float* grad, float* exp_avg,
+                  float* exp_avg_sq, ModelT* model, int64_t numel) {
+  const VecScalars s(scalars);
+  if (scalars.correctly_rounded_sqrt) {
+    adamw_chunks<true>(s, param, grad, exp_avg, exp_avg_sq, model, numel);
+  } else {
+    adamw_chunks<false>(s, param, grad, exp_avg, exp_avg_sq, model, numel);
+  }
 }
 
 }  // namespace

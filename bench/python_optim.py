@@ -18,7 +18,11 @@ machine's in-place bandwidth measured here (a 256 MiB float32 mul_); Muon's Newt
 5 x (4 m^2 n + 2 m^3) flops per m x n matrix (m <= n), against a 1024^3 bfloat16 matmul's rate
 measured here (small matrices reach less of it).
 
-Usage: python_optim.py --config 41M.yaml [--steps N] [--threads 1,2]
+--device cuda runs the same on the current CUDA device (parameters, gradients and the bound
+measurements there, each step timed between two synchronizations; --threads does not apply);
+without a CUDA device it prints "skipped: no CUDA device" and exits 0.
+
+Usage: python_optim.py --config 41M.yaml [--steps N] [--threads 1,2] [--device cpu|cuda]
 (PYTHONPATH: the built package and bench/twin, which the driver sets.)
 """
 
@@ -34,45 +38,43 @@ import twin_config
 import twin_model
 
 
+def timed(fn, repeats, device):
+    """Seconds of each of `repeats` calls of fn, synchronizing a CUDA device around each."""
+    times = []
+    for _ in range(repeats):
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        start = time.perf_counter()
+        fn()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        times.append(time.perf_counter() - start)
+    return times
+
+
 def median_step_seconds(make, params, grads, steps):
     """`make(params)` on fresh float32 copies; 2 warm-up steps, then the median of `steps`."""
     copies = [torch.nn.Parameter(p.detach().clone()) for p in params]
     for c, g in zip(copies, grads):
         c.grad = g
     opt = make(copies)
-    for _ in range(2):
-        opt.step()
-    times = []
-    for _ in range(steps):
-        start = time.perf_counter()
-        opt.step()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+    timed(opt.step, 2, copies[0].device)
+    return statistics.median(timed(opt.step, steps, copies[0].device))
 
 
-def in_place_bandwidth():
+def in_place_bandwidth(device):
     """Bytes read + written per second by an in-place multiply of 256 MiB of float32: AdamW's
     kind of traffic (every array it writes it also reads; no write-allocate reads). A copy_
-    into another array reaches about half of it here."""
-    data = torch.rand(64 << 20)
+    into another array reaches about half of it on the CPU."""
+    data = torch.rand(64 << 20, device=device)
     data.mul_(1.0)
-    times = []
-    for _ in range(5):
-        start = time.perf_counter()
-        data.mul_(1.0)
-        times.append(time.perf_counter() - start)
-    return 2 * data.numel() * 4 / min(times)
+    return 2 * data.numel() * 4 / min(timed(lambda: data.mul_(1.0), 5, device))
 
 
-def bf16_gemm_rate():
-    a = torch.randn(1024, 1024).bfloat16()
+def bf16_gemm_rate(device):
+    a = torch.randn(1024, 1024, device=device).bfloat16()
     a @ a
-    times = []
-    for _ in range(5):
-        start = time.perf_counter()
-        a @ a
-        times.append(time.perf_counter() - start)
-    return 2 * 1024 ** 3 / min(times)
+    return 2 * 1024 ** 3 / min(timed(lambda: a @ a, 5, device))
 
 
 def newton_schulz_flops(matrices):
@@ -98,11 +100,17 @@ def main():
     parser.add_argument("--config", required=True)
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--threads", default="1,2")
+    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     args = parser.parse_args()
+    device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        print("skipped: no CUDA device")
+        return 0
 
     config = twin_config.load_config(args.config)
     torch.manual_seed(0)
     model = twin_model.Qwen2MoeForCausalLM(config)
+    model.to(device)
     named = list(model.named_parameters())
     params = [p for _, p in named]
     routed = mixtrain.optim.muon_param_groups(model)
@@ -111,7 +119,7 @@ def main():
     gen = torch.Generator().manual_seed(1)
 
     def grads_of(ps):
-        return [torch.randn(p.shape, generator=gen) * 1e-3 for p in ps]
+        return [(torch.randn(p.shape, generator=gen) * 1e-3).to(device) for p in ps]
 
     grads_all, grads_2d, grads_3d = grads_of(params), grads_of(muon_2d), grads_of(muon_3d)
     count = sum(p.numel() for p in params)
@@ -134,10 +142,13 @@ def main():
                                               muon_3d, grads_3d),
         "torch.optim.Muon (2-D)": (lambda ps: torch.optim.Muon(ps, lr=0.02), muon_2d, grads_2d),
     }
-    for threads in [int(t) for t in args.threads.split(",")]:
-        torch.set_num_threads(threads)
-        bandwidth, gemm = in_place_bandwidth(), bf16_gemm_rate()
-        print(f"\n== {threads} thread(s): in-place {bandwidth / 1e9:.1f} GB/s, bfloat16 1024^3 GEMM "
+    settings = [int(t) for t in args.threads.split(",")] if device.type == "cpu" else [None]
+    for threads in settings:
+        if threads is not None:
+            torch.set_num_threads(threads)
+        bandwidth, gemm = in_place_bandwidth(device), bf16_gemm_rate(device)
+        where = f"{threads} thread(s)" if threads is not None else torch.cuda.get_device_name()
+        print(f"\n== {where}: in-place {bandwidth / 1e9:.1f} GB/s, bfloat16 1024^3 GEMM "
               f"{gemm / 1e9:.1f} GFLOP/s")
         print(f"{'optimizer':36s} {'ms/step':>9s} {'vs torch':>9s} {'of bound':>9s}")
         results = {name: median_step_seconds(make, params, grads_all, args.steps)

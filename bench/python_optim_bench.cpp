@@ -4,7 +4,9 @@
 // the package built beside the binary (<build>/python) and bench/twin (the eager model that
 // makes the parameters) on PYTHONPATH. Its output is the table; its exit code is ours.
 //
-// Usage: bench_python_optim_bench [--steps N] [--threads 1,2] [--work-dir DIR] [--keep]
+// Usage: bench_python_optim_bench [--steps N] [--threads 1,2] [--device cpu|cuda]
+//                                 [--work-dir DIR] [--keep]
+// (--device cuda: the same on the GPU; without one the script says "skipped: no CUDA device".)
 #include <sys/types.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -20,14 +22,17 @@
 int main(int argc, char** argv) {
   using namespace mixtrain::bench;
   program_name() = "bench_python_optim_bench";
-  std::string steps = "5", threads = "1,2", work_base;
+  std::string steps = "5", threads = "1,2", device = "cpu", work_base;
   bool keep = false;
-  parse_arguments(argc, argv, "[--steps N] [--threads 1,2] [--work-dir DIR] [--keep]\n", nullptr,
-                  work_base, keep, [&](const std::string& arg, const auto& value) {
+  parse_arguments(argc, argv,
+                  "[--steps N] [--threads 1,2] [--device cpu|cuda] [--work-dir DIR] [--keep]\n",
+                  nullptr, work_base, keep, [&](const std::string& arg, const auto& value) {
                     if (arg == "--steps") {
                       steps = std::to_string(int_at_least(value(), "--steps", 1));
                     } else if (arg == "--threads") {
                       threads = value();
+                    } else if (arg == "--device") {
+                      device = value();
                     } else {
                       return false;
                     }
@@ -39,11 +44,13 @@ int main(int argc, char** argv) {
   const std::string package = std::filesystem::path(MIXTRAIN_BINARY).parent_path() / "python";
   const std::string path = package + ":" + MIXTRAIN_SOURCE_DIR + "/bench/twin";
   setenv("PYTHONPATH", path.c_str(), 1);
-  std::vector<std::string> args = {
-      MIXTRAIN_PYTHON, std::string(MIXTRAIN_SOURCE_DIR) + "/bench/python_optim.py",
-      "--config",      config,
-      "--steps",       steps,
-      "--threads",     threads};
+  std::vector<std::string> args = {MIXTRAIN_PYTHON,
+                                   std::string(MIXTRAIN_SOURCE_DIR) + "/bench/python_optim.py"};
+  for (const std::string& arg :
+       {std::string("--config"), config, std::string("--steps"), steps, std::string("--threads"),
+        threads, std::string("--device"), device}) {
+    args.push_back(arg);
+  }
   std::vector<char*> raw;
   for (std::string& arg : args) raw.push_back(arg.data());
   raw.push_back(nullptr);

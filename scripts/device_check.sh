@@ -136,9 +136,18 @@ EOF
 }
 
 phase_configure() {
+  # The Python package needs Python's headers, which an image without -dev packages may lack:
+  # then the build leaves the package out (MIXTRAIN_PYTHON_PACKAGE=OFF) and says so here.
+  local python_package=ON
+  if ! "$MIXTRAIN_PYTHON" -c 'import os, sys, sysconfig
+sys.exit(not os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h")))'; then
+    python_package=OFF
+    echo "  no Python.h for $MIXTRAIN_PYTHON: building without the Python package"
+  fi
   # shellcheck disable=SC2086  # MIXTRAIN_CMAKE_ARGS: several words
   cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release \
     -DMIXTRAIN_PYTHON="$MIXTRAIN_PYTHON" -DMIXTRAIN_DEPS_DIR="$MIXTRAIN_DEPS_DIR" \
+    -DMIXTRAIN_PYTHON_PACKAGE=$python_package \
     -DMIXTRAIN_CUDA=ON -DMIXTRAIN_CUDA_ARCHITECTURES=90 $MIXTRAIN_CMAKE_ARGS >>"$BUILD_LOG" 2>&1
   local rc=$?
   grep -E 'mixtrain:|Found (Torch|CUDA|GTest|nlohmann|PkgConfig)|Found (sleef|libxxhash)|CMake Error' \

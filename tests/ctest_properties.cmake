@@ -67,6 +67,7 @@ set(MIXTRAIN_TEST_TABLE
   "python_safetensors_oracle                 2          70       "        # 7 (alone; 2 ranks)
   "python_twin_oracle                        1          70       "        # 5-7 (loaded machine)
   "python_package_checkpoint_test            1          90       "        # 6-9 (2026-12-04; 4 trainings of the tiny config)
+  "python_package_optim_test                 1          100      "        # 9.2 (2026-12-04; a child per CPU capability)
   "python_example_hf_finetune_muon           1          60       "        # 5.5 (2026-12-04; transformers import)
 )
 

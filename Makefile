@@ -25,8 +25,11 @@ build: configure
 
 # The Python package `mixtrain` (docs/python.md), built by `build` into $(BUILD_DIR)/python:
 # a .pth file in .venv's site-packages names that folder, so .venv's Python imports it.
+# A build configured with -DMIXTRAIN_PYTHON_PACKAGE=OFF has none: said, and nothing installed.
 python: build
-	@site=$$(.venv/bin/python -c "import sysconfig; print(sysconfig.get_paths()['purelib'])") && \
+	@if [ ! -f $(BUILD_DIR)/python/mixtrain/__init__.py ]; then \
+	  echo "no Python package in $(BUILD_DIR) (configured with MIXTRAIN_PYTHON_PACKAGE=OFF)"; exit 0; fi; \
+	site=$$(.venv/bin/python -c "import sysconfig; print(sysconfig.get_paths()['purelib'])") && \
 	  echo "$(abspath $(BUILD_DIR))/python" > "$$site/mixtrain.pth" && \
 	  .venv/bin/python -c "import mixtrain, mixtrain.optim; print(f'mixtrain {mixtrain.__version__} (for torch {mixtrain.torch_version}): importable from .venv')"
 

@@ -22,7 +22,7 @@ from .optim import SGD, AdamW, FP32MainParams, Muon, _named_parameters
 __all__ = ["Checkpoint", "read", "load", "save"]
 
 MODEL_PREFIX = "model."
-MAIN_PREFIX = "optimizer._mixed_precision_optimizer.fp32_from_fp16_params."
+MAIN_PREFIX = _C.MAIN_PARAM_PREFIX  # the trainer's key of an fp32 main param
 _OPTIMIZERS = {"adamw": AdamW, "muon": Muon, "sgd": SGD}
 
 

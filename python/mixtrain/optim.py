@@ -144,6 +144,15 @@ class _LeafOptimizer(Optimizer):
         values.update(self._hyperparameters(group))
         return json.dumps(values)
 
+    def _group_problem(self, index, group):
+        """What the leaf would refuse in `group`'s options as group `index`, or None (changes
+        nothing)."""
+        try:
+            self._leaf.check_hyperparameters(index, self._leaf_values(index, group))
+        except ValueError as error:
+            return str(error)
+        return None
+
     def _sync(self):
         """Gives the leaf every group's lr and options as param_groups holds them now (the
         options only when they changed since the last step)."""
@@ -216,10 +225,9 @@ class _LeafOptimizer(Optimizer):
             if not torch.is_tensor(key):
                 problems.append(f"state for parameter {key!r}, which no param group has")
         for index, group in enumerate(groups):
-            try:
-                self._leaf.check_hyperparameters(index, self._leaf_values(index, group))
-            except ValueError as error:
-                problems.append(f"param group {index}: {error}")
+            problem = self._group_problem(index, group)
+            if problem:
+                problems.append(f"param group {index}: {problem}")
             for position, p in enumerate(group["params"]):
                 values = self._leaf_state(p, state["state"].get(p, {}))
                 for problem in self._leaf.state_problems(p, values):
@@ -638,11 +646,9 @@ class FP32MainParams(Optimizer):
             else:
                 for opt, saved in zip(self._optimizers, groups):
                     for index, group in enumerate(saved):
-                        merged = dict(opt.param_groups[index], **group)
-                        try:
-                            opt._leaf.check_hyperparameters(index, opt._leaf_values(index, merged))
-                        except ValueError as error:
-                            problems.append(f"{type(opt).__name__} param group {index}: {error}")
+                        problem = opt._group_problem(index, dict(opt.param_groups[index], **group))
+                        if problem:
+                            problems.append(f"{type(opt).__name__} param group {index}: {problem}")
         if scaler is not None and self._mp.scaler_state() is None:
             problems.append("a loss scaler state, but no float16 parameter has a loss scaler")
         if problems:

@@ -125,6 +125,7 @@ void bind_optim(py::module_& m) {
              as_muon(leaf).set_head_split(param, {dim, block});
            });
   m.def("make_leaf", &make_leaf, py::arg("kind"), py::arg("groups"));
+  m.attr("MAIN_PARAM_PREFIX") = kMainParamPrefix;
   m.def("route_muon", &route_muon, py::arg("named"), py::arg("dialect"), py::arg("keywords"));
 
   py::class_<DynamicLossScalerOptions>(m, "LossScalerOptions")

@@ -11,9 +11,6 @@
 
 namespace mixtrain {
 
-inline at::Tensor& mul_python_float_(at::Tensor& t, double factor) {
-  return t.mul_(at::native::wrapped_scalar_tensor(factor));
-}
 inline const at::Tensor& mul_python_float_(const at::Tensor& t, double factor) {
   t.mul_(at::native::wrapped_scalar_tensor(factor));
   return t;

@@ -254,8 +254,6 @@ def check_resume(check):
 def check_swap(check):
     """The swap optimizer (state in a file between steps): the same bits as without, and its
     state reads back through state_dict() and .state."""
-    import torch
-
     params, grads = inputs()
     plain, plain_opt = python_loop(params, grads)
     with util.temp_dir() as directory:
@@ -279,7 +277,6 @@ def check_swap(check):
         check.expect(False, "a CPU swap without a file was accepted")
     except ValueError as error:
         check.expect("file" in str(error), f"message {error}")
-    del torch
 
 
 def check_fused_adamw(check):

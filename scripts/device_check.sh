@@ -50,9 +50,10 @@ export CUDA_TEST_JOBS=${CUDA_TEST_JOBS:-4}
 export BENCH_SET=${BENCH_SET:-"bench_adamw_cuda_bench;bench_newton_schulz_cuda_bench;bench_train_cuda_bench --rounds 1 --steps 4 --child-timeout-s 60;bench_swap_optimizer_cuda_bench --steps 5"}
 export BENCH_PROGRAM_S=${BENCH_PROGRAM_S:-150}
 PHASES=${PHASES:-env,configure,build,cuda,smoke,sanity,bench}
-# Fast CPU tests of what the bundle provides: yaml-cpp, toml11, nlohmann-json, xxHash (checksums),
+# Fast CPU tests of what the bundle provides, and of how the binaries load the C++ runtime
+# (unit_core_build_info_test): yaml-cpp, toml11, nlohmann-json, xxHash (checksums),
 # CLI11 and a whole CPU training run (tools_train_command_test), and the CPU AdamW numerics.
-export SANITY_TESTS=${SANITY_TESTS:-"unit_config_yaml_reader_test unit_config_toml_reader_test unit_core_json_reader_test unit_checkpoint_metadata_test unit_optim_adamw_test tools_train_command_test"}
+export SANITY_TESTS=${SANITY_TESTS:-"unit_core_build_info_test unit_config_yaml_reader_test unit_config_toml_reader_test unit_core_json_reader_test unit_checkpoint_metadata_test unit_optim_adamw_test tools_train_command_test"}
 export LIMIT_SCALE=${LIMIT_SCALE:-1}
 BUDGET_S=$((${BUDGET_S:-400} * LIMIT_SCALE))
 SMOKE_RESERVE_S=$((${SMOKE_RESERVE_S:-60} * LIMIT_SCALE))
@@ -126,7 +127,8 @@ for i in range(torch.cuda.device_count()):
 sys.exit(0 if torch.cuda.device_count() > 0 else "torch sees no CUDA device")
 EOF
   local py_ok=$?
-  for tool in nvcc cmake ninja c++ pkg-config; do
+  echo "CXX=${CXX:-} CUDAHOSTCXX=${CUDAHOSTCXX:-}"
+  for tool in nvcc cmake ninja c++ g++ pkg-config; do
     printf '%-10s ' "$tool"
     if command -v "$tool" >/dev/null; then "$tool" --version 2>&1 | grep -m1 -iE 'version|release|[0-9]+\.[0-9]'; else echo "not found"; fi
   done
@@ -152,7 +154,7 @@ sys.exit(not os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Pyth
   local rc=$?
   grep -E 'mixtrain:|Found (Torch|CUDA|GTest|nlohmann|PkgConfig)|Found (sleef|libxxhash)|CMake Error' \
     "$BUILD_LOG" | sed 's/^/  /'
-  grep -E '^(yaml-cpp_DIR|toml11_DIR|nlohmann_json_DIR|CLI11_DIR|GTest_DIR|benchmark_DIR|MIXTRAIN_CUDART|MIXTRAIN_SLEEF_LIBRARY|MIXTRAIN_XXHASH_LIBRARY|pkgcfg_lib_[A-Z]+_[a-z]+|MIXTRAIN_DEPS_DIR)[:=]' \
+  grep -E '^(CMAKE_CXX_COMPILER|MIXTRAIN_LIBSTDCXX|yaml-cpp_DIR|toml11_DIR|nlohmann_json_DIR|CLI11_DIR|GTest_DIR|benchmark_DIR|MIXTRAIN_CUDART|MIXTRAIN_SLEEF_LIBRARY|MIXTRAIN_XXHASH_LIBRARY|pkgcfg_lib_[A-Z]+_[a-z]+|MIXTRAIN_DEPS_DIR)[:=]' \
     "$BUILD_DIR/CMakeCache.txt" 2>/dev/null | sed 's/^/  cache: /'
   return $rc
 }

@@ -2,6 +2,10 @@
 
 #include <ATen/Version.h>
 #include <gtest/gtest.h>
+#include <link.h>
+
+#include <string>
+#include <vector>
 
 namespace mixtrain {
 namespace MIXTRAIN_FILE_LOCAL {
@@ -36,6 +40,33 @@ TEST(BuildInfo, DescribesTheLibTorchWeRunWith) {
   const std::string text = format_build_info(info);
   EXPECT_NE(text.find("LibTorch " + info.libtorch), std::string::npos) << text;
   EXPECT_NE(text.find("BLAS: " + info.blas), std::string::npos) << text;
+}
+
+// The C++ runtime is the shared libstdc++.so.6, loaded before LibTorch (CMakeLists.txt): the
+// loader loads a binary's libraries in the order it names them, so libstdc++ must come before
+// any libtorch* or libc10*. A compiler without a shared libstdc++ of its own would otherwise link
+// a static copy beside the shared one LibTorch brings (file streams crashed between the two).
+TEST(BuildInfo, TheSharedCxxRuntimeIsLoadedBeforeLibTorch) {
+  std::vector<std::string> names;
+  dl_iterate_phdr(
+      [](dl_phdr_info* info, size_t, void* out) {
+        static_cast<std::vector<std::string>*>(out)->push_back(info->dlpi_name ? info->dlpi_name
+                                                                               : "");
+        return 0;
+      },
+      &names);
+  auto first = [&](const std::string& part) {
+    for (size_t i = 0; i < names.size(); ++i) {
+      if (names[i].find(part) != std::string::npos) return i;
+    }
+    return names.size();
+  };
+  std::string all;
+  for (const std::string& n : names) all += n + "\n";
+  const size_t libstdcxx = first("/libstdc++.so");
+  ASSERT_LT(libstdcxx, names.size()) << "no shared libstdc++ loaded:\n" << all;
+  EXPECT_LT(libstdcxx, first("/libtorch")) << all;
+  EXPECT_LT(libstdcxx, first("/libc10")) << all;
 }
 
 }  // namespace MIXTRAIN_FILE_LOCAL

@@ -4,7 +4,8 @@
 # the essential checks:
 #   env        nvidia-smi, torch's view of the GPU, the tools' versions
 #   configure  Ninja, Release, the deps bundle (scripts/device_deps.sh), CUDA arch 90
-#   build      mixtrain, the tests labelled cuda, SANITY_TESTS, the bench_*cuda* programs
+#   build      mixtrain, the tests labelled cuda, SANITY_TESTS, the bench_*cuda* programs, the
+#              Python package's module (when configured)
 #   cuda       ctest -L cuda with MIXTRAIN_REQUIRE_CUDA=1 (no device = a failure, not a skip)
 #   smoke      `mixtrain train --set train.device=cuda` for SMOKE_STEPS steps with train.profile:
 #              it used the GPU when its own rows say peak_device_bytes > 0 (CPU run beside it)
@@ -168,7 +169,10 @@ phase_build() {
   tests=$(test_executables $(ctest --test-dir "$BUILD_DIR" -N -L cuda | sed -n 's/^ *Test *#[0-9]*: //p') \
           $SANITY_TESTS) || { echo "the test executables could not be listed"; return 1; }
   [[ -n $tests ]] || { echo "no test executable found for the cuda tests and SANITY_TESTS"; return 1; }
-  for t in $tests $(grep -E '^bench_[A-Za-z0-9_]*cuda' <<<"$all"); do
+  # The Python package's module when configured (a shared object: it links what the executables
+  # link, so a dependency that is not position-independent fails here).
+  for t in $tests $(grep -E '^bench_[A-Za-z0-9_]*cuda' <<<"$all") \
+    $(grep -xE 'mixtrain_python(_files)?' <<<"$all"); do
     if grep -qx "$t" <<<"$all"; then wanted+=("$t"); else echo "no target $t"; missing=1; fi
   done
   echo "targets: mixtrain ${wanted[*]}"

@@ -9,8 +9,10 @@
 # The folder is a small install prefix, found through MIXTRAIN_DEPS_DIR=DIR (CMakeLists.txt
 # prepends it to CMAKE_PREFIX_PATH and PKG_CONFIG_PATH):
 #   include/          the packages' headers, as under /usr/include
-#   lib/              static libraries where Debian ships them; else the shared library with
-#                     its soname links (Google Benchmark, SLEEF)
+#   lib/              the shared library with its soname links for what goes into mixtrain's
+#                     own libraries (yaml-cpp, xxHash, PCRE2, SLEEF: Debian's .a files are not
+#                     position-independent, and the Python module is a shared object), and for
+#                     Google Benchmark (no .a shipped); static libraries for the test mains
 #   lib/cmake/<pkg>/  CMake package configs written here, relative to their own location
 #   lib/pkgconfig/    SLEEF's, xxHash's and PCRE2's .pc files, relative to their own location
 #   README.md         what is in it and from which package version
@@ -60,8 +62,7 @@ for p in "${HEADER_PACKAGES[@]}"; do
 done
 
 # --- libraries ----------------------------------------------------------------------------------
-for a in libyaml-cpp.a libxxhash.a libpcre2-8.a libgtest.a libgtest_main.a libgmock.a libgmock_main.a \
-         libbenchmark_main.a; do
+for a in libgtest.a libgtest_main.a libgmock.a libgmock_main.a libbenchmark_main.a; do
   cp "$SYSLIB/$a" "$DEPS/lib/"
 done
 # A shared library: the file, its soname link (what a binary loads) and the plain .so (what the
@@ -77,6 +78,9 @@ copy_shared() {
 }
 copy_shared libbenchmark  # Debian ships no libbenchmark.a
 copy_shared libsleef      # nor libsleef.a
+copy_shared libyaml-cpp   # the .a files: not -fPIC, so not for the Python module
+copy_shared libxxhash
+copy_shared libpcre2-8
 
 # --- pkg-config files, relocated: the prefix is two folders above the .pc file -------------------
 for pc in sleef libxxhash libpcre2-8; do
@@ -133,7 +137,7 @@ imported() {
   echo "endif()"
 }
 
-write_config yaml-cpp libyaml-cpp-dev "$(imported yaml-cpp STATIC libyaml-cpp.a)
+write_config yaml-cpp libyaml-cpp-dev "$(imported yaml-cpp SHARED "$(readlink "$DEPS/lib/libyaml-cpp.so")")
 set(YAML_CPP_INCLUDE_DIR \"\${_mixtrain_deps}/include\")
 set(YAML_CPP_LIBRARIES yaml-cpp)"
 write_config toml11 libtoml11-dev "$(imported toml11::toml11 INTERFACE)"
@@ -175,12 +179,12 @@ bytes=$(du -sb "$DEPS" | cut -f1)
   echo "| --- | --- | --- |"
   for p in "${ALL_PACKAGES[@]}"; do
     case $p in
-      libyaml-cpp-dev) what="headers, libyaml-cpp.a, lib/cmake/yaml-cpp" ;;
+      libyaml-cpp-dev) what="headers, libyaml-cpp.so.*, lib/cmake/yaml-cpp" ;;
       libtoml11-dev) what="headers (header-only), lib/cmake/toml11" ;;
       nlohmann-json3-dev) what="headers (header-only), lib/cmake/nlohmann_json" ;;
       libcli11-dev) what="headers (header-only), lib/cmake/CLI11" ;;
-      libxxhash-dev) what="headers, libxxhash.a, lib/pkgconfig/libxxhash.pc" ;;
-      libpcre2-dev) what="headers, libpcre2-8.a, lib/pkgconfig/libpcre2-8.pc" ;;
+      libxxhash-dev) what="headers, libxxhash.so.*, lib/pkgconfig/libxxhash.pc" ;;
+      libpcre2-dev) what="headers, libpcre2-8.so.*, lib/pkgconfig/libpcre2-8.pc" ;;
       libgtest-dev) what="headers, libgtest.a, libgtest_main.a, lib/cmake/GTest" ;;
       libgmock-dev) what="headers, libgmock.a, libgmock_main.a (in lib/cmake/GTest)" ;;
       libbenchmark-dev) what="headers, libbenchmark.so.* (no .a shipped), libbenchmark_main.a, lib/cmake/benchmark" ;;

@@ -6,7 +6,7 @@
 #   - the phases ran in the documented order; configure, build and sanity passed; env, cuda,
 #     smoke and bench failed (no device: MIXTRAIN_REQUIRE_CUDA=1 turns every skip into a failure);
 #   - every package CMake chose is the bundle's, no compile read a bundled package's header from
-#     /usr/include, mixtrain loads yaml-cpp, xxHash, PCRE2 and SLEEF from the bundle;
+#     /usr/include, mixtrain loads yaml-cpp, xxHash and PCRE2 from the bundle;
 #   - without MIXTRAIN_REQUIRE_CUDA, ctest -L cuda exits 0 and reports every cuda test Skipped
 #     (none Passed, none Failed).
 #
@@ -76,10 +76,10 @@ grep -E "^ +/usr/include/$bundled" "$B/deps.txt" | sort -u | head
 grep -qE "^ +/usr/include/$bundled" "$B/deps.txt" && fail "a bundled package's header came from /usr/include"
 # ccache (CCACHE_BASEDIR) records the bundle's headers relative to the build folder.
 grep -qE "^ +($DEST/|\.\./)\.device-deps/include/gloo/" "$B/deps.txt" || fail "no compile read the bundle's Gloo headers"
-echo "--- ldd $B/mixtrain (yaml-cpp, xxhash, pcre2, sleef: the bundle's shared libraries)"
+echo "--- ldd $B/mixtrain (yaml-cpp, xxhash, pcre2: the bundle's shared libraries)"
 ldd "$B/mixtrain" | grep -vE 'site-packages|linux-vdso|ld-linux'
 ldd "$B/mixtrain" >"$B/ldd.txt"
-for lib in libyaml-cpp libxxhash libpcre2-8 libsleef; do
+for lib in libyaml-cpp libxxhash libpcre2-8; do
   grep -qE "^\s*$lib\.so.* => $DEST/\.device-deps/lib/" "$B/ldd.txt" ||
     fail "mixtrain does not load $lib from the bundle"
 done

@@ -5,7 +5,8 @@ every model is built from a config with random weights.
 Usage:
   hf_models.py config DIR
       DIR/FAMILY/config.json as transformers writes it for each tiny FAMILY (qwen2_moe, qwen3_moe,
-      qwen2, llama, qwen3, llama3: llama with llama3 rope scaling, mistral, qwen2_tied, llama_tied).
+      qwen2, llama, qwen3, llama3: llama with llama3 rope scaling, mistral, qwen2_tied, llama_tied,
+      deepseek_v3).
   hf_models.py save FAMILY DIR REFERENCE [--dtype float32|bfloat16|float16] [--max-shard-size N]
                     [--layout per-expert|fused] [--seed S] [--max-position P]
       save_pretrained of a random tiny FAMILY model into DIR (per-expert experts, as transformers
@@ -15,8 +16,8 @@ Usage:
       experts of each layer stacked into [E, I, H] / [E, H, I]; gate = first half of
       gate_up_proj), in the saved dtype.
   hf_models.py logits DIR IDS OUT
-      from_pretrained(DIR) in float32 with eager attention; IDS: safetensors "input_ids" int64
-      [batch, seq]; OUT: "logits" float32.
+      from_pretrained(DIR) in float32 with eager attention and experts; IDS: safetensors
+      "input_ids" int64 [batch, seq]; OUT: "logits" float32.
 Exits 1 with a message when transformers is missing (scripts/python-requirements.txt).
 """
 
@@ -62,6 +63,14 @@ FAMILIES = {
     "llama_tied": ("LlamaConfig", "LlamaForCausalLM",
                    dict(intermediate_size=20, attention_bias=False, mlp_bias=False,
                         tie_word_embeddings=True)),
+    # DeepSeek-V3: MLA with query compression (every dim distinct), 8 experts in 4 groups, a
+    # dense first layer. save draws its selection biases (buffers) too.
+    "deepseek_v3": ("DeepseekV3Config", "DeepseekV3ForCausalLM",
+                    dict(num_key_value_heads=4, q_lora_rank=10, kv_lora_rank=11,
+                         qk_nope_head_dim=7, qk_rope_head_dim=6, v_head_dim=9,
+                         n_routed_experts=8, num_experts_per_tok=3, moe_intermediate_size=5,
+                         n_shared_experts=2, n_group=4, topk_group=2, routed_scaling_factor=2.5,
+                         first_k_dense_replace=1, intermediate_size=20, norm_topk_prob=True)),
     "qwen3": ("Qwen3Config", "Qwen3ForCausalLM",
               dict(intermediate_size=20, attention_bias=False, use_sliding_window=False)),
     # Llama 3.1's rope scaling (factor 8, low_freq_factor 1, high_freq_factor 4) with the original
@@ -80,6 +89,8 @@ FAMILIES = {
 def make_config(family, max_position=None):
     config_class, _, extra = FAMILIES[family]
     kwargs = dict(COMMON, **extra)
+    if family == "deepseek_v3":
+        del kwargs["head_dim"]  # DeepseekV3Config sets it to qk_rope_head_dim
     if max_position:
         kwargs["max_position_embeddings"] = max_position
     return getattr(transformers, config_class)(**kwargs)
@@ -115,6 +126,9 @@ def save(args):
     with torch.no_grad():
         for name, p in model.named_parameters():
             p.normal_(1.0 if name.endswith("norm.weight") else 0.0, 0.3)
+        for name, b in model.named_buffers():
+            if name.endswith("e_score_correction_bias"):  # DeepSeek-V3's selection biases
+                b.normal_(0.0, 0.1)
     model = model.to(dtype)
     kwargs = {"max_shard_size": args.max_shard_size} if args.max_shard_size else {}
     model.save_pretrained(args.dir, **kwargs)
@@ -135,7 +149,8 @@ def save(args):
 
 def logits(args):
     model = transformers.AutoModelForCausalLM.from_pretrained(
-        args.dir, dtype=torch.float32, attn_implementation="eager").eval()
+        args.dir, dtype=torch.float32, attn_implementation="eager",
+        experts_implementation="eager").eval()  # grouped_mm needs 16-byte strides: odd dims
     ids = load_file(args.ids)["input_ids"]
     with torch.no_grad():
         out = model(input_ids=ids).logits.float()

@@ -4,7 +4,8 @@ tests/unit/model/qwen2_test.cpp (qwen2, llama) and qwen2_moe_test.cpp (qwen2_moe
 
 Usage:
   hf_parity.py model CASE_JSON DIR
-    CASE_JSON: {"family": "qwen2" | "llama" | "qwen3" | "mistral" | "qwen2_moe" | "qwen3_moe",
+    CASE_JSON: {"family": "qwen2" | "llama" | "qwen3" | "mistral" | "qwen2_moe" | "qwen3_moe" |
+                          "deepseek_v3",
                 "seed": int,
                 "batch": int, "seq": int, "keys": {mixtrain's model.* keys, as in ModelConfig}}
     With keys.tie_word_embeddings the HF model ties lm_head to the embedding (one tensor; its
@@ -30,6 +31,10 @@ Usage:
     1e-6), and HF's aux loss (float32-accurate: HF sums the router probabilities in float32). It fails unless every token's k-th and (k+1)-th router probabilities differ by more
     than 1e-4, ~100x the float32 rounding of a probability here (a few 1e-7 to 1e-6), so float32
     cannot choose other experts than the float64 reference.
+    deepseek_v3: the routers' selection biases (e_score_correction_bias, buffers saved with the
+    weights) are drawn N(0, 0.1^2); the run fails unless, for every token of every MoE layer, the
+    chosen groups and experts are more than 1e-4 from a tie (float64 recomputation of the float32
+    router) and the biases change some token's experts.
   hf_parity.py router CASE_JSON DIR
     CASE_JSON: {"seed", "tokens", "hidden", "experts", "top_k"}
     Runs Qwen2MoeTopKRouter and Qwen3MoeTopKRouter, each with norm_topk_prob false and true, on the
@@ -104,11 +109,28 @@ def hf_config(transformers, family, k, scaled=True):
     if family == "qwen3_moe":
         return transformers.Qwen3MoeForCausalLM, transformers.Qwen3MoeConfig(
             attention_bias=k["attention_bias"], use_sliding_window=False, **moe, **common)
+    if family == "deepseek_v3":
+        common.pop("head_dim")  # DeepseekV3Config sets it to qk_rope_head_dim
+        return transformers.DeepseekV3ForCausalLM, transformers.DeepseekV3Config(
+            intermediate_size=k["intermediate_size"],
+            moe_intermediate_size=k["moe_intermediate_size"], n_routed_experts=k["num_experts"],
+            num_experts_per_tok=k["num_experts_per_tok"], norm_topk_prob=k["norm_topk_prob"],
+            n_shared_experts=k["n_shared_experts"], n_group=k["n_group"],
+            topk_group=k["topk_group"],
+            routed_scaling_factor=float(k["routed_scaling_factor"]),
+            first_k_dense_replace=k["first_k_dense_replace"],
+            q_lora_rank=k["q_lora_rank"] or None, kv_lora_rank=k["kv_lora_rank"],
+            qk_nope_head_dim=k["qk_nope_head_dim"], qk_rope_head_dim=k["qk_rope_head_dim"],
+            v_head_dim=k["v_head_dim"], rope_interleave=k["rope_interleave"],
+            attention_bias=k["attention_bias"], **common)
     sys.exit(f"FAIL: unknown family {family!r}")
 
 
 def randomize(torch, model, generator):
     with torch.no_grad():
+        for name, b in model.named_buffers():
+            if name.endswith("e_score_correction_bias"):  # DeepSeek-V3's selection bias
+                b.normal_(0.0, 0.1, generator=generator)
         for name, p in model.named_parameters():
             if name.endswith(".bias"):
                 p.normal_(0.0, 0.3, generator=generator)
@@ -118,6 +140,47 @@ def randomize(torch, model, generator):
                 p.normal_(0.0, 1.0, generator=generator)
             else:  # [out, in] or [E, out, in]
                 p.normal_(0.0, p.size(-1) ** -0.5, generator=generator)
+
+
+def deepseek_margins(torch, model, router_logits, k, seed):
+    """DeepSeek-V3's routing must be ties-free at float32 rounding, or float32 could choose other
+    groups or experts than the reference: for every token of every MoE layer, the topk_group-th
+    and next group scores, and the k-th and next selection scores among the kept groups'
+    experts, more than 1e-4 apart (the scores are sigmoids in (0, 1), rounded to ~6e-8)."""
+    biases = [b for n, b in model.named_buffers() if n.endswith("e_score_correction_bias")]
+    groups, per_group, top_k = k["n_group"], k["num_experts"] // k["n_group"], k["num_experts_per_tok"]
+    margin = float("inf")
+    for logits, bias in zip(router_logits, biases):
+        choice = torch.sigmoid(logits.double()) + bias.double()
+        group_scores = choice.view(-1, groups, per_group).topk(2, -1).values.sum(-1)
+        if k["topk_group"] < groups:
+            top = group_scores.topk(k["topk_group"] + 1, -1).values
+            margin = min(margin, float((top[:, -2] - top[:, -1]).min()))
+        kept = group_scores.topk(k["topk_group"], -1).indices
+        mask = torch.zeros_like(group_scores).scatter_(1, kept, 1.0).bool()
+        mask = mask.unsqueeze(-1).expand(-1, groups, per_group).reshape(choice.shape)
+        masked = choice.masked_fill(~mask, float("-inf"))
+        top = masked.topk(top_k + 1, -1).values
+        finite = torch.isfinite(top[:, -1])
+        if finite.any():
+            margin = min(margin, float((top[finite, -2] - top[finite, -1]).min()))
+    if margin <= 1e-4:
+        sys.exit(f"FAIL: seed {seed}: a DeepSeek-V3 routing margin of {margin:.3g} <= 1e-4; "
+                 "float32 could choose other groups or experts: pick another seed")
+    # The biases must matter: without them some token would choose other experts.
+    moved = 0
+    for logits, bias in zip(router_logits, biases):
+        def chosen(b):
+            choice = torch.sigmoid(logits.double()) + b
+            scores = choice.view(-1, groups, per_group).topk(2, -1).values.sum(-1)
+            kept = scores.topk(k["topk_group"], -1).indices
+            mask = torch.zeros_like(scores).scatter_(1, kept, 1.0).bool()
+            mask = mask.unsqueeze(-1).expand(-1, groups, per_group).reshape(choice.shape)
+            return choice.masked_fill(~mask, float("-inf")).topk(top_k, -1).indices.sort(-1).values
+        moved += int((chosen(bias.double()) != chosen(torch.zeros_like(bias.double()))).any(-1).sum())
+    if moved == 0:
+        sys.exit(f"FAIL: seed {seed}: the selection biases change no token's experts")
+    print(f"deepseek routing margin {margin:.3g}; the biases change {moved} tokens' experts")
 
 
 def in_memory(params, name, moe_intermediate):
@@ -150,8 +213,11 @@ def run_model(case, out_dir):
     model = model.to(torch.float64)
     ids = torch.randint(k["vocab_size"], (case["batch"], case["seq"]), generator=generator)
     is_moe = case["family"].endswith("_moe")
-    out = model(input_ids=ids, labels=ids, output_router_logits=is_moe) if is_moe else \
-        model(input_ids=ids, labels=ids)
+    deepseek = case["family"] == "deepseek_v3"
+    out = model(input_ids=ids, labels=ids, output_router_logits=is_moe or deepseek) \
+        if is_moe or deepseek else model(input_ids=ids, labels=ids)
+    if deepseek:
+        deepseek_margins(torch, model, out.router_logits, k, case["seed"])
     if is_moe:
         top = torch.stack([torch.softmax(r.detach(), -1).topk(k["num_experts_per_tok"] + 1, -1)
                            .values for r in out.router_logits])
@@ -193,6 +259,8 @@ def run_model(case, out_dir):
     params = dict(model.named_parameters())
     grads = {}
     for name, weight in saved.items():
+        if name.endswith("e_score_correction_bias"):  # a buffer: no gradient
+            continue
         if name == "lm_head.weight" and config.tie_word_embeddings and name not in params:
             # A tied head saved beside the embedding: the same tensor, whose gradient is the
             # embedding's (named_parameters lists the tied pair once).

@@ -1,6 +1,7 @@
 // Parity with Hugging Face transformers for the model tests (qwen2_test.cpp: qwen2, llama, llama
 // with llama3 rope scaling;
-// qwen2_moe_test.cpp: qwen2_moe, qwen3_moe). tests/python/hf_parity.py builds the family tiny
+// qwen2_moe_test.cpp: qwen2_moe, qwen3_moe; deepseek_v3_test.cpp: deepseek_v3, whose selection
+// biases, model state, load with the weights). tests/python/hf_parity.py builds the family tiny
 // with random weights, save_pretrained()s it and writes float64 logits, loss (with the router
 // aux loss) and every saved tensor's gradient; run_hf_parity builds our model from the saved
 // config.json (model/hf_config.h: read_hf_config), loads the weights, and the gradients into
@@ -29,6 +30,7 @@
 #include "mixtrain/checkpoint/hf_import.h"
 #include "mixtrain/core/param_placement.h"
 #include "mixtrain/core/safetensors.h"
+#include "mixtrain/model/deepseek_v3_config.h"
 #include "mixtrain/model/hf_config.h"
 #include "mixtrain/model/moe_config.h"
 #include "mixtrain/model/registry.h"
@@ -87,7 +89,16 @@ inline HfParity run_hf_parity(const ModelConfig& c, int seed, int batch, int seq
          << ", \"attention_bias\": " << (c.attention_bias ? "true" : "false")
          << ", \"tie_word_embeddings\": " << (c.tie_word_embeddings ? "true" : "false")
          << ", \"sliding_window\": " << sliding_window_config(c).sliding_window
-         << ", \"norm_topk_prob\": " << (moe_config(c).norm_topk_prob ? "true" : "false") << "}}\n";
+         << ", \"norm_topk_prob\": " << (moe_config(c).norm_topk_prob ? "true" : "false");
+    const DeepseekV3Config& d = deepseek_v3_config(c);
+    json << ", \"q_lora_rank\": " << d.q_lora_rank << ", \"kv_lora_rank\": " << d.kv_lora_rank
+         << ", \"qk_nope_head_dim\": " << d.qk_nope_head_dim
+         << ", \"qk_rope_head_dim\": " << d.qk_rope_head_dim << ", \"v_head_dim\": " << d.v_head_dim
+         << ", \"rope_interleave\": " << (d.rope_interleave ? "true" : "false")
+         << ", \"n_shared_experts\": " << d.n_shared_experts << ", \"n_group\": " << d.n_group
+         << ", \"topk_group\": " << d.topk_group
+         << ", \"routed_scaling_factor\": " << d.routed_scaling_factor
+         << ", \"first_k_dense_replace\": " << d.first_k_dense_replace << "}}\n";
   }
   HfParity r;
   if (!python_script_succeeds({"hf_parity.py", "model", dir + "/case.json", dir})) return r;
@@ -136,6 +147,28 @@ inline HfParity run_hf_parity(const ModelConfig& c, int seed, int batch, int seq
   } else {
     keys.emplace_back("intermediate_size", c.intermediate_size, loaded.intermediate_size);
   }
+  if (c.name == "deepseek_v3") {
+    const DeepseekV3Config &d = deepseek_v3_config(c), &l = deepseek_v3_config(loaded);
+    keys.insert(
+        keys.end(),
+        {{"moe_intermediate_size", moe_config(c).moe_intermediate_size,
+          moe_config(loaded).moe_intermediate_size},
+         {"num_experts", moe_config(c).num_experts, moe_config(loaded).num_experts},
+         {"num_experts_per_tok", moe_config(c).num_experts_per_tok,
+          moe_config(loaded).num_experts_per_tok},
+         {"norm_topk_prob", moe_config(c).norm_topk_prob, moe_config(loaded).norm_topk_prob},
+         {"q_lora_rank", d.q_lora_rank, l.q_lora_rank},
+         {"kv_lora_rank", d.kv_lora_rank, l.kv_lora_rank},
+         {"qk_nope_head_dim", d.qk_nope_head_dim, l.qk_nope_head_dim},
+         {"qk_rope_head_dim", d.qk_rope_head_dim, l.qk_rope_head_dim},
+         {"v_head_dim", d.v_head_dim, l.v_head_dim},
+         {"rope_interleave", d.rope_interleave, l.rope_interleave},
+         {"n_shared_experts", d.n_shared_experts, l.n_shared_experts},
+         {"n_group", d.n_group, l.n_group},
+         {"topk_group", d.topk_group, l.topk_group},
+         {"routed_scaling_factor", d.routed_scaling_factor, l.routed_scaling_factor},
+         {"first_k_dense_replace", d.first_k_dense_replace, l.first_k_dense_replace}});
+  }
   if (c.name == "qwen2_moe") {
     keys.emplace_back("shared_expert_intermediate_size",
                       moe_config(c).shared_expert_intermediate_size,
@@ -148,6 +181,8 @@ inline HfParity run_hf_parity(const ModelConfig& c, int seed, int batch, int seq
     params[item.key()] = item.value().detach();
     hf_grads[item.key()] = torch::zeros_like(item.value(), torch::kFloat64);
   }
+  // The model's own state (deepseek_v3's selection biases) is filled in place with the weights.
+  for (const auto& [name, t] : model->model_state()) params[name] = t;
   import_whole(dir, params);
   import_whole(dir + "/grads", hf_grads);
   const auto ids = ref.at("input_ids");

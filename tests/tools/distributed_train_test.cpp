@@ -1,6 +1,6 @@
 // `mixtrain train --nproc N`: local ranks on loopback (FSDP), their agreement with one process,
 // what happens when a rank dies, QK-clip on 2 ranks (FSDP, cp, tp) against one process, and
-// Qwen3-MoE under FSDP + expert parallelism with a resume.
+// Qwen3-MoE and DeepSeek-V3 under FSDP + expert parallelism with a resume.
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -230,6 +230,48 @@ TEST(DistributedTrain, Qwen3MoeFsdpExpertParallelResumes) {
   std::printf("qwen3_moe ep=2 vs one process, step 1: loss %.9g vs %.9g, grad norm %.9g vs %.9g\n",
               a[0]["loss"].get<double>(), b[0]["loss"].get<double>(),
               a[0]["grad_norm"].get<double>(), b[0]["grad_norm"].get<double>());
+}
+
+// DeepSeek-V3 (configs/deepseek_v3_tiny.yaml: MLA, group-limited sigmoid router, a dense first
+// layer; bfloat16 model, FP32 main params, Muon + AdamW) on two ranks with FSDP and expert
+// parallelism: a run restored from its step-2 checkpoint continues bitwise like one run, the
+// selection biases included (bias_update_speed 0.05 here, so they move routing within the 4
+// steps: a run that keeps them at 0 gives other losses from step 2 on, so a resume that lost them
+// would too); step 1 agrees with one process within the Qwen2-MoE bounds above.
+TEST(DistributedTrain, DeepseekV3FsdpExpertParallelResumesWithItsBalancingBias) {
+  const std::string config = source_path("configs/deepseek_v3_tiny.yaml");
+  const std::string common = " --set model.bias_update_speed=0.05 --set train.log_every=1";
+  const auto command = [&](const std::string& dir) {
+    return "train --config " + config + common +
+           " --nproc 2 --set parallel.dp_shard=2 --set parallel.ep=2 --run-dir " + dir;
+  };
+  TrainThenResume runs;
+  ASSERT_NO_FATAL_FAILURE(train_then_resume(command, " --set checkpoint.interval=2", runs));
+  TempDir run;
+  CommandResult one = run_mixtrain("train --config " + config + common +
+                                   " --set train.steps=1 --run-dir " + run.file("one"));
+  ASSERT_EQ(one.exit_code, 0) << one.output;
+  CommandResult frozen = run_mixtrain(command(run.file("frozen")) +
+                                      " --set train.steps=4 --set model.bias_update_speed=0");
+  ASSERT_EQ(frozen.exit_code, 0) << frozen.output;
+  const auto a = read_metrics(runs.continuous.file("metrics.jsonl"));
+  const auto b = read_metrics(run.file("one/metrics.jsonl"));
+  const auto f = read_metrics(run.file("frozen/metrics.jsonl"));
+  ASSERT_EQ(b.size(), 1u);
+  ASSERT_EQ(f.size(), 4u);
+  EXPECT_NEAR(a[0]["loss"].get<double>(), b[0]["loss"].get<double>(),
+              1e-4 * b[0]["loss"].get<double>());
+  EXPECT_NEAR(a[0]["grad_norm"].get<double>(), b[0]["grad_norm"].get<double>(),
+              1e-3 * b[0]["grad_norm"].get<double>());
+  EXPECT_EQ(f[0]["loss"], a[0]["loss"]);  // the biases start at 0 in both
+  bool moved = false;
+  for (size_t i = 1; i < 4; ++i) moved |= f[i]["loss"] != a[i]["loss"];
+  EXPECT_TRUE(moved) << "the balancing biases changed no step's loss";
+  std::printf(
+      "deepseek_v3 ep=2 vs one process, step 1: loss %.9g vs %.9g; frozen biases, step 4: "
+      "loss %.9g vs %.9g\n",
+      a[0]["loss"].get<double>(), b[0]["loss"].get<double>(), f[3]["loss"].get<double>(),
+      a[3]["loss"].get<double>());
 }
 
 }  // namespace MIXTRAIN_FILE_LOCAL

@@ -139,6 +139,9 @@ at::Tensor our_logits(const std::string& config, const std::string& dir, const a
     targets.push_back(
         {item.key(), item.value(), whole_placement(item.key(), item.value().sizes().vec())});
   }
+  for (const auto& [name, tensor] : model->model_state()) {  // deepseek_v3's selection biases
+    targets.push_back({name, tensor, whole_placement(name, tensor.sizes().vec())});
+  }
   import_hf_weights(dir, targets);
   c10::NoGradGuard no_grad;
   return model->forward(ids).logits.to(at::kFloat);
@@ -193,6 +196,35 @@ TEST(ExportHf, TransformersLoadsTheExportWithOurLogits) {
   // Mistral's sliding window (5 of 12 positions) survives the export: transformers applies it
   // from the exported config.json, or the later positions' logits would differ by O(1).
   expect_logits_round_trip("mistral", "", "", "--dtype f32");
+}
+
+// DeepSeek-V3: the selection biases (model state beside the weights) come in with model.init_from
+// and go out with export-hf, in float32 with the router weights (transformers keeps both in
+// float32) while the other tensors are bf16; bias_update_speed 0 keeps them at the file's values,
+// so the round trip is exact. Trained with bias_update_speed 0.05 on two ranks (FSDP + expert
+// parallelism), the export carries the moved biases: transformers' logits are ours.
+TEST(ExportHf, DeepseekV3WeightsAndBalancingBiasesInAndOut) {
+  expect_identity_round_trip("deepseek_v3", "", "--set model.bias_update_speed=0");
+  {
+    TempDir tmp;
+    ASSERT_NO_FATAL_FAILURE(save_hf("deepseek_v3", tmp.file("hf")));
+    const CommandResult r =
+        train(tmp, write_config(tmp, tmp.file("hf"), 0.0), "--set model.bias_update_speed=0");
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    const CommandResult e = run_mixtrain("export-hf " + tmp.file("run/checkpoints") + " " +
+                                         tmp.file("out") + " --dtype bf16");
+    ASSERT_EQ(e.exit_code, 0) << e.output;
+    const auto got = hf_tensors(tmp.file("out"));
+    const auto want = hf_tensors(tmp.file("hf"));
+    for (const auto& [name, tensor] : got) {
+      const bool float32 = name.find(".mlp.gate.") != std::string::npos;
+      EXPECT_EQ(tensor.scalar_type(), float32 ? at::kFloat : at::kBFloat16) << name;
+      if (float32) EXPECT_TRUE(at::equal(tensor, want.at(name))) << name;
+    }
+    EXPECT_EQ(got.count("model.layers.1.mlp.gate.e_score_correction_bias"), 1u);
+  }
+  expect_logits_round_trip("deepseek_v3", "--nproc 2 --set model.bias_update_speed=0.05",
+                           "parallel:\n  dp_shard: 2\n  ep: 2\n", "--dtype f32");
 }
 
 TEST(ExportHf, TwoRankInitFromTrainExportReload) {

@@ -22,6 +22,7 @@
 #include "mixtrain/core/safetensors.h"
 #include "mixtrain/core/text.h"
 #include "mixtrain/model/hf_config.h"
+#include "mixtrain/model/registry.h"
 #include "mixtrain/optim/training_optimizer.h"
 
 namespace mixtrain {
@@ -84,17 +85,28 @@ struct ExportTensor {
   int64_t expert = -1;  // >= 0: slice `expert` of a 3-D expert tensor
   std::vector<int64_t> shape;
   uint64_t bytes = 0;
+  at::ScalarType dtype = at::kFloat;  // as written
 };
 
-std::vector<ExportTensor> plan_tensors(const CheckpointMetadata& metadata, at::ScalarType dtype,
-                                       bool& from_main_params) {
+// Whether transformers keeps `fqn` in float32 whatever the model's dtype (the family's
+// _keep_in_fp32_modules_strict: deepseek_v3's router weights and selection biases).
+bool keeps_float32(const HfFamily& family, const std::string& fqn) {
+  for (const std::string& suffix : family.float32_suffixes) {
+    if (ends_with(fqn, suffix)) return true;
+  }
+  return false;
+}
+
+std::vector<ExportTensor> plan_tensors(const CheckpointMetadata& metadata, const HfFamily& family,
+                                       at::ScalarType export_dtype, bool& from_main_params) {
   static const std::regex expert(R"(^(.*\.mlp\.experts)\.(gate_proj|up_proj|down_proj)$)");
   std::vector<ExportTensor> out;
-  const int64_t element = static_cast<int64_t>(c10::elementSize(dtype));
   from_main_params = false;
   for (const auto& [key, tensor] : metadata.tensors) {
     if (!starts_with(key, kModelPrefix)) continue;
     const std::string fqn = key.substr(std::string(kModelPrefix).size());
+    const at::ScalarType dtype = keeps_float32(family, fqn) ? at::kFloat : export_dtype;
+    const int64_t element = static_cast<int64_t>(c10::elementSize(dtype));
     std::string source = key;
     const std::string main = std::string(kMainParamPrefix) + fqn;
     if (metadata.tensors.count(main) != 0) {
@@ -106,13 +118,14 @@ std::vector<ExportTensor> plan_tensors(const CheckpointMetadata& metadata, at::S
       const std::vector<int64_t> shape(tensor.shape.begin() + 1, tensor.shape.end());
       for (int64_t e = 0; e < tensor.shape[0]; ++e) {
         out.push_back({match[1].str() + "." + std::to_string(e) + "." + match[2].str() + ".weight",
-                       source, e, shape, static_cast<uint64_t>(shape[0] * shape[1] * element)});
+                       source, e, shape, static_cast<uint64_t>(shape[0] * shape[1] * element),
+                       dtype});
       }
       continue;
     }
     int64_t numel = 1;
     for (int64_t d : tensor.shape) numel *= d;
-    out.push_back({fqn, source, -1, tensor.shape, static_cast<uint64_t>(numel * element)});
+    out.push_back({fqn, source, -1, tensor.shape, static_cast<uint64_t>(numel * element), dtype});
   }
   std::sort(out.begin(), out.end(), [](const ExportTensor& a, const ExportTensor& b) {
     return natural_less(a.hf_key, b.hf_key);
@@ -182,7 +195,7 @@ void write_export(CheckpointReader& reader, const ModelConfig& model, at::Scalar
         cached_key = t->checkpoint_key;
       }
       const at::Tensor value = t->expert >= 0 ? cached[t->expert] : cached;
-      out.emplace_back(t->hf_key, value.to(dtype).contiguous());
+      out.emplace_back(t->hf_key, value.to(t->dtype).contiguous());
       weight_map[t->hf_key] = name;
       total += t->bytes;
     }
@@ -236,15 +249,19 @@ int export_hf_command(const std::string& checkpoint, const std::string& out_dir,
   CheckpointReader reader(resolve_step_dir(checkpoint));
   const std::string where = reader.dir() + "/" + kCheckpointMetadataFile;
   const ModelConfig model = recorded_model_config(reader.metadata(), where);
-  bool from_main_params = false;
-  const std::vector<ExportTensor> tensors =
-      plan_tensors(reader.metadata(), dtype, from_main_params);
-  if (tensors.empty()) throw DataError(where + ": the checkpoint holds no model.* tensors");
   try {
     hf_config_json(model, dtype_name);
   } catch (const std::invalid_argument& error) {
     throw UserError(where + ": " + error.what());
   }
+  const ModelEntry* entry = nullptr;
+  for (const ModelEntry& e : model_registry()) {
+    if (e.name == model.name) entry = &e;
+  }
+  bool from_main_params = false;
+  const std::vector<ExportTensor> tensors =
+      plan_tensors(reader.metadata(), entry->hf, dtype, from_main_params);
+  if (tensors.empty()) throw DataError(where + ": the checkpoint holds no model.* tensors");
 
   // A sibling, so the final rename stays on one file system.
   const fs::path target = fs::absolute(out_dir).lexically_normal();

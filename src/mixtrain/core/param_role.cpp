@@ -14,6 +14,10 @@ const char* param_role_name(ParamRole role) {
       return "attention_value";
     case ParamRole::kAttentionOutput:
       return "attention_output";
+    case ParamRole::kAttentionLatent:
+      return "attention_latent";
+    case ParamRole::kAttentionKeyValue:
+      return "attention_key_value";
     case ParamRole::kMlp:
       return "mlp";
     case ParamRole::kRouter:
@@ -30,7 +34,8 @@ const char* param_role_name(ParamRole role) {
 
 bool is_attention_projection(ParamRole role) {
   return role == ParamRole::kAttentionQuery || role == ParamRole::kAttentionKey ||
-         role == ParamRole::kAttentionValue || role == ParamRole::kAttentionOutput;
+         role == ParamRole::kAttentionValue || role == ParamRole::kAttentionOutput ||
+         role == ParamRole::kAttentionLatent || role == ParamRole::kAttentionKeyValue;
 }
 
 }  // namespace mixtrain

@@ -15,11 +15,16 @@ enum class ParamRole {
   kAttentionKey,     // k projection: rows are key/value heads
   kAttentionValue,   // v projection: rows are key/value heads
   kAttentionOutput,  // o projection: columns are query heads
-  kMlp,              // dense feed-forward (a dense model's MLP, a MoE model's shared expert)
-  kRouter,           // MoE router (gate) and the shared-expert gate
-  kExpert,           // routed experts, expert dim 0
-  kNorm,             // normalisation scales (incl. per-head q/k norms)
-  kOutputHead,       // the output projection to the vocabulary (lm_head)
+  // Multi-head latent attention (model/deepseek_v3.h): the low-rank down projections (q_a_proj,
+  // kv_a_proj_with_mqa: not per head), and kv_b_proj, whose rows are per head the key's
+  // content part then the value.
+  kAttentionLatent,
+  kAttentionKeyValue,
+  kMlp,         // dense feed-forward (a dense model's MLP, a MoE model's shared expert)
+  kRouter,      // MoE router (gate) and the shared-expert gate
+  kExpert,      // routed experts, expert dim 0
+  kNorm,        // normalisation scales (incl. per-head q/k norms)
+  kOutputHead,  // the output projection to the vocabulary (lm_head)
 };
 
 // "embedding", "attention_query", ..., "output_head".

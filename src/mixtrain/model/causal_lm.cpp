@@ -6,6 +6,11 @@
 
 namespace mixtrain {
 
+void CausalLM::set_model_state(const std::string& name, const torch::Tensor& value) {
+  (void)value;
+  throw std::invalid_argument("model state '" + name + "' is not one of this model's");
+}
+
 ParamRole CausalLM::param_role(const std::string& name) const {
   const auto it = roles_.find(name);
   if (it == roles_.end()) {

@@ -22,6 +22,7 @@
 #include <torch/nn/module.h>
 #include <torch/types.h>
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -47,7 +48,7 @@ struct CausalLMOutput {
 // token_combine sends the expert outputs back, in the row order token_dispatch was given. Both
 // are collective over the ep group and differentiable (the backward is the reverse exchange).
 // With a dispatcher a MoE layer calls unshard for each expert tensor once per source rank, so
-// each source's expert gradient reaches the materializer on its own (qwen2_moe.cpp says why).
+// each source's expert gradient reaches the materializer on its own (moe_experts.cpp says why).
 struct DispatchedTokens {
   torch::Tensor tokens;                    // [rows, H], grouped by local expert
   std::vector<int64_t> tokens_per_expert;  // rows per local expert (E / ep_size entries)
@@ -190,6 +191,25 @@ class CausalLM : public torch::nn::Module {
   void set_activation_checkpointing(int64_t every) { recompute_every_ = every; }
   int64_t activation_checkpointing() const { return recompute_every_; }
 
+  // Model state beside the parameters that the model updates itself (deepseek_v3.h: each MoE
+  // layer's expert-selection bias): float32 tensors by name, whole on every rank, saved in
+  // checkpoints and Hugging Face exports under these names, never seen by an optimizer. None by
+  // default. set_model_state restores one (a checkpoint, HF weights): an unknown name or a
+  // wrong shape throws.
+  virtual std::map<std::string, torch::Tensor> model_state() { return {}; }
+  virtual void set_model_state(const std::string& name, const torch::Tensor& value);
+  // While on (the trainer's training forwards; not evaluation), forwards collect the statistics
+  // update_model_state folds in (the experts' loads). Off by default.
+  void set_collect_state_statistics(bool on) { collect_statistics_ = on; }
+  bool collects_state_statistics() const { return collect_statistics_; }
+  // After an optimizer step: `sum_over_data` sums a float32 tensor in place over the ranks that
+  // saw other tokens (data and context parallel: the same call on each); the model updates its
+  // state from the statistics collected since the last call and clears them. A no-op (no
+  // collective) for a model without state.
+  virtual void update_model_state(const std::function<void(torch::Tensor&)>& sum_over_data) {
+    (void)sum_over_data;
+  }
+
   void set_max_logit_recorder(std::shared_ptr<MaxLogitRecorder> recorder) {
     *recorder_ = std::move(recorder);
   }
@@ -216,6 +236,7 @@ class CausalLM : public torch::nn::Module {
  private:
   MaterializerSlot materializer_ = std::make_shared<std::shared_ptr<ParameterMaterializer>>();
   int64_t recompute_every_ = 0;  // activation checkpointing (set_activation_checkpointing)
+  bool collect_statistics_ = false;
   RecorderSlot recorder_ = std::make_shared<std::shared_ptr<MaxLogitRecorder>>();
   ParamRoles roles_;
   std::map<std::string, int64_t> tp_dims_;  // absent: -1

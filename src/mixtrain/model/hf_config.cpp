@@ -6,10 +6,12 @@
 #include <functional>
 #include <limits>
 #include <map>
+#include <set>
 #include <sstream>
 
 #include "mixtrain/config/model_sections.h"
 #include "mixtrain/config/schema.h"
+#include "mixtrain/config/yaml_reader.h"
 #include "mixtrain/core/error.h"
 #include "mixtrain/core/printable.h"
 #include "mixtrain/model/moe_config.h"
@@ -21,58 +23,61 @@ namespace {
 
 using json = nlohmann::json;
 
-// Field reads of one config.json; every failure is "<path>: <field>: <problem>".
-class HfReader {
- public:
-  HfReader(std::string path, const json& root) : path_(std::move(path)), root_(root) {}
+}  // namespace
 
-  [[noreturn]] void fail(const std::string& field, const std::string& problem) const {
-    throw ConfigError(path_ + ": " + field + ": " + problem);
-  }
-  // Absent and null read alike: HF writes null for "use the default".
-  const json* find(const std::string& field) const {
-    const auto it = root_.find(field);
-    return it == root_.end() || it->is_null() ? nullptr : &*it;
-  }
-  const json& require(const std::string& field) const {
-    const json* value = find(field);
-    if (value == nullptr) fail(field, "missing (mixtrain reads it; transformers writes it)");
-    return *value;
-  }
-  int64_t positive_int(const std::string& field, const json& value) const {
-    if (!value.is_number_integer() || value.get<int64_t>() <= 0) {
-      fail(field, "must be an integer > 0, got " + printable(value.dump()));
-    }
-    return value.get<int64_t>();
-  }
-  int64_t positive_int(const std::string& field) const {
-    return positive_int(field, require(field));
-  }
-  double number(const std::string& field, const json& value) const {
-    if (!value.is_number() || !std::isfinite(value.get<double>())) {
-      fail(field, "must be a finite number, got " + printable(value.dump()));
-    }
-    return value.get<double>();
-  }
-  bool boolean(const std::string& field, bool absent) const {
-    const json* value = find(field);
-    if (value == nullptr) return absent;
-    if (!value->is_boolean()) fail(field, "must be true or false, got " + printable(value->dump()));
-    return value->get<bool>();
-  }
-  // A field whose only supported value is `supported` (absent is the supported default).
-  void only(const std::string& field, const json& supported, const std::string& why) const {
-    const json* value = find(field);
-    if (value != nullptr && *value != supported) {
-      fail(field, printable(value->dump()) + " is not supported (mixtrain supports " +
-                      supported.dump() + ": " + why + ")");
-    }
-  }
+HfConfigReader::HfConfigReader(std::string path, const json& root)
+    : path_(std::move(path)), root_(root) {}
 
- private:
-  std::string path_;
-  const json& root_;
-};
+void HfConfigReader::fail(const std::string& field, const std::string& problem) const {
+  throw ConfigError(path_ + ": " + field + ": " + problem);
+}
+
+const json* HfConfigReader::find(const std::string& field) const {
+  const auto it = root_.find(field);
+  return it == root_.end() || it->is_null() ? nullptr : &*it;
+}
+
+const json& HfConfigReader::require(const std::string& field) const {
+  const json* value = find(field);
+  if (value == nullptr) fail(field, "missing (mixtrain reads it; transformers writes it)");
+  return *value;
+}
+
+int64_t HfConfigReader::positive_int(const std::string& field, const json& value) const {
+  if (!value.is_number_integer() || value.get<int64_t>() <= 0) {
+    fail(field, "must be an integer > 0, got " + printable(value.dump()));
+  }
+  return value.get<int64_t>();
+}
+
+int64_t HfConfigReader::positive_int(const std::string& field) const {
+  return positive_int(field, require(field));
+}
+
+double HfConfigReader::number(const std::string& field, const json& value) const {
+  if (!value.is_number() || !std::isfinite(value.get<double>())) {
+    fail(field, "must be a finite number, got " + printable(value.dump()));
+  }
+  return value.get<double>();
+}
+
+bool HfConfigReader::boolean(const std::string& field, bool absent) const {
+  const json* value = find(field);
+  if (value == nullptr) return absent;
+  if (!value->is_boolean()) fail(field, "must be true or false, got " + printable(value->dump()));
+  return value->get<bool>();
+}
+
+void HfConfigReader::only(const std::string& field, const json& supported,
+                          const std::string& why) const {
+  const json* value = find(field);
+  if (value != nullptr && *value != supported) {
+    fail(field, printable(value->dump()) + " is not supported (mixtrain supports " +
+                    supported.dump() + ": " + why + ")");
+  }
+}
+
+namespace {
 
 json read_json_file(const std::string& path) {
   std::ifstream in(path);
@@ -95,7 +100,7 @@ json read_json_file(const std::string& path) {
 // factor, low_freq_factor and high_freq_factor are required, original_max_position_embeddings
 // comes, as transformers' standardize_rope_params takes it, from the top level first, then the
 // rope dict, then max_position_embeddings. Fills m.rope_* (m.max_seq_len already read).
-void read_rope(const HfReader& r, ModelConfig& m,
+void read_rope(const HfConfigReader& r, ModelConfig& m,
                const std::function<void(const std::string&, const std::string&)>& add) {
   m.rope_theta = 10000.0;  // every family's class default
   std::string theta_field = "default: 10000";
@@ -165,7 +170,7 @@ void read_rope(const HfReader& r, ModelConfig& m,
   }
 }
 
-void refuse_unsupported(const HfReader& r) {
+void refuse_unsupported(const HfConfigReader& r) {
   r.only("hidden_act", "silu", "SwiGLU with SiLU");
   r.only("attention_dropout", 0.0, "no dropout");
   r.only("use_sliding_window", false, "full attention in every layer");
@@ -186,7 +191,7 @@ void refuse_unsupported(const HfReader& r) {
   }
 }
 
-void refuse_unsupported_moe(const HfReader& r) {
+void refuse_unsupported_moe(const HfConfigReader& r) {
   r.only("decoder_sparse_step", 1, "every layer is a MoE layer");
   if (const json* dense = r.find("mlp_only_layers")) {
     if (!dense->is_array() || !dense->empty()) {
@@ -208,7 +213,7 @@ const ModelEntry* family_of(const std::string& model_type) {
 
 HfModelConfig read_hf_config(const std::string& path) {
   const json root = read_json_file(path);
-  const HfReader r(path, root);
+  const HfConfigReader r(path, root);
   HfModelConfig out;
   ModelConfig& m = out.model;
   auto add = [&](const std::string& key, const std::string& hf_field, bool architecture = true) {
@@ -250,6 +255,9 @@ HfModelConfig read_hf_config(const std::string& path) {
   if (const json* head_dim = r.find("head_dim")) {
     m.head_dim = r.positive_int("head_dim", *head_dim);
     add("model.head_dim", "head_dim");
+  } else if (!family.head_dim_default_field.empty()) {  // deepseek_v3: the rotary dims
+    m.head_dim = r.positive_int(family.head_dim_default_field);
+    add("model.head_dim", family.head_dim_default_field);
   } else {  // HF: hidden_size // num_attention_heads
     if (m.hidden_size % m.num_heads != 0) {
       r.fail("head_dim", "missing, and hidden_size " + std::to_string(m.hidden_size) +
@@ -318,6 +326,7 @@ HfModelConfig read_hf_config(const std::string& path) {
         r.positive_int("shared_expert_intermediate_size");
     add("model.shared_expert_intermediate_size", "shared_expert_intermediate_size");
   }
+  if (family.read_own) family.read_own(r, m, add);
   return out;
 }
 
@@ -364,6 +373,24 @@ void apply_hf_config(TrainerConfig& config, Provenance& provenance) {
     provenance.notes[field.key] = path + ": " + field.hf_field;
   }
   if (set_by_user("model.max_seq_len")) merged.max_seq_len = model.max_seq_len;
+  // A model key config.json does not give (a training choice such as deepseek_v3's
+  // bias_update_speed) keeps the value the user set.
+  {
+    std::set<std::string> from_hf;
+    for (const HfField& field : hf.fields) from_hf.insert(field.key);
+    TrainerConfig kept = config;
+    kept.model = merged;
+    for (const LeafSpec& leaf : canonical_leaves()) {
+      if (leaf.key.rfind("model.", 0) != 0 || !leaf.settable || from_hf.count(leaf.key) != 0 ||
+          leaf.key == "model.hf_config" || leaf.key == "model.init_from" ||
+          leaf.key == "model.max_seq_len" || !set_by_user(leaf.key)) {
+        continue;
+      }
+      const Where at{provenance.origin_of(leaf.key), leaf.key};
+      leaf.assign(kept, parse_yaml_value(leaf.format(config), at), at);
+    }
+    merged = kept.model;
+  }
   if (!aux_from_file || set_by_user("model.router_aux_loss_coef")) {
     moe_config(merged).router_aux_loss_coef = moe_config(model).router_aux_loss_coef;
   }
@@ -440,6 +467,7 @@ json hf_config_json(const ModelConfig& m, const std::string& dtype) {
   if (family.shared_expert) {
     j["shared_expert_intermediate_size"] = moe_config(m).shared_expert_intermediate_size;
   }
+  if (family.write_own) family.write_own(m, j);
   return j;
 }
 

@@ -27,6 +27,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -34,6 +35,29 @@
 #include "mixtrain/config/trainer_config.h"
 
 namespace mixtrain {
+
+// Field reads of one config.json, for read_hf_config and a family's own fields (hf_family.h
+// read_own); every failure is a ConfigError "<path>: <field>: <problem>".
+class HfConfigReader {
+ public:
+  HfConfigReader(std::string path, const nlohmann::json& root);
+
+  [[noreturn]] void fail(const std::string& field, const std::string& problem) const;
+  // Absent and null read alike: HF writes null for "use the default".
+  const nlohmann::json* find(const std::string& field) const;
+  const nlohmann::json& require(const std::string& field) const;  // "missing" if absent
+  int64_t positive_int(const std::string& field, const nlohmann::json& value) const;
+  int64_t positive_int(const std::string& field) const;                        // required
+  double number(const std::string& field, const nlohmann::json& value) const;  // finite
+  bool boolean(const std::string& field, bool absent) const;
+  // A field whose only supported value is `supported` (absent is the supported default).
+  void only(const std::string& field, const nlohmann::json& supported,
+            const std::string& why) const;
+
+ private:
+  std::string path_;
+  const nlohmann::json& root_;
+};
 
 // One model.* key filled from config.json.
 struct HfField {

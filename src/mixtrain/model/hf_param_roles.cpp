@@ -16,12 +16,18 @@ std::optional<ParamRoleInfo> layer_role(const std::string& layer, const std::str
       {"self_attn.q_proj.", ParamRole::kAttentionQuery},
       {"self_attn.k_proj.", ParamRole::kAttentionKey},
       {"self_attn.v_proj.", ParamRole::kAttentionValue},
-      {"self_attn.o_proj.", ParamRole::kAttentionOutput}};
+      {"self_attn.o_proj.", ParamRole::kAttentionOutput},
+      // deepseek_v3's multi-head latent attention
+      {"self_attn.q_b_proj.", ParamRole::kAttentionQuery},
+      {"self_attn.q_a_proj.", ParamRole::kAttentionLatent},
+      {"self_attn.kv_a_proj_with_mqa.", ParamRole::kAttentionLatent},
+      {"self_attn.kv_b_proj.", ParamRole::kAttentionKeyValue}};
   for (const auto& [prefix, role] : projections) {
     if (starts_with(rest, prefix)) return ParamRoleInfo{role, attn};
   }
-  for (const char* norm : {"self_attn.q_norm.", "self_attn.k_norm.", "input_layernorm.",
-                           "post_attention_layernorm."}) {
+  for (const char* norm :
+       {"self_attn.q_norm.", "self_attn.k_norm.", "self_attn.q_a_layernorm.",
+        "self_attn.kv_a_layernorm.", "input_layernorm.", "post_attention_layernorm."}) {
     if (starts_with(rest, norm)) return ParamRoleInfo{ParamRole::kNorm, ""};
   }
   if (starts_with(rest, "mlp.experts.")) return ParamRoleInfo{ParamRole::kExpert, ""};

@@ -286,6 +286,17 @@ torch::Tensor apply_rotary_pos_emb(const torch::Tensor& x, const torch::Tensor& 
   return x * cos.to(x.scalar_type()) + rotated * sin.to(x.scalar_type());
 }
 
+torch::Tensor apply_rotary_pos_emb_interleaved(const torch::Tensor& x, const torch::Tensor& cos,
+                                               const torch::Tensor& sin) {
+  const int64_t half = x.size(-1) / 2;
+  const auto c = cos.to(x.scalar_type()).narrow(-1, 0, half);
+  const auto s = sin.to(x.scalar_type()).narrow(-1, 0, half);
+  using torch::indexing::Slice;
+  const auto x1 = x.index({"...", Slice(0, torch::indexing::None, 2)});
+  const auto x2 = x.index({"...", Slice(1, torch::indexing::None, 2)});
+  return torch::cat({x1 * c - x2 * s, x2 * c + x1 * s}, -1);
+}
+
 void init_hf_weights(torch::nn::Module& model, uint64_t seed) {
   auto generator = at::make_generator<at::CPUGeneratorImpl>(seed);
   torch::NoGradGuard no_grad;

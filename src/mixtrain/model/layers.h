@@ -215,6 +215,14 @@ class RotaryTables {
 torch::Tensor apply_rotary_pos_emb(const torch::Tensor& x, const torch::Tensor& cos,
                                    const torch::Tensor& sin);
 
+// DeepSeek's interleaved rotary layout (HF apply_rotary_pos_emb_interleave): x's last dim holds
+// pairs (x0, x1), (x2, x3), ..., pair i rotated by the angle of cos/sin's column i (the tables'
+// first half, rotary_cos_sin's layout); the result lists every pair's first element, then every
+// pair's second ([x0 c - x1 s, x2 c - x3 s, ..., x1 c + x0 s, ...]), as HF: q and k get the same
+// layout, so their dot products are the pairs'. cos/sin are cast to x's dtype first.
+torch::Tensor apply_rotary_pos_emb_interleaved(const torch::Tensor& x, const torch::Tensor& cos,
+                                               const torch::Tensor& sin);
+
 // HF _init_weights with initializer_range 0.02, drawn in named_parameters() order from a local
 // CPU generator seeded with `seed` (reproducible from the seed alone; the global RNG stays
 // untouched): zero for names ending in ".bias", ones for names ending in "norm.weight",

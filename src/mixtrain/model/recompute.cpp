@@ -12,6 +12,8 @@ namespace {
 
 using torch::autograd::variable_list;
 
+thread_local bool t_recomputing = false;  // recomputing()
+
 class RecomputeBackward final : public torch::autograd::Node {
  public:
   RecomputeBackward(RecomputeFn fn, std::vector<torch::Tensor> inputs)
@@ -29,7 +31,15 @@ class RecomputeBackward final : public torch::autograd::Node {
     std::vector<torch::Tensor> outputs;
     {
       at::AutoGradMode enable(true);
-      outputs = fn_(leaves);
+      const bool outer = t_recomputing;
+      t_recomputing = true;
+      try {
+        outputs = fn_(leaves);
+      } catch (...) {
+        t_recomputing = outer;
+        throw;
+      }
+      t_recomputing = outer;
     }
     TORCH_CHECK(outputs.size() == grads.size(), "recompute_in_backward: fn returned ",
                 outputs.size(), " outputs in backward, ", grads.size(), " in forward");
@@ -60,6 +70,10 @@ class RecomputeBackward final : public torch::autograd::Node {
 };
 
 }  // namespace
+
+bool recomputing() {
+  return t_recomputing;
+}
 
 std::vector<torch::Tensor> recompute_in_backward(const RecomputeFn& fn,
                                                  const std::vector<torch::Tensor>& inputs) {

@@ -21,6 +21,10 @@ using RecomputeFn = std::function<std::vector<torch::Tensor>(const std::vector<t
 std::vector<torch::Tensor> recompute_in_backward(const RecomputeFn& fn,
                                                  const std::vector<torch::Tensor>& inputs);
 
+// Whether the calling thread is inside the backward's second run of a recompute_in_backward fn
+// (a forward that collects statistics, e.g. expert loads, must not count them twice).
+bool recomputing();
+
 // Whether decoder layer `index` (0-based) recomputes under activation checkpointing every `every`
 // layers (0: none; 1: every layer, "full"; k: "selective", layers k-1, 2k-1, ... as torchtitan
 // counts its wrapped blocks from 1).

@@ -5,6 +5,8 @@
 
 #include "mixtrain/config/section.h"
 #include "mixtrain/core/error.h"
+#include "mixtrain/model/deepseek_v3.h"
+#include "mixtrain/model/deepseek_v3_config.h"
 #include "mixtrain/model/hf_config.h"
 #include "mixtrain/model/mistral.h"
 #include "mixtrain/model/moe_config.h"
@@ -51,8 +53,13 @@ void check_rope_scaling(const TrainerConfig& c, const ConfigChecker& check) {
 const std::vector<ModelEntry>& model_registry() {
   // One line per model; the first is the default model.name.
   static const std::vector<ModelEntry> models = {
-      qwen2_moe::qwen2_moe_entry(), qwen2_moe::qwen3_moe_entry(), qwen2::qwen2_entry(),
-      qwen2::llama_entry(),         qwen3::qwen3_entry(),         mistral::mistral_entry(),
+      qwen2_moe::qwen2_moe_entry(),
+      qwen2_moe::qwen3_moe_entry(),
+      qwen2::qwen2_entry(),
+      qwen2::llama_entry(),
+      qwen3::qwen3_entry(),
+      mistral::mistral_entry(),
+      deepseek_v3::deepseek_v3_entry(),
   };
   return models;
 }
@@ -67,6 +74,7 @@ void register_model_sections() {
     }
     register_moe_config_section();  // the routed-expert models' own keys
     register_sliding_window_section();
+    register_deepseek_v3_config_section();
     ConfigSectionSpec models;
     models.name = "model";
     models.check = check_rope_scaling;

@@ -25,7 +25,7 @@ namespace mixtrain {
 // The (token, slot) rows sorted by expert (a stable sort: tokens stay in order within an
 // expert, so every later sum is independent of the sort implementation), each row's token and
 // routing weight, and the rows per expert as the host reads them (one counted read). The loop
-// form's and expert parallelism's dispatch (model/qwen2_moe.cpp).
+// form's and expert parallelism's dispatch (model/moe_experts.cpp).
 struct ExpertRows {
   torch::Tensor order;        // [T * k] row -> its (token, slot) index, in expert order
   torch::Tensor token_index;  // [T * k] its token

@@ -82,6 +82,15 @@ std::vector<std::pair<std::string, at::Tensor>> model_tensors(const CausalLM& mo
   return out;
 }
 
+// The model's own state (CausalLM::model_state: deepseek_v3's selection biases), float32 and
+// whole on every rank, under model.<name> beside the parameters.
+std::vector<std::pair<std::string, at::Tensor>> model_state_tensors(CausalLM& model) {
+  std::vector<std::pair<std::string, at::Tensor>> out;
+  for (const auto& [name, tensor] : model.model_state())
+    out.emplace_back(kModelPrefix + name, tensor);
+  return out;
+}
+
 json config_json(const ResolvedConfig& resolved) {
   json out = json::object();
   for (const auto& leaf : resolved.leaves) out[leaf.key] = leaf.value;
@@ -246,10 +255,16 @@ void plan_training_state(const CheckpointParts& parts, bool restore_optimizer, R
 }
 
 // Every model tensor's value, and the keys the model does not have.
-void plan_model(const CausalLM& live, const FullyShardedModel* sharded, RestorePlan& plan) {
+void plan_model(CausalLM& live, const FullyShardedModel* sharded, RestorePlan& plan) {
   CheckpointReader& reader = *plan.reader;
   const CheckpointMetadata& metadata = reader.metadata();
   const auto model = model_tensors(live);
+  // The model's state: exactly as saved (float32), whole.
+  const auto state = model_state_tensors(live);
+  for (const auto& [key, tensor] : state) {
+    read_piece(reader, place(nullptr, key, tensor), DtypeRule::kExact, plan.model_values,
+               plan.problems);
+  }
   for (const auto& [key, tensor] : model) {
     // A float32 parameter saved by a run with a bfloat16/float16 model and fp32 main params: its
     // exact value is that main param, not the rounded model param.
@@ -270,9 +285,11 @@ void plan_model(const CausalLM& live, const FullyShardedModel* sharded, RestoreP
                plan.problems);
   }
   for (const auto& [key, saved] : metadata.tensors) {
-    if (starts_with(key, kModelPrefix) &&
-        std::none_of(model.begin(), model.end(), [&](const auto& m) { return m.first == key; })) {
-      plan.problems.push_back("unexpected key " + key + " (no such parameter in this model)");
+    const auto is_key = [&](const auto& m) { return m.first == key; };
+    if (starts_with(key, kModelPrefix) && std::none_of(model.begin(), model.end(), is_key) &&
+        std::none_of(state.begin(), state.end(), is_key)) {
+      plan.problems.push_back("unexpected key " + key +
+                              " (no such parameter or model state in this model)");
     }
   }
 }
@@ -358,6 +375,10 @@ void apply_model_values(CausalLM& model, const TrainerConfig& config, const Rest
     for (const auto& [key, tensor] : model_tensors(model)) {
       tensor.detach().copy_(plan.model_values.at(key));
     }
+    for (const auto& [key, tensor] : model_state_tensors(model)) {
+      model.set_model_state(key.substr(std::string(kModelPrefix).size()),
+                            plan.model_values.at(key));
+    }
   }
   if (config.model_init_dtype) {
     apply_model_init_dtype(model, parse_float_dtype(*config.model_init_dtype));
@@ -416,6 +437,11 @@ SaveRequest make_save_request(const CheckpointParts& parts, int64_t step) {
                                 parts.mesh.cp, parts.mesh.tp};
   for (const auto& [key, tensor] : model_tensors(parts.model)) {
     request.chunks.push_back(place(parts.sharded, key, tensor.detach()));
+  }
+  // Whole and equal on every rank (written once); copied, as an asynchronous save may write
+  // while the next step updates the state.
+  for (const auto& [key, tensor] : model_state_tensors(parts.model)) {
+    request.chunks.push_back(place(nullptr, key, tensor.detach().clone()));
   }
   const bool with_optimizer = config.checkpoint.save_optimizer;
   if (with_optimizer) {

@@ -50,6 +50,7 @@
 #include "mixtrain/trainer/interrupt.h"
 #include "mixtrain/trainer/loss_plot.h"
 #include "mixtrain/trainer/metrics_writer.h"
+#include "mixtrain/trainer/model_state_hook.h"
 #include "mixtrain/trainer/muon_telemetry_hook.h"
 #include "mixtrain/trainer/optimizer_report.h"
 #include "mixtrain/trainer/progress.h"
@@ -147,6 +148,11 @@ void import_init_from(CausalLM& model, const FullyShardedModel* sharded,
     targets.push_back({item.key(), local,
                        sharded ? sharded->placement(item.key())
                                : whole_placement(item.key(), param.sizes().vec())});
+  }
+  // The model's own state (deepseek_v3's selection biases, HF buffers saved with the weights):
+  // whole on every rank, filled in place.
+  for (const auto& [name, tensor] : model.model_state()) {
+    targets.push_back({name, tensor, whole_placement(name, tensor.sizes().vec())});
   }
   const HfImportStats stats = import_hf_weights(dir, targets);
   {
@@ -318,6 +324,11 @@ Trainer::Trainer(const ResolvedConfig& resolved, const DeviceMesh& mesh, const s
           (device.is_cpu() ? " (and the other ranks' files) " : " ") +
           "between steps, moved in buckets of " + std::to_string(config.optimizer.swap_bucket_mb) +
           " MiB, " + std::to_string(config.optimizer.swap_merge_buckets) + " per transfer");
+  }
+  if (!model_->model_state().empty()) {
+    // deepseek_v3's balancing biases: loads counted in training forwards, updated after each
+    // optimizer step.
+    hooks_.push_back(std::make_unique<ModelStateHook>(*model_, mesh_));
   }
   if (muon_config(config).qk_clip_tau > 0) {
     // Every attention forward now also records its heads' max logits (one more Q K^T).

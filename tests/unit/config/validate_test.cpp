@@ -101,8 +101,8 @@ TEST(ValidateTest, ModelShape) {
        "model.head_dim: must be even (rotary embeddings), got 15"},
       {"c.yaml", "model:\n  rms_norm_eps: 0\n", "model.rms_norm_eps: must be > 0, got 0"},
       {"c.yaml", "model:\n  name: mixtral\n",
-       "model.name: must be one of qwen2_moe, qwen3_moe, qwen2, llama, qwen3, mistral, got "
-       "'mixtral'"},
+       "model.name: must be one of qwen2_moe, qwen3_moe, qwen2, llama, qwen3, mistral, "
+       "deepseek_v3, got 'mixtral'"},
   });
 }
 
@@ -625,8 +625,8 @@ TEST(ValidateTest, ChecksMovedFromTheBuildersSpeakTheUsersDialect) {
       {"c.toml", "[model]\nnum_experts_per_tok = 5\n",
        "model.num_experts_per_tok: must be <= model.num_experts (4), got 5"},
       {"c.toml", "[model]\nname = \"mixtral\"\n",
-       "model.name: must be one of qwen2_moe, qwen3_moe, qwen2, llama, qwen3, mistral, got "
-       "'mixtral'"},
+       "model.name: must be one of qwen2_moe, qwen3_moe, qwen2, llama, qwen3, mistral, "
+       "deepseek_v3, got 'mixtral'"},
       {"c.toml", "[training]\ndataset = \"web\"\n",
        "training.dataset: must be one of synthetic, tokens, got 'web'"},
   });

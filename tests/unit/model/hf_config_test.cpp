@@ -10,6 +10,7 @@
 #include <string>
 
 #include "mixtrain/config/load.h"
+#include "mixtrain/model/deepseek_v3_config.h"
 #include "mixtrain/model/moe_config.h"
 #include "support/python_script.h"
 #include "unit/config/temp_config.h"
@@ -405,6 +406,78 @@ TEST(HfConfig, TieWordEmbeddingsFromTheFileOrFalse) {
   const HfModelConfig absent = read_hf_config(write_json(dir, "a.json", untied));
   EXPECT_FALSE(absent.model.tie_word_embeddings);
   EXPECT_EQ(origin(absent), "default: false");
+}
+
+void expect_tiny_deepseek_v3(const ModelConfig& m) {
+  EXPECT_EQ(m.name, "deepseek_v3");
+  EXPECT_EQ(m.vocab_size, 61);
+  EXPECT_EQ(m.hidden_size, 24);
+  EXPECT_EQ(m.num_heads, 4);
+  EXPECT_EQ(m.num_kv_heads, 4);
+  EXPECT_EQ(m.head_dim, 6);  // transformers' head_dim: qk_rope_head_dim
+  EXPECT_EQ(m.intermediate_size, 20);
+  EXPECT_FALSE(m.attention_bias);
+  const DeepseekV3Config& d = deepseek_v3_config(m);
+  EXPECT_EQ(d.q_lora_rank, 10);
+  EXPECT_EQ(d.kv_lora_rank, 11);
+  EXPECT_EQ(d.qk_nope_head_dim, 7);
+  EXPECT_EQ(d.qk_rope_head_dim, 6);
+  EXPECT_EQ(d.v_head_dim, 9);
+  EXPECT_EQ(d.n_shared_experts, 2);
+  EXPECT_EQ(d.n_group, 4);
+  EXPECT_EQ(d.topk_group, 2);
+  EXPECT_EQ(d.routed_scaling_factor, 2.5);
+  EXPECT_EQ(d.first_k_dense_replace, 1);
+  EXPECT_TRUE(d.rope_interleave);
+  EXPECT_EQ(moe_config(m).num_experts, 8);  // n_routed_experts
+  EXPECT_EQ(moe_config(m).num_experts_per_tok, 3);
+  EXPECT_EQ(moe_config(m).moe_intermediate_size, 5);
+  EXPECT_TRUE(moe_config(m).norm_topk_prob);
+  EXPECT_EQ(moe_config(m).router_aux_loss_coef, 0.0);  // transformers computes none
+}
+
+// DeepSeek-V3 as transformers writes it, as DeepSeek's own configs spell it (no head_dim,
+// q_lora_rank null, scoring_func, topk_method, seq_aux with aux_loss_alpha), written back, and
+// its refusals.
+TEST(HfConfig, ReadsWritesAndRefusesDeepseekV3) {
+  TempDir dir;
+  const json written = transformers_config(dir, "deepseek_v3");
+  expect_tiny_deepseek_v3(read_hf_config(write_json(dir, "a.json", written)).model);
+  const ModelConfig original = read_hf_config(write_json(dir, "a.json", written)).model;
+  const json out = hf_config_json(original, "bfloat16");
+  EXPECT_EQ(out.at("architectures"), json::array({"DeepseekV3ForCausalLM"}));
+  EXPECT_EQ(out.at("n_routed_experts"), 8);
+  EXPECT_EQ(out.count("router_aux_loss_coef"), 0u);
+  expect_tiny_deepseek_v3(read_hf_config(write_json(dir, "b.json", out)).model);
+
+  json deepseek = written;
+  deepseek.erase("head_dim");
+  deepseek["q_lora_rank"] = nullptr;
+  deepseek["scoring_func"] = "sigmoid";
+  deepseek["topk_method"] = "noaux_tc";
+  deepseek["seq_aux"] = true;
+  deepseek["aux_loss_alpha"] = 0.0001;
+  const ModelConfig own = read_hf_config(write_json(dir, "c.json", deepseek)).model;
+  EXPECT_EQ(own.head_dim, 6);
+  EXPECT_EQ(deepseek_v3_config(own).q_lora_rank, 0);
+  EXPECT_EQ(moe_config(own).router_aux_loss_coef, 0.0001);
+
+  const auto refused = [&](const std::string& field, const json& value) {
+    json c = written;
+    if (field == "rope_parameters") {
+      c[field]["rope_type"] = value;
+    } else {
+      c[field] = value;
+    }
+    const std::string message =
+        config_error_of([&] { read_hf_config(write_json(dir, "r.json", c)); });
+    EXPECT_NE(message.find(field), std::string::npos) << message;
+  };
+  refused("scoring_func", "softmax");
+  refused("topk_method", "greedy");
+  refused("moe_layer_freq", 2);
+  refused("rope_parameters", "yarn");
+  refused("kv_lora_rank", 0);
 }
 
 }  // namespace MIXTRAIN_FILE_LOCAL

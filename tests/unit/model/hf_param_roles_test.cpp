@@ -17,8 +17,7 @@ namespace MIXTRAIN_FILE_LOCAL {
 TEST(HfParamRoles, EveryRegisteredModelsOwnRoles) {
   for (const std::string& name : registered_model_names()) {
     SCOPED_TRACE(name);
-    ModelConfig config = test_support::tiny_config();
-    config.name = name;
+    ModelConfig config = test_support::tiny_config_of(name);
     config.attention_bias = true;  // every projection with a bias: more names to agree on
     const auto model = build_model(config, 1);
     std::vector<std::string> names;

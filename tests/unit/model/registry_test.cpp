@@ -11,6 +11,7 @@
 #include "mixtrain/config/model_sections.h"
 #include "mixtrain/core/error.h"
 #include "mixtrain/model/moe_config.h"
+#include "support/tiny_model_config.h"
 
 namespace mixtrain {
 namespace MIXTRAIN_FILE_LOCAL {
@@ -80,7 +81,8 @@ TEST(ModelRegistry, UnknownNameIsAConfigErrorNamingTheKey) {
     EXPECT_EQ(e.key(), "model.name");
     EXPECT_EQ(
         e.problem(),
-        "unknown model 'llama_moe' (known: qwen2_moe, qwen3_moe, qwen2, llama, qwen3, mistral)");
+        "unknown model 'llama_moe' (known: qwen2_moe, qwen3_moe, qwen2, llama, qwen3, mistral, "
+        "deepseek_v3)");
   }
 }
 
@@ -138,11 +140,13 @@ TEST(ModelRegistry, EveryParameterHasARole) {
   for (const auto& name : registered_model_names()) {
     auto c = small_config();
     c.name = name;
+    // deepseek_v3: its own shapes, 3 layers of which the first is dense.
+    if (name == "deepseek_v3") c = test_support::tiny_deepseek_v3();
     const auto model = build_model(c, 1);
     int experts = 0;
     for (const auto& item : model->named_parameters()) experts += model->is_expert(item.key());
     const bool moe = name == "qwen2_moe" || name == "qwen3_moe";
-    EXPECT_EQ(experts, moe ? 3 * c.num_layers : 0) << name;
+    EXPECT_EQ(experts, moe ? 3 * c.num_layers : name == "deepseek_v3" ? 3 * 2 : 0) << name;
   }
 }
 

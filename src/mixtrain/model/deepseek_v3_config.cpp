@@ -1,0 +1,53 @@
+#include "mixtrain/model/deepseek_v3_config.h"
+
+#include <utility>
+
+#include "mixtrain/config/leaf.h"
+#include "mixtrain/config/model_sections.h"
+#include "mixtrain/config/section.h"
+
+namespace mixtrain {
+
+#define MIXTRAIN_DSV3_LEAF(field) \
+  field_leaf(                     \
+      "model." #field, [](auto& c) -> auto& { return deepseek_v3_config(c.model).field; })
+
+void register_deepseek_v3_config_section() {
+  ConfigSectionSpec spec;
+  spec.name = "deepseek_v3";
+  spec.slot = "model";
+  spec.leaves = {
+      MIXTRAIN_DSV3_LEAF(q_lora_rank),
+      MIXTRAIN_DSV3_LEAF(kv_lora_rank),
+      MIXTRAIN_DSV3_LEAF(qk_nope_head_dim),
+      MIXTRAIN_DSV3_LEAF(qk_rope_head_dim),
+      MIXTRAIN_DSV3_LEAF(v_head_dim),
+      MIXTRAIN_DSV3_LEAF(rope_interleave),
+      MIXTRAIN_DSV3_LEAF(n_shared_experts),
+      MIXTRAIN_DSV3_LEAF(n_group),
+      MIXTRAIN_DSV3_LEAF(topk_group),
+      MIXTRAIN_DSV3_LEAF(routed_scaling_factor),
+      MIXTRAIN_DSV3_LEAF(first_k_dense_replace),
+      MIXTRAIN_DSV3_LEAF(bias_update_speed),
+  };
+  // What the model does not offer yet, refused by name before anything is built.
+  spec.check = [](const TrainerConfig& c, const ConfigChecker& check) {
+    const ModelSection* model = find_model_section(c.model.name);
+    if (model == nullptr || !model->latent_attention) return;
+    for (const auto& [key, degree] : {std::pair<const char*, int64_t>{"parallel.tp", c.parallel.tp},
+                                      {"parallel.cp", c.parallel.cp}}) {
+      if (degree > 1) {
+        check.fail_value(key, std::string("must be 1 with model.name ") + c.model.name +
+                                  ": its multi-head latent attention has no " +
+                                  (key == std::string("parallel.tp") ? "tensor" : "context") +
+                                  "-parallel form yet (FSDP, HSDP, DDP and expert "
+                                  "parallelism are offered)");
+      }
+    }
+  };
+  register_config_section(std::move(spec));
+}
+
+#undef MIXTRAIN_DSV3_LEAF
+
+}  // namespace mixtrain

@@ -274,5 +274,44 @@ TEST(DistributedTrain, DeepseekV3FsdpExpertParallelResumesWithItsBalancingBias) 
       a[3]["loss"].get<double>());
 }
 
+// DeepSeek-V3's latent attention under tensor parallelism (tp 2: each rank 2 of the 4 heads of
+// q_b_proj and kv_b_proj, o_proj's columns; the latent projections whole) and context
+// parallelism (cp 2: each rank's queries over the whole sequence's keys, through the ring), each
+// on 2 ranks against one process, 4 steps of configs/deepseek_v3_tiny.yaml (bfloat16 compute).
+// Differences are bfloat16 rounding in another order (tp: partial o_proj products summed in
+// float32; cp: chunked attention merging bfloat16 partials); the bounds of the Qwen2-MoE tp x cp
+// test above.
+TEST(DistributedTrain, DeepseekV3TensorAndContextParallelTrackOneProcess) {
+  TempDir run;
+  const std::string config = source_path("configs/deepseek_v3_tiny.yaml");
+  const auto rows = [&](const std::string& name, const std::string& args) {
+    const CommandResult r = run_mixtrain("train --config " + config + " " + args +
+                                         " --set train.steps=4 --run-dir " + run.file(name));
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+    return r.exit_code == 0 ? read_metrics(run.file(name + "/metrics.jsonl"))
+                            : std::vector<nlohmann::json>{};
+  };
+  const auto one = rows("one", "");
+  ASSERT_EQ(one.size(), 4u);
+  for (const std::string layout : {"tp", "cp"}) {
+    const auto a = rows(layout, "--nproc 2 --set parallel." + layout + "=2");
+    ASSERT_EQ(a.size(), 4u) << layout;
+    EXPECT_NEAR(a[0]["loss"].get<double>(), one[0]["loss"].get<double>(),
+                1e-4 * one[0]["loss"].get<double>())
+        << layout;
+    EXPECT_NEAR(a[0]["grad_norm"].get<double>(), one[0]["grad_norm"].get<double>(),
+                2e-3 * one[0]["grad_norm"].get<double>())
+        << layout;
+    for (size_t i = 0; i < a.size(); ++i) {
+      std::cout << layout << " step " << i + 1 << ": loss " << a[i]["loss"] << " (one process "
+                << one[i]["loss"] << "), grad norm " << a[i]["grad_norm"] << " ("
+                << one[i]["grad_norm"] << ")\n";
+      EXPECT_NEAR(a[i]["loss"].get<double>(), one[i]["loss"].get<double>(),
+                  1e-3 * one[i]["loss"].get<double>())
+          << layout;
+    }
+  }
+}
+
 }  // namespace MIXTRAIN_FILE_LOCAL
 }  // namespace mixtrain::testing

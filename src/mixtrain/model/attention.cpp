@@ -54,25 +54,6 @@ torch::Tensor causal_attention(const torch::Tensor& q, const torch::Tensor& k,
   return at::matmul(weights, value);
 }
 
-torch::Tensor causal_attention_scaled(const torch::Tensor& q, const torch::Tensor& k,
-                                      const torch::Tensor& v, AttentionKernel kernel,
-                                      double scale) {
-  TORCH_CHECK(q.dim() == 4 && k.sizes() == q.sizes() && v.dim() == 4 &&
-                  v.sizes().slice(0, 3) == q.sizes().slice(0, 3),
-              "causal_attention_scaled: q ", q.sizes(), ", k ", k.sizes(), " and v ", v.sizes(),
-              " do not fit ([batch, heads, seq, dim], q and k alike)");
-  if (kernel == AttentionKernel::kFlash) {
-    return at::scaled_dot_product_attention(q, k, v, /*attn_mask=*/{}, /*dropout_p=*/0.0,
-                                            /*is_causal=*/true, scale);
-  }
-  const int64_t seq = q.size(2);
-  const auto future = at::ones({seq, seq}, q.options().dtype(at::kBool)).triu(1);
-  auto weights = at::matmul(q, k.transpose(2, 3)) * scale;
-  weights = weights.masked_fill(future, -std::numeric_limits<double>::infinity());
-  weights = at::softmax(weights, -1, at::kFloat).to(q.scalar_type());
-  return at::matmul(weights, v);
-}
-
 torch::Tensor causal_max_logits(const torch::Tensor& q, const torch::Tensor& k,
                                 const torch::Tensor& q_positions, const torch::Tensor& k_positions,
                                 int64_t window) {

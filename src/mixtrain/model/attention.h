@@ -43,15 +43,6 @@ AttentionKernel attention_kernel_for(c10::ScalarType dtype, c10::Device device =
 torch::Tensor causal_attention(const torch::Tensor& q, const torch::Tensor& k,
                                const torch::Tensor& v, AttentionKernel kernel, int64_t window = 0);
 
-// Multi-head latent attention's form (model/deepseek_v3.h): causal attention whose logits are
-// q_i . k_j x scale (HF multiplies Q K^T by its `scaling`) and whose values may have another head
-// dim than q and k: q, k [B, H, S, Dqk], v [B, H, S, Dv] (as many kv heads as query heads) ->
-// [B, H, S, Dv]. kMath as causal_attention's (scaled by multiplication); kFlash
-// at::scaled_dot_product_attention with `scale`, which takes LibTorch's math path on the CPU
-// when Dv != Dqk (its CPU flash kernel needs one head dim).
-torch::Tensor causal_attention_scaled(const torch::Tensor& q, const torch::Tensor& k,
-                                      const torch::Tensor& v, AttentionKernel kernel, double scale);
-
 // QK-clip's statistic (Kimi K2, arXiv 2507.20534): per query head h, the max over the batch and
 // over every (query i, key j) pair the causal mask lets through of the scaled logit
 // q_i . k_j / sqrt(D), computed in float32 without autograd. q [B, Hq, Sq, D], k [B, Hkv, Sk, D]

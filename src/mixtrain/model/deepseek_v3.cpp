@@ -27,7 +27,12 @@ namespace {
 
 using json = nlohmann::json;
 
-// HF DeepseekV3Attention (MLA), as the header describes.
+// HF DeepseekV3Attention (MLA), as the header describes. Tensor parallelism (Megatron's MLA
+// layout): q_proj / q_b_proj and kv_b_proj column-parallel by head, o_proj row-parallel; the
+// low-rank down projections and their norms whole on every tp rank; the normed latents and the
+// shared rotary key pass through copy_to_tp before the per-head parts use them (so their
+// gradients, and with them the norms' and down projections', are summed over every rank's
+// heads).
 class MlaAttention : public torch::nn::Module {
  public:
   MlaAttention(const ModelConfig& c, const ParamAccess& access)
@@ -43,7 +48,8 @@ class MlaAttention : public torch::nn::Module {
     // Registration order = HF's.
     if (d.q_lora_rank == 0) {
       q_proj = register_module(
-          "q_proj", std::make_shared<Linear>(c.hidden_size, q_out, false, access.child("q_proj")));
+          "q_proj", std::make_shared<Linear>(c.hidden_size, q_out, false, access.child("q_proj"),
+                                             TpStyle::kColumn));
     } else {
       q_a_proj = register_module(
           "q_a_proj", std::make_shared<Linear>(c.hidden_size, d.q_lora_rank, c.attention_bias,
@@ -51,8 +57,9 @@ class MlaAttention : public torch::nn::Module {
       q_a_layernorm = register_module(
           "q_a_layernorm",
           std::make_shared<RMSNorm>(d.q_lora_rank, c.rms_norm_eps, access.child("q_a_layernorm")));
-      q_b_proj = register_module("q_b_proj", std::make_shared<Linear>(d.q_lora_rank, q_out, false,
-                                                                      access.child("q_b_proj")));
+      q_b_proj = register_module(
+          "q_b_proj", std::make_shared<Linear>(d.q_lora_rank, q_out, false,
+                                               access.child("q_b_proj"), TpStyle::kColumn));
     }
     kv_a_proj_with_mqa =
         register_module("kv_a_proj_with_mqa",
@@ -63,23 +70,29 @@ class MlaAttention : public torch::nn::Module {
         std::make_shared<RMSNorm>(kv_rank_, c.rms_norm_eps, access.child("kv_a_layernorm")));
     kv_b_proj = register_module(
         "kv_b_proj", std::make_shared<Linear>(kv_rank_, num_heads_ * (nope_ + v_dim_), false,
-                                              access.child("kv_b_proj")));
+                                              access.child("kv_b_proj"), TpStyle::kColumn));
     o_proj = register_module(
         "o_proj", std::make_shared<Linear>(num_heads_ * v_dim_, c.hidden_size, c.attention_bias,
-                                           access.child("o_proj")));
+                                           access.child("o_proj"), TpStyle::kRow));
   }
 
   // x [B, S, H]; cos/sin [S, dr] float32.
   torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& cos,
                         const torch::Tensor& sin) {
     const int64_t bsz = x.size(0), len = x.size(1);
-    const auto q_states = q_proj ? q_proj->forward(x)
-                                 : q_b_proj->forward(q_a_layernorm->forward(q_a_proj->forward(x)));
-    const auto q = q_states.view({bsz, len, num_heads_, nope_ + rope_}).transpose(1, 2);
+    TensorParallelHooks* tp = access_.tensor_parallel();
+    const int64_t tp_size = tp != nullptr ? tp->tp_size() : 1;
+    const int64_t heads = num_heads_ / tp_size;  // this rank's
+    const auto q_states = q_proj ? q_proj->forward(tp_block_input(access_, x))
+                                 : q_b_proj->forward(tp_block_input(
+                                       access_, q_a_layernorm->forward(q_a_proj->forward(x))));
+    const auto q = q_states.view({bsz, len, heads, nope_ + rope_}).transpose(1, 2);
     auto q_pe = q.narrow(-1, nope_, rope_);
     const auto compressed = kv_a_proj_with_mqa->forward(x);
-    const auto latent = kv_a_layernorm->forward(compressed.narrow(-1, 0, kv_rank_));
-    auto k_pe = compressed.narrow(-1, kv_rank_, rope_).view({bsz, 1, len, rope_});
+    const auto latent =
+        tp_block_input(access_, kv_a_layernorm->forward(compressed.narrow(-1, 0, kv_rank_)));
+    auto k_pe = tp_block_input(access_, compressed.narrow(-1, kv_rank_, rope_))
+                    .reshape({bsz, 1, len, rope_});
     if (interleave_) {
       q_pe = apply_rotary_pos_emb_interleaved(q_pe, cos, sin);
       k_pe = apply_rotary_pos_emb_interleaved(k_pe, cos, sin);
@@ -87,15 +100,33 @@ class MlaAttention : public torch::nn::Module {
       q_pe = apply_rotary_pos_emb(q_pe, cos, sin);
       k_pe = apply_rotary_pos_emb(k_pe, cos, sin);
     }
-    const auto query = torch::cat({q.narrow(-1, 0, nope_), q_pe}, -1);
     const auto kv =
-        kv_b_proj->forward(latent).view({bsz, len, num_heads_, nope_ + v_dim_}).transpose(1, 2);
-    const auto key =
-        torch::cat({kv.narrow(-1, 0, nope_), k_pe.expand({bsz, num_heads_, len, rope_})}, -1);
-    const auto value = kv.narrow(-1, nope_, v_dim_);
+        kv_b_proj->forward(latent).view({bsz, len, heads, nope_ + v_dim_}).transpose(1, 2);
+    // The attention kernels take one head dim D and scale by D^-1/2: q, k and v are zero-padded
+    // to D = max(dn + dr, dv) (zeros add nothing to a dot product or an output column) and q is
+    // scaled by scale x D^1/2, so the logits are q . k x scale exactly as HF forms them.
+    const int64_t qk = nope_ + rope_, dim = std::max(qk, v_dim_);
+    auto query = torch::cat({q.narrow(-1, 0, nope_), q_pe}, -1);
+    auto key = torch::cat({kv.narrow(-1, 0, nope_), k_pe.expand({bsz, heads, len, rope_})}, -1);
+    auto value = kv.narrow(-1, nope_, v_dim_);
+    const double factor = scale_ * std::sqrt(static_cast<double>(dim));
+    if (factor != 1.0) query = query * factor;
+    if (qk < dim) {
+      query = torch::constant_pad_nd(query, {0, dim - qk});
+      key = torch::constant_pad_nd(key, {0, dim - qk});
+    }
+    if (v_dim_ < dim) value = torch::constant_pad_nd(value, {0, dim - v_dim_});
     const AttentionKernel kernel = attention_kernel_for(query.scalar_type(), query.device());
-    const auto out = causal_attention_scaled(query, key, value, kernel, scale_);
-    return o_proj->forward(out.transpose(1, 2).reshape({bsz, len, num_heads_ * v_dim_}));
+    ContextParallelHooks* cp = access_.context_parallel();
+    if (MaxLogitRecorder* recorder = access_.max_logit_recorder()) {
+      const int64_t tp_rank = tp != nullptr ? tp->tp_rank() : 0;
+      recorder->record(access_.prefix, num_heads_, tp_rank * heads,
+                       cp != nullptr ? cp->max_logits(query, key) : causal_max_logits(query, key));
+    }
+    auto out = cp != nullptr ? cp->attention(query, key, value, kernel)
+                             : causal_attention(query, key, value, kernel);
+    if (v_dim_ < dim) out = out.narrow(-1, 0, v_dim_);
+    return o_proj->forward(out.transpose(1, 2).reshape({bsz, len, heads * v_dim_}));
   }
 
   std::shared_ptr<Linear> q_proj, q_a_proj, q_b_proj, kv_a_proj_with_mqa, kv_b_proj, o_proj;
@@ -310,7 +341,28 @@ class DeepseekV3ForCausalLM : public Qwen2FamilyForCausalLM<DeepseekV3Model> {
     }
     assign_param_role("model.norm.", *model->norm, ParamRole::kNorm);
     if (lm_head) assign_param_role("lm_head.", *lm_head, ParamRole::kOutputHead);
+    assign_tp_dims();
     init_hf_weights(*this, seed);
+  }
+
+  // Tensor parallelism (MlaAttention): the vocabulary of embed_tokens and lm_head, the query
+  // and kv up projections by head (dim 0), o_proj's columns (dim 1; its bias whole), the dense
+  // MLP and the shared experts as SwiGLU MLPs; the latent projections and norms, the router and
+  // the routed experts whole on every tp rank.
+  void assign_tp_dims() {
+    assign_tp_dim("model.embed_tokens.", *model->embed_tokens, 0);
+    for (size_t i = 0; i < model->layers.size(); ++i) {
+      const auto& layer = *model->layers[i];
+      const auto& a = *layer.self_attn;
+      const std::string p = layer_prefix(i), attn = p + "self_attn.";
+      if (a.q_proj) assign_tp_dim(attn + "q_proj.", *a.q_proj, 0);
+      if (a.q_b_proj) assign_tp_dim(attn + "q_b_proj.", *a.q_b_proj, 0);
+      assign_tp_dim(attn + "kv_b_proj.", *a.kv_b_proj, 0);
+      assign_tp_dim(attn + "o_proj.", *a.o_proj, 1, /*weight_only=*/true);
+      if (layer.dense_mlp) assign_mlp_tp_dims(p + "mlp.", *layer.dense_mlp);
+      if (layer.moe) assign_mlp_tp_dims(p + "mlp.shared_experts.", *layer.moe->shared_experts);
+    }
+    if (lm_head) assign_tp_dim("lm_head.", *lm_head, 0);
   }
 
   CausalLMOutput forward(const torch::Tensor& input_ids) override {
@@ -620,8 +672,15 @@ ModelEntry deepseek_v3_entry() {
       "model.bias_update_speed"};
   section.check = check_section;
   section.routed_experts = [](const ModelConfig& m) { return moe_config(m).num_experts; };
-  section.tp_split_sizes = [](const ModelConfig&) {
-    return std::vector<std::pair<std::string, int64_t>>{};
+  // Beyond the heads and the vocabulary: the dense layers' and the shared experts' widths.
+  section.tp_split_sizes = [](const ModelConfig& m) {
+    std::vector<std::pair<std::string, int64_t>> sizes = {
+        {"model.moe_intermediate_size",
+         moe_config(m).moe_intermediate_size * deepseek_v3_config(m).n_shared_experts}};
+    if (deepseek_v3_config(m).first_k_dense_replace > 0) {
+      sizes.emplace_back("model.intermediate_size", m.intermediate_size);
+    }
+    return sizes;
   };
   section.latent_attention = true;
   HfFamily hf;

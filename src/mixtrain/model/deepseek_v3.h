@@ -38,7 +38,11 @@
 //   o_proj of the heads' outputs.
 // The rotary tables are the model's usual ones (layers.h) over model.head_dim dims, which this
 // model requires to equal qk_rope_head_dim (HF sets head_dim so); num_kv_heads must equal
-// num_heads (every head has its own keys and values).
+// num_heads (every head has its own keys and values). The attention kernels (attention.h, and
+// context parallelism's ring) take one head dim: q, k, v are zero-padded to it and the scale is
+// folded into q. Tensor parallelism splits the heads (q_proj / q_b_proj, kv_b_proj by head,
+// o_proj's columns); the down projections, their norms, the router and the routed experts stay
+// whole on every tp rank, the shared experts and dense MLPs split as SwiGLU MLPs.
 // Router (HF DeepseekV3TopkRouter), in float32: s = sigmoid(x W^T) [T, E]; selection scores
 // s + bias; a group's score is the sum of its two best selection scores; the topk_group best
 // groups are kept, the other groups' experts masked; the top k experts by selection score are

@@ -3,7 +3,6 @@
 #include <utility>
 
 #include "mixtrain/config/leaf.h"
-#include "mixtrain/config/model_sections.h"
 #include "mixtrain/config/section.h"
 
 namespace mixtrain {
@@ -29,21 +28,6 @@ void register_deepseek_v3_config_section() {
       MIXTRAIN_DSV3_LEAF(routed_scaling_factor),
       MIXTRAIN_DSV3_LEAF(first_k_dense_replace),
       MIXTRAIN_DSV3_LEAF(bias_update_speed),
-  };
-  // What the model does not offer yet, refused by name before anything is built.
-  spec.check = [](const TrainerConfig& c, const ConfigChecker& check) {
-    const ModelSection* model = find_model_section(c.model.name);
-    if (model == nullptr || !model->latent_attention) return;
-    for (const auto& [key, degree] : {std::pair<const char*, int64_t>{"parallel.tp", c.parallel.tp},
-                                      {"parallel.cp", c.parallel.cp}}) {
-      if (degree > 1) {
-        check.fail_value(key, std::string("must be 1 with model.name ") + c.model.name +
-                                  ": its multi-head latent attention has no " +
-                                  (key == std::string("parallel.tp") ? "tensor" : "context") +
-                                  "-parallel form yet (FSDP, HSDP, DDP and expert "
-                                  "parallelism are offered)");
-      }
-    }
   };
   register_config_section(std::move(spec));
 }

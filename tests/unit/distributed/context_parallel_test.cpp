@@ -20,6 +20,7 @@
 #include "mixtrain/model/attention.h"
 #include "mixtrain/model/moe_config.h"
 #include "mixtrain/model/qwen2_moe.h"
+#include "mixtrain/model/registry.h"
 #include "support/multiprocess.h"
 #include "support/tiny_model_config.h"
 
@@ -154,18 +155,34 @@ MIXTRAIN_WORKER(cp_attention) {
 MIXTRAIN_WORKER(cp_model) {
   const DeviceMesh mesh = cp_mesh(worker);
   const std::string method = worker.get("CP_METHOD");
+  // MODEL deepseek_v3: latent attention (padded to one head dim) through the ring, and the
+  // sequence-wise balance loss, whose per-sequence sums run over the cp group; its selection
+  // biases drawn so they change choices.
+  const bool deepseek = worker.get("MODEL") == "deepseek_v3";
   ModelConfig config = test_support::tiny_config();
+  if (deepseek) {
+    config = test_support::tiny_deepseek_v3();
+    moe_config(config).router_aux_loss_coef = 0.05;
+  }
   const double coef = moe_config(config).router_aux_loss_coef;
+  const auto make = [&] {
+    auto m = deepseek ? build_model(config, 3) : qwen2_moe::make_qwen2_moe(config, 3);
+    auto bias_gen = at::make_generator<at::CPUGeneratorImpl>(9);
+    for (const auto& [name, bias] : m->model_state()) {
+      m->set_model_state(name, at::randn(bias.sizes(), bias_gen) * 0.1);
+    }
+    return m;
+  };
   auto gen = at::make_generator<at::CPUGeneratorImpl>(5);
   const at::Tensor ids = at::randint(config.vocab_size, {2, 16}, gen, at::kLong);
   const at::Tensor labels = ids.roll(-1, 1);
 
-  auto reference = qwen2_moe::make_qwen2_moe(config, 3);
+  auto reference = make();
   const CausalLMOutput ref_out = reference->forward(ids);
   const at::Tensor ref_ce = causal_lm_cross_entropy(*reference, ref_out.logits, labels);
   (ref_ce + coef * ref_out.aux_loss).backward();
 
-  auto model = qwen2_moe::make_qwen2_moe(config, 3);
+  auto model = make();
   FsdpOptions options;
   options.cp_rotate_method = method;
   const auto fsdp = parallelize(*model, mesh, options);
@@ -262,6 +279,11 @@ TEST(ContextParallel, AttentionMatchesOneProcessOnFourRanks) {
 TEST(ContextParallel, TinyMoeThroughShardModelMatchesOneProcess) {
   run("cp_model", 2, {{"CP_METHOD", "alltoall"}});
   run("cp_model", 2, {{"CP_METHOD", "allgather"}});
+}
+
+TEST(ContextParallel, DeepseekV3ThroughShardModelMatchesOneProcess) {
+  run("cp_model", 2, {{"CP_METHOD", "alltoall"}, {"MODEL", "deepseek_v3"}});
+  run("cp_model", 2, {{"CP_METHOD", "allgather"}, {"MODEL", "deepseek_v3"}});
 }
 
 }  // namespace MIXTRAIN_FILE_LOCAL

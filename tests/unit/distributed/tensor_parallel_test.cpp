@@ -28,6 +28,7 @@
 #include "mixtrain/model/moe_config.h"
 #include "mixtrain/model/qwen2.h"
 #include "mixtrain/model/qwen2_moe.h"
+#include "mixtrain/model/registry.h"
 #include "support/multiprocess.h"
 #include "support/tiny_model_config.h"
 
@@ -123,8 +124,16 @@ TEST(TensorParallel, VocabParallelCrossEntropyTp4) {
 
 // ---- whole models ----
 
-ModelConfig tp_model_config() {
+ModelConfig tp_model_config(const std::string& name = "") {
   ModelConfig c = test_support::tiny_config();
+  if (name == "deepseek_v3") {
+    // 4 heads (2 per tp rank), biased latent and o projections, a dense first layer of 20 and
+    // shared experts of 10: every split even; the balance loss on.
+    c = test_support::tiny_deepseek_v3();
+    c.num_heads = 4;
+    c.num_kv_heads = 4;
+    moe_config(c).router_aux_loss_coef = 0.05;
+  }
   c.vocab_size = 38;  // even: split over tp 2 (37 is not)
   c.intermediate_size = 20;
   c.attention_bias = true;  // llama: q/k/v and the row-parallel o_proj biased
@@ -132,8 +141,15 @@ ModelConfig tp_model_config() {
 }
 
 std::shared_ptr<CausalLM> make_model(const std::string& name, uint64_t seed) {
-  const ModelConfig c = tp_model_config();
+  const ModelConfig c = tp_model_config(name);
   std::shared_ptr<CausalLM> model;
+  if (name == "deepseek_v3") {
+    model = build_model(c, seed);
+    auto bias_gen = at::make_generator<at::CPUGeneratorImpl>(seed + 2);
+    for (const auto& [state, bias] : model->model_state()) {
+      model->set_model_state(state, at::randn(bias.sizes(), bias_gen) * 0.1);
+    }
+  }
   if (name == "llama") model = qwen2::make_llama(c, seed);
   if (name == "qwen2") model = qwen2::make_qwen2(c, seed);
   if (name == "qwen2_moe") model = qwen2_moe::make_qwen2_moe(c, seed);
@@ -183,7 +199,7 @@ constexpr double kLossTol = 1e-6, kGradFactor = 8, kGradFloor = 1e-6;
 MIXTRAIN_WORKER(tp_model_grads) {
   DeviceMesh mesh = tp_mesh(worker);
   const std::string name = worker.get("MODEL");
-  const ModelConfig c = tp_model_config();
+  const ModelConfig c = tp_model_config(name);
   const at::Tensor ids = global_ids(c);
   const int64_t dp = mesh.dp_size(), rows = kGlobalBatch / dp;
 
@@ -248,9 +264,10 @@ MIXTRAIN_WORKER(tp_model_grads) {
     worst_ratio = std::max(worst_ratio, ratio);
   }
   // embed_tokens and lm_head; per layer q/k/v weights and biases, o_proj's weight (its bias is
-  // whole), and the dense MLP's / shared expert's three (none in qwen3_moe).
+  // whole), and the dense MLP's / shared expert's three (none in qwen3_moe); deepseek_v3: per
+  // layer q_b_proj, kv_b_proj and o_proj weights and the dense MLP's or shared experts' three.
   const int mlp = name == "qwen3_moe" ? 0 : 3;
-  EXPECT_EQ(split, 2 + (6 + 1 + mlp) * c.num_layers);
+  EXPECT_EQ(split, name == "deepseek_v3" ? 2 + 6 * c.num_layers : 2 + (6 + 1 + mlp) * c.num_layers);
   std::ostringstream text;
   text << loss_diff << " " << worst_ratio << " (" << worst << ")";
   worker.write_text("model_" + std::to_string(mesh.rank), text.str());
@@ -293,6 +310,12 @@ TEST(TensorParallel, Qwen3MoeTp2) {
 }
 TEST(TensorParallel, Qwen3MoeTp2Dp2) {
   expect_model("qwen3_moe", 2);
+}
+TEST(TensorParallel, DeepseekV3Tp2) {
+  expect_model("deepseek_v3", 1);
+}
+TEST(TensorParallel, DeepseekV3Tp2Dp2) {
+  expect_model("deepseek_v3", 2);
 }
 
 // ---- communication volume ----

@@ -21,12 +21,15 @@
 namespace mixtrain::test_support {
 
 struct HookFixture {
-  explicit HookFixture(std::vector<std::string> overrides) {
+  // config_file: another model's config (configs/deepseek_v3_tiny.yaml) with the same float32
+  // overrides, instead of checkpoint_test_config.
+  explicit HookFixture(std::vector<std::string> overrides, const std::string& config_file = "") {
     overrides.insert(overrides.begin(),
                      {"model_init_dtype=float32", "optimizer.fp32_main_params=false",
                       "fsdp_config.mix_precision.param_dtype=float32",
                       "fsdp_config.mix_precision.output_dtype=float32"});
-    resolved = checkpoint_test_config(overrides);
+    resolved = config_file.empty() ? checkpoint_test_config(overrides)
+                                   : load_config(config_file, overrides);
     model = build_model(resolved.config.model, 11);
     model->to(at::kFloat);
     std::vector<std::pair<std::string, at::Tensor>> named;

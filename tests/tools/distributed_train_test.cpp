@@ -202,6 +202,68 @@ TEST(DistributedTrain, TwoRankQkClipMatchesOneProcess) {
   }
 }
 
+// MuonClip on DeepSeek-V3's latent attention (configs/deepseek_v3_tiny.yaml in float32, as the
+// test above) on 2 ranks four ways against one process: FSDP, context parallelism, tensor
+// parallelism (each rank half the heads of q_b_proj and kv_b_proj) and expert parallelism. tau
+// 0.062 clips 4, 6 and 4 of the 12 heads at steps 1-3 (measured when written; the initial max
+// logit is 0.067). Same checks and bounds as above.
+TEST(DistributedTrain, TwoRankMuonClipOnLatentAttentionMatchesOneProcess) {
+  TempDir run;
+  const std::string config = source_path("configs/deepseek_v3_tiny.yaml");
+  const std::string common =
+      "--set train.steps=3 --set model_init_dtype=float32 "
+      "--set fsdp_config.mix_precision.param_dtype=float32 "
+      "--set fsdp_config.mix_precision.output_dtype=float32 "
+      "--set optimizer.muon_config.muon_ns_dtype=float32 "
+      "--set optimizer.muon_config.muon_communication_dtype=float32 "
+      "--set optimizer.muon_config.muon_qk_clip_tau=0.062";
+  const auto rows = [&](const std::string& name, const std::string& args) {
+    const CommandResult r = run_mixtrain("train --config " + config + " " + args + " " + common +
+                                         " --run-dir " + run.file(name));
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+    return r.exit_code == 0 ? read_metrics(run.file(name + "/metrics.jsonl"))
+                            : std::vector<nlohmann::json>{};
+  };
+  const auto one = rows("one", "");
+  ASSERT_EQ(one.size(), 3u);
+  for (const auto& [name, args] :
+       std::vector<std::pair<std::string, std::string>>{{"fsdp", "--nproc 2"},
+                                                        {"cp", "--nproc 2 --set parallel.cp=2"},
+                                                        {"tp", "--nproc 2 --set parallel.tp=2"},
+                                                        {"ep", "--nproc 2 --set parallel.ep=2"}}) {
+    SCOPED_TRACE(name);
+    const auto two = rows(name, args);
+    ASSERT_EQ(two.size(), 3u);
+    for (size_t i = 0; i < 3; ++i) {
+      const int64_t clipped = one[i]["qk_clip_heads"].get<int64_t>();
+      const double max_logit = one[i]["qk_max_logit"].get<double>();
+      std::cout << name << " step " << i + 1 << ": clipped " << two[i]["qk_clip_heads"] << " ("
+                << clipped << "), max logit " << two[i]["qk_max_logit"] << " (" << max_logit
+                << "), loss " << two[i]["loss"] << " (" << one[i]["loss"] << ")\n";
+      EXPECT_GT(clipped, 0);
+      EXPECT_LT(clipped, 12);
+      EXPECT_EQ(two[i]["qk_clip_heads"].get<int64_t>(), clipped);
+      EXPECT_NEAR(two[i]["qk_max_logit"].get<double>(), max_logit, 1e-4 * max_logit);
+      EXPECT_NEAR(two[i]["loss"].get<double>(), one[i]["loss"].get<double>(),
+                  2e-6 * one[i]["loss"].get<double>());
+    }
+  }
+}
+
+// muon_per_head on DeepSeek-V3 under tensor parallelism: q_b_proj, kv_b_proj and o_proj of each
+// of the 3 layers are cut by their own heads (tests/unit/model/deepseek_v3_test: the blocks),
+// the latent down projections stay whole; the run trains.
+TEST(DistributedTrain, DeepseekV3MuonPerHeadTrainsOnTwoTensorParallelRanks) {
+  TempDir run;
+  const CommandResult r =
+      run_mixtrain("train --config " + source_path("configs/deepseek_v3_tiny.yaml") +
+                   " --nproc 2 --set parallel.tp=2 --set train.steps=2" +
+                   " --set optimizer.muon_config.muon_per_head=true --run-dir " + run.path());
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("Muon per head: 9 attention matrices"), std::string::npos) << r.output;
+  EXPECT_EQ(read_metrics(run.file("metrics.jsonl")).size(), 2u);
+}
+
 // Qwen3-MoE (configs/qwen3_moe_tiny.yaml: bfloat16 model, FP32 main params, Muon + AdamW,
 // norm_topk_prob) on two ranks, dp_shard 2 and ep 2 (2 of the 4 experts each): a run restored
 // from a checkpoint continues exactly like one run, and step 1 agrees with one process with the

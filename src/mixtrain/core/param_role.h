@@ -4,6 +4,7 @@
 // recorded under, model/max_logit_recorder.h), so QK-clip finds a layer's queries and keys.
 #pragma once
 
+#include <cstdint>
 #include <map>
 #include <string>
 
@@ -33,9 +34,22 @@ const char* param_role_name(ParamRole role);
 // q, k, v or o.
 bool is_attention_projection(ParamRole role);
 
+// How an attention projection's rows (dim 0; o: columns, dim 1) fall into heads when it is not
+// the standard layout of model.head_dim per head, all of it q or k content: multi-head latent
+// attention's q_b_proj has per head `content` (dn) rows then `rotary` (dr) rows, its kv_b_proj
+// `content` (dn, the key) rows then the value's, its o_proj dv columns. Muon's per-head split
+// cuts blocks of `block`; QK-clip scales content rows by sqrt(gamma), a query's rotary rows by
+// gamma, value rows not at all. block 0: the standard layout.
+struct HeadLayout {
+  int64_t block = 0;
+  int64_t content = 0;
+  int64_t rotary = 0;
+};
+
 struct ParamRoleInfo {
   ParamRole role;
   std::string attention_layer;  // attention projections: their layer's key; "" otherwise
+  HeadLayout heads;             // attention projections with their own layout
 };
 
 // By parameter name (a key of the model's named_parameters()).

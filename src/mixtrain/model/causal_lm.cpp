@@ -21,9 +21,10 @@ ParamRole CausalLM::param_role(const std::string& name) const {
 }
 
 void CausalLM::assign_param_role(const std::string& prefix, torch::nn::Module& module,
-                                 ParamRole role, const std::string& attention_layer) {
+                                 ParamRole role, const std::string& attention_layer,
+                                 const HeadLayout& heads) {
   for (const auto& item : module.named_parameters(/*recurse=*/true)) {
-    roles_[prefix + item.key()] = {role, attention_layer};
+    roles_[prefix + item.key()] = {role, attention_layer, heads};
   }
 }
 

@@ -220,7 +220,7 @@ class CausalLM : public torch::nn::Module {
   // the role `role` (an attention projection: with its layer's max-logit key); a model calls it
   // from its constructor for each of its modules.
   void assign_param_role(const std::string& prefix, torch::nn::Module& module, ParamRole role,
-                         const std::string& attention_layer = "");
+                         const std::string& attention_layer = "", const HeadLayout& heads = {});
   // Splits the parameters of `module` (registered under `prefix`) over tp along `dim` (tp_dim);
   // with `weight_only`, only its ".weight" (a row-parallel linear's bias stays whole).
   void assign_tp_dim(const std::string& prefix, torch::nn::Module& module, int64_t dim,

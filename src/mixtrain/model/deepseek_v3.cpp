@@ -316,18 +316,26 @@ class DeepseekV3ForCausalLM : public Qwen2FamilyForCausalLM<DeepseekV3Model> {
       const auto& layer = *model->layers[i];
       const std::string p = layer_prefix(i), attn = p + "self_attn.";
       const auto& a = *layer.self_attn;
+      // Per head: the query's dn content rows then dr rotary rows; kv_b_proj's dn key rows then
+      // dv value rows; o_proj's dv columns (HeadLayout: Muon's per-head blocks, QK-clip).
+      const DeepseekV3Config& d = deepseek_v3_config(c);
+      const HeadLayout query{d.qk_nope_head_dim + d.qk_rope_head_dim, d.qk_nope_head_dim,
+                             d.qk_rope_head_dim};
+      const HeadLayout key_value{d.qk_nope_head_dim + d.v_head_dim, d.qk_nope_head_dim, 0};
+      const HeadLayout output{d.v_head_dim, 0, 0};
       if (a.q_proj) {
-        assign_param_role(attn + "q_proj.", *a.q_proj, ParamRole::kAttentionQuery, attn);
+        assign_param_role(attn + "q_proj.", *a.q_proj, ParamRole::kAttentionQuery, attn, query);
       } else {
         assign_param_role(attn + "q_a_proj.", *a.q_a_proj, ParamRole::kAttentionLatent, attn);
         assign_param_role(attn + "q_a_layernorm.", *a.q_a_layernorm, ParamRole::kNorm);
-        assign_param_role(attn + "q_b_proj.", *a.q_b_proj, ParamRole::kAttentionQuery, attn);
+        assign_param_role(attn + "q_b_proj.", *a.q_b_proj, ParamRole::kAttentionQuery, attn, query);
       }
       assign_param_role(attn + "kv_a_proj_with_mqa.", *a.kv_a_proj_with_mqa,
                         ParamRole::kAttentionLatent, attn);
       assign_param_role(attn + "kv_a_layernorm.", *a.kv_a_layernorm, ParamRole::kNorm);
-      assign_param_role(attn + "kv_b_proj.", *a.kv_b_proj, ParamRole::kAttentionKeyValue, attn);
-      assign_param_role(attn + "o_proj.", *a.o_proj, ParamRole::kAttentionOutput, attn);
+      assign_param_role(attn + "kv_b_proj.", *a.kv_b_proj, ParamRole::kAttentionKeyValue, attn,
+                        key_value);
+      assign_param_role(attn + "o_proj.", *a.o_proj, ParamRole::kAttentionOutput, attn, output);
       if (layer.dense_mlp) {
         assign_param_role(p + "mlp.", *layer.dense_mlp, ParamRole::kMlp);
       } else {

@@ -45,14 +45,16 @@ void split_attention_heads(Muon& muon, const NamedTensors& named, const ParamRol
   for (const auto& [name, param] : named) {
     const auto role = roles.find(name);
     if (role == roles.end() || param.dim() != 2) continue;
-    if (const auto heads = attention_head_split(role->second.role, head_dim)) {
+    const HeadLayout& layout = role->second.heads;
+    if (const auto heads =
+            attention_head_split(role->second.role, layout.block > 0 ? layout.block : head_dim)) {
       muon.set_head_split(param, *heads);
       ++split;
     }
   }
   log_info("Muon per head: " + std::to_string(split) +
            " attention matrices (the q/k/v/o projection weights) orthogonalized per head of " +
-           std::to_string(head_dim) +
+           std::to_string(head_dim) + " (or the projection's own head block)" +
            (split == 0 ? " (none found: every matrix stays whole)" : ""));
 }
 

@@ -89,20 +89,6 @@ void check_muon(const TrainerConfig& c, const ConfigChecker& check) {
   // QK-clip rescales the q/k projections; with per-head q/k RMSNorm the logits do not depend
   // on that scale, so the clip could never bound them.
   const ModelSection* model = find_model_section(c.model.name);
-  // Multi-head latent attention has no per-head q/k projections of model.head_dim rows.
-  if (model != nullptr && model->latent_attention) {
-    if (muon_config(c).qk_clip_tau > 0) {
-      check.fail_value(std::string(kPrefix) + "qk_clip_tau",
-                       "must be 0 with model.name " + c.model.name +
-                           ": QK-clip of multi-head latent attention (MuonClip) is not offered "
-                           "yet");
-    }
-    if (c.optimizer.target == "Muon" && muon_config(c).per_head) {
-      check.fail(std::string(kPrefix) + "per_head",
-                 "is not offered with model.name " + c.model.name +
-                     ": multi-head latent attention's per-head blocks differ by projection");
-    }
-  }
   if (muon_config(c).qk_clip_tau > 0 && model != nullptr && model->qk_norm) {
     check.fail_value(std::string(kPrefix) + "qk_clip_tau",
                      "must be 0 with model.name " + c.model.name +

@@ -34,6 +34,7 @@ std::optional<MuonHeadSplit> attention_head_split(ParamRole role, int64_t head_d
     case ParamRole::kAttentionQuery:
     case ParamRole::kAttentionKey:
     case ParamRole::kAttentionValue:
+    case ParamRole::kAttentionKeyValue:
       return MuonHeadSplit{0, head_dim};
     case ParamRole::kAttentionOutput:
       return MuonHeadSplit{1, head_dim};

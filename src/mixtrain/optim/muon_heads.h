@@ -37,9 +37,10 @@ at::Tensor split_heads(const at::Tensor& matrix, const MuonHeadSplit& split);
 // The inverse: [H, rows, cols] back to a contiguous tensor of `shape`.
 at::Tensor merge_heads(const at::Tensor& heads, at::IntArrayRef shape, const MuonHeadSplit& split);
 
-// The split of a 2-D weight of `role` under muon_per_head: q, k and v projections split dim 0
-// (rows are heads), the o projection dim 1 (columns are heads), blocks of head_dim; nullopt
-// for every other role.
+// The split of a 2-D weight of `role` under muon_per_head: q, k and v projections (and latent
+// attention's kv_b_proj) split dim 0 (rows are heads), the o projection dim 1 (columns are
+// heads), blocks of head_dim (the caller passes the role's HeadLayout block where it has one);
+// nullopt for every other role (latent attention's low-rank down projections stay whole).
 std::optional<MuonHeadSplit> attention_head_split(ParamRole role, int64_t head_dim);
 
 }  // namespace mixtrain

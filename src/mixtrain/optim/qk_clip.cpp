@@ -24,13 +24,38 @@ bool any_scaled(const std::vector<double>& scale) {
   return std::any_of(scale.begin(), scale.end(), [](double s) { return s != 1.0; });
 }
 
-// Scales the optimizer param of `name` by head, then rewrites a separate model param from it.
+// Multiplies local row r of `piece` by row_scale[row_offset + r], in place, in piece's dtype.
+void scale_rows(const at::Tensor& piece, int64_t row_offset, const std::vector<double>& row_scale) {
+  c10::NoGradGuard no_grad;
+  const int64_t rows = piece.size(0);
+  if (rows == 0) return;
+  if (row_offset < 0 || row_offset + rows > static_cast<int64_t>(row_scale.size())) {
+    throw std::invalid_argument("qk-clip: rows [" + std::to_string(row_offset) + ", " +
+                                std::to_string(row_offset + rows) + ") past the " +
+                                std::to_string(row_scale.size()) + " rows of the heads");
+  }
+  // The factor in float64, rounded once to the piece's dtype by the in-place multiply.
+  std::vector<int64_t> shape(piece.dim(), 1);
+  shape[0] = rows;
+  const std::vector<double> mine(row_scale.begin() + row_offset,
+                                 row_scale.begin() + row_offset + rows);
+  const at::Tensor factor = copy_to_device(at::tensor(mine, at::kDouble).view(shape),
+                                           piece.device(), "qk-clip: row scales");
+  piece.detach().mul_(factor);
+}
+
+// Scales the optimizer param of `name` by head (rows of head_dim, or its own HeadLayout), then
+// rewrites a separate model param from it.
 void scale_param(ChainedOptimizer& chain, const std::string& name,
                  const std::vector<ParamPlacement>& placements, int64_t head_dim,
-                 const std::vector<double>& head_scale) {
+                 const HeadLayout& layout, const std::vector<double>& head_scale) {
   const at::Tensor& main = chain.optimizer_param(name);
   if (main.size(0) == 0) return;  // a trailing FSDP rank may hold no rows
-  scale_head_rows(main, row_offset_of(name, placements), head_dim, head_scale);
+  if (layout.block > 0) {
+    scale_rows(main, row_offset_of(name, placements), head_layout_row_scales(layout, head_scale));
+  } else {
+    scale_head_rows(main, row_offset_of(name, placements), head_dim, head_scale);
+  }
   const at::Tensor& model = chain.model_param(name);
   if (!model.is_same(main)) model.detach().copy_(main.detach());  // round to nearest even
 }
@@ -66,24 +91,26 @@ QkClipScales qk_clip_scales(const std::vector<double>& max_logits, int64_t num_k
 
 void scale_head_rows(const at::Tensor& piece, int64_t row_offset, int64_t head_dim,
                      const std::vector<double>& head_scale) {
-  c10::NoGradGuard no_grad;
-  const int64_t rows = piece.size(0);
-  if (rows == 0) return;
-  std::vector<double> row_scale(rows);
-  for (int64_t r = 0; r < rows; ++r) {
-    const int64_t head = (row_offset + r) / head_dim;
-    if (head < 0 || head >= static_cast<int64_t>(head_scale.size())) {
-      throw std::invalid_argument("scale_head_rows: row " + std::to_string(row_offset + r) +
-                                  " is past head " + std::to_string(head_scale.size() - 1));
-    }
-    row_scale[r] = head_scale[head];
+  std::vector<double> row_scale(head_scale.size() * head_dim);
+  for (size_t r = 0; r < row_scale.size(); ++r) row_scale[r] = head_scale[r / head_dim];
+  if (row_offset + piece.size(0) > static_cast<int64_t>(row_scale.size())) {
+    throw std::invalid_argument("scale_head_rows: row " +
+                                std::to_string(row_offset + piece.size(0) - 1) + " is past head " +
+                                std::to_string(head_scale.size() - 1));
   }
-  // The factor in float64, rounded once to the piece's dtype by the in-place multiply.
-  std::vector<int64_t> shape(piece.dim(), 1);
-  shape[0] = rows;
-  const at::Tensor factor = copy_to_device(at::tensor(row_scale, at::kDouble).view(shape),
-                                           piece.device(), "qk-clip: row scales");
-  piece.detach().mul_(factor);
+  scale_rows(piece, row_offset, row_scale);
+}
+
+std::vector<double> head_layout_row_scales(const HeadLayout& layout,
+                                           const std::vector<double>& head_scale) {
+  std::vector<double> rows(head_scale.size() * layout.block, 1.0);
+  for (size_t h = 0; h < head_scale.size(); ++h) {
+    for (int64_t i = 0; i < layout.content + layout.rotary && i < layout.block; ++i) {
+      rows[h * layout.block + i] =
+          i < layout.content ? head_scale[h] : head_scale[h] * head_scale[h];
+    }
+  }
+  return rows;
 }
 
 std::map<std::string, std::vector<double>> reduce_max_logits(
@@ -115,10 +142,12 @@ QkClipStats apply_qk_clip(ChainedOptimizer& chain,
                           const std::map<std::string, std::vector<double>>& max_logits,
                           const std::vector<ParamPlacement>& placements, const ModelConfig& model,
                           double tau, const ParamRoles& roles) {
-  // Each layer's query and key projections (weights and biases), as the model declares them.
+  // Each layer's query and key projections (weights and biases), as the model declares them;
+  // with latent attention the key's content is kv_b_proj's (kAttentionKeyValue).
   std::map<std::string, std::map<ParamRole, std::vector<std::string>>> projections;
   for (const auto& [name, info] : roles) {
-    if (info.role == ParamRole::kAttentionQuery || info.role == ParamRole::kAttentionKey) {
+    if (info.role == ParamRole::kAttentionQuery || info.role == ParamRole::kAttentionKey ||
+        info.role == ParamRole::kAttentionKeyValue) {
       projections[info.attention_layer][info.role].push_back(name);
     }
   }
@@ -126,7 +155,9 @@ QkClipStats apply_qk_clip(ChainedOptimizer& chain,
   stats.max_logit = -std::numeric_limits<double>::infinity();
   for (const auto& [layer, logits] : max_logits) {
     auto& own = projections[layer];
-    for (const ParamRole role : {ParamRole::kAttentionQuery, ParamRole::kAttentionKey}) {
+    const bool latent = !own[ParamRole::kAttentionKeyValue].empty();
+    const ParamRole key_role = latent ? ParamRole::kAttentionKeyValue : ParamRole::kAttentionKey;
+    for (const ParamRole role : {ParamRole::kAttentionQuery, key_role}) {
       const auto& names = own[role];
       const bool trainable_weight = std::any_of(names.begin(), names.end(), [&](const auto& n) {
         return chain.contains(n) && chain.optimizer_param(n).dim() == 2;
@@ -141,13 +172,16 @@ QkClipStats apply_qk_clip(ChainedOptimizer& chain,
       stats.max_logit = std::max(stats.max_logit, s);
       if (s > tau) ++stats.heads_clipped;
     }
-    const QkClipScales scales = qk_clip_scales(logits, model.num_kv_heads, tau);
+    // Latent attention: every head its own key content (K2's sqrt(gamma_h) on both sides).
+    const int64_t kv_heads = latent ? static_cast<int64_t>(logits.size()) : model.num_kv_heads;
+    const QkClipScales scales = qk_clip_scales(logits, kv_heads, tau);
     for (const auto& [role, scale] :
          {std::pair<ParamRole, const std::vector<double>*>{ParamRole::kAttentionQuery, &scales.q},
-          {ParamRole::kAttentionKey, &scales.k}}) {
+          {key_role, &scales.k}}) {
       if (!any_scaled(*scale)) continue;
       for (const std::string& name : own[role]) {
-        if (chain.contains(name)) scale_param(chain, name, placements, model.head_dim, *scale);
+        if (!chain.contains(name)) continue;
+        scale_param(chain, name, placements, model.head_dim, roles.at(name).heads, *scale);
       }
     }
   }

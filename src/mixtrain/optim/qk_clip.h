@@ -15,6 +15,12 @@
 // biases included: (a W x + a b) = a (W x + b), and rotary is linear, so the logit scales by the
 // product of the q and k factors. Models with per-head q/k RMSNorm are refused by the
 // config check (muon_config.cpp): their logits do not depend on the projections' scale.
+//   Multi-head latent attention (K2's own case; the projections with a HeadLayout, core/
+//   param_role.h): per head the logit is q_content . k_content + q_rotary . k_rotary, the rotary
+//   key shared by every head. K2 scales head h's query content rows (q_b_proj / q_proj) and key
+//   content rows (kv_b_proj) by sqrt(gamma_h) and its query rotary rows by gamma_h, leaving the
+//   shared rotary key (kv_a_proj_with_mqa) and the value rows untouched: both terms scale by
+//   gamma_h.
 //
 // Where: on the tensors the optimizer updates (the fp32 main params with fp32_main_params, the
 // parameters themselves otherwise), each rank scaling the rows it holds (FSDP dim-0 chunks,
@@ -49,6 +55,12 @@ QkClipScales qk_clip_scales(const std::vector<double>& max_logits, int64_t num_k
 // ...] tensor) by head_scale[(row_offset + r) / head_dim], in place, in piece's dtype.
 void scale_head_rows(const at::Tensor& piece, int64_t row_offset, int64_t head_dim,
                      const std::vector<double>& head_scale);
+
+// The factor of every global row of a projection with HeadLayout `layout` (block > 0) whose
+// heads get `head_scale`: content rows head_scale[h], rotary rows head_scale[h]^2 (a query's
+// rotary part: gamma where content gets sqrt(gamma)), the rest 1.
+std::vector<double> head_layout_row_scales(const HeadLayout& layout,
+                                           const std::vector<double>& head_scale);
 
 struct QkClipStats {
   int64_t heads = 0;          // query heads over all layers

@@ -175,6 +175,17 @@ TEST(DeepseekV3, ParameterNamesShapesAndRolesFollowHuggingFace) {
   EXPECT_EQ(model->param_role(a + "kv_b_proj.weight"), ParamRole::kAttentionKeyValue);
   EXPECT_EQ(model->param_role(a + "o_proj.weight"), ParamRole::kAttentionOutput);
   EXPECT_EQ(model->param_role(a + "kv_a_layernorm.weight"), ParamRole::kNorm);
+  // Per-head layouts (Muon's per-head blocks, MuonClip's factors): the query 10 content + 6
+  // rotary rows per head, kv_b_proj 10 key + 7 value rows, o_proj 7 columns.
+  const auto layout = [&](const std::string& name) { return model->param_roles().at(name).heads; };
+  EXPECT_EQ(layout(a + "q_b_proj.weight").block, 16);
+  EXPECT_EQ(layout(a + "q_b_proj.weight").content, 10);
+  EXPECT_EQ(layout(a + "q_b_proj.weight").rotary, 6);
+  EXPECT_EQ(layout(a + "kv_b_proj.weight").block, 17);
+  EXPECT_EQ(layout(a + "kv_b_proj.weight").content, 10);
+  EXPECT_EQ(layout(a + "kv_b_proj.weight").rotary, 0);
+  EXPECT_EQ(layout(a + "o_proj.weight").block, 7);
+  EXPECT_EQ(layout(a + "q_a_proj.weight").block, 0);
   EXPECT_EQ(model->param_role("model.layers.1.mlp.gate.weight"), ParamRole::kRouter);
   EXPECT_EQ(model->param_role("model.layers.1.mlp.experts.up_proj"), ParamRole::kExpert);
   EXPECT_EQ(model->param_role("model.layers.1.mlp.shared_experts.up_proj.weight"), ParamRole::kMlp);

@@ -1027,8 +1027,10 @@ TEST(MuonPerHeadTest, AttentionRolesGetTheirSplit) {
   EXPECT_EQ(attention_head_split(ParamRole::kAttentionKey, 64)->dim, 0);
   EXPECT_EQ(attention_head_split(ParamRole::kAttentionValue, 64)->block, 64);
   EXPECT_EQ(attention_head_split(ParamRole::kAttentionOutput, 16)->dim, 1);
-  for (const ParamRole role : {ParamRole::kEmbedding, ParamRole::kMlp, ParamRole::kRouter,
-                               ParamRole::kExpert, ParamRole::kNorm, ParamRole::kOutputHead}) {
+  EXPECT_EQ(attention_head_split(ParamRole::kAttentionKeyValue, 23)->block, 23);
+  for (const ParamRole role :
+       {ParamRole::kEmbedding, ParamRole::kMlp, ParamRole::kRouter, ParamRole::kExpert,
+        ParamRole::kNorm, ParamRole::kOutputHead, ParamRole::kAttentionLatent}) {
     EXPECT_FALSE(attention_head_split(role, 16)) << param_role_name(role);
   }
 }

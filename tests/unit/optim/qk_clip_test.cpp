@@ -162,6 +162,76 @@ TEST(QkClip, EveryHeadsLogitsScaleByExactlyItsGammaWeightsAndBiasesAlike) {
       at::equal(p.wk.narrow(0, kHeadDim, kHeadDim), wk_before.narrow(0, kHeadDim, kHeadDim)));
 }
 
+// Multi-head latent attention (K2's MuonClip): per head h the logit is
+//   (q_content_h . k_content_h + q_rotary_h . k_rotary) / sqrt(dn + dr),
+// q from q_b_proj [H (dn + dr), R] on a query latent, k_content and v from kv_b_proj
+// [H (dn + dv), Rkv] on a kv latent, k_rotary one [T, dr] for every head (from
+// kv_a_proj_with_mqa, which QK-clip leaves alone). Rotary's rotation is left out: it is linear
+// and the same on both sides, so it does not change what the factors do. Every head's logits
+// scale by exactly gamma_h; the value rows and the shared rotary key stay as they were.
+TEST(QkClip, LatentAttentionScalesContentBySqrtGammaAndTheQueryRotaryByGamma) {
+  constexpr int64_t heads = 3, nope = 4, rope = 2, vdim = 5, q_rank = 6, kv_rank = 7;
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(21);
+  const auto f64 = at::TensorOptions().dtype(at::kDouble);
+  at::Tensor q_b = at::randn({heads * (nope + rope), q_rank}, gen, f64);
+  at::Tensor kv_b = at::randn({heads * (nope + vdim), kv_rank}, gen, f64);
+  q_b.narrow(0, 0, nope + rope).mul_(20.0);  // head 0 far above the others
+  const at::Tensor cq = at::randn({kTokens, q_rank}, gen, f64);
+  const at::Tensor ckv = at::randn({kTokens, kv_rank}, gen, f64);
+  const at::Tensor k_rot = at::randn({kTokens, rope}, gen, f64);
+  const auto logits = [&] {
+    const at::Tensor q = at::matmul(cq, q_b.t()), kv = at::matmul(ckv, kv_b.t());
+    const at::Tensor allowed = at::ones({kTokens, kTokens}, at::kBool).tril();
+    std::vector<at::Tensor> out;
+    for (int64_t h = 0; h < heads; ++h) {
+      const at::Tensor qh = q.narrow(1, h * (nope + rope), nope + rope);
+      const at::Tensor kc = kv.narrow(1, h * (nope + vdim), nope);
+      const at::Tensor l = (at::matmul(qh.narrow(1, 0, nope), kc.t()) +
+                            at::matmul(qh.narrow(1, nope, rope), k_rot.t())) /
+                           std::sqrt(double(nope + rope));
+      out.push_back(l.masked_select(allowed));
+    }
+    return out;
+  };
+  const std::vector<at::Tensor> before = logits();
+  std::vector<double> s_max;
+  for (const at::Tensor& l : before) s_max.push_back(l.max().item<double>());
+  const double tau = 2 * std::max(s_max[1], s_max[2]);
+  ASSERT_GT(s_max[0], tau) << "the test needs head 0 clipped";
+  const std::string layer = "model.layers.0.self_attn.";
+  const NamedTensors named = {{layer + "q_b_proj.weight", q_b}, {layer + "kv_b_proj.weight", kv_b}};
+  ParamRoles roles;
+  roles[layer + "q_b_proj.weight"] = {ParamRole::kAttentionQuery, layer, {nope + rope, nope, rope}};
+  roles[layer + "kv_b_proj.weight"] = {
+      ParamRole::kAttentionKeyValue, layer, {nope + vdim, nope, 0}};
+  ChainedOptimizer chain;
+  chain.add_leaf(make_sgd({q_b, kv_b}, 0.1), named);
+  const at::Tensor kv_before = kv_b.clone(), q_before = q_b.clone();
+  ModelConfig model;
+  model.num_heads = heads;
+  model.num_kv_heads = heads;
+  model.head_dim = rope;  // deepseek_v3's head_dim: never the block here
+  const QkClipStats stats = apply_qk_clip(chain, {{layer, s_max}}, {}, model, tau, roles);
+  EXPECT_EQ(stats.heads_clipped, 1);
+  const std::vector<at::Tensor> after = logits();
+  const double gamma = tau / s_max[0];
+  for (int64_t h = 0; h < heads; ++h) {
+    // As in the test above: 1e-12 relative is ~1000x float64 rounding.
+    const double g = h == 0 ? gamma : 1.0;
+    EXPECT_TRUE(at::allclose(after[h], before[h] * g, 1e-12, 1e-12)) << "head " << h;
+  }
+  EXPECT_NEAR(after[0].max().item<double>(), tau, 1e-12 * tau);
+  // Head 0's parts: content rows by sqrt(gamma), rotary rows by gamma, value rows untouched.
+  const double root = std::sqrt(gamma);
+  EXPECT_TRUE(at::allclose(q_b.narrow(0, 0, nope), q_before.narrow(0, 0, nope) * root, 1e-15, 0));
+  EXPECT_TRUE(
+      at::allclose(q_b.narrow(0, nope, rope), q_before.narrow(0, nope, rope) * gamma, 1e-15, 0));
+  EXPECT_TRUE(at::allclose(kv_b.narrow(0, 0, nope), kv_before.narrow(0, 0, nope) * root, 1e-15, 0));
+  EXPECT_TRUE(at::equal(kv_b.narrow(0, nope, vdim), kv_before.narrow(0, nope, vdim)));
+  EXPECT_TRUE(at::equal(q_b.narrow(0, nope + rope, 2 * (nope + rope)),
+                        q_before.narrow(0, nope + rope, 2 * (nope + rope))));
+}
+
 TEST(QkClip, RowsSplitOverRanksByPlacementGiveTheWholeResult) {
   const std::vector<double> s_max = {400, 50, 30, 250};
   const Projections whole = random_projections(11);

@@ -23,11 +23,14 @@ namespace MIXTRAIN_FILE_LOCAL {
 using test_support::HookFixture;
 
 struct QkClipSetup : HookFixture {
-  explicit QkClipSetup(double tau)
+  // deepseek: configs/deepseek_v3_tiny.yaml (multi-head latent attention: MuonClip scales the
+  // query and key content rows by sqrt(gamma) and the query's rotary rows by gamma).
+  explicit QkClipSetup(double tau, bool deepseek = false)
       // One layer: a clip in layer 0 changes what later layers see, so only the first layer's
       // logits scale exactly by gamma.
-      : HookFixture({"model.num_layers=1",
-                     "optimizer.muon_config.muon_qk_clip_tau=" + std::to_string(tau)}),
+      : HookFixture(
+            {"model.num_layers=1", "optimizer.muon_config.muon_qk_clip_tau=" + std::to_string(tau)},
+            deepseek ? MIXTRAIN_SOURCE_DIR "/configs/deepseek_v3_tiny.yaml" : ""),
         hook(*model, *optimizer, mesh, resolved.config.model, tau,
              [] { return std::vector<ParamPlacement>{}; }) {}
 
@@ -90,11 +93,11 @@ TEST(QkClipHook, EvaluationForwardsAreNotRecorded) {
   EXPECT_EQ(s.step(eval).qk_max_logit, std::max(ma, mb));
 }
 
-TEST(QkClipHook, ClipsTheHeadsAboveTauToTau) {
-  const at::Tensor ids = QkClipSetup(kNoClip).batch(1);
-  const double unclipped = QkClipSetup(kNoClip).step(ids).qk_max_logit;
+void expect_clips_to_tau(bool deepseek) {
+  const at::Tensor ids = QkClipSetup(kNoClip, deepseek).batch(1);
+  const double unclipped = QkClipSetup(kNoClip, deepseek).step(ids).qk_max_logit;
   const double tau = unclipped / 2;
-  QkClipSetup s(tau);
+  QkClipSetup s(tau, deepseek);
   const StepResult first = s.step(ids);
   EXPECT_EQ(first.qk_max_logit, unclipped) << "the figure is the statistic before the clip";
   const int64_t heads = s.resolved.config.model.num_layers * s.resolved.config.model.num_heads;
@@ -105,6 +108,16 @@ TEST(QkClipHook, ClipsTheHeadsAboveTauToTau) {
   const StepResult second = s.step(ids);
   EXPECT_LE(second.qk_max_logit, tau * (1 + 1e-5));
   EXPECT_GE(second.qk_max_logit, tau * (1 - 1e-5)) << "the largest head was clipped to tau";
+}
+
+TEST(QkClipHook, ClipsTheHeadsAboveTauToTau) {
+  expect_clips_to_tau(/*deepseek=*/false);
+}
+
+// MuonClip on DeepSeek-V3's latent attention, through the model's own forward: the clipped
+// weights give the same batch a max logit of tau (optim/qk_clip_test checks each part's factor).
+TEST(QkClipHook, ClipsLatentAttentionHeadsToTau) {
+  expect_clips_to_tau(/*deepseek=*/true);
 }
 
 }  // namespace MIXTRAIN_FILE_LOCAL

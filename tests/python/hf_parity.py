@@ -61,8 +61,17 @@ def imports():
 
 
 def rope_parameters(k, scaled=True):
-    """transformers 5's rope_parameters for the keys: default, or llama3 with its four fields."""
+    """transformers 5's rope_parameters for the keys: default, llama3 with its four fields, or
+    yarn with its factor, original length, betas and mscales (0: not given)."""
     rope = {"rope_type": "default", "rope_theta": k["rope_theta"]}
+    if scaled and k["rope_scaling"] == "yarn":
+        rope.update(rope_type="yarn", factor=float(k["rope_scaling_factor"]),
+                    original_max_position_embeddings=k["rope_original_max_seq_len"],
+                    beta_fast=float(k["rope_yarn_beta_fast"]),
+                    beta_slow=float(k["rope_yarn_beta_slow"]))
+        for key in ("mscale", "mscale_all_dim"):
+            if k["rope_yarn_" + key]:
+                rope[key] = float(k["rope_yarn_" + key])
     if scaled and k["rope_scaling"] == "llama3":
         rope.update(rope_type="llama3", factor=k["rope_scaling_factor"],
                     low_freq_factor=k["rope_low_freq_factor"],
@@ -231,6 +240,7 @@ def run_model(case, out_dir):
         # test the scaled frequencies (float32 parity is a few 1e-7 of the logits' scale).
         plain_cls, plain_config = hf_config(transformers, case["family"], k, scaled=False)
         plain_config._attn_implementation = "eager"
+        plain_config._experts_implementation = "eager"
         plain = plain_cls(plain_config).to(torch.float64)
         plain.load_state_dict(model.state_dict())
         with torch.no_grad():

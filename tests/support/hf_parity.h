@@ -84,6 +84,10 @@ inline HfParity run_hf_parity(const ModelConfig& c, int seed, int batch, int seq
          << ", \"rope_low_freq_factor\": " << c.rope_low_freq_factor
          << ", \"rope_high_freq_factor\": " << c.rope_high_freq_factor
          << ", \"rope_original_max_seq_len\": " << c.rope_original_max_seq_len
+         << ", \"rope_yarn_beta_fast\": " << c.rope_yarn_beta_fast
+         << ", \"rope_yarn_beta_slow\": " << c.rope_yarn_beta_slow
+         << ", \"rope_yarn_mscale\": " << c.rope_yarn_mscale
+         << ", \"rope_yarn_mscale_all_dim\": " << c.rope_yarn_mscale_all_dim
          << ", \"rms_norm_eps\": " << c.rms_norm_eps
          << ", \"router_aux_loss_coef\": " << moe_config(c).router_aux_loss_coef
          << ", \"attention_bias\": " << (c.attention_bias ? "true" : "false")
@@ -124,6 +128,17 @@ inline HfParity run_hf_parity(const ModelConfig& c, int seed, int batch, int seq
       {"sliding_window", static_cast<double>(sliding_window_config(c).sliding_window),
        static_cast<double>(sliding_window_config(loaded).sliding_window)}};
   EXPECT_EQ(loaded.rope_scaling, c.rope_scaling);
+  if (c.rope_scaling == "yarn") {
+    keys.insert(keys.end(),
+                {{"rope_scaling_factor", c.rope_scaling_factor, loaded.rope_scaling_factor},
+                 {"rope_original_max_seq_len", static_cast<double>(c.rope_original_max_seq_len),
+                  static_cast<double>(loaded.rope_original_max_seq_len)},
+                 {"rope_yarn_beta_fast", c.rope_yarn_beta_fast, loaded.rope_yarn_beta_fast},
+                 {"rope_yarn_beta_slow", c.rope_yarn_beta_slow, loaded.rope_yarn_beta_slow},
+                 {"rope_yarn_mscale", c.rope_yarn_mscale, loaded.rope_yarn_mscale},
+                 {"rope_yarn_mscale_all_dim", c.rope_yarn_mscale_all_dim,
+                  loaded.rope_yarn_mscale_all_dim}});
+  }
   if (c.rope_scaling == "llama3") {
     keys.insert(keys.end(),
                 {{"rope_scaling_factor", c.rope_scaling_factor, loaded.rope_scaling_factor},

@@ -47,6 +47,12 @@ struct ModelConfig {
   double rope_low_freq_factor = 1.0;
   double rope_high_freq_factor = 4.0;
   int64_t rope_original_max_seq_len = 8192;  // HF original_max_position_embeddings
+  // YaRN (rope_scaling yarn): the correction range's rotations and the attention factors'
+  // mscale / mscale_all_dim (0: not given; HF's None).
+  double rope_yarn_beta_fast = 32.0;
+  double rope_yarn_beta_slow = 1.0;
+  double rope_yarn_mscale = 0.0;
+  double rope_yarn_mscale_all_dim = 0.0;
   double rms_norm_eps = 1e-6;
   // One matrix for the input embedding and the output head (HF tie_word_embeddings): the model
   // has no lm_head.weight; the head multiplies by model.embed_tokens.weight.

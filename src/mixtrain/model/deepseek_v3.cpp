@@ -44,6 +44,11 @@ class MlaAttention : public torch::nn::Module {
     kv_rank_ = d.kv_lora_rank;
     interleave_ = d.rope_interleave;
     scale_ = 1.0 / std::sqrt(static_cast<double>(nope_ + rope_));
+    // HF yarn_apply_mscale: with YaRN and mscale_all_dim, times m(factor, mscale_all_dim)^2.
+    if (c.rope_scaling == "yarn" && c.rope_yarn_mscale_all_dim != 0) {
+      const double m = yarn_mscale(c.rope_scaling_factor, c.rope_yarn_mscale_all_dim);
+      scale_ *= m * m;
+    }
     const int64_t q_out = num_heads_ * (nope_ + rope_);
     // Registration order = HF's.
     if (d.q_lora_rank == 0) {
@@ -521,10 +526,6 @@ void check_section(const ModelConfig& m, const ConfigChecker& check) {
                                                         std::to_string(m.num_layers) + "]");
   }
   if (d.first_k_dense_replace > 0) check.positive("model.intermediate_size", m.intermediate_size);
-  if (m.rope_scaling != "none") {
-    check.fail_value("model.rope_scaling",
-                     "must be none for deepseek_v3 (its YaRN scaling is not offered yet)");
-  }
 }
 
 // config.json's DeepSeek-V3 fields (transformers' DeepseekV3Config; DeepSeek's own configs

@@ -117,9 +117,10 @@ void read_rope(const HfConfigReader& r, ModelConfig& m,
     for (const auto& [key, value] : rope->items()) {
       const std::string at = std::string(name) + "." + key;
       if (key == "rope_type" || (key == "type" && !rope->contains("rope_type"))) {
-        if (value != "default" && value != "llama3") {
+        if (value != "default" && value != "llama3" && value != "yarn") {
           r.fail(at, printable(value.dump()) +
-                         " is not supported (mixtrain's rotary embeddings are default or llama3)");
+                         " is not supported (mixtrain's rotary embeddings are default, llama3 "
+                         "or yarn)");
         }
         type = value.get<std::string>();
         type_field = at;
@@ -127,36 +128,64 @@ void read_rope(const HfConfigReader& r, ModelConfig& m,
         m.rope_theta = r.number(at, value);
         theta_field = at;
       } else if (key == "factor" || key == "low_freq_factor" || key == "high_freq_factor" ||
-                 key == "original_max_position_embeddings") {
+                 key == "original_max_position_embeddings" || key == "beta_fast" ||
+                 key == "beta_slow" || key == "mscale" || key == "mscale_all_dim") {
         params[key] = {at, value};
+      } else if (key == "truncate") {
+        if (value != true) r.fail(at, "only true is supported (YaRN's truncated correction range)");
       } else if (key != "type") {
         r.fail(at,
-               "is not supported (mixtrain's rotary embeddings take rope_type, rope_theta "
-               "and llama3's factor, low_freq_factor, high_freq_factor, "
-               "original_max_position_embeddings)");
+               "is not supported (mixtrain's rotary embeddings take rope_type, rope_theta, "
+               "llama3's factor, low_freq_factor, high_freq_factor, "
+               "original_max_position_embeddings, and yarn's factor, beta_fast, beta_slow, "
+               "mscale, mscale_all_dim, original_max_position_embeddings)");
       }
     }
   }
   if (!(m.rope_theta > 0)) r.fail(theta_field, "must be > 0");
   add("model.rope_theta", theta_field);
-  m.rope_scaling = type == "llama3" ? "llama3" : "none";
+  m.rope_scaling = type == "default" ? "none" : type;
   add("model.rope_scaling", type_field);
   if (type == "default") {
     if (!params.empty()) {
       const auto& [key, entry] = *params.begin();
-      r.fail(entry.first, "is not a parameter of rope_type default (only llama3 has it)");
+      r.fail(entry.first, "is not a parameter of rope_type default (only llama3 and yarn have it)");
     }
     return;
   }
+  // Each parameter belongs to one scheme (factor and original_max_position_embeddings to both).
+  for (const auto& [key, entry] : params) {
+    const bool llama3_only = key == "low_freq_factor" || key == "high_freq_factor";
+    const bool yarn_only =
+        key == "beta_fast" || key == "beta_slow" || key == "mscale" || key == "mscale_all_dim";
+    if ((llama3_only && type != "llama3") || (yarn_only && type != "yarn")) {
+      r.fail(entry.first, "is not a parameter of rope_type " + type);
+    }
+  }
   const auto factor = [&](const std::string& key, double& into, const std::string& canonical) {
     const auto it = params.find(key);
-    if (it == params.end()) r.fail(type_field, "llama3 needs " + key + " (missing)");
+    if (it == params.end()) r.fail(type_field, type + " needs " + key + " (missing)");
     into = r.number(it->second.first, it->second.second);
     add(canonical, it->second.first);
   };
   factor("factor", m.rope_scaling_factor, "model.rope_scaling_factor");
-  factor("low_freq_factor", m.rope_low_freq_factor, "model.rope_low_freq_factor");
-  factor("high_freq_factor", m.rope_high_freq_factor, "model.rope_high_freq_factor");
+  if (type == "llama3") {
+    factor("low_freq_factor", m.rope_low_freq_factor, "model.rope_low_freq_factor");
+    factor("high_freq_factor", m.rope_high_freq_factor, "model.rope_high_freq_factor");
+  } else {  // yarn: each optional, HF's defaults (beta 32 and 1; mscales absent)
+    const auto optional = [&](const std::string& key, double& into, double absent,
+                              const std::string& canonical) {
+      const auto it = params.find(key);
+      into = it == params.end() ? absent : r.number(it->second.first, it->second.second);
+      std::ostringstream text;
+      text << "default: " << absent;
+      add(canonical, it == params.end() ? text.str() : it->second.first);
+    };
+    optional("beta_fast", m.rope_yarn_beta_fast, 32.0, "model.rope_yarn_beta_fast");
+    optional("beta_slow", m.rope_yarn_beta_slow, 1.0, "model.rope_yarn_beta_slow");
+    optional("mscale", m.rope_yarn_mscale, 0.0, "model.rope_yarn_mscale");
+    optional("mscale_all_dim", m.rope_yarn_mscale_all_dim, 0.0, "model.rope_yarn_mscale_all_dim");
+  }
   const auto original = params.find("original_max_position_embeddings");
   if (const json* top = r.find("original_max_position_embeddings")) {
     m.rope_original_max_seq_len = r.positive_int("original_max_position_embeddings", *top);
@@ -433,7 +462,18 @@ json hf_config_json(const ModelConfig& m, const std::string& dtype) {
   j["head_dim"] = m.head_dim;
   j["max_position_embeddings"] = m.max_seq_len;
   j["rms_norm_eps"] = m.rms_norm_eps;
-  if (m.rope_scaling == "llama3") {
+  if (m.rope_scaling == "yarn") {
+    j["rope_parameters"] = {{"rope_type", "yarn"},
+                            {"rope_theta", m.rope_theta},
+                            {"factor", m.rope_scaling_factor},
+                            {"beta_fast", m.rope_yarn_beta_fast},
+                            {"beta_slow", m.rope_yarn_beta_slow},
+                            {"original_max_position_embeddings", m.rope_original_max_seq_len}};
+    if (m.rope_yarn_mscale != 0) j["rope_parameters"]["mscale"] = m.rope_yarn_mscale;
+    if (m.rope_yarn_mscale_all_dim != 0) {
+      j["rope_parameters"]["mscale_all_dim"] = m.rope_yarn_mscale_all_dim;
+    }
+  } else if (m.rope_scaling == "llama3") {
     j["rope_parameters"] = {{"rope_type", "llama3"},
                             {"rope_theta", m.rope_theta},
                             {"factor", m.rope_scaling_factor},

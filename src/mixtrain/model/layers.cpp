@@ -212,6 +212,28 @@ torch::Tensor rotary_inv_freq(const ModelConfig& c) {
   const auto exponents = torch::arange(0, c.head_dim, 2, torch::kInt64).to(torch::kFloat32) /
                          static_cast<float>(c.head_dim);
   const auto inv_freq = 1.0 / torch::pow(c.rope_theta, exponents);
+  if (c.rope_scaling == "yarn") {
+    // HF _compute_yarn_parameters op for op (truncate: true, its default): dims whose rotation
+    // count over the original context is above beta_fast keep their frequency, those below
+    // beta_slow are interpolated (divided by the factor), a linear ramp between.
+    const int64_t dim = c.head_dim;
+    const double base = c.rope_theta, original = static_cast<double>(c.rope_original_max_seq_len);
+    const auto correction_dim = [&](double rotations) {
+      return (dim * std::log(original / (rotations * 2 * M_PI))) / (2 * std::log(base));
+    };
+    const double low = std::max(std::floor(correction_dim(c.rope_yarn_beta_fast)), 0.0);
+    double high = std::min(std::ceil(correction_dim(c.rope_yarn_beta_slow)), double(dim - 1));
+    if (low == high) high += 0.001;  // HF: no zero-width ramp
+    const auto pos_freqs = torch::pow(c.rope_theta, exponents);
+    const auto extrapolation = 1.0 / pos_freqs;
+    const auto interpolation = 1.0 / (pos_freqs * c.rope_scaling_factor);
+    const auto ramp =
+        ((torch::arange(dim / 2, torch::kInt64).to(torch::kFloat32) - low) / (high - low))
+            .clamp(0, 1);
+    const auto extrapolation_factor = torch::rsub(ramp, 1);
+    return interpolation * torch::rsub(extrapolation_factor, 1) +
+           extrapolation * extrapolation_factor;
+  }
   if (c.rope_scaling != "llama3") return inv_freq;
   // HF's expressions op for op (python's `s / t` is t.reciprocal() * s, `1 - t` is rsub).
   const double factor = c.rope_scaling_factor, low_factor = c.rope_low_freq_factor,
@@ -230,18 +252,38 @@ torch::Tensor rotary_inv_freq(const ModelConfig& c) {
 namespace {
 std::pair<torch::Tensor, torch::Tensor> rotary_tables(int64_t seq_len,
                                                       const torch::Tensor& inv_freq,
+                                                      double attention_factor,
                                                       torch::Device device) {
   const auto positions = torch::arange(seq_len, torch::kInt64).to(torch::kFloat32);
   const auto freqs = torch::outer(positions, inv_freq);
   const auto emb = torch::cat({freqs, freqs}, -1);
-  return {copy_to_device(emb.cos(), device, "rotary tables"),
-          copy_to_device(emb.sin(), device, "rotary tables")};
+  auto cos = emb.cos(), sin = emb.sin();
+  if (attention_factor != 1.0) {  // HF multiplies by 1.0 otherwise: the same bits
+    cos = cos * attention_factor;
+    sin = sin * attention_factor;
+  }
+  return {copy_to_device(cos, device, "rotary tables"),
+          copy_to_device(sin, device, "rotary tables")};
 }
 }  // namespace
 
 std::pair<torch::Tensor, torch::Tensor> rotary_cos_sin(int64_t seq_len, const ModelConfig& c,
                                                        torch::Device device) {
-  return rotary_tables(seq_len, rotary_inv_freq(c), device);
+  return rotary_tables(seq_len, rotary_inv_freq(c), rope_attention_factor(c), device);
+}
+
+double yarn_mscale(double scale, double mscale) {
+  return scale <= 1 ? 1.0 : 0.1 * mscale * std::log(scale) + 1.0;
+}
+
+double rope_attention_factor(const ModelConfig& c) {
+  if (c.rope_scaling != "yarn") return 1.0;
+  const double factor = c.rope_scaling_factor;
+  if (c.rope_yarn_mscale != 0 && c.rope_yarn_mscale_all_dim != 0) {
+    return yarn_mscale(factor, c.rope_yarn_mscale) /
+           yarn_mscale(factor, c.rope_yarn_mscale_all_dim);
+  }
+  return yarn_mscale(factor, 1.0);
 }
 
 std::pair<torch::Tensor, torch::Tensor> rotary_cos_sin(int64_t seq_len, int64_t head_dim,
@@ -337,8 +379,9 @@ void validate_qwen2_common(const ModelConfig& c) {
       "must be even and > 0 (rotary embeddings rotate pairs), got " + std::to_string(c.head_dim));
   require_model_key(c.max_seq_len > 0, "max_seq_len", "must be > 0");
   require_model_key(c.rope_theta > 0, "rope_theta", "must be > 0");
-  require_model_key(c.rope_scaling == "none" || c.rope_scaling == "llama3", "rope_scaling",
-                    "must be none or llama3, got " + c.rope_scaling);
+  require_model_key(
+      c.rope_scaling == "none" || c.rope_scaling == "llama3" || c.rope_scaling == "yarn",
+      "rope_scaling", "must be none, llama3 or yarn, got " + c.rope_scaling);
   if (c.rope_scaling == "llama3") {
     require_model_key(c.rope_scaling_factor > 0, "rope_scaling_factor", "must be > 0");
     require_model_key(c.rope_low_freq_factor > 0, "rope_low_freq_factor", "must be > 0");

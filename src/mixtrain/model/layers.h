@@ -170,8 +170,19 @@ class SwiGLUMLP : public torch::nn::Module {
 //   wavelen < L / high_freq_factor: inv_freq;  wavelen > L / low_freq_factor: inv_freq / factor;
 //   between: (1 - s) inv_freq / factor + s inv_freq,
 //   s = (L / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor).
+// With model.rope_scaling yarn, YaRN's frequencies (HF _compute_yarn_parameters): with
+// d = head_dim, L = rope_original_max_seq_len, the correction dims r(b) = d ln(L / (2 pi b)) /
+// (2 ln theta), low = max(floor(r(beta_fast)), 0), high = min(ceil(r(beta_slow)), d - 1), ramp_i =
+// clamp((i - low) / (high - low), 0, 1): inv_freq_i (1 - ramp_i) + inv_freq_i / factor ramp_i.
 // The same float32 tensor ops as HF, so the tables agree to float32 rounding.
 torch::Tensor rotary_inv_freq(const ModelConfig& c);
+
+// YaRN's attention factor, by which the rotary tables' cos and sin are multiplied (HF
+// _compute_yarn_parameters): with mscale and mscale_all_dim both given, m(factor, mscale) /
+// m(factor, mscale_all_dim), else m(factor, 1), where m(s, x) = 0.1 x ln(s) + 1 for s > 1 (1
+// otherwise); 1 for the other schemes.
+double rope_attention_factor(const ModelConfig& c);
+double yarn_mscale(double scale, double mscale);
 
 // Rotary tables for positions 0..seq_len-1, float32 [seq_len, head_dim], HF layout:
 // angle = pos * inv_freq, both halves repeat the angles. Computed on the CPU and placed on

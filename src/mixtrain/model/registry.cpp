@@ -1,7 +1,11 @@
 #include "mixtrain/model/registry.h"
 
+#include <algorithm>
 #include <mutex>
 #include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "mixtrain/config/section.h"
 #include "mixtrain/core/error.h"
@@ -19,27 +23,44 @@ namespace mixtrain {
 namespace {
 
 // model.rope_scaling and the keys that parameterise it, which mean nothing without it
-// (rotary_inv_freq, layers.h).
+// (rotary_inv_freq, layers.h): llama3's four, YaRN's factor, original length and its own four.
 void check_rope_scaling(const TrainerConfig& c, const ConfigChecker& check) {
   const ModelConfig& m = c.model;
-  if (m.rope_scaling != "none" && m.rope_scaling != "llama3") {
-    check.fail("model.rope_scaling", "must be one of none, llama3, got '" + m.rope_scaling + "'");
+  if (m.rope_scaling != "none" && m.rope_scaling != "llama3" && m.rope_scaling != "yarn") {
+    check.fail("model.rope_scaling",
+               "must be one of none, llama3, yarn, got '" + m.rope_scaling + "'");
   }
-  const char* const params[] = {"model.rope_scaling_factor", "model.rope_low_freq_factor",
-                                "model.rope_high_freq_factor", "model.rope_original_max_seq_len"};
-  if (m.rope_scaling == "none") {
-    for (const char* key : params) {
-      if (check.was_set(key)) {
-        check.fail(key, "applies only with " + check.key("model.rope_scaling") +
-                            ": llama3 (it is none); remove it or set the scaling");
-      }
+  const std::vector<std::pair<const char*, std::vector<std::string>>> params = {
+      {"model.rope_scaling_factor", {"llama3", "yarn"}},
+      {"model.rope_original_max_seq_len", {"llama3", "yarn"}},
+      {"model.rope_low_freq_factor", {"llama3"}},
+      {"model.rope_high_freq_factor", {"llama3"}},
+      {"model.rope_yarn_beta_fast", {"yarn"}},
+      {"model.rope_yarn_beta_slow", {"yarn"}},
+      {"model.rope_yarn_mscale", {"yarn"}},
+      {"model.rope_yarn_mscale_all_dim", {"yarn"}}};
+  for (const auto& [key, schemes] : params) {
+    if (!check.was_set(key) ||
+        std::find(schemes.begin(), schemes.end(), m.rope_scaling) != schemes.end()) {
+      continue;
     }
-    return;
+    std::string names;
+    for (const std::string& s : schemes) names += (names.empty() ? "" : " or ") + s;
+    check.fail(key, "applies only with " + check.key("model.rope_scaling") + ": " + names +
+                        " (it is " + m.rope_scaling + "); remove it or set the scaling");
   }
+  if (m.rope_scaling == "none") return;
   check.positive("model.rope_scaling_factor", m.rope_scaling_factor);
-  check.positive("model.rope_low_freq_factor", m.rope_low_freq_factor);
   check.positive("model.rope_original_max_seq_len",
                  static_cast<double>(m.rope_original_max_seq_len));
+  if (m.rope_scaling == "yarn") {
+    check.positive("model.rope_yarn_beta_fast", m.rope_yarn_beta_fast);
+    check.positive("model.rope_yarn_beta_slow", m.rope_yarn_beta_slow);
+    check.non_negative("model.rope_yarn_mscale", m.rope_yarn_mscale);
+    check.non_negative("model.rope_yarn_mscale_all_dim", m.rope_yarn_mscale_all_dim);
+    return;
+  }
+  check.positive("model.rope_low_freq_factor", m.rope_low_freq_factor);
   // The smoothing divides by high - low.
   if (!(m.rope_high_freq_factor > m.rope_low_freq_factor)) {
     check.fail_value("model.rope_high_freq_factor",

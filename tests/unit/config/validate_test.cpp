@@ -256,14 +256,24 @@ TEST(ValidateTest, RopeScaling) {
   expect_valid("c.toml",
                "[model]\nname = \"qwen2\"\nrope_scaling = \"llama3\"\n"
                "rope_low_freq_factor = 2.0\n");
-  EXPECT_EQ(yaml_error("model:\n  rope_scaling: yarn\n"),
-            "model.rope_scaling: must be one of none, llama3, got 'yarn'");
+  EXPECT_EQ(yaml_error("model:\n  rope_scaling: longrope\n"),
+            "model.rope_scaling: must be one of none, llama3, yarn, got 'longrope'");
   EXPECT_EQ(yaml_error("model:\n  rope_scaling_factor: 4\n"),
-            "model.rope_scaling_factor: applies only with model.rope_scaling: llama3 (it is "
-            "none); remove it or set the scaling");
+            "model.rope_scaling_factor: applies only with model.rope_scaling: llama3 or yarn (it "
+            "is none); remove it or set the scaling");
   EXPECT_EQ(error_in("c.yaml", "model:\n  name: qwen2\n", {"model.rope_original_max_seq_len=128"}),
             "--set: model.rope_original_max_seq_len: applies only with model.rope_scaling: llama3 "
-            "(it is none); remove it or set the scaling");
+            "or yarn (it is none); remove it or set the scaling");
+  // Each scheme's own keys only with it.
+  EXPECT_EQ(yaml_error("model:\n  rope_scaling: yarn\n  rope_low_freq_factor: 2\n"),
+            "model.rope_low_freq_factor: applies only with model.rope_scaling: llama3 (it is "
+            "yarn); remove it or set the scaling");
+  EXPECT_EQ(yaml_error("model:\n  rope_scaling: llama3\n  rope_yarn_mscale: 1\n"),
+            "model.rope_yarn_mscale: applies only with model.rope_scaling: yarn (it is llama3); "
+            "remove it or set the scaling");
+  expect_valid("c.yaml",
+               "model:\n  rope_scaling: yarn\n  rope_scaling_factor: 4\n"
+               "  rope_yarn_beta_fast: 16\n  rope_yarn_mscale_all_dim: 1\n");
   expect_refused({
       {"c.yaml", "model:\n  rope_scaling: llama3\n  rope_scaling_factor: 0\n",
        "model.rope_scaling_factor: must be > 0, got 0"},

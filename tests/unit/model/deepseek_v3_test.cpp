@@ -316,5 +316,21 @@ TEST(DeepseekV3, WithoutQueryCompressionPlainRotaryBiasesAndTiedEmbeddings) {
   test_support::expect_hf_parity(r, "deepseek_v3 (q_proj, rotate_half, biases, tied)");
 }
 
+// YaRN as DeepSeek-V3 uses it (mscale = mscale_all_dim: the tables' attention factor is 1, the
+// softmax scale times m(factor, mscale_all_dim)^2 = 1.139^2 here), with the original context
+// shrunk to 4 so the 13-position sequence reaches the interpolated dims (the oracle fails unless
+// dropping the scaling moves the logits by >= 1e-2 of their scale). Tolerances as above.
+TEST(DeepseekV3, YarnRotaryAndSoftmaxScaleMatchTransformers) {
+  auto c = tiny_deepseek_v3();
+  c.rope_scaling = "yarn";
+  c.rope_scaling_factor = 4.0;
+  c.rope_original_max_seq_len = 4;
+  c.rope_yarn_mscale = 1.0;
+  c.rope_yarn_mscale_all_dim = 1.0;
+  const auto r = test_support::run_hf_parity(c, 33, 2, 13);
+  if (HasFailure()) return;
+  test_support::expect_hf_parity(r, "deepseek_v3 (yarn, mscale_all_dim 1)");
+}
+
 }  // namespace MIXTRAIN_FILE_LOCAL
 }  // namespace mixtrain

@@ -202,7 +202,7 @@ TEST(HfConfig, ReadsLlama3RopeScaling) {
   EXPECT_EQ(config_error_of([&] { read_hf_config(path); }),
             path +
                 ": rope_parameters.factor: is not a parameter of rope_type default (only "
-                "llama3 has it)");
+                "llama3 and yarn have it)");
   json text = llama3;
   text["rope_parameters"]["factor"] = "8";
   path = write_json(dir, "x.json", text);
@@ -243,11 +243,11 @@ TEST(HfConfig, RefusesEveryUnsupportedValueNamingFileAndField) {
     EXPECT_NE(message.find(c.says), std::string::npos) << message;
   }
   json rope = qwen2_moe;
-  rope["rope_parameters"]["rope_type"] = "yarn";
+  rope["rope_parameters"]["rope_type"] = "longrope";
   std::string path = write_json(dir, "r.json", rope);
   EXPECT_NE(config_error_of([&] {
               read_hf_config(path);
-            }).find(path + ": rope_parameters.rope_type: \"yarn\" is not supported"),
+            }).find(path + ": rope_parameters.rope_type: \"longrope\" is not supported"),
             std::string::npos);
   json layers = qwen2_moe;
   layers["layer_types"][1] = "sliding_attention";
@@ -476,8 +476,35 @@ TEST(HfConfig, ReadsWritesAndRefusesDeepseekV3) {
   refused("scoring_func", "softmax");
   refused("topk_method", "greedy");
   refused("moe_layer_freq", 2);
-  refused("rope_parameters", "yarn");
+  refused("rope_parameters", "longrope");
   refused("kv_lora_rank", 0);
+
+  // DeepSeek-V3's own rope_scaling (transformers 4.x spelling): YaRN with both mscales.
+  json yarn = written;
+  yarn.erase("rope_parameters");
+  yarn["rope_theta"] = 10000.0;
+  yarn["rope_scaling"] = {
+      {"type", "yarn"},       {"factor", 40},   {"original_max_position_embeddings", 4096},
+      {"beta_fast", 32},      {"beta_slow", 1}, {"mscale", 1.0},
+      {"mscale_all_dim", 1.0}};
+  const ModelConfig y = read_hf_config(write_json(dir, "y.json", yarn)).model;
+  EXPECT_EQ(y.rope_scaling, "yarn");
+  EXPECT_EQ(y.rope_scaling_factor, 40.0);
+  EXPECT_EQ(y.rope_original_max_seq_len, 4096);
+  EXPECT_EQ(y.rope_yarn_beta_fast, 32.0);
+  EXPECT_EQ(y.rope_yarn_beta_slow, 1.0);
+  EXPECT_EQ(y.rope_yarn_mscale, 1.0);
+  EXPECT_EQ(y.rope_yarn_mscale_all_dim, 1.0);
+  const ModelConfig y_back =
+      read_hf_config(write_json(dir, "yb.json", hf_config_json(y, "bfloat16"))).model;
+  EXPECT_EQ(y_back.rope_scaling, "yarn");
+  EXPECT_EQ(y_back.rope_scaling_factor, 40.0);
+  EXPECT_EQ(y_back.rope_yarn_mscale_all_dim, 1.0);
+  json mixed = yarn;
+  mixed["rope_scaling"]["low_freq_factor"] = 1.0;  // llama3's, not yarn's
+  const std::string message =
+      config_error_of([&] { read_hf_config(write_json(dir, "m.json", mixed)); });
+  EXPECT_NE(message.find("rope_scaling.low_freq_factor"), std::string::npos) << message;
 }
 
 }  // namespace MIXTRAIN_FILE_LOCAL

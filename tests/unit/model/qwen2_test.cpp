@@ -297,6 +297,50 @@ TEST(Llama, Llama3RopeScalingMatchesTransformers) {
   test_support::expect_hf_parity(r, "llama (llama3 rope scaling)");
 }
 
+// YaRN on a dense decoder (Qwen2.5's long-context scheme): no mscale given, so the rotary tables
+// are multiplied by the attention factor 0.1 ln(4) + 1 = 1.139 (HF's), and the original context
+// of 8 puts the ramp inside head_dim 8's four dims (the oracle fails unless the scaling moves the
+// logits by >= 1e-2 of their scale). Tolerances: support/hf_parity.h.
+TEST(Llama, YarnRopeScalingMatchesTransformers) {
+  auto c = tiny_llama(false);
+  c.rope_scaling = "yarn";
+  c.rope_scaling_factor = 4.0;
+  c.rope_original_max_seq_len = 8;
+  c.max_seq_len = 32;
+  const auto r = test_support::run_hf_parity(c, 16, 2, 24);
+  if (HasFailure()) return;
+  test_support::expect_hf_parity(r, "llama (yarn rope scaling)");
+}
+
+// YaRN's frequencies and attention factor against the formula evaluated here in float64: with
+// d 8, theta 10000, L 8, beta 32 / 1: r(b) = 8 ln(8 / (2 pi b)) / (2 ln 10000), low =
+// max(floor(r(32)), 0) = 0, high = min(ceil(r(1)), 7) = 1: dim 0 keeps its frequency, dims 1-3
+// are divided by the factor (ramp 1); float32 against float64: 1e-6 relative.
+TEST(Llama, YarnInverseFrequenciesAndAttentionFactorFollowTheFormula) {
+  auto c = tiny_llama(false);
+  c.rope_theta = 10000.0;
+  c.rope_scaling = "yarn";
+  c.rope_scaling_factor = 4.0;
+  c.rope_original_max_seq_len = 8;
+  const auto ours = rotary_inv_freq(c);
+  ASSERT_EQ(ours.numel(), 4);
+  const double pi = 3.14159265358979323846;
+  const auto r = [&](double b) { return 8 * std::log(8 / (2 * pi * b)) / (2 * std::log(10000.0)); };
+  const double low = std::max(std::floor(r(32)), 0.0), high = std::min(std::ceil(r(1)), 7.0);
+  for (int64_t i = 0; i < 4; ++i) {
+    const double base = std::pow(10000.0, -2.0 * i / 8);
+    const double ramp = std::clamp((i - low) / (high - low), 0.0, 1.0);
+    const double want = base * (1 - ramp) + base / 4 * ramp;
+    EXPECT_NEAR(ours[i].item<double>(), want, 1e-6 * want) << i;
+  }
+  EXPECT_NEAR(rope_attention_factor(c), 0.1 * std::log(4.0) + 1, 1e-15);
+  c.rope_yarn_mscale = 1.0;
+  c.rope_yarn_mscale_all_dim = 1.0;
+  EXPECT_EQ(rope_attention_factor(c), 1.0);  // DeepSeek-V3's: the factor moves to the softmax
+  c.rope_scaling = "none";
+  EXPECT_EQ(rope_attention_factor(c), 1.0);
+}
+
 // The scaled frequencies against the formula evaluated here in float64 (the three bands written
 // out), to float32 rounding: ours are float32 (as HF's), a few
 // ulps (1e-7 relative) from float64; bound 1e-6 relative. No scaling leaves them unchanged.

@@ -82,5 +82,19 @@ TEST(RealSizeConfig, Qwen3Of0p6BShapesTrainOnTwoRanks) {
   for (const auto& row : rows) EXPECT_TRUE(std::isfinite(row["grad_norm"].get<double>()));
 }
 
+// configs/moonlight_16b_a3b_2layer.yaml (Moonlight-16B-A3B's dimensions, 2 layers) resolves
+// and passes every check with its real shapes: deepseek_v3, MLA without query compression, 64
+// experts top 6, MuonClip at tau 100. Training it needs about 21.4 GB.
+TEST(RealSizeConfig, MoonlightShapedConfigResolves) {
+  const CommandResult r =
+      run_mixtrain("config show " + source_path("configs/moonlight_16b_a3b_2layer.yaml"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  for (const char* row :
+       {"model.name", "deepseek_v3", "model.vocab_size", "163840", "model.kv_lora_rank", "512",
+        "model.num_experts", "64", "optimizer.muon_config.muon_qk_clip_tau", "100"}) {
+    EXPECT_NE(r.output.find(row), std::string::npos) << row;
+  }
+}
+
 }  // namespace MIXTRAIN_FILE_LOCAL
 }  // namespace mixtrain::testing

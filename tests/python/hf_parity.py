@@ -41,6 +41,13 @@ Usage:
     same random hidden states [T, H] and weight [E, H] (float32) and writes DIR/router.safetensors:
     hidden, weight, and "<family>.<plain|norm>.scores" [T, k] float32 and ".indices" [T, k] int64
     as HF returns them. Fails unless the top-k + 1 probabilities of every token are > 1e-4 apart.
+  hf_parity.py deepseek_router CASE_JSON DIR
+    CASE_JSON: {"seed", "tokens", "hidden", "experts", "top_k",
+                "settings": {NAME: [n_group, topk_group, norm_topk_prob, routed_scaling_factor]}}
+    Runs DeepseekV3TopkRouter per setting on the same random hidden [T, H], weight [E, H] and
+    selection bias [E] (N(0, 0.1^2)), float32, and writes DIR/router.safetensors: hidden, weight,
+    bias, "<NAME>.weights" [T, k] float32 and ".indices" [T, k] int64 as HF returns them (in
+    topk's unsorted order). Fails unless every group and expert choice is > 1e-4 from a tie.
 Exits 1 with a message when transformers is missing (scripts/python-requirements.txt).
 """
 
@@ -315,12 +322,50 @@ def run_router(case, out_dir):
     save_file(result, os.path.join(out_dir, "router.safetensors"))
 
 
+def run_deepseek_router(case, out_dir):
+    torch, transformers, _, save_file = imports()
+    generator = torch.Generator().manual_seed(case["seed"])
+    hidden = torch.randn(case["tokens"], case["hidden"], generator=generator)
+    weight = torch.randn(case["experts"], case["hidden"], generator=generator) * case["hidden"] ** -0.5
+    bias = torch.randn(case["experts"], generator=generator) * 0.1
+    result = {"hidden": hidden, "weight": weight, "bias": bias}
+    router_cls = transformers.models.deepseek_v3.modeling_deepseek_v3.DeepseekV3TopkRouter
+    for name, (groups, keep, norm, scaling) in case["settings"].items():
+        config = transformers.DeepseekV3Config(
+            hidden_size=case["hidden"], n_routed_experts=case["experts"],
+            num_experts_per_tok=case["top_k"], n_group=groups, topk_group=keep,
+            norm_topk_prob=norm, routed_scaling_factor=float(scaling))
+        router = router_cls(config)
+        with torch.no_grad():
+            router.weight.copy_(weight)
+            router.e_score_correction_bias.copy_(bias)
+            logits, weights, indices = router(hidden)
+        # Ties-free at float32 rounding, as the model oracle checks.
+        per = case["experts"] // groups
+        choice = torch.sigmoid(logits.double()) + bias.double()
+        group_scores = choice.view(-1, groups, per).topk(2, -1).values.sum(-1)
+        kept = group_scores.topk(keep, -1).indices
+        mask = torch.zeros_like(group_scores).scatter_(1, kept, 1.0).bool()
+        mask = mask.unsqueeze(-1).expand(-1, groups, per).reshape(choice.shape)
+        top = choice.masked_fill(~mask, float("-inf")).topk(case["top_k"] + 1, -1).values
+        margin = float((top[:, -2] - top[:, -1]).min())
+        if keep < groups:
+            g = group_scores.topk(keep + 1, -1).values
+            margin = min(margin, float((g[:, -2] - g[:, -1]).min()))
+        if margin <= 1e-4:
+            sys.exit(f"FAIL: {name}: a routing margin of {margin:.3g}: pick another seed")
+        result[name + ".weights"] = weights.contiguous()
+        result[name + ".indices"] = indices.contiguous()
+    save_file(result, os.path.join(out_dir, "router.safetensors"))
+
+
 def main():
-    if len(sys.argv) != 4 or sys.argv[1] not in ("model", "router"):
+    if len(sys.argv) != 4 or sys.argv[1] not in ("model", "router", "deepseek_router"):
         sys.exit(__doc__)
     with open(sys.argv[2], encoding="utf-8") as f:
         case = json.load(f)
-    (run_model if sys.argv[1] == "model" else run_router)(case, sys.argv[3])
+    {"model": run_model, "router": run_router,
+     "deepseek_router": run_deepseek_router}[sys.argv[1]](case, sys.argv[3])
 
 
 if __name__ == "__main__":

@@ -11,12 +11,15 @@
 
 #include <algorithm>
 #include <cmath>
+#include <fstream>
 #include <map>
 #include <numeric>
 #include <set>
 #include <string>
+#include <tuple>
 #include <vector>
 
+#include "mixtrain/core/safetensors.h"
 #include "mixtrain/model/deepseek_v3_config.h"
 #include "mixtrain/model/moe_config.h"
 #include "mixtrain/model/registry.h"
@@ -30,6 +33,13 @@ using deepseek_v3::route_grouped_sigmoid;
 using deepseek_v3::Routing;
 using deepseek_v3::sequence_balance_loss;
 using test_support::tiny_deepseek_v3;
+
+// A fresh directory for the router oracle's files, removed at the end.
+struct ScopedTempDirForRouter {
+  ScopedTempDirForRouter() : dir("deepseek_router."), path(dir.path().string()) {}
+  test_support::ScopedTempDir dir;
+  std::string path;
+};
 
 // The router of the header, one token at a time with std::sort (float64 selection; float32
 // inputs, so no ties at these magnitudes).
@@ -102,6 +112,60 @@ TEST(DeepseekV3Router, GroupLimitedSigmoidChoicesAndWeightsMatchAHandComputation
     }
     // The weights are the sigmoid scores, not the biased selection scores.
     EXPECT_TRUE(torch::allclose(r.scores, logits.sigmoid()));
+  }
+}
+
+// Against transformers' DeepseekV3TopkRouter itself, four settings (one group; 4 groups keeping
+// 2; 6 keeping 3 without renormalising; 3 keeping 1), on the same float32 inputs with a random
+// selection bias. The oracle refuses near-ties (1e-4), so the chosen sets are exact (HF's topk
+// is unsorted: compared as sets, each expert with its weight); the weights are float32 sigmoids
+// of the same float32 logits (up to GEMM summation order, ~1e-7 relative): 1e-6.
+TEST(DeepseekV3Router, ChoicesAndWeightsMatchTransformers) {
+  const ScopedTempDirForRouter dir;
+  const std::map<std::string, std::tuple<int64_t, int64_t, bool, double>> settings = {
+      {"one_group", {1, 1, true, 2.5}},
+      {"four_keep_two", {4, 2, true, 1.0}},
+      {"six_keep_three", {6, 3, false, 2.446}},
+      {"three_keep_one", {3, 1, true, 1.0}}};
+  const int64_t top_k = 3;
+  {
+    std::ofstream json(dir.path + "/case.json");
+    json << "{\"seed\": 5, \"tokens\": 40, \"hidden\": 24, \"experts\": 12, \"top_k\": " << top_k
+         << ", \"settings\": {";
+    bool first = true;
+    for (const auto& [name, s] : settings) {
+      json << (first ? "" : ", ") << "\"" << name << "\": [" << std::get<0>(s) << ", "
+           << std::get<1>(s) << ", " << (std::get<2>(s) ? "true" : "false") << ", "
+           << std::get<3>(s) << "]";
+      first = false;
+    }
+    json << "}}\n";
+  }
+  ASSERT_TRUE(test_support::python_script_succeeds(
+      {"hf_parity.py", "deepseek_router", dir.path + "/case.json", dir.path}));
+  std::map<std::string, torch::Tensor> hf;
+  for (const auto& [name, t] : read_safetensors(dir.path + "/router.safetensors").tensors) {
+    hf[name] = t;
+  }
+  const auto logits = at::linear(hf.at("hidden"), hf.at("weight"));
+  for (const auto& [name, s] : settings) {
+    const auto [groups, keep, norm, scaling] = s;
+    const Routing r =
+        route_grouped_sigmoid(logits, hf.at("bias"), top_k, groups, keep, norm, scaling);
+    const auto& theirs = hf.at(name + ".indices");
+    const auto& their_weights = hf.at(name + ".weights");
+    for (int64_t t = 0; t < logits.size(0); ++t) {
+      std::map<int64_t, double> ours, hf_choice;
+      for (int64_t i = 0; i < top_k; ++i) {
+        ours[r.indices[t][i].item<int64_t>()] = r.weights[t][i].item<double>();
+        hf_choice[theirs[t][i].item<int64_t>()] = their_weights[t][i].item<double>();
+      }
+      ASSERT_EQ(ours.size(), hf_choice.size()) << name << " token " << t;
+      for (const auto& [expert, weight] : hf_choice) {
+        ASSERT_EQ(ours.count(expert), 1u) << name << " token " << t << " expert " << expert;
+        EXPECT_NEAR(ours.at(expert), weight, 1e-6 * std::abs(weight) + 1e-7) << name;
+      }
+    }
   }
 }
 

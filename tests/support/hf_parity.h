@@ -147,8 +147,9 @@ inline HfParity run_hf_parity(const ModelConfig& c, int seed, int batch, int seq
                  {"rope_original_max_seq_len", static_cast<double>(c.rope_original_max_seq_len),
                   static_cast<double>(loaded.rope_original_max_seq_len)}});
   }
+  // moe: the aux loss is HF's (deepseek_v3 has routed experts but HF computes no aux loss).
   const bool moe = c.name == "qwen2_moe" || c.name == "qwen3_moe";
-  if (moe) {
+  if (moe || c.name == "deepseek_v3") {
     keys.insert(
         keys.end(),
         {{"moe_intermediate_size", moe_config(c).moe_intermediate_size,
@@ -156,33 +157,28 @@ inline HfParity run_hf_parity(const ModelConfig& c, int seed, int batch, int seq
          {"num_experts", moe_config(c).num_experts, moe_config(loaded).num_experts},
          {"num_experts_per_tok", moe_config(c).num_experts_per_tok,
           moe_config(loaded).num_experts_per_tok},
-         {"norm_topk_prob", moe_config(c).norm_topk_prob, moe_config(loaded).norm_topk_prob},
-         {"router_aux_loss_coef", moe_config(c).router_aux_loss_coef,
-          moe_config(loaded).router_aux_loss_coef}});
+         {"norm_topk_prob", moe_config(c).norm_topk_prob, moe_config(loaded).norm_topk_prob}});
+  }
+  if (moe) {
+    keys.emplace_back("router_aux_loss_coef", moe_config(c).router_aux_loss_coef,
+                      moe_config(loaded).router_aux_loss_coef);
   } else {
     keys.emplace_back("intermediate_size", c.intermediate_size, loaded.intermediate_size);
   }
   if (c.name == "deepseek_v3") {
     const DeepseekV3Config &d = deepseek_v3_config(c), &l = deepseek_v3_config(loaded);
-    keys.insert(
-        keys.end(),
-        {{"moe_intermediate_size", moe_config(c).moe_intermediate_size,
-          moe_config(loaded).moe_intermediate_size},
-         {"num_experts", moe_config(c).num_experts, moe_config(loaded).num_experts},
-         {"num_experts_per_tok", moe_config(c).num_experts_per_tok,
-          moe_config(loaded).num_experts_per_tok},
-         {"norm_topk_prob", moe_config(c).norm_topk_prob, moe_config(loaded).norm_topk_prob},
-         {"q_lora_rank", d.q_lora_rank, l.q_lora_rank},
-         {"kv_lora_rank", d.kv_lora_rank, l.kv_lora_rank},
-         {"qk_nope_head_dim", d.qk_nope_head_dim, l.qk_nope_head_dim},
-         {"qk_rope_head_dim", d.qk_rope_head_dim, l.qk_rope_head_dim},
-         {"v_head_dim", d.v_head_dim, l.v_head_dim},
-         {"rope_interleave", d.rope_interleave, l.rope_interleave},
-         {"n_shared_experts", d.n_shared_experts, l.n_shared_experts},
-         {"n_group", d.n_group, l.n_group},
-         {"topk_group", d.topk_group, l.topk_group},
-         {"routed_scaling_factor", d.routed_scaling_factor, l.routed_scaling_factor},
-         {"first_k_dense_replace", d.first_k_dense_replace, l.first_k_dense_replace}});
+    keys.insert(keys.end(),
+                {{"q_lora_rank", d.q_lora_rank, l.q_lora_rank},
+                 {"kv_lora_rank", d.kv_lora_rank, l.kv_lora_rank},
+                 {"qk_nope_head_dim", d.qk_nope_head_dim, l.qk_nope_head_dim},
+                 {"qk_rope_head_dim", d.qk_rope_head_dim, l.qk_rope_head_dim},
+                 {"v_head_dim", d.v_head_dim, l.v_head_dim},
+                 {"rope_interleave", d.rope_interleave, l.rope_interleave},
+                 {"n_shared_experts", d.n_shared_experts, l.n_shared_experts},
+                 {"n_group", d.n_group, l.n_group},
+                 {"topk_group", d.topk_group, l.topk_group},
+                 {"routed_scaling_factor", d.routed_scaling_factor, l.routed_scaling_factor},
+                 {"first_k_dense_replace", d.first_k_dense_replace, l.first_k_dense_replace}});
   }
   if (c.name == "qwen2_moe") {
     keys.emplace_back("shared_expert_intermediate_size",

@@ -159,6 +159,51 @@ TEST(DistributedTrain, FourRankTensorAndContextParallelTrackOneProcess) {
   }
 }
 
+// `config` (float32 compute, Newton-Schulz and wire; QK-clip at `tau`) for 3 steps on one
+// process and on 2 ranks in each of `layouts`: the same heads clipped each step (0 < clipped <
+// `heads`), the max logit within 1e-4 and the loss within 2e-6 relative.
+void expect_qk_clip_layouts_match(const std::string& config, double tau, int64_t heads,
+                                  const std::vector<std::string>& layouts) {
+  TempDir run;
+  const std::string common =
+      "--set train.steps=3 --set model_init_dtype=float32 "
+      "--set fsdp_config.mix_precision.param_dtype=float32 "
+      "--set fsdp_config.mix_precision.output_dtype=float32 "
+      "--set optimizer.muon_config.muon_ns_dtype=float32 "
+      "--set optimizer.muon_config.muon_communication_dtype=float32 "
+      "--set optimizer.muon_config.muon_qk_clip_tau=" +
+      std::to_string(tau);
+  const auto rows = [&](const std::string& name, const std::string& args) {
+    const CommandResult r = run_mixtrain("train --config " + config + " " + args + " " + common +
+                                         " --run-dir " + run.file(name));
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+    return r.exit_code == 0 ? read_metrics(run.file(name + "/metrics.jsonl"))
+                            : std::vector<nlohmann::json>{};
+  };
+  const auto one = rows("one", "");
+  ASSERT_EQ(one.size(), 3u);
+  for (const std::string& name : layouts) {
+    SCOPED_TRACE(name);
+    const std::string args =
+        "--nproc 2" + (name == "fsdp" ? std::string() : " --set parallel." + name + "=2");
+    const auto two = rows(name, args);
+    ASSERT_EQ(two.size(), 3u);
+    for (size_t i = 0; i < 3; ++i) {
+      const int64_t clipped = one[i]["qk_clip_heads"].get<int64_t>();
+      const double max_logit = one[i]["qk_max_logit"].get<double>();
+      std::cout << name << " step " << i + 1 << ": clipped " << two[i]["qk_clip_heads"] << " ("
+                << clipped << "), max logit " << two[i]["qk_max_logit"] << " (" << max_logit
+                << "), loss " << two[i]["loss"] << " (" << one[i]["loss"] << ")\n";
+      EXPECT_GT(clipped, 0);
+      EXPECT_LT(clipped, heads);
+      EXPECT_EQ(two[i]["qk_clip_heads"].get<int64_t>(), clipped);
+      EXPECT_NEAR(two[i]["qk_max_logit"].get<double>(), max_logit, 1e-4 * max_logit);
+      EXPECT_NEAR(two[i]["loss"].get<double>(), one[i]["loss"].get<double>(),
+                  2e-6 * one[i]["loss"].get<double>());
+    }
+  }
+}
+
 // QK-clip (optimizer.muon_config.muon_qk_clip_tau) on 2 ranks three ways against one process,
 // float32 compute, Newton-Schulz and wire (so only summation order differs): FSDP (dp_shard 2:
 // each rank sees half the batch, the per-head max is reduced over the data ranks, and each rank
@@ -169,85 +214,17 @@ TEST(DistributedTrain, FourRankTensorAndContextParallelTrackOneProcess) {
 // summation orders carried through Muon: measured (LibTorch 2.11) max logit <= 1.5e-5 and loss
 // <= 2e-7 relative; bounds 1e-4 and 2e-6.
 TEST(DistributedTrain, TwoRankQkClipMatchesOneProcess) {
-  TempDir run;
-  const std::string common =
-      "--set train.steps=3 --set model_init_dtype=float32 "
-      "--set fsdp_config.mix_precision.param_dtype=float32 "
-      "--set fsdp_config.mix_precision.output_dtype=float32 "
-      "--set optimizer.muon_config.muon_ns_dtype=float32 "
-      "--set optimizer.muon_config.muon_communication_dtype=float32 "
-      "--set optimizer.muon_config.muon_qk_clip_tau=0.1";
-  const auto one = tiny_train_rows(run, "one", common);
-  ASSERT_EQ(one.size(), 3u);
-  for (const auto& [name, args] :
-       std::vector<std::pair<std::string, std::string>>{{"fsdp", "--nproc 2"},
-                                                        {"cp", "--nproc 2 --set parallel.cp=2"},
-                                                        {"tp", "--nproc 2 --set parallel.tp=2"}}) {
-    SCOPED_TRACE(name);
-    const auto two = tiny_train_rows(run, name, args + " " + common);
-    ASSERT_EQ(two.size(), 3u);
-    for (size_t i = 0; i < 3; ++i) {
-      const int64_t clipped = one[i]["qk_clip_heads"].get<int64_t>();
-      const double max_logit = one[i]["qk_max_logit"].get<double>();
-      std::cout << name << " step " << i + 1 << ": clipped " << two[i]["qk_clip_heads"] << " ("
-                << clipped << "), max logit " << two[i]["qk_max_logit"] << " (" << max_logit
-                << "), loss " << two[i]["loss"] << " (" << one[i]["loss"] << ")\n";
-      EXPECT_GT(clipped, 0);
-      EXPECT_LT(clipped, 8);
-      EXPECT_EQ(two[i]["qk_clip_heads"].get<int64_t>(), clipped);
-      EXPECT_NEAR(two[i]["qk_max_logit"].get<double>(), max_logit, 1e-4 * max_logit);
-      EXPECT_NEAR(two[i]["loss"].get<double>(), one[i]["loss"].get<double>(),
-                  2e-6 * one[i]["loss"].get<double>());
-    }
-  }
+  expect_qk_clip_layouts_match(source_path("configs/qwen2_moe_tiny.yaml"), 0.1, 8,
+                               {"fsdp", "cp", "tp"});
 }
 
-// MuonClip on DeepSeek-V3's latent attention (configs/deepseek_v3_tiny.yaml in float32, as the
-// test above) on 2 ranks four ways against one process: FSDP, context parallelism, tensor
-// parallelism (each rank half the heads of q_b_proj and kv_b_proj) and expert parallelism. tau
-// 0.062 clips 4, 6 and 4 of the 12 heads at steps 1-3 (measured when written; the initial max
-// logit is 0.067). Same checks and bounds as above.
+// MuonClip on DeepSeek-V3's latent attention (configs/deepseek_v3_tiny.yaml) the same way, with
+// expert parallelism too: tau 0.062 clips 4, 6 and 4 of the 12 heads at steps 1-3 (measured when
+// written; the initial max logit is 0.067); tensor parallelism holds half the heads of q_b_proj
+// and kv_b_proj per rank. Same bounds.
 TEST(DistributedTrain, TwoRankMuonClipOnLatentAttentionMatchesOneProcess) {
-  TempDir run;
-  const std::string config = source_path("configs/deepseek_v3_tiny.yaml");
-  const std::string common =
-      "--set train.steps=3 --set model_init_dtype=float32 "
-      "--set fsdp_config.mix_precision.param_dtype=float32 "
-      "--set fsdp_config.mix_precision.output_dtype=float32 "
-      "--set optimizer.muon_config.muon_ns_dtype=float32 "
-      "--set optimizer.muon_config.muon_communication_dtype=float32 "
-      "--set optimizer.muon_config.muon_qk_clip_tau=0.062";
-  const auto rows = [&](const std::string& name, const std::string& args) {
-    const CommandResult r = run_mixtrain("train --config " + config + " " + args + " " + common +
-                                         " --run-dir " + run.file(name));
-    EXPECT_EQ(r.exit_code, 0) << r.output;
-    return r.exit_code == 0 ? read_metrics(run.file(name + "/metrics.jsonl"))
-                            : std::vector<nlohmann::json>{};
-  };
-  const auto one = rows("one", "");
-  ASSERT_EQ(one.size(), 3u);
-  for (const auto& [name, args] :
-       std::vector<std::pair<std::string, std::string>>{{"fsdp", "--nproc 2"},
-                                                        {"cp", "--nproc 2 --set parallel.cp=2"},
-                                                        {"tp", "--nproc 2 --set parallel.tp=2"},
-                                                        {"ep", "--nproc 2 --set parallel.ep=2"}}) {
-    SCOPED_TRACE(name);
-    const auto two = rows(name, args);
-    ASSERT_EQ(two.size(), 3u);
-    for (size_t i = 0; i < 3; ++i) {
-      const int64_t clipped = one[i]["qk_clip_heads"].get<int64_t>();
-      const double max_logit = one[i]["qk_max_logit"].get<double>();
-      std::cout << name << " step " << i + 1 << ": clipped " << two[i]["qk_clip_heads"] << " ("
-                << clipped << "), max logit " << two[i]["qk_max_logit"] << " (" << max_logit
-                << "), loss " << two[i]["loss"] << " (" << one[i]["loss"] << ")\n";
-      EXPECT_GT(clipped, 0);
-      EXPECT_LT(clipped, 12);
-      EXPECT_EQ(two[i]["qk_clip_heads"].get<int64_t>(), clipped);
-      EXPECT_NEAR(two[i]["qk_max_logit"].get<double>(), max_logit, 1e-4 * max_logit);
-      EXPECT_NEAR(two[i]["loss"].get<double>(), one[i]["loss"].get<double>(),
-                  2e-6 * one[i]["loss"].get<double>());
-    }
-  }
+  expect_qk_clip_layouts_match(source_path("configs/deepseek_v3_tiny.yaml"), 0.062, 12,
+                               {"fsdp", "cp", "tp", "ep"});
 }
 
 // muon_per_head on DeepSeek-V3 under tensor parallelism: q_b_proj, kv_b_proj and o_proj of each

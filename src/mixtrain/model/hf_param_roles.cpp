@@ -2,6 +2,8 @@
 
 #include <optional>
 
+#include "mixtrain/model/deepseek_v3_config.h"
+
 namespace mixtrain {
 namespace {
 
@@ -54,10 +56,22 @@ std::optional<ParamRoleInfo> role_of(const std::string& name) {
 
 }  // namespace
 
-ParamRoles hf_param_roles(const std::vector<std::string>& names) {
+ParamRoles hf_param_roles(const std::vector<std::string>& names, const ModelConfig* model) {
   ParamRoles roles;
   for (const std::string& name : names) {
     if (const auto role = role_of(name)) roles[name] = *role;
+  }
+  if (model == nullptr || model->name != "deepseek_v3") return roles;
+  const DeepseekV3Config& d = deepseek_v3_config(*model);
+  const int64_t qk = d.qk_nope_head_dim + d.qk_rope_head_dim;
+  for (auto& [name, info] : roles) {
+    if (info.role == ParamRole::kAttentionQuery) {
+      info.heads = {qk, d.qk_nope_head_dim, d.qk_rope_head_dim};
+    } else if (info.role == ParamRole::kAttentionKeyValue) {
+      info.heads = {d.qk_nope_head_dim + d.v_head_dim, d.qk_nope_head_dim, 0};
+    } else if (info.role == ParamRole::kAttentionOutput) {
+      info.heads = {d.v_head_dim, 0, 0};
+    }
   }
   return roles;
 }

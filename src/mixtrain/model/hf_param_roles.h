@@ -11,11 +11,15 @@
 #include <string>
 #include <vector>
 
+#include "mixtrain/config/trainer_config.h"
 #include "mixtrain/core/param_role.h"
 
 namespace mixtrain {
 
-// Names outside the layout get no entry.
-ParamRoles hf_param_roles(const std::vector<std::string>& names);
+// Names outside the layout get no entry. With `model` (optional) a deepseek_v3 model's
+// latent-attention projections also get their HeadLayout (Muon's per-head blocks, QK-clip), as
+// the built model declares them.
+ParamRoles hf_param_roles(const std::vector<std::string>& names,
+                          const ModelConfig* model = nullptr);
 
 }  // namespace mixtrain

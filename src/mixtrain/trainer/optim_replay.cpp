@@ -190,7 +190,7 @@ int64_t run_optim_replay(const ResolvedConfig& resolved, const ReplayPaths& path
   std::vector<std::string> names;
   for (const auto& [name, unused] : params) names.push_back(name);
   std::unique_ptr<TrainingOptimizer> optimizer =
-      build_optimizer(params, config, hf_param_roles(names));
+      build_optimizer(params, config, hf_param_roles(names, &config.model));
   optimizer->chained().set_placements(placements);
   const bool schedule = schedule_configured(resolved);
   LrSchedule lr_schedule(config.train.lr_scheduler, steps);

@@ -23,12 +23,15 @@ TEST(HfParamRoles, EveryRegisteredModelsOwnRoles) {
     std::vector<std::string> names;
     for (const auto& item : model->named_parameters()) names.push_back(item.key());
     const ParamRoles declared = model->param_roles();
-    const ParamRoles read = hf_param_roles(names);
+    const ParamRoles read = hf_param_roles(names, &config);
     ASSERT_EQ(read.size(), declared.size());
     for (const auto& [param, info] : declared) {
       ASSERT_EQ(read.count(param), 1u) << param;
       EXPECT_EQ(read.at(param).role, info.role) << param << ": " << param_role_name(info.role);
       EXPECT_EQ(read.at(param).attention_layer, info.attention_layer) << param;
+      EXPECT_EQ(read.at(param).heads.block, info.heads.block) << param;
+      EXPECT_EQ(read.at(param).heads.content, info.heads.content) << param;
+      EXPECT_EQ(read.at(param).heads.rotary, info.heads.rotary) << param;
     }
   }
 }

@@ -176,8 +176,8 @@ bool check_out_dir(const std::string& out_dir) {
 }
 
 // The whole export into `tmp`.
-void write_export(CheckpointReader& reader, const ModelConfig& model, at::ScalarType dtype,
-                  const std::string& dtype_name, uint64_t max_bytes, const std::string& tmp,
+void write_export(CheckpointReader& reader, const ModelConfig& model, const std::string& dtype_name,
+                  uint64_t max_bytes, const std::string& tmp,
                   const std::vector<ExportTensor>& tensors) {
   write_text_file(tmp + "/config.json", hf_config_json(model, dtype_name).dump(2) + "\n");
   const auto shards = shard(tensors, max_bytes);
@@ -273,7 +273,7 @@ int export_hf_command(const std::string& checkpoint, const std::string& out_dir,
   if (!fs::create_directories(tmp, ignored))
     throw UserError(tmp + ": cannot create: " + ignored.message());
   try {
-    write_export(reader, model, dtype, dtype_name, max_bytes, tmp, tensors);
+    write_export(reader, model, dtype_name, max_bytes, tmp, tensors);
     std::error_code error;
     if (existed) fs::remove(target, error);  // empty, checked above
     if (!error) fs::rename(tmp, target, error);

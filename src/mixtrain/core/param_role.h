@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <map>
 #include <string>
+#include <utility>
 
 namespace mixtrain {
 
@@ -47,6 +48,11 @@ struct HeadLayout {
 };
 
 struct ParamRoleInfo {
+  // A constructor (not an aggregate): {role} and {role, layer} leave the layout standard.
+  ParamRoleInfo(ParamRole role = ParamRole::kMlp, std::string attention_layer = "",
+                HeadLayout heads = {})
+      : role(role), attention_layer(std::move(attention_layer)), heads(heads) {}
+
   ParamRole role;
   std::string attention_layer;  // attention projections: their layer's key; "" otherwise
   HeadLayout heads;             // attention projections with their own layout

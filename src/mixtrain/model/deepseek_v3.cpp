@@ -244,7 +244,7 @@ class DeepseekV3DecoderLayer : public torch::nn::Module {
     const auto h = x + self_attn->forward(input_layernorm->forward(x), cos, sin);
     const auto normed = post_attention_layernorm->forward(h);
     if (dense_mlp) {
-      return {h + dense_mlp->forward(normed), torch::zeros({}, torch::kFloat32).to(x.device())};
+      return {h + dense_mlp->forward(normed), torch::zeros({}, x.options().dtype(torch::kFloat32))};
     }
     auto [out, aux] = moe->forward(normed, count_load, cp);
     return {h + out, aux};
@@ -279,7 +279,7 @@ class DeepseekV3Model : public torch::nn::Module {
     auto [cos, sin] = rotary_(input_ids, config_, access_);
     ContextParallelHooks* cp = access_.context_parallel();
     auto h = embed_tokens->forward(input_ids);
-    auto aux = torch::zeros({}, torch::kFloat32).to(h.device());
+    auto aux = torch::zeros({}, h.options().dtype(torch::kFloat32));
     for (size_t i = 0; i < layers.size(); ++i) {
       DeepseekV3DecoderLayer& layer = *layers[i];
       if (!recomputes_layer(static_cast<int64_t>(i), recompute_every)) {

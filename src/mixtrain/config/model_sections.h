@@ -37,8 +37,6 @@ struct ModelSection {
   // Per-head RMSNorm on queries and keys: the attention logits do not depend on the q/k
   // projections' scale.
   bool qk_norm = false;
-  // Multi-head latent attention (deepseek_v3): no per-head key/value projections.
-  bool latent_attention = false;
 };
 
 // Registers a model's section; throws std::logic_error for a second one of the same name. The

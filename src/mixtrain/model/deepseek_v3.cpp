@@ -317,17 +317,14 @@ class DeepseekV3ForCausalLM : public Qwen2FamilyForCausalLM<DeepseekV3Model> {
   DeepseekV3ForCausalLM(const ModelConfig& c, uint64_t seed)
       : Qwen2FamilyForCausalLM(c, "deepseek_v3") {
     assign_param_role("model.embed_tokens.", *model->embed_tokens, ParamRole::kEmbedding);
+    // Muon's per-head blocks and QK-clip's factors read these (deepseek_v3_config.h).
+    const MlaHeadLayouts layouts = mla_head_layouts(c);
+    const HeadLayout &query = layouts.query, &key_value = layouts.key_value,
+                     &output = layouts.output;
     for (size_t i = 0; i < model->layers.size(); ++i) {
       const auto& layer = *model->layers[i];
       const std::string p = layer_prefix(i), attn = p + "self_attn.";
       const auto& a = *layer.self_attn;
-      // Per head: the query's dn content rows then dr rotary rows; kv_b_proj's dn key rows then
-      // dv value rows; o_proj's dv columns (HeadLayout: Muon's per-head blocks, QK-clip).
-      const DeepseekV3Config& d = deepseek_v3_config(c);
-      const HeadLayout query{d.qk_nope_head_dim + d.qk_rope_head_dim, d.qk_nope_head_dim,
-                             d.qk_rope_head_dim};
-      const HeadLayout key_value{d.qk_nope_head_dim + d.v_head_dim, d.qk_nope_head_dim, 0};
-      const HeadLayout output{d.v_head_dim, 0, 0};
       if (a.q_proj) {
         assign_param_role(attn + "q_proj.", *a.q_proj, ParamRole::kAttentionQuery, attn, query);
       } else {
@@ -691,7 +688,6 @@ ModelEntry deepseek_v3_entry() {
     }
     return sizes;
   };
-  section.latent_attention = true;
   HfFamily hf;
   hf.architecture = "DeepseekV3ForCausalLM";
   hf.moe = true;

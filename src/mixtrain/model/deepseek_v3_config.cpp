@@ -7,6 +7,13 @@
 
 namespace mixtrain {
 
+MlaHeadLayouts mla_head_layouts(const ModelConfig& model) {
+  const DeepseekV3Config& d = deepseek_v3_config(model);
+  return {{d.qk_nope_head_dim + d.qk_rope_head_dim, d.qk_nope_head_dim, d.qk_rope_head_dim},
+          {d.qk_nope_head_dim + d.v_head_dim, d.qk_nope_head_dim, 0},
+          {d.v_head_dim, 0, 0}};
+}
+
 #define MIXTRAIN_DSV3_LEAF(field) \
   field_leaf(                     \
       "model." #field, [](auto& c) -> auto& { return deepseek_v3_config(c.model).field; })

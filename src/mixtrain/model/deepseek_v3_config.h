@@ -10,6 +10,7 @@
 #include <cstdint>
 
 #include "mixtrain/config/trainer_config.h"
+#include "mixtrain/core/param_role.h"
 
 namespace mixtrain {
 
@@ -36,6 +37,15 @@ struct DeepseekV3Config {
   // layer's selection bias moves by bias_update_speed x sign(mean load - load) per expert.
   double bias_update_speed = 0.001;
 };
+
+// The per-head row layouts of the latent attention's projections (core/param_role.h): the
+// query's dn content rows then dr rotary rows, kv_b_proj's dn key rows then dv value rows,
+// o_proj's dv columns. The model declares them with its roles; optim-replay reads them from the
+// config (hf_param_roles).
+struct MlaHeadLayouts {
+  HeadLayout query, key_value, output;
+};
+MlaHeadLayouts mla_head_layouts(const ModelConfig& model);
 
 inline DeepseekV3Config& deepseek_v3_config(ModelConfig& model) {
   return model.family.get<DeepseekV3Config>();

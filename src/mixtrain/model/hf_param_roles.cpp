@@ -62,16 +62,11 @@ ParamRoles hf_param_roles(const std::vector<std::string>& names, const ModelConf
     if (const auto role = role_of(name)) roles[name] = *role;
   }
   if (model == nullptr || model->name != "deepseek_v3") return roles;
-  const DeepseekV3Config& d = deepseek_v3_config(*model);
-  const int64_t qk = d.qk_nope_head_dim + d.qk_rope_head_dim;
+  const MlaHeadLayouts layouts = mla_head_layouts(*model);
   for (auto& [name, info] : roles) {
-    if (info.role == ParamRole::kAttentionQuery) {
-      info.heads = {qk, d.qk_nope_head_dim, d.qk_rope_head_dim};
-    } else if (info.role == ParamRole::kAttentionKeyValue) {
-      info.heads = {d.qk_nope_head_dim + d.v_head_dim, d.qk_nope_head_dim, 0};
-    } else if (info.role == ParamRole::kAttentionOutput) {
-      info.heads = {d.v_head_dim, 0, 0};
-    }
+    if (info.role == ParamRole::kAttentionQuery) info.heads = layouts.query;
+    if (info.role == ParamRole::kAttentionKeyValue) info.heads = layouts.key_value;
+    if (info.role == ParamRole::kAttentionOutput) info.heads = layouts.output;
   }
   return roles;
 }

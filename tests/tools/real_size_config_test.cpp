@@ -84,7 +84,8 @@ TEST(RealSizeConfig, Qwen3Of0p6BShapesTrainOnTwoRanks) {
 
 // configs/moonlight_16b_a3b_2layer.yaml (Moonlight-16B-A3B's dimensions, 2 layers) resolves
 // and passes every check with its real shapes: deepseek_v3, MLA without query compression, 64
-// experts top 6, MuonClip at tau 100. Training it needs about 21.4 GB.
+// experts top 6, MuonClip at tau 100, the swap optimizer (without it training needs about 21.4
+// GB before activations; bench_real_size_bench trains it: 17.5 GiB of live tensors with it).
 TEST(RealSizeConfig, MoonlightShapedConfigResolves) {
   const CommandResult r =
       run_mixtrain("config show " + source_path("configs/moonlight_16b_a3b_2layer.yaml"));
@@ -94,6 +95,10 @@ TEST(RealSizeConfig, MoonlightShapedConfigResolves) {
         "model.num_experts", "64", "optimizer.muon_config.muon_qk_clip_tau", "100"}) {
     EXPECT_NE(r.output.find(row), std::string::npos) << row;
   }
+  const size_t swap = r.output.find("optimizer.swap_optimizer ");
+  ASSERT_NE(swap, std::string::npos) << r.output;
+  const std::string swap_row = r.output.substr(swap, r.output.find('\n', swap) - swap);
+  EXPECT_NE(swap_row.find("true"), std::string::npos) << swap_row;
 }
 
 }  // namespace MIXTRAIN_FILE_LOCAL

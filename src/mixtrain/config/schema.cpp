@@ -111,6 +111,7 @@ std::vector<LeafSpec> build_leaves() {
       MIXTRAIN_LEAF("train.log_every", train.log_every),
       MIXTRAIN_LEAF("train.eval_every", train.eval_every),
       MIXTRAIN_LEAF("train.profile", train.profile),
+      MIXTRAIN_LEAF("train.count_ops", train.count_ops),
       MIXTRAIN_LEAF("train.cpu_allocator", train.cpu_allocator),
       MIXTRAIN_LEAF("train.activation_checkpointing", train.activation_checkpointing),
       MIXTRAIN_LEAF("train.activation_checkpointing_every", train.activation_checkpointing_every),

@@ -90,6 +90,9 @@ struct TrainConfig {
   // Every log_every steps rank 0 logs where the step time went (forward, backward, gradient
   // reduce, clipping, optimizer, checkpoint, other) and metrics.jsonl gets the split per step.
   bool profile = false;
+  // Count each step's ATen ops and allocations by phase (core/op_counter.h): metrics.jsonl
+  // columns and a log line every log_every steps. Slows every op a little while on.
+  bool count_ops = false;
   // Where CPU tensor buffers come from: "caching" keeps freed buffers for reuse
   // (core/caching_cpu_allocator.h), "system" is LibTorch's default (glibc malloc).
   std::string cpu_allocator = "caching";

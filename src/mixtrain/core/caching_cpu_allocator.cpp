@@ -21,6 +21,15 @@ static_assert(sizeof(BlockHeader) <= kHeaderBytes);
 
 constexpr size_t kPage = 4096;
 
+// LibTorch's memory-profiler protocol (what c10's own allocators do): each allocation and free,
+// with the bytes this allocator then holds, to whoever listens on this thread (core/op_counter.h
+// counts allocations this way). The totals are the cached classes' (small blocks are not held).
+void report_to_profiler(void* data, int64_t bytes, const CachingCpuAllocatorStats& stats) {
+  c10::reportMemoryUsageToProfiler(data, bytes, static_cast<size_t>(stats.live_bytes),
+                                   static_cast<size_t>(stats.live_bytes + stats.cached_bytes),
+                                   c10::Device(c10::DeviceType::CPU));
+}
+
 }  // namespace
 
 size_t CachingCpuAllocator::size_class(size_t bytes) {
@@ -74,6 +83,10 @@ c10::DataPtr CachingCpuAllocator::allocate(size_t bytes) {
   // Context == data, as c10::Allocator::raw_deallocate requires (ATen uses raw_allocate).
   static_cast<BlockHeader*>(base)->to_system = false;
   void* data = static_cast<char*>(base) + kHeaderBytes;
+  if (c10::memoryProfilingEnabled()) {
+    report_to_profiler(data, static_cast<int64_t>(size),
+                       cached ? stats() : CachingCpuAllocatorStats{});
+  }
   return {data, data, &CachingCpuAllocator::delete_block, c10::Device(c10::DeviceType::CPU)};
 }
 
@@ -101,6 +114,11 @@ void CachingCpuAllocator::release_locked(size_t needed) {
 void CachingCpuAllocator::delete_block(void* data) {
   void* base = static_cast<char*>(data) - kHeaderBytes;
   const BlockHeader header = *static_cast<BlockHeader*>(base);
+  if (c10::memoryProfilingEnabled()) {
+    report_to_profiler(
+        data, -static_cast<int64_t>(header.size),
+        header.owner != nullptr ? header.owner->stats() : CachingCpuAllocatorStats{});
+  }
   if (header.owner == nullptr) {
     c10::free_cpu(base);  // below kMinCachedBytes: never cached
   } else {

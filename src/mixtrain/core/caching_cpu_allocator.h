@@ -14,6 +14,9 @@
 // therefore grows only with the program's own peak, never with the variety of sizes it asks for
 // (MoE expert buffers change size every step).
 //
+// Like c10's allocators it reports each allocation and free to LibTorch's memory profiler when
+// one listens on the thread (c10::reportMemoryUsageToProfiler; core/op_counter.h counts them).
+//
 // Buffers are 64-byte aligned, like LibTorch's. Thread-safe (one mutex; taken only for cached
 // sizes). Blocks freed after the allocator stopped being the CPU allocator still come back to it.
 #pragma once

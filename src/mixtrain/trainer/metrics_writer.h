@@ -4,6 +4,8 @@
 // elapsed_s, aux_loss, loss_scale, skipped_steps; with QK-clip (optimizer.muon_config.
 // muon_qk_clip_tau > 0) also qk_clip_heads, qk_max_logit; with a profile (train.profile) also
 // forward_s, backward_s, reduce_s, clip_s, optimizer_s, checkpoint_s, step_s (step_profile.h);
+// with train.count_ops also ops_<phase> and allocations_<phase> for forward, backward, clip,
+// optimizer, checkpoint, other, step, then collectives (step_profile.h StepOps);
 // on a log step with optimizer.muon_telemetry, per Muon group g: muon_g<g>_ortho_error_mean,
 // muon_g<g>_ortho_error_max, muon_g<g>_ortho_sampled, muon_g<g>_update_rms
 // (optim/muon_telemetry.h).

@@ -18,6 +18,7 @@ void StepLog::on_step(const StepMetrics& row) {
              format_number(row.qk_clip->max_logit) + ", " +
              std::to_string(row.qk_clip->heads_clipped) + " head(s) clipped");
   }
+  if (row.ops && is_log_step(row.step, log_every_, steps_)) log_info(row.ops->format(row.step));
 }
 
 void StepLog::on_eval(const EvalMetrics& row, const EvalResult& result) {

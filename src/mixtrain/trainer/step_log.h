@@ -1,7 +1,8 @@
 // The log lines of the optional features, as run hooks (run_hook.h), rank 0:
 //   StepLog     optimizer.muon_telemetry: "step N: muon g0: ..." on each row that has figures
 //               (log steps); QK-clip: "step N QK-clip: max attention logit X, K head(s)
-//               clipped" on log steps; train.eval_every: "eval at step N: ..." per evaluation.
+//               clipped" on log steps; train.count_ops: "op counts step N: ..." on log steps
+//               (StepOps::format); train.eval_every: "eval at step N: ..." per evaluation.
 //   ProfileLog  train.profile: each row's phase times summed (step_profile.h StepProfile), and
 //               on every log step their average logged and the sum restarted.
 // Log steps: every train.log_every-th and the last (is_log_step).

@@ -28,6 +28,7 @@ struct StepMetrics {
   double loss_scale = 1.0;    // float16 dynamic loss scale after this step (1 otherwise)
   int64_t skipped_steps = 0;  // steps skipped so far for inf/nan gradients (float16)
   std::optional<StepTimes> profile = std::nullopt;      // train.profile: this step's split
+  std::optional<StepOps> ops = std::nullopt;            // train.count_ops: its op counts
   std::vector<MuonGroupTelemetry> muon = {};            // muon_telemetry on a log step
   std::optional<QkClipMetrics> qk_clip = std::nullopt;  // QK-clip on
 };

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cinttypes>
 #include <cstdio>
+#include <string>
+#include <utility>
 
 #include "mixtrain/trainer/progress.h"
 
@@ -83,6 +85,36 @@ std::string StepProfile::format() const {
          phase("checkpoint", avg.checkpoint_s, avg.step_s) + " | " +
          phase("other", avg.other_s(), avg.step_s) + " | " +
          format_rate(sum_.step_s > 0 ? tokens_ / sum_.step_s : 0.0) + device_memory;
+}
+
+OpCounts StepOps::other() const {
+  OpCounts rest = step;
+  for (const OpCounts* phase : {&forward, &backward, &clip, &optimizer, &checkpoint}) {
+    rest = rest - *phase;
+  }
+  return rest;
+}
+
+// "op counts step 3: 5210 ops = forward 1200 | backward 2100 | ...; 812 allocations = forward
+// 300 | ...; 0 collectives"
+std::string StepOps::format(int64_t step_number) const {
+  const OpCounts rest = other();
+  const std::pair<const char*, const OpCounts*> phases[] = {
+      {"forward", &forward},     {"backward", &backward},     {"clip", &clip},
+      {"optimizer", &optimizer}, {"checkpoint", &checkpoint}, {"other", &rest}};
+  auto split = [&](int64_t total, const char* what, int64_t OpCounts::*field) {
+    std::string out = std::to_string(total) + " " + what + " =";
+    const char* separator = " ";
+    for (const auto& [name, counts] : phases) {
+      out += separator + std::string(name) + " " + std::to_string(counts->*field);
+      separator = " | ";
+    }
+    return out;
+  };
+  return "op counts step " + std::to_string(step_number) + ": " +
+         split(step.ops, "ops", &OpCounts::ops) + "; " +
+         split(step.allocations, "allocations", &OpCounts::allocations) + "; " +
+         std::to_string(collectives) + " collectives";
 }
 
 void StepProfile::clear() {

@@ -36,6 +36,8 @@
 #include <cstdint>
 #include <string>
 
+#include "mixtrain/core/op_counter.h"
+
 namespace mixtrain {
 
 struct StepTimes {
@@ -55,6 +57,18 @@ struct StepTimes {
   double other_s() const;
   StepTimes& operator+=(const StepTimes& other);
   StepTimes& operator*=(double factor);  // every field
+};
+
+// What one step dispatched and allocated, by phase (train.count_ops; core/op_counter.h): the
+// same phases as StepTimes (the gradient reduce is inside backward), `step` the whole iteration,
+// `other` the bookkeeping between the phases (the batch, the loss read, the interrupt check).
+// collectives: the communication calls of the step (core/collectives.h; 0 on one process).
+struct StepOps {
+  OpCounts forward, backward, clip, optimizer, checkpoint, step;
+  int64_t collectives = 0;
+
+  OpCounts other() const;                         // step minus the phases
+  std::string format(int64_t step_number) const;  // the log line (trainer/step_log.h)
 };
 
 // Sums the steps between two profile log lines.

@@ -24,4 +24,23 @@ double& StepRecorder::seconds(Phase phase) {
                               std::to_string(static_cast<int>(phase)));
 }
 
+OpCounts& StepRecorder::counts(Phase phase) {
+  switch (phase) {
+    case Phase::kForward:
+      return ops_.forward;
+    case Phase::kBackward:
+      return ops_.backward;
+    case Phase::kClip:
+      return ops_.clip;
+    case Phase::kOptimizer:
+      return ops_.optimizer;
+    case Phase::kCheckpoint:
+      return ops_.checkpoint;
+    case Phase::kReduce:
+      break;
+  }
+  throw std::invalid_argument("StepRecorder: no op counts of their own for phase " +
+                              std::to_string(static_cast<int>(phase)));
+}
+
 }  // namespace mixtrain

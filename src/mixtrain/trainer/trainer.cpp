@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <map>
+#include <optional>
 #include <utility>
 #include <vector>
 
@@ -24,6 +25,7 @@
 #include "mixtrain/core/error.h"
 #include "mixtrain/core/host_sync.h"
 #include "mixtrain/core/logging.h"
+#include "mixtrain/core/op_counter.h"
 #include "mixtrain/core/param_placement.h"
 #include "mixtrain/core/text.h"
 #include "mixtrain/data/dataset.h"
@@ -644,9 +646,15 @@ TrainSummary run_training(const ResolvedConfig& resolved, const TrainOptions& op
     }
     unread.clear();
   };
+  // train.count_ops: this thread's ops and allocations, and those of the threads it hands work
+  // to (autograd's device threads), from here to the end of the loop.
+  std::optional<OpCountScope> counting;
+  if (config.train.count_ops) counting.emplace();
   try {
     for (int64_t step = first_step; step <= config.train.steps; ++step) {
       const Stopwatch iteration;  // the profile's step_s: the whole iteration, its save included
+      const OpCounts ops_before = op_counts();
+      const int64_t collectives_before = mesh.counters->snapshot().total().calls;
       if (any_rank_interrupted(mesh)) {
         summary.interrupted = true;
         break;
@@ -665,6 +673,12 @@ TrainSummary run_training(const ResolvedConfig& resolved, const TrainOptions& op
         StepTimes times = trainer.last_step_times();
         times.step_s = iteration.seconds();
         row.profile = times;
+      }
+      if (counting) {
+        StepOps ops = trainer.last_step_ops();
+        ops.step = op_counts() - ops_before;
+        ops.collectives = mesh.counters->snapshot().total().calls - collectives_before;
+        row.ops = ops;
       }
       unread.push_back(UnreadRow{result, std::move(row), training_s});
       if (is_log_step(step, config.train.log_every, config.train.steps) || save_due(step) ||
@@ -694,6 +708,14 @@ TrainSummary run_training(const ResolvedConfig& resolved, const TrainOptions& op
   report_rows();                  // the steps before an interruption
   trainer.wait_for_checkpoint();  // an async save finishes (or reports its error) before exit
   for (const auto& hook : report) hook->on_end();
+  if (is_rank0 && counting) {
+    std::string line = "op counts: the most dispatched ops of the run:";
+    for (const auto& [name, count] : most_counted_ops(12)) {
+      line += " " + name + " " + std::to_string(count) + ",";
+    }
+    line.pop_back();
+    log_info(line);
+  }
   if (is_rank0 && config.train.profile && config.train.cpu_allocator == "caching") {
     log_info(format_cpu_allocator_stats(CachingCpuAllocator::instance().stats()));
   }

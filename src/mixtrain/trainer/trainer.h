@@ -112,6 +112,9 @@ class Trainer {
   // backward, reduce, clip (and its prepare_grads into optimizer); apply_update() adds the
   // optimizer step; save_checkpoint() after it adds checkpoint. step_s is run_training's to fill.
   const StepTimes& last_step_times() const { return recorder_.times(); }
+  // Its op counts by phase the same way (zero unless an OpCountScope is active; step and
+  // collectives are run_training's to fill).
+  const StepOps& last_step_ops() const { return recorder_.ops(); }
 
   // The eval loss of the current model over data.eval_path (train.eval_every > 0 only;
   // std::logic_error otherwise). Collective over the mesh.

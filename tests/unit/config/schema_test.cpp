@@ -21,13 +21,13 @@ TEST(SchemaTest, KeysAreUniqueAndCoverEveryField) {
   // Fields of trainer_config.h: dialect, source_file, model_init_dtype (3); model (43: the 24 every
   // decoder has, the 6 of model/moe_config.h, model.sliding_window, the 12 of
   // model/deepseek_v3_config.h);
-  // data (7: kind, path, seq_len, micro/global batch, eval_path, eval_batches); train (10: device,
-  // steps, seed, max_grad_norm, log_every, eval_every, profile, cpu_allocator,
+  // data (7: kind, path, seq_len, micro/global batch, eval_path, eval_batches); train (11: device,
+  // steps, seed, max_grad_norm, log_every, eval_every, profile, count_ops, cpu_allocator,
   // activation_checkpointing, activation_checkpointing_every) + lr_scheduler (3);
   // parallel (6: dp_shard, dp_replicate, ep, cp, tp, cp_rotate_method); distributed (1); checkpoint
   // (7); optimizer target, fp32_main_params, routing, swap_optimizer, swap_merge_buckets, swap_dir,
   // swap_bucket_mb, muon_telemetry (8); adamw (4); muon (20); sgd (5); mix_precision (4); fsdp (1).
-  EXPECT_EQ(keys.size(), 3u + 43 + 7 + 10 + 3 + 6 + 1 + 7 + 8 + 4 + 20 + 5 + 4 + 1);
+  EXPECT_EQ(keys.size(), 3u + 43 + 7 + 11 + 3 + 6 + 1 + 7 + 8 + 4 + 20 + 5 + 4 + 1);
   for (const char* key : {"model_init_dtype",
                           "optimizer._target_",
                           "optimizer.fp32_main_params",

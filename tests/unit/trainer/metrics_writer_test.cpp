@@ -103,6 +103,26 @@ TEST_F(MetricsWriterTest, QkClipKeysFollowSkippedStepsWhenOn) {
             "\"qk_clip_heads\":5,\"qk_max_logit\":112.5}");
 }
 
+TEST_F(MetricsWriterTest, OpCountKeysFollowWhenCounting) {
+  StepMetrics m{3, 0.5, 0.25, 0.125, 1000.0, 2.0, 0.0, 1.0, 0};
+  StepOps ops;
+  ops.forward = {10, 1};
+  ops.backward = {20, 2};
+  ops.clip = {3, 0};
+  ops.optimizer = {4, 1};
+  ops.step = {40, 5};
+  ops.collectives = 2;
+  m.ops = ops;
+  EXPECT_EQ(metrics_json_line(m),
+            "{\"step\":3,\"loss\":0.5,\"grad_norm\":0.25,\"lr\":0.125,\"tokens_per_s\":1000.0,"
+            "\"elapsed_s\":2.0,\"aux_loss\":0.0,\"loss_scale\":1.0,\"skipped_steps\":0,"
+            "\"ops_forward\":10,\"ops_backward\":20,\"ops_clip\":3,\"ops_optimizer\":4,"
+            "\"ops_checkpoint\":0,\"ops_other\":3,\"ops_step\":40,\"allocations_forward\":1,"
+            "\"allocations_backward\":2,\"allocations_clip\":0,\"allocations_optimizer\":1,"
+            "\"allocations_checkpoint\":0,\"allocations_other\":1,\"allocations_step\":5,"
+            "\"collectives\":2}");
+}
+
 TEST_F(MetricsWriterTest, EvalRowsHaveTheirOwnKeysInOrder) {
   EXPECT_EQ(metrics_json_line(EvalMetrics{4, 2.5, 12.25, 320}),
             "{\"step\":4,\"eval_loss\":2.5,\"eval_ppl\":12.25,\"eval_tokens\":320}");

@@ -95,5 +95,22 @@ TEST(StepProfileTest, MetricsLineCarriesTheSplitOnlyWithAProfile) {
             std::string::npos);
 }
 
+TEST(StepProfileTest, StepOpsOtherIsTheStepLessItsPhasesAndTheLineSaysEach) {
+  StepOps ops;
+  ops.forward = {100, 10};
+  ops.backward = {200, 20};
+  ops.clip = {5, 1};
+  ops.optimizer = {50, 4};
+  ops.checkpoint = {0, 0};
+  ops.step = {400, 40};
+  ops.collectives = 3;
+  EXPECT_EQ(ops.other().ops, 400 - 100 - 200 - 5 - 50);
+  EXPECT_EQ(ops.other().allocations, 40 - 10 - 20 - 1 - 4);
+  EXPECT_EQ(ops.format(7),
+            "op counts step 7: 400 ops = forward 100 | backward 200 | clip 5 | optimizer 50 | "
+            "checkpoint 0 | other 45; 40 allocations = forward 10 | backward 20 | clip 1 | "
+            "optimizer 4 | checkpoint 0 | other 5; 3 collectives");
+}
+
 }  // namespace MIXTRAIN_FILE_LOCAL
 }  // namespace mixtrain

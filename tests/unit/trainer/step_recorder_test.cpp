@@ -1,6 +1,7 @@
 // trainer/step_recorder.h: each phase adds to its own field of the step's record.
 #include "mixtrain/trainer/step_recorder.h"
 
+#include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -64,6 +65,31 @@ TEST(StepRecorderTest, PhaseTimersAddTheirScopeAndStartClears) {
   EXPECT_EQ(recorder.times().forward_s, 0.0);
   recorder.start();
   EXPECT_EQ(recorder.times().backward_s, 0.0);
+}
+
+// train.count_ops: each PhaseTimer adds the ops dispatched in its scope to its phase.
+TEST(StepRecorderTest, PhaseTimersAddTheirOpCounts) {
+  const at::Tensor a = at::ones({4});
+  OpCountScope counting;
+  StepRecorder recorder;
+  for (int micro = 0; micro < 2; ++micro) {
+    {
+      PhaseTimer t(recorder, Phase::kForward);
+      at::Tensor b = at::add(a, a);  // one op
+    }
+    {
+      PhaseTimer t(recorder, Phase::kBackward);
+      at::Tensor b = at::add(a, a);
+      at::Tensor c = at::sub(a, a);
+    }
+  }
+  at::Tensor outside = at::add(a, a);  // in no phase
+  EXPECT_EQ(recorder.ops().forward.ops, 2);
+  EXPECT_EQ(recorder.ops().backward.ops, 4);
+  EXPECT_EQ(recorder.ops().optimizer.ops, 0);
+  EXPECT_THROW(recorder.counts(Phase::kReduce), std::invalid_argument);  // inside backward
+  recorder.start();
+  EXPECT_EQ(recorder.ops().backward.ops, 0);
 }
 
 }  // namespace MIXTRAIN_FILE_LOCAL

@@ -39,17 +39,16 @@ torch::Tensor routed_experts_loop(const torch::Tensor& hidden, const torch::Tens
   // unbind: one backward node that stacks the per-expert gradients, instead of one full-size
   // zero-padded gradient per select.
   const auto g = gate.unbind(0), u = up.unbind(0), d = down.unbind(0);
+  // Each expert's rows as pieces of one split (one op and one backward node each, where a
+  // narrow per expert costs a view op and a full-size slice_backward per expert).
+  const auto idx = rows.token_index.split_with_sizes(rows.per_expert);
+  const auto w = rows.weights.unsqueeze(-1).split_with_sizes(rows.per_expert);
   auto out = torch::zeros_like(hidden);
-  int64_t offset = 0;
   for (int64_t e = 0; e < experts; ++e) {
-    const int64_t n = rows.per_expert[e];
-    if (n == 0) continue;
-    const auto idx = rows.token_index.narrow(0, offset, n);
-    const auto x = hidden.index_select(0, idx);
-    auto y = at::linear(torch::silu(at::linear(x, g[e])) * at::linear(x, u[e]), d[e]);
-    y = y * rows.weights.narrow(0, offset, n).unsqueeze(-1);
-    out.index_add_(0, idx, y);
-    offset += n;
+    if (rows.per_expert[e] == 0) continue;
+    const auto x = hidden.index_select(0, idx[e]);
+    const auto y = at::linear(torch::silu(at::linear(x, g[e])) * at::linear(x, u[e]), d[e]);
+    out.index_add_(0, idx[e], y * w[e]);
   }
   return out;
 }

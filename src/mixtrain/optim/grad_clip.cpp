@@ -5,9 +5,11 @@
 
 #include <cmath>
 #include <optional>
+#include <vector>
 
 #include "mixtrain/core/collectives.h"
 #include "mixtrain/core/host_sync.h"
+#include "mixtrain/optim/scale_fused.h"
 #include "mixtrain/optim/sum_of_squares_fused.h"
 
 namespace mixtrain {
@@ -73,9 +75,17 @@ double clip_with_norm(const std::vector<at::Tensor>& grads, double max_norm, dou
   const double coefficient = max_norm / (norm + 1e-6);
   if (coefficient < 1.0) {
     c10::NoGradGuard no_grad;  // grads may be leaves of a graph; scaling is not part of it
+    // float32 CPU grads in one kernel call (the bits of mul_), the others one op each.
+    std::vector<at::Tensor> fusable;
     for (const auto& grad : grads) {
-      if (grad.defined()) grad.mul_(coefficient);
+      if (!grad.defined()) continue;
+      if (scale_fusable(grad)) {
+        fusable.push_back(grad);
+      } else {
+        grad.mul_(coefficient);
+      }
     }
+    scale_fused(fusable, coefficient);
   }
   return norm;
 }

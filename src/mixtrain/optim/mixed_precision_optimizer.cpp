@@ -149,8 +149,9 @@ void MixedPrecisionOptimizer::prepare_grads() {
     const at::Tensor& main = chained_->optimizer_param(name);
     at::Tensor grad = chained_->main_grad_if_defined(name);
     if (!grad.defined()) grad = model.grad();
-    // A float32 main_grad is used as is (no copy); a low-precision .grad is widened.
-    main.mutable_grad() = grad.defined() ? grad.to(at::kFloat) : at::Tensor();
+    // A float32 main_grad is used as is (no copy, no op); a low-precision .grad is widened.
+    main.mutable_grad() =
+        !grad.defined() || grad.scalar_type() == at::kFloat ? grad : grad.to(at::kFloat);
     model.mutable_grad().reset();
   }
   for (const auto& name : fp32_names_) {

@@ -227,6 +227,38 @@ TEST(DistributedTrain, TwoRankMuonClipOnLatentAttentionMatchesOneProcess) {
                                {"fsdp", "cp", "tp", "ep"});
 }
 
+// The max logits QK-clip records are bitwise the same on every layout wherever the layout gives
+// the attention the same q and k: a one-layer DeepSeek-V3 (its layer a MoE layer, so that expert
+// parallelism applies; the default bfloat16 config), step 1, one process against FSDP, context,
+// tensor and expert parallelism on 2 ranks: each head's max over its keys is taken from the same
+// float32 products whichever rank holds the head, the query or the key. (With more layers the
+// later layers' inputs differ by the layouts' own arithmetic: tensor parallelism's row-parallel
+// sum and ring attention's softmax merge; expect_qk_clip_layouts_match's bounds.)
+TEST(DistributedTrain, RecordedMaxLogitsAreBitwiseTheSameOnEveryLayout) {
+  TempDir run;
+  const std::string common = "train --config " + source_path("configs/deepseek_v3_tiny.yaml") +
+                             " --set train.steps=1 --set model.num_layers=1"
+                             " --set model.first_k_dense_replace=0"
+                             " --set optimizer.muon_config.muon_qk_clip_tau=0.062 --run-dir ";
+  const CommandResult one = run_mixtrain(common + run.file("one"));
+  ASSERT_EQ(one.exit_code, 0) << one.output;
+  const auto reference = read_metrics(run.file("one/metrics.jsonl"));
+  ASSERT_EQ(reference.size(), 1u);
+  EXPECT_GT(reference[0]["qk_clip_heads"].get<int64_t>(), 0);  // tau is below some heads' max
+  for (const std::string name : {"fsdp", "cp", "tp", "ep"}) {
+    SCOPED_TRACE(name);
+    const std::string args =
+        " --nproc 2" + (name == "fsdp" ? std::string() : " --set parallel." + name + "=2");
+    const CommandResult r = run_mixtrain(common + run.file(name) + args);
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    const auto rows = read_metrics(run.file(name + "/metrics.jsonl"));
+    ASSERT_EQ(rows.size(), 1u);
+    EXPECT_EQ(rows[0]["qk_max_logit"].get<double>(), reference[0]["qk_max_logit"].get<double>());
+    EXPECT_EQ(rows[0]["qk_clip_heads"].get<int64_t>(),
+              reference[0]["qk_clip_heads"].get<int64_t>());
+  }
+}
+
 // muon_per_head on DeepSeek-V3 under tensor parallelism: q_b_proj, kv_b_proj and o_proj of each
 // of the 3 layers are cut by their own heads (tests/unit/model/deepseek_v3_test: the blocks),
 // the latent down projections stay whole; the run trains.

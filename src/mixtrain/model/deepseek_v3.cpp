@@ -157,7 +157,7 @@ class Router : public WeightedLayer {
   torch::Tensor forward(const torch::Tensor& hidden) {
     const auto w = access_.unshard("weight", weight);
     return access_.post_forward({"weight"},
-                                at::linear(hidden.to(torch::kFloat32), w.to(torch::kFloat32)));
+                                dense(hidden.to(torch::kFloat32), w.to(torch::kFloat32)));
   }
 
   torch::Tensor bias;  // float32 [E]: e_score_correction_bias

@@ -59,6 +59,18 @@ torch::Tensor tp_block_input(const ParamAccess& access, const torch::Tensor& x) 
   return tp != nullptr ? tp->copy_to_tp(x) : x;
 }
 
+torch::Tensor dense(const torch::Tensor& x, const torch::Tensor& weight,
+                    const torch::Tensor& bias) {
+  if (x.dim() < 2 || !x.is_contiguous() || weight.dim() != 2) return at::linear(x, weight, bias);
+  const torch::Tensor rows = x.dim() == 2 ? x : x.view({-1, x.size(-1)});
+  const torch::Tensor out =
+      bias.defined() ? at::addmm(bias, rows, weight.t()) : at::mm(rows, weight.t());
+  if (x.dim() == 2) return out;
+  std::vector<int64_t> sizes = x.sizes().vec();
+  sizes.back() = weight.size(0);
+  return out.view(sizes);
+}
+
 Linear::Linear(int64_t in_features, int64_t out_features, bool bias, ParamAccess access,
                TpStyle tp_style)
     : WeightedLayer({out_features, in_features}, std::move(access)), tp_style_(tp_style) {
@@ -69,16 +81,16 @@ torch::Tensor Linear::forward(const torch::Tensor& x) {
   TensorParallelHooks* tp = tp_style_ == TpStyle::kNone ? nullptr : access_.tensor_parallel();
   if (tp != nullptr && tp_style_ == TpStyle::kRow) {
     // Partial products summed over tp, then the (whole) bias once.
-    auto out = tp->reduce_from_tp(at::linear(x, access_.unshard("weight", weight)));
+    auto out = tp->reduce_from_tp(dense(x, access_.unshard("weight", weight)));
     if (!bias.defined()) return access_.post_forward({"weight"}, out);
     return access_.post_forward({"weight", "bias"}, out + access_.unshard("bias", bias));
   }
   // Column-parallel (x came through tp_block_input) or whole: x W^T + b.
   if (!bias.defined()) {
-    return access_.post_forward({"weight"}, at::linear(x, access_.unshard("weight", weight)));
+    return access_.post_forward({"weight"}, dense(x, access_.unshard("weight", weight)));
   }
-  return access_.post_forward({"weight", "bias"}, at::linear(x, access_.unshard("weight", weight),
-                                                             access_.unshard("bias", bias)));
+  return access_.post_forward({"weight", "bias"}, dense(x, access_.unshard("weight", weight),
+                                                        access_.unshard("bias", bias)));
 }
 
 Embedding::Embedding(int64_t num_embeddings, int64_t embedding_dim, ParamAccess access)
@@ -99,7 +111,7 @@ torch::Tensor Embedding::forward(const torch::Tensor& input_ids) {
 }
 
 torch::Tensor Embedding::attend(const torch::Tensor& hidden) {
-  return access_.post_forward({"weight"}, at::linear(hidden, access_.unshard("weight", weight)));
+  return access_.post_forward({"weight"}, dense(hidden, access_.unshard("weight", weight)));
 }
 
 RMSNorm::RMSNorm(int64_t hidden_size, double eps, ParamAccess access, bool tp_local_heads)

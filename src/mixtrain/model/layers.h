@@ -221,6 +221,13 @@ class RotaryTables {
   std::vector<Entry> entries_;
 };
 
+// x W^T (+ b) for x [..., in], W [out, in], b [out] or undefined: at::linear's arithmetic (the
+// leading dims folded into one mm, or addmm with a bias, as linear and matmul fold a
+// contiguous input) in fewer dispatched ops (no linear/matmul/reshape layers and their views in
+// forward and backward; docs/architecture.md §3 on op counts). Other inputs go to at::linear.
+torch::Tensor dense(const torch::Tensor& x, const torch::Tensor& weight,
+                    const torch::Tensor& bias = {});
+
 // x * cos + rotate_half(x) * sin for x [batch, heads, seq, head_dim]; cos/sin [seq, head_dim]
 // are cast to x's dtype (as HF).
 torch::Tensor apply_rotary_pos_emb(const torch::Tensor& x, const torch::Tensor& cos,

@@ -6,6 +6,7 @@
 #include <utility>
 #include <vector>
 
+#include "mixtrain/model/layers.h"
 #include "mixtrain/model/routed_experts.h"
 
 namespace mixtrain {
@@ -84,8 +85,8 @@ torch::Tensor MoeExperts::forward_expert_parallel(ExpertDispatcher& dispatcher,
       const int64_t n = dispatched.tokens_per_expert_and_source[e * ranks + src];
       if (n == 0) continue;
       const auto x = dispatched.tokens.narrow(0, offset, n);
-      outputs.push_back(at::linear(
-          torch::silu(at::linear(x, gate[src][e])) * at::linear(x, up[src][e]), down[src][e]));
+      outputs.push_back(
+          dense(torch::silu(dense(x, gate[src][e])) * dense(x, up[src][e]), down[src][e]));
       offset += n;
     }
   }

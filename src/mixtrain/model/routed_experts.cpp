@@ -7,6 +7,7 @@
 
 #include "mixtrain/core/device.h"
 #include "mixtrain/core/host_sync.h"
+#include "mixtrain/model/layers.h"
 
 namespace mixtrain {
 namespace {
@@ -47,7 +48,7 @@ torch::Tensor routed_experts_loop(const torch::Tensor& hidden, const torch::Tens
   for (int64_t e = 0; e < experts; ++e) {
     if (rows.per_expert[e] == 0) continue;
     const auto x = hidden.index_select(0, idx[e]);
-    const auto y = at::linear(torch::silu(at::linear(x, g[e])) * at::linear(x, u[e]), d[e]);
+    const auto y = dense(torch::silu(dense(x, g[e])) * dense(x, u[e]), d[e]);
     out.index_add_(0, idx[e], y * w[e]);
   }
   return out;

@@ -2,7 +2,6 @@
 
 #include <ATen/ATen.h>
 
-#include <algorithm>
 #include <cstdint>
 #include <tuple>
 
@@ -19,13 +18,6 @@ torch::Tensor expert_order(const torch::Tensor& selected) {
 }
 
 }  // namespace
-
-int64_t expert_gemm_rows(int64_t rows) {
-  int64_t floor_pow2 = 1;
-  while (floor_pow2 <= rows / 2) floor_pow2 *= 2;
-  const int64_t step = std::max<int64_t>(kExpertRowStep, floor_pow2 / 8);
-  return (rows + step - 1) / step * step;
-}
 
 ExpertRows rows_by_expert(const torch::Tensor& selected, const torch::Tensor& weights,
                           int64_t experts) {
@@ -55,11 +47,8 @@ torch::Tensor routed_experts_loop(const torch::Tensor& hidden, const torch::Tens
   auto out = torch::zeros_like(hidden);
   for (int64_t e = 0; e < experts; ++e) {
     if (rows.per_expert[e] == 0) continue;
-    const int64_t n = rows.per_expert[e], padded = expert_gemm_rows(n);
-    auto x = hidden.index_select(0, idx[e]);
-    if (padded != n) x = at::constant_pad_nd(x, {0, 0, 0, padded - n});
-    auto y = dense(torch::silu(dense(x, g[e])) * dense(x, u[e]), d[e]);
-    if (padded != n) y = y.narrow(0, 0, n);
+    const auto x = hidden.index_select(0, idx[e]);
+    const auto y = dense(torch::silu(dense(x, g[e])) * dense(x, u[e]), d[e]);
     out.index_add_(0, idx[e], y * w[e]);
   }
   return out;

@@ -4,13 +4,7 @@
 //   loop     the (token, slot) rows sorted by expert (stable), then per expert: its rows
 //            gathered, its three GEMMs, weighted, index_add_ into the output. The host reads
 //            the tokens per expert to size each GEMM (core/host_sync.h: one read per call).
-//            The CPU form: its bits are the ones every CPU test and checkpoint knows. Each
-//            expert's rows are zero-padded to expert_gemm_rows(n) for the GEMMs and the padding
-//            dropped after them: oneDNN builds (and caches) a kernel per GEMM shape, and the
-//            row counts change every step, so unpadded the first tens of steps of a run kept
-//            building new ones (a small MoE's step took 2x its steady time for 20 steps and
-//            kept missing after). Padding changes no bit: a row's result does not depend on the
-//            row count, and zero rows add exact zeros to the weight gradients (tested).
+//            The CPU form: its bits are the ones every CPU test and checkpoint knows.
 //   grouped  the same sorted rows through three grouped GEMMs (at::_grouped_mm, one per
 //            projection for every expert at once) whose group ends are computed on the device:
 //            no host read. The rows go back to slot order (a permutation) and each token's k
@@ -27,12 +21,6 @@
 #include <vector>
 
 namespace mixtrain {
-
-// Rows of an expert's GEMMs for `rows` routed rows: rounded up to a multiple of kExpertRowStep
-// and of 1/8 of the largest power of two <= rows (at most 12.5% more work above 256 rows; a few
-// shapes per octave).
-inline constexpr int64_t kExpertRowStep = 32;
-int64_t expert_gemm_rows(int64_t rows);
 
 // The (token, slot) rows sorted by expert (a stable sort: tokens stay in order within an
 // expert, so every later sum is independent of the sort implementation), each row's token and

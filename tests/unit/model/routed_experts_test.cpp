@@ -13,7 +13,6 @@
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
-#include <algorithm>
 #include <cmath>
 #include <vector>
 
@@ -74,75 +73,6 @@ TEST(RoutedExperts, FormsAgreeInFloat32) {
   for (size_t i = 0; i < loop.values.size(); ++i) {
     EXPECT_LE(relative(grouped.values[i], loop.values[i].to(at::kDouble)), 1e-5) << i;
   }
-}
-
-TEST(RoutedExperts, ExpertGemmRowsRoundUpToAFewShapesPerOctave) {
-  // Multiples of 32, and of 1/8 of the largest power of two <= rows from 256 rows on.
-  EXPECT_EQ(expert_gemm_rows(1), 32);
-  EXPECT_EQ(expert_gemm_rows(32), 32);
-  EXPECT_EQ(expert_gemm_rows(33), 64);
-  EXPECT_EQ(expert_gemm_rows(256), 256);
-  EXPECT_EQ(expert_gemm_rows(257), 288);    // 256 / 8 = 32
-  EXPECT_EQ(expert_gemm_rows(1000), 1024);  // 512 / 8 = 64
-  EXPECT_EQ(expert_gemm_rows(1025), 1152);  // 1024 / 8 = 128
-  for (int64_t n = 1; n < 5000; ++n) {
-    const int64_t padded = expert_gemm_rows(n);
-    ASSERT_GE(padded, n);
-    ASSERT_LE(padded - n, std::max<int64_t>(31, n / 8)) << n;
-  }
-}
-
-// The loop form pads each expert's rows for its GEMMs (routed_experts.h); the bits must be those
-// of the same loop without padding: bfloat16, one thread and two, expert row counts on and off
-// the padding steps (and an expert with none), output and every gradient.
-TEST(RoutedExperts, PaddingTheExpertGemmsChangesNoBit) {
-  at::manual_seed(21);
-  const int64_t tokens = 301, hidden = 48, inter = 40, experts = 6, top_k = 2;
-  // Expert 5 gets no token; the others uneven counts.
-  at::Tensor selected = at::randint(0, experts - 1, {tokens, top_k}, at::kLong);
-  selected.select(1, 1).copy_((selected.select(1, 0) + 1) % (experts - 1));
-  const at::Tensor x0 = at::randn({tokens, hidden}).to(at::kBFloat16);
-  const at::Tensor w0 = at::rand({tokens, top_k}).to(at::kBFloat16);
-  const at::Tensor g0 = (at::randn({experts, inter, hidden}) * 0.2).to(at::kBFloat16);
-  const at::Tensor u0 = (at::randn({experts, inter, hidden}) * 0.2).to(at::kBFloat16);
-  const at::Tensor d0 = (at::randn({experts, hidden, inter}) * 0.2).to(at::kBFloat16);
-  const at::Tensor grad = at::randn({tokens, hidden}).to(at::kBFloat16);
-  const auto run = [&](bool padded) {
-    std::vector<at::Tensor> leaves;
-    for (const at::Tensor& t : {x0, w0, g0, u0, d0}) leaves.push_back(t.clone().requires_grad_());
-    const at::Tensor &x = leaves[0], &w = leaves[1], &g = leaves[2], &u = leaves[3], &d = leaves[4];
-    at::Tensor out;
-    if (padded) {
-      out = routed_experts_loop(x, selected, w, g, u, d);
-    } else {  // the same loop, unpadded
-      const ExpertRows rows = rows_by_expert(selected, w, experts);
-      out = at::zeros_like(x);
-      const auto gs = g.unbind(0), us = u.unbind(0), ds = d.unbind(0);
-      const auto idx = rows.token_index.split_with_sizes(rows.per_expert);
-      const auto ws = rows.weights.unsqueeze(-1).split_with_sizes(rows.per_expert);
-      for (int64_t e = 0; e < experts; ++e) {
-        if (rows.per_expert[e] == 0) continue;
-        const at::Tensor xe = x.index_select(0, idx[e]);
-        const at::Tensor y =
-            at::linear(at::silu(at::linear(xe, gs[e])) * at::linear(xe, us[e]), ds[e]);
-        out.index_add_(0, idx[e], y * ws[e]);
-      }
-    }
-    (out.to(at::kFloat) * grad.to(at::kFloat)).sum().backward();
-    std::vector<at::Tensor> results{out};
-    for (const at::Tensor& leaf : leaves) results.push_back(leaf.grad());
-    return results;
-  };
-  for (const int threads : {1, 2}) {
-    at::set_num_threads(threads);
-    const auto mine = run(true), reference = run(false);
-    const char* names[] = {"output",    "hidden grad", "weights grad",
-                           "gate grad", "up grad",     "down grad"};
-    for (size_t i = 0; i < mine.size(); ++i) {
-      EXPECT_TRUE(at::equal(mine[i], reference[i])) << names[i] << ", threads " << threads;
-    }
-  }
-  at::set_num_threads(1);
 }
 
 }  // namespace MIXTRAIN_FILE_LOCAL

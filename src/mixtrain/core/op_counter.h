@@ -13,8 +13,9 @@
 // and for the threads LibTorch hands that thread's work to (autograd's device threads,
 // at::launch), which inherit its thread-local state; other threads (a data prefetcher, an
 // async checkpoint writer) are not counted. The counts are process-wide totals, read as
-// differences (OpCounts::operator-). While a scope is active every op pays a callback (a few
-// tens of nanoseconds): step times measured with counting on are not the engine's.
+// differences (OpCounts::operator-). While a scope is active every op pays a callback (an
+// atomic add and a count by name under a lock): step times measured with counting on are not
+// the engine's.
 #pragma once
 
 #include <cstddef>
@@ -48,8 +49,8 @@ OpCounts op_counts();
 std::vector<std::pair<std::string, int64_t>> most_counted_ops(size_t limit);
 
 // Counts while it lives, on the creating thread and the threads that inherit its state. Scopes
-// may nest; they are not copied or moved. Not thread-safe to create and destroy concurrently
-// with itself on the same thread (nothing does).
+// may nest (inner ones end first); they are not copied or moved, and a scope ends on the thread
+// that created it.
 class OpCountScope {
  public:
   OpCountScope();

@@ -47,6 +47,12 @@ struct HeadLayout {
   int64_t rotary = 0;
 };
 
+// `layout`, or for the standard layout (block 0) its explicit form: blocks of head_dim rows, all
+// content.
+inline HeadLayout head_layout_or_standard(const HeadLayout& layout, int64_t head_dim) {
+  return layout.block > 0 ? layout : HeadLayout{head_dim, head_dim, 0};
+}
+
 struct ParamRoleInfo {
   // A constructor (not an aggregate): {role} and {role, layer} leave the layout standard.
   ParamRoleInfo(ParamRole role = ParamRole::kMlp, std::string attention_layer = "",

@@ -45,9 +45,8 @@ void split_attention_heads(Muon& muon, const NamedTensors& named, const ParamRol
   for (const auto& [name, param] : named) {
     const auto role = roles.find(name);
     if (role == roles.end() || param.dim() != 2) continue;
-    const HeadLayout& layout = role->second.heads;
-    if (const auto heads =
-            attention_head_split(role->second.role, layout.block > 0 ? layout.block : head_dim)) {
+    const int64_t block = head_layout_or_standard(role->second.heads, head_dim).block;
+    if (const auto heads = attention_head_split(role->second.role, block)) {
       muon.set_head_split(param, *heads);
       ++split;
     }

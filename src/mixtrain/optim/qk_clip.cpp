@@ -44,18 +44,14 @@ void scale_rows(const at::Tensor& piece, int64_t row_offset, const std::vector<d
   piece.detach().mul_(factor);
 }
 
-// Scales the optimizer param of `name` by head (rows of head_dim, or its own HeadLayout), then
+// Scales the optimizer param of `name` by head (its HeadLayout, or rows of head_dim), then
 // rewrites a separate model param from it.
 void scale_param(ChainedOptimizer& chain, const std::string& name,
-                 const std::vector<ParamPlacement>& placements, int64_t head_dim,
-                 const HeadLayout& layout, const std::vector<double>& head_scale) {
+                 const std::vector<ParamPlacement>& placements, const HeadLayout& layout,
+                 const std::vector<double>& head_scale) {
   const at::Tensor& main = chain.optimizer_param(name);
   if (main.size(0) == 0) return;  // a trailing FSDP rank may hold no rows
-  if (layout.block > 0) {
-    scale_rows(main, row_offset_of(name, placements), head_layout_row_scales(layout, head_scale));
-  } else {
-    scale_head_rows(main, row_offset_of(name, placements), head_dim, head_scale);
-  }
+  scale_rows(main, row_offset_of(name, placements), head_layout_row_scales(layout, head_scale));
   const at::Tensor& model = chain.model_param(name);
   if (!model.is_same(main)) model.detach().copy_(main.detach());  // round to nearest even
 }
@@ -87,18 +83,6 @@ QkClipScales qk_clip_scales(const std::vector<double>& max_logits, int64_t num_k
     for (int64_t i = 0; i < group; ++i) scales.q[g * group + i] = gamma[i] / k_scale;
   }
   return scales;
-}
-
-void scale_head_rows(const at::Tensor& piece, int64_t row_offset, int64_t head_dim,
-                     const std::vector<double>& head_scale) {
-  std::vector<double> row_scale(head_scale.size() * head_dim);
-  for (size_t r = 0; r < row_scale.size(); ++r) row_scale[r] = head_scale[r / head_dim];
-  if (row_offset + piece.size(0) > static_cast<int64_t>(row_scale.size())) {
-    throw std::invalid_argument("scale_head_rows: row " +
-                                std::to_string(row_offset + piece.size(0) - 1) + " is past head " +
-                                std::to_string(head_scale.size() - 1));
-  }
-  scale_rows(piece, row_offset, row_scale);
 }
 
 std::vector<double> head_layout_row_scales(const HeadLayout& layout,
@@ -181,7 +165,8 @@ QkClipStats apply_qk_clip(ChainedOptimizer& chain,
       if (!any_scaled(*scale)) continue;
       for (const std::string& name : own[role]) {
         if (!chain.contains(name)) continue;
-        scale_param(chain, name, placements, model.head_dim, roles.at(name).heads, *scale);
+        scale_param(chain, name, placements,
+                    head_layout_or_standard(roles.at(name).heads, model.head_dim), *scale);
       }
     }
   }

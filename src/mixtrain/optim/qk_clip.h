@@ -51,12 +51,8 @@ struct QkClipScales {
 QkClipScales qk_clip_scales(const std::vector<double>& max_logits, int64_t num_kv_heads,
                             double tau);
 
-// Multiplies row r of `piece` (rows [row_offset, row_offset + piece.size(0)) of a [heads * D,
-// ...] tensor) by head_scale[(row_offset + r) / head_dim], in place, in piece's dtype.
-void scale_head_rows(const at::Tensor& piece, int64_t row_offset, int64_t head_dim,
-                     const std::vector<double>& head_scale);
-
-// The factor of every global row of a projection with HeadLayout `layout` (block > 0) whose
+// The factor of every global row of a projection with HeadLayout `layout` (block > 0; the
+// standard layout through head_layout_or_standard) whose
 // heads get `head_scale`: content rows head_scale[h], rotary rows head_scale[h]^2 (a query's
 // rotary part: gamma where content gets sqrt(gamma)), the rest 1.
 std::vector<double> head_layout_row_scales(const HeadLayout& layout,

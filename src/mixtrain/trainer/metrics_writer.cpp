@@ -53,20 +53,13 @@ std::string metrics_json_line(const StepMetrics& m) {
     if (t.peak_device_bytes > 0) j["peak_device_bytes"] = t.peak_device_bytes;
   }
   if (m.ops) {
-    const StepOps& o = *m.ops;
-    const OpCounts other = o.other();
-    const std::pair<const char*, const OpCounts*> phases[] = {{"forward", &o.forward},
-                                                              {"backward", &o.backward},
-                                                              {"clip", &o.clip},
-                                                              {"optimizer", &o.optimizer},
-                                                              {"checkpoint", &o.checkpoint},
-                                                              {"other", &other},
-                                                              {"step", &o.step}};
-    for (const auto& [name, counts] : phases) j[std::string("ops_") + name] = counts->ops;
+    auto phases = m.ops->phases();
+    phases.emplace_back("step", m.ops->step);
+    for (const auto& [name, counts] : phases) j[std::string("ops_") + name] = counts.ops;
     for (const auto& [name, counts] : phases) {
-      j[std::string("allocations_") + name] = counts->allocations;
+      j[std::string("allocations_") + name] = counts.allocations;
     }
-    j["collectives"] = o.collectives;
+    j["collectives"] = m.ops->collectives;
   }
   for (const MuonGroupTelemetry& t : m.muon) {
     const std::string g = "muon_g" + std::to_string(t.group) + "_";

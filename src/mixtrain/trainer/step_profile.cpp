@@ -95,18 +95,20 @@ OpCounts StepOps::other() const {
   return rest;
 }
 
+std::vector<std::pair<const char*, OpCounts>> StepOps::phases() const {
+  return {{"forward", forward},     {"backward", backward},     {"clip", clip},
+          {"optimizer", optimizer}, {"checkpoint", checkpoint}, {"other", other()}};
+}
+
 // "op counts step 3: 5210 ops = forward 1200 | backward 2100 | ...; 812 allocations = forward
 // 300 | ...; 0 collectives"
 std::string StepOps::format(int64_t step_number) const {
-  const OpCounts rest = other();
-  const std::pair<const char*, const OpCounts*> phases[] = {
-      {"forward", &forward},     {"backward", &backward},     {"clip", &clip},
-      {"optimizer", &optimizer}, {"checkpoint", &checkpoint}, {"other", &rest}};
+  const auto by_phase = phases();
   auto split = [&](int64_t total, const char* what, int64_t OpCounts::*field) {
     std::string out = std::to_string(total) + " " + what + " =";
     const char* separator = " ";
-    for (const auto& [name, counts] : phases) {
-      out += separator + std::string(name) + " " + std::to_string(counts->*field);
+    for (const auto& [name, counts] : by_phase) {
+      out += separator + std::string(name) + " " + std::to_string(counts.*field);
       separator = " | ";
     }
     return out;

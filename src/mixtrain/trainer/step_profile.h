@@ -35,6 +35,8 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "mixtrain/core/op_counter.h"
 
@@ -67,7 +69,10 @@ struct StepOps {
   OpCounts forward, backward, clip, optimizer, checkpoint, step;
   int64_t collectives = 0;
 
-  OpCounts other() const;                         // step minus the phases
+  OpCounts other() const;  // step minus the phases
+  // (name, counts) of forward, backward, clip, optimizer, checkpoint and other, in that order:
+  // the log line's and metrics.jsonl's phases.
+  std::vector<std::pair<const char*, OpCounts>> phases() const;
   std::string format(int64_t step_number) const;  // the log line (trainer/step_log.h)
 };
 

@@ -653,8 +653,10 @@ TrainSummary run_training(const ResolvedConfig& resolved, const TrainOptions& op
   try {
     for (int64_t step = first_step; step <= config.train.steps; ++step) {
       const Stopwatch iteration;  // the profile's step_s: the whole iteration, its save included
-      const OpCounts ops_before = op_counts();
-      const int64_t collectives_before = mesh.counters->snapshot().total().calls;
+      // train.count_ops: where this step's counts start (read only when counting).
+      const OpCounts ops_before = counting ? op_counts() : OpCounts{};
+      const int64_t collectives_before =
+          counting ? mesh.counters->snapshot().total().calls : int64_t{0};
       if (any_rank_interrupted(mesh)) {
         summary.interrupted = true;
         break;
@@ -710,10 +712,11 @@ TrainSummary run_training(const ResolvedConfig& resolved, const TrainOptions& op
   for (const auto& hook : report) hook->on_end();
   if (is_rank0 && counting) {
     std::string line = "op counts: the most dispatched ops of the run:";
+    const char* separator = " ";
     for (const auto& [name, count] : most_counted_ops(12)) {
-      line += " " + name + " " + std::to_string(count) + ",";
+      line += separator + name + " " + std::to_string(count);
+      separator = ", ";
     }
-    line.pop_back();
     log_info(line);
   }
   if (is_rank0 && config.train.profile && config.train.cpu_allocator == "caching") {

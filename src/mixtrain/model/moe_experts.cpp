@@ -6,7 +6,6 @@
 #include <utility>
 #include <vector>
 
-#include "mixtrain/model/layers.h"
 #include "mixtrain/model/routed_experts.h"
 
 namespace mixtrain {
@@ -62,14 +61,14 @@ torch::Tensor MoeExperts::forward_expert_parallel(ExpertDispatcher& dispatcher,
   const DispatchedTokens dispatched =
       dispatcher.token_dispatch(torch::cat(rows, 0), tokens_per_expert);
   // Each expert runs one GEMM per source rank, not one over all its rows: the per-row results
-  // of a bfloat16 GEMM may depend on the number of rows (oneDNN's blocking: measured from 16
-  // rows on with LibTorch 1.13; not seen with 2.11, but no kernel promises it), and this way
-  // every row is computed exactly as the all-experts-local model computes it on the source rank's
-  // batch, so the result does not depend on the parallel layout. The weights are materialized
-  // once per source for the same reason: each source's weight gradient reaches the materializer
-  // on its own and is summed there in float32 (the fp32 main_grad's unrounded sum), instead of
-  // being summed in bfloat16 by autograd. The cost is ep smaller GEMMs per expert; the
-  // materialization is a cast (no copy in bf16).
+  // of a bfloat16 GEMM may depend on the number of rows (ATen's own kernel below 16^3
+  // multiply-adds, oneDNN above; oneDNN's blocking with LibTorch 1.13), and this way every row
+  // is computed exactly as the all-experts-local model computes it on the source rank's batch
+  // (expert_mlp, padding included), so the result does not depend on the parallel layout. The
+  // weights are materialized once per source for the same reason: each source's weight gradient
+  // reaches the materializer on its own and is summed there in float32 (the fp32 main_grad's
+  // unrounded sum), instead of being summed in bfloat16 by autograd. The cost is ep smaller GEMMs
+  // per expert; the materialization is a cast (no copy in bf16).
   const int64_t ranks = dispatcher.ep_size();
   std::vector<std::vector<torch::Tensor>> gate, up, down;  // [source][local expert]
   for (int64_t src = 0; src < ranks; ++src) {
@@ -84,9 +83,8 @@ torch::Tensor MoeExperts::forward_expert_parallel(ExpertDispatcher& dispatcher,
     for (int64_t src = 0; src < ranks; ++src) {
       const int64_t n = dispatched.tokens_per_expert_and_source[e * ranks + src];
       if (n == 0) continue;
-      const auto x = dispatched.tokens.narrow(0, offset, n);
-      outputs.push_back(
-          dense(torch::silu(dense(x, gate[src][e])) * dense(x, up[src][e]), down[src][e]));
+      outputs.push_back(expert_mlp(dispatched.tokens.narrow(0, offset, n), gate[src][e], up[src][e],
+                                   down[src][e]));
       offset += n;
     }
   }

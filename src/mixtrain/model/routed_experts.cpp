@@ -2,6 +2,7 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <tuple>
 
@@ -18,6 +19,25 @@ torch::Tensor expert_order(const torch::Tensor& selected) {
 }
 
 }  // namespace
+
+int64_t expert_gemm_rows(int64_t rows) {
+  int64_t floor_pow2 = 1;
+  while (floor_pow2 <= rows / 2) floor_pow2 *= 2;
+  const int64_t step = std::max<int64_t>(kExpertRowStep, floor_pow2 / 8);
+  return (rows + step - 1) / step * step;
+}
+
+torch::Tensor expert_mlp(const torch::Tensor& x, const torch::Tensor& gate, const torch::Tensor& up,
+                         const torch::Tensor& down) {
+  const int64_t n = x.size(0);
+  const int64_t padded = x.is_cpu() && x.scalar_type() == at::kBFloat16 &&
+                                 n * gate.size(0) * gate.size(1) > kOneDnnMinGemmSize
+                             ? expert_gemm_rows(n)
+                             : n;
+  const auto rows = padded == n ? x : at::constant_pad_nd(x, {0, 0, 0, padded - n});
+  const auto y = dense(torch::silu(dense(rows, gate)) * dense(rows, up), down);
+  return padded == n ? y : y.narrow(0, 0, n);
+}
 
 ExpertRows rows_by_expert(const torch::Tensor& selected, const torch::Tensor& weights,
                           int64_t experts) {
@@ -47,8 +67,7 @@ torch::Tensor routed_experts_loop(const torch::Tensor& hidden, const torch::Tens
   auto out = torch::zeros_like(hidden);
   for (int64_t e = 0; e < experts; ++e) {
     if (rows.per_expert[e] == 0) continue;
-    const auto x = hidden.index_select(0, idx[e]);
-    const auto y = dense(torch::silu(dense(x, g[e])) * dense(x, u[e]), d[e]);
+    const auto y = expert_mlp(hidden.index_select(0, idx[e]), g[e], u[e], d[e]);
     out.index_add_(0, idx[e], y * w[e]);
   }
   return out;

@@ -4,7 +4,8 @@
 //   loop     the (token, slot) rows sorted by expert (stable), then per expert: its rows
 //            gathered, its three GEMMs, weighted, index_add_ into the output. The host reads
 //            the tokens per expert to size each GEMM (core/host_sync.h: one read per call).
-//            The CPU form: its bits are the ones every CPU test and checkpoint knows.
+//            The CPU form: its bits are the ones every CPU test and checkpoint knows. Each
+//            expert's MLP is expert_mlp (below), which pads its rows on the CPU.
 //   grouped  the same sorted rows through three grouped GEMMs (at::_grouped_mm, one per
 //            projection for every expert at once) whose group ends are computed on the device:
 //            no host read. The rows go back to slot order (a permutation) and each token's k
@@ -34,6 +35,30 @@ struct ExpertRows {
 };
 ExpertRows rows_by_expert(const torch::Tensor& selected, const torch::Tensor& weights,
                           int64_t experts);
+
+// The rows one expert's GEMMs run on for `rows` routed rows (the row count padded to by
+// expert_mlp): rounded up to a multiple of kExpertRowStep and of 1/8 of the largest power of
+// two <= rows (at most 12.5% more work above 256 rows; a few shapes per octave).
+inline constexpr int64_t kExpertRowStep = 32;
+int64_t expert_gemm_rows(int64_t rows);
+
+// ATen's bfloat16 GEMM on the CPU runs on oneDNN when rows * K * N > 16^3 and on its own kernel
+// below (aten/src/ATen/native/mkldnn/Matmul.cpp, `checksize`); the two sum in different orders.
+inline constexpr int64_t kOneDnnMinGemmSize = 16 * 16 * 16;
+
+// One expert's SwiGLU MLP on its rows: x [n, H], gate and up [I, H], down [H, I] ->
+// down(silu(gate x) * up x), [n, H]. On the CPU in bfloat16, when oneDNN runs the GEMMs
+// (n * H * I > kOneDnnMinGemmSize), x is zero-padded to expert_gemm_rows(n) rows for them and the
+// result cut back to n rows. Why: oneDNN builds and caches a kernel per GEMM shape, and routed
+// row counts change every step, so unpadded a small MoE kept building kernels for tens of steps
+// (its step took up to 2x its steady time) and its cache kept missing after. Why it changes no
+// bit: oneDNN's result for a row does not depend on the row count, and the zero rows add exact
+// zeros to the weight gradients (tests/unit/model/routed_experts_test.cpp checks both, forward and
+// every gradient, 1 and 2 threads, on both sides of the threshold); padding never moves a GEMM
+// from ATen's kernel to oneDNN, whose sums differ. Elsewhere (CUDA, float32) the rows run as
+// they are.
+torch::Tensor expert_mlp(const torch::Tensor& x, const torch::Tensor& gate, const torch::Tensor& up,
+                         const torch::Tensor& down);
 
 torch::Tensor routed_experts_loop(const torch::Tensor& hidden, const torch::Tensor& selected,
                                   const torch::Tensor& weights, const torch::Tensor& gate,

@@ -62,7 +62,9 @@ TEST(LayersTest, DenseIsLinearBitForBit) {
         EXPECT_TRUE(same_bits(mine.out, reference.out));
         EXPECT_TRUE(same_bits(mine.grad_x, reference.grad_x));
         EXPECT_TRUE(same_bits(mine.grad_w, reference.grad_w));
-        if (with_bias) EXPECT_TRUE(same_bits(mine.grad_b, reference.grad_b));
+        if (with_bias) {
+          EXPECT_TRUE(same_bits(mine.grad_b, reference.grad_b));
+        }
       }
     }
   }

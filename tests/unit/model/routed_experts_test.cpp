@@ -13,6 +13,7 @@
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
@@ -73,6 +74,133 @@ TEST(RoutedExperts, FormsAgreeInFloat32) {
   for (size_t i = 0; i < loop.values.size(); ++i) {
     EXPECT_LE(relative(grouped.values[i], loop.values[i].to(at::kDouble)), 1e-5) << i;
   }
+}
+
+TEST(RoutedExperts, ExpertGemmRowsRoundUpToAFewShapesPerOctave) {
+  // Multiples of 32, and of 1/8 of the largest power of two <= rows from 256 rows on.
+  EXPECT_EQ(expert_gemm_rows(1), 32);
+  EXPECT_EQ(expert_gemm_rows(32), 32);
+  EXPECT_EQ(expert_gemm_rows(33), 64);
+  EXPECT_EQ(expert_gemm_rows(256), 256);
+  EXPECT_EQ(expert_gemm_rows(257), 288);    // 256 / 8 = 32
+  EXPECT_EQ(expert_gemm_rows(1000), 1024);  // 512 / 8 = 64
+  EXPECT_EQ(expert_gemm_rows(1025), 1152);  // 1024 / 8 = 128
+  for (int64_t n = 1; n < 5000; ++n) {
+    const int64_t padded = expert_gemm_rows(n);
+    ASSERT_GE(padded, n);
+    ASSERT_LE(padded - n, std::max<int64_t>(31, n / 8)) << n;
+  }
+}
+
+// expert_mlp pads the rows of bfloat16 CPU GEMMs that oneDNN runs (routed_experts.h); its bits
+// must be those of the same MLP unpadded: output and every gradient, 1 and 2 threads, expert
+// shapes from the tests' (24 x 12) to wider ones, row counts on both sides of ATen's oneDNN
+// threshold (for 24 x 12: 14 rows below, 15 above) and on and off the padding steps. The
+// threshold is why: padding 8 rows of the 24 x 12 expert to 32 would move its GEMMs from ATen's
+// kernel to oneDNN, which changed single elements of 1 in ~500 such GEMMs when measured
+// (and failed the 8-rank scenario test); expert_mlp leaves those rows unpadded. Checked to fail
+// when expert_mlp pads regardless of the threshold.
+TEST(RoutedExperts, ExpertMlpPaddingChangesNoBit) {
+  at::manual_seed(29);
+  const std::vector<std::pair<int64_t, int64_t>> shapes = {{24, 12}, {64, 64}, {48, 40}, {96, 128}};
+  const std::vector<int64_t> row_counts = {1,  2,  3,  5,  8,  13, 14,  15, 16,
+                                           17, 31, 33, 47, 64, 65, 100, 257};
+  const auto run = [](const std::vector<at::Tensor>& inputs, const at::Tensor& grad, bool padded) {
+    std::vector<at::Tensor> leaves;
+    for (const at::Tensor& t : inputs) leaves.push_back(t.clone().requires_grad_());
+    const at::Tensor &x = leaves[0], &g = leaves[1], &u = leaves[2], &d = leaves[3];
+    const at::Tensor y = padded ? expert_mlp(x, g, u, d)
+                                : at::linear(at::silu(at::linear(x, g)) * at::linear(x, u), d);
+    y.backward(grad);
+    std::vector<at::Tensor> results{y.detach()};
+    for (const at::Tensor& leaf : leaves) results.push_back(leaf.grad());
+    return results;
+  };
+  int64_t padded_cases = 0;
+  for (const int threads : {1, 2}) {
+    at::set_num_threads(threads);
+    for (const auto& [hidden, inter] : shapes) {
+      for (const int64_t n : row_counts) {
+        if (n * hidden * inter > kOneDnnMinGemmSize && expert_gemm_rows(n) != n) ++padded_cases;
+        for (int trial = 0; trial < 3; ++trial) {
+          // Trial 2 puts x and gate at 2^-64: the gate GEMM's products are float32 subnormals,
+          // which oneDNN flushes to zero and ATen's kernel keeps (up at 2^100 carries them into
+          // the output), so a GEMM moved from one to the other by padding differs in most
+          // elements (with plain random values in ~1 of 500 GEMMs).
+          const bool tiny = trial == 2;
+          const double small = tiny ? std::ldexp(1.0, -64) : 1.0;
+          const double large = tiny ? std::ldexp(1.0, 100) : 1.0;
+          const std::vector<at::Tensor> inputs = {
+              (at::randn({n, hidden}) * small).to(at::kBFloat16),
+              (at::randn({inter, hidden}) * 0.2 * small).to(at::kBFloat16),
+              (at::randn({inter, hidden}) * 0.2 * large).to(at::kBFloat16),
+              (at::randn({hidden, inter}) * 0.2).to(at::kBFloat16)};
+          const at::Tensor grad = at::randn({n, hidden}).to(at::kBFloat16);
+          const auto mine = run(inputs, grad, true), reference = run(inputs, grad, false);
+          const char* names[] = {"output", "x grad", "gate grad", "up grad", "down grad"};
+          for (size_t i = 0; i < mine.size(); ++i) {
+            ASSERT_TRUE(at::equal(mine[i], reference[i]))
+                << names[i] << ", " << n << " rows, " << hidden << " x " << inter << ", threads "
+                << threads;
+          }
+        }
+      }
+    }
+  }
+  EXPECT_GT(padded_cases, 80);  // not vacuous: most cases pad
+  at::set_num_threads(1);
+}
+
+// The loop form (expert_mlp per expert) against the same loop without padding: uneven expert row
+// counts, an expert with none, output and every gradient including the routing weights'.
+TEST(RoutedExperts, TheLoopFormsBitsAreThoseOfTheUnpaddedLoop) {
+  at::manual_seed(21);
+  const int64_t tokens = 301, hidden = 48, inter = 40, experts = 6, top_k = 2;
+  // Expert 5 gets no token; the others uneven counts.
+  at::Tensor selected = at::randint(0, experts - 1, {tokens, top_k}, at::kLong);
+  selected.select(1, 1).copy_((selected.select(1, 0) + 1) % (experts - 1));
+  const at::Tensor x0 = at::randn({tokens, hidden}).to(at::kBFloat16);
+  const at::Tensor w0 = at::rand({tokens, top_k}).to(at::kBFloat16);
+  const at::Tensor g0 = (at::randn({experts, inter, hidden}) * 0.2).to(at::kBFloat16);
+  const at::Tensor u0 = (at::randn({experts, inter, hidden}) * 0.2).to(at::kBFloat16);
+  const at::Tensor d0 = (at::randn({experts, hidden, inter}) * 0.2).to(at::kBFloat16);
+  const at::Tensor grad = at::randn({tokens, hidden}).to(at::kBFloat16);
+  const auto run = [&](bool padded) {
+    std::vector<at::Tensor> leaves;
+    for (const at::Tensor& t : {x0, w0, g0, u0, d0}) leaves.push_back(t.clone().requires_grad_());
+    const at::Tensor &x = leaves[0], &w = leaves[1], &g = leaves[2], &u = leaves[3], &d = leaves[4];
+    at::Tensor out;
+    if (padded) {
+      out = routed_experts_loop(x, selected, w, g, u, d);
+    } else {
+      const ExpertRows rows = rows_by_expert(selected, w, experts);
+      out = at::zeros_like(x);
+      const auto gs = g.unbind(0), us = u.unbind(0), ds = d.unbind(0);
+      const auto idx = rows.token_index.split_with_sizes(rows.per_expert);
+      const auto ws = rows.weights.unsqueeze(-1).split_with_sizes(rows.per_expert);
+      for (int64_t e = 0; e < experts; ++e) {
+        if (rows.per_expert[e] == 0) continue;
+        const at::Tensor xe = x.index_select(0, idx[e]);
+        const at::Tensor y =
+            at::linear(at::silu(at::linear(xe, gs[e])) * at::linear(xe, us[e]), ds[e]);
+        out.index_add_(0, idx[e], y * ws[e]);
+      }
+    }
+    (out.to(at::kFloat) * grad.to(at::kFloat)).sum().backward();
+    std::vector<at::Tensor> results{out};
+    for (const at::Tensor& leaf : leaves) results.push_back(leaf.grad());
+    return results;
+  };
+  for (const int threads : {1, 2}) {
+    at::set_num_threads(threads);
+    const auto mine = run(true), reference = run(false);
+    const char* names[] = {"output",    "hidden grad", "weights grad",
+                           "gate grad", "up grad",     "down grad"};
+    for (size_t i = 0; i < mine.size(); ++i) {
+      EXPECT_TRUE(at::equal(mine[i], reference[i])) << names[i] << ", threads " << threads;
+    }
+  }
+  at::set_num_threads(1);
 }
 
 }  // namespace MIXTRAIN_FILE_LOCAL

@@ -4,7 +4,9 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <optional>
 #include <tuple>
+#include <vector>
 
 #include "mixtrain/core/device.h"
 #include "mixtrain/core/host_sync.h"
@@ -18,6 +20,31 @@ torch::Tensor expert_order(const torch::Tensor& selected) {
   return std::get<1>(selected.reshape({-1}).sort(/*stable=*/c10::optional<bool>(true), /*dim=*/0));
 }
 
+torch::Tensor swiglu_rows(const torch::Tensor& x, const torch::Tensor& gate,
+                          const torch::Tensor& up, const torch::Tensor& down) {
+  return dense(torch::silu(dense(x, gate)) * dense(x, up), down);
+}
+
+// `index` (int64, CPU) cut into blocks of `rows[e]` entries, each block followed by `to` (or,
+// without it, the block's first entry again) up to `padded[e]` entries.
+torch::Tensor pad_blocks(const torch::Tensor& index, const std::vector<int64_t>& rows,
+                         const std::vector<int64_t>& padded, std::optional<int64_t> to) {
+  int64_t total = 0;
+  for (const int64_t p : padded) total += p;
+  auto out = at::empty({total}, index.options());
+  const torch::Tensor src = index.contiguous();
+  const int64_t* from = src.data_ptr<int64_t>();
+  int64_t* dst = out.data_ptr<int64_t>();
+  for (size_t e = 0; e < rows.size(); ++e) {
+    if (rows[e] == 0) continue;
+    const int64_t fill = to.value_or(*from);
+    dst = std::copy(from, from + rows[e], dst);
+    dst = std::fill_n(dst, padded[e] - rows[e], fill);
+    from += rows[e];
+  }
+  return out;
+}
+
 }  // namespace
 
 int64_t expert_gemm_rows(int64_t rows) {
@@ -27,15 +54,17 @@ int64_t expert_gemm_rows(int64_t rows) {
   return (rows + step - 1) / step * step;
 }
 
+int64_t padded_expert_rows(int64_t rows, const torch::Tensor& x, const torch::Tensor& gate) {
+  const bool on_onednn = x.is_cpu() && x.scalar_type() == at::kBFloat16 &&
+                         rows * gate.size(0) * gate.size(1) > kOneDnnMinGemmSize;
+  return on_onednn ? expert_gemm_rows(rows) : rows;
+}
+
 torch::Tensor expert_mlp(const torch::Tensor& x, const torch::Tensor& gate, const torch::Tensor& up,
                          const torch::Tensor& down) {
-  const int64_t n = x.size(0);
-  const int64_t padded = x.is_cpu() && x.scalar_type() == at::kBFloat16 &&
-                                 n * gate.size(0) * gate.size(1) > kOneDnnMinGemmSize
-                             ? expert_gemm_rows(n)
-                             : n;
+  const int64_t n = x.size(0), padded = padded_expert_rows(n, x, gate);
   const auto rows = padded == n ? x : at::constant_pad_nd(x, {0, 0, 0, padded - n});
-  const auto y = dense(torch::silu(dense(rows, gate)) * dense(rows, up), down);
+  const auto y = swiglu_rows(rows, gate, up, down);
   return padded == n ? y : y.narrow(0, 0, n);
 }
 
@@ -55,22 +84,49 @@ ExpertRows rows_by_expert(const torch::Tensor& selected, const torch::Tensor& we
 torch::Tensor routed_experts_loop(const torch::Tensor& hidden, const torch::Tensor& selected,
                                   const torch::Tensor& weights, const torch::Tensor& gate,
                                   const torch::Tensor& up, const torch::Tensor& down) {
-  const int64_t experts = gate.size(0);
+  const int64_t experts = gate.size(0), tokens = hidden.size(0);
   const ExpertRows rows = rows_by_expert(selected, weights, experts);
   // unbind: one backward node that stacks the per-expert gradients, instead of one full-size
   // zero-padded gradient per select.
   const auto g = gate.unbind(0), u = up.unbind(0), d = down.unbind(0);
-  // Each expert's rows as pieces of one split (one op and one backward node each, where a
-  // narrow per expert costs a view op and a full-size slice_backward per expert).
-  const auto idx = rows.token_index.split_with_sizes(rows.per_expert);
-  const auto w = rows.weights.unsqueeze(-1).split_with_sizes(rows.per_expert);
-  auto out = torch::zeros_like(hidden);
+  std::vector<int64_t> padded(experts);
+  for (int64_t e = 0; e < experts; ++e) {
+    padded[e] = padded_expert_rows(rows.per_expert[e], hidden, g[0]);
+  }
+  if (padded == rows.per_expert) {
+    // Each expert's rows as pieces of one split (one op and one backward node each, where a
+    // narrow per expert costs a view op and a full-size slice_backward per expert).
+    const auto idx = rows.token_index.split_with_sizes(rows.per_expert);
+    const auto w = rows.weights.unsqueeze(-1).split_with_sizes(rows.per_expert);
+    auto out = torch::zeros_like(hidden);
+    for (int64_t e = 0; e < experts; ++e) {
+      if (rows.per_expert[e] == 0) continue;
+      out.index_add_(0, idx[e],
+                     swiglu_rows(hidden.index_select(0, idx[e]), g[e], u[e], d[e]) * w[e]);
+    }
+    return out;
+  }
+  // expert_mlp's padding, for every expert at once. A padding row repeats its expert's first
+  // row and weight (finite values; their gradients are exact zeros, which leave the sums of the
+  // repeated token's and weight's gradients as they are) and adds into an extra output row
+  // (index `tokens`), cut off at the end: the real rows' results and sums are the unpadded
+  // loop's. The rows are gathered from `hidden` itself, as unpadded, so its gradient takes the
+  // experts' pieces in the same order among its other terms.
+  const auto gather =
+      pad_blocks(rows.token_index, rows.per_expert, padded, std::nullopt).split_with_sizes(padded);
+  const auto scatter =
+      pad_blocks(rows.token_index, rows.per_expert, padded, tokens).split_with_sizes(padded);
+  const auto w = weights.reshape({-1})
+                     .index_select(0, pad_blocks(rows.order, rows.per_expert, padded, std::nullopt))
+                     .unsqueeze(-1)
+                     .split_with_sizes(padded);
+  auto out = at::zeros({tokens + 1, hidden.size(1)}, hidden.options());
   for (int64_t e = 0; e < experts; ++e) {
     if (rows.per_expert[e] == 0) continue;
-    const auto y = expert_mlp(hidden.index_select(0, idx[e]), g[e], u[e], d[e]);
-    out.index_add_(0, idx[e], y * w[e]);
+    const auto y = swiglu_rows(hidden.index_select(0, gather[e]), g[e], u[e], d[e]);
+    out.index_add_(0, scatter[e], y * w[e]);
   }
-  return out;
+  return out.narrow(0, 0, tokens);
 }
 
 torch::Tensor routed_experts_grouped(const torch::Tensor& hidden, const torch::Tensor& selected,

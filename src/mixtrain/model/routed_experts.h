@@ -5,7 +5,7 @@
 //            gathered, its three GEMMs, weighted, index_add_ into the output. The host reads
 //            the tokens per expert to size each GEMM (core/host_sync.h: one read per call).
 //            The CPU form: its bits are the ones every CPU test and checkpoint knows. Each
-//            expert's MLP is expert_mlp (below), which pads its rows on the CPU.
+//            expert's rows are padded as expert_mlp (below) pads them.
 //   grouped  the same sorted rows through three grouped GEMMs (at::_grouped_mm, one per
 //            projection for every expert at once) whose group ends are computed on the device:
 //            no host read. The rows go back to slot order (a permutation) and each token's k
@@ -59,6 +59,9 @@ inline constexpr int64_t kOneDnnMinGemmSize = 16 * 16 * 16;
 // they are.
 torch::Tensor expert_mlp(const torch::Tensor& x, const torch::Tensor& gate, const torch::Tensor& up,
                          const torch::Tensor& down);
+// The rows expert_mlp runs `rows` routed rows of x's dtype and device on, for an expert whose
+// gate is `gate` ([I, H]): expert_gemm_rows(rows) where oneDNN runs the GEMMs, else `rows`.
+int64_t padded_expert_rows(int64_t rows, const torch::Tensor& x, const torch::Tensor& gate);
 
 torch::Tensor routed_experts_loop(const torch::Tensor& hidden, const torch::Tensor& selected,
                                   const torch::Tensor& weights, const torch::Tensor& gate,

@@ -151,53 +151,77 @@ TEST(RoutedExperts, ExpertMlpPaddingChangesNoBit) {
   at::set_num_threads(1);
 }
 
-// The loop form (expert_mlp per expert) against the same loop without padding: uneven expert row
-// counts, an expert with none, output and every gradient including the routing weights'.
+// The loop form (expert_mlp's padding for all experts at once) against the same loop without
+// padding: uneven expert row counts, an expert with none, output and every gradient including
+// the routing weights'. Two cases: wide experts whose row counts all pad, and the tests' 24 x 12
+// experts with row counts on both sides of the oneDNN threshold (15 rows) and expert_mlp's
+// subnormal inputs (x and gate at 2^-64, up at 2^100), which show a GEMM moved across it.
 TEST(RoutedExperts, TheLoopFormsBitsAreThoseOfTheUnpaddedLoop) {
-  at::manual_seed(21);
-  const int64_t tokens = 301, hidden = 48, inter = 40, experts = 6, top_k = 2;
-  // Expert 5 gets no token; the others uneven counts.
-  at::Tensor selected = at::randint(0, experts - 1, {tokens, top_k}, at::kLong);
-  selected.select(1, 1).copy_((selected.select(1, 0) + 1) % (experts - 1));
-  const at::Tensor x0 = at::randn({tokens, hidden}).to(at::kBFloat16);
-  const at::Tensor w0 = at::rand({tokens, top_k}).to(at::kBFloat16);
-  const at::Tensor g0 = (at::randn({experts, inter, hidden}) * 0.2).to(at::kBFloat16);
-  const at::Tensor u0 = (at::randn({experts, inter, hidden}) * 0.2).to(at::kBFloat16);
-  const at::Tensor d0 = (at::randn({experts, hidden, inter}) * 0.2).to(at::kBFloat16);
-  const at::Tensor grad = at::randn({tokens, hidden}).to(at::kBFloat16);
-  const auto run = [&](bool padded) {
-    std::vector<at::Tensor> leaves;
-    for (const at::Tensor& t : {x0, w0, g0, u0, d0}) leaves.push_back(t.clone().requires_grad_());
-    const at::Tensor &x = leaves[0], &w = leaves[1], &g = leaves[2], &u = leaves[3], &d = leaves[4];
-    at::Tensor out;
-    if (padded) {
-      out = routed_experts_loop(x, selected, w, g, u, d);
-    } else {
-      const ExpertRows rows = rows_by_expert(selected, w, experts);
-      out = at::zeros_like(x);
-      const auto gs = g.unbind(0), us = u.unbind(0), ds = d.unbind(0);
-      const auto idx = rows.token_index.split_with_sizes(rows.per_expert);
-      const auto ws = rows.weights.unsqueeze(-1).split_with_sizes(rows.per_expert);
-      for (int64_t e = 0; e < experts; ++e) {
-        if (rows.per_expert[e] == 0) continue;
-        const at::Tensor xe = x.index_select(0, idx[e]);
-        const at::Tensor y =
-            at::linear(at::silu(at::linear(xe, gs[e])) * at::linear(xe, us[e]), ds[e]);
-        out.index_add_(0, idx[e], y * ws[e]);
-      }
-    }
-    (out.to(at::kFloat) * grad.to(at::kFloat)).sum().backward();
-    std::vector<at::Tensor> results{out};
-    for (const at::Tensor& leaf : leaves) results.push_back(leaf.grad());
-    return results;
+  struct Case {
+    int64_t tokens, hidden, inter;
+    bool subnormal;
   };
-  for (const int threads : {1, 2}) {
-    at::set_num_threads(threads);
-    const auto mine = run(true), reference = run(false);
-    const char* names[] = {"output",    "hidden grad", "weights grad",
-                           "gate grad", "up grad",     "down grad"};
-    for (size_t i = 0; i < mine.size(); ++i) {
-      EXPECT_TRUE(at::equal(mine[i], reference[i])) << names[i] << ", threads " << threads;
+  for (const Case& c : {Case{301, 48, 40, false}, Case{41, 24, 12, true}}) {
+    at::manual_seed(21);
+    const int64_t experts = 6, top_k = 2;
+    // Expert 5 gets no token; the others uneven counts.
+    at::Tensor selected = at::randint(0, experts - 1, {c.tokens, top_k}, at::kLong);
+    selected.select(1, 1).copy_((selected.select(1, 0) + 1) % (experts - 1));
+    const double small = c.subnormal ? std::ldexp(1.0, -64) : 1.0;
+    const double large = c.subnormal ? std::ldexp(1.0, 100) : 1.0;
+    const at::Tensor x0 = (at::randn({c.tokens, c.hidden}) * small).to(at::kBFloat16);
+    const at::Tensor w0 = at::rand({c.tokens, top_k}).to(at::kBFloat16);
+    const at::Tensor g0 = (at::randn({experts, c.inter, c.hidden}) * 0.2 * small).to(at::kBFloat16);
+    const at::Tensor u0 = (at::randn({experts, c.inter, c.hidden}) * 0.2 * large).to(at::kBFloat16);
+    const at::Tensor d0 = (at::randn({experts, c.hidden, c.inter}) * 0.2).to(at::kBFloat16);
+    const at::Tensor grad = at::randn({c.tokens, c.hidden}).to(at::kBFloat16);
+    if (c.subnormal) {  // not vacuous: experts below and above the threshold
+      const std::vector<int64_t> counts = rows_by_expert(selected, w0, experts).per_expert;
+      const int64_t rows_at_threshold = kOneDnnMinGemmSize / (c.hidden * c.inter);
+      EXPECT_TRUE(std::any_of(counts.begin(), counts.end(),
+                              [&](int64_t n) { return n > 0 && n <= rows_at_threshold; }));
+      EXPECT_TRUE(std::any_of(counts.begin(), counts.end(),
+                              [&](int64_t n) { return n > rows_at_threshold; }));
+    }
+    const auto run = [&](bool padded) {
+      std::vector<at::Tensor> leaves;
+      for (const at::Tensor& t : {x0, w0, g0, u0, d0}) leaves.push_back(t.clone().requires_grad_());
+      const at::Tensor &x = leaves[0], &w = leaves[1], &g = leaves[2], &u = leaves[3],
+                       &d = leaves[4];
+      at::Tensor out;
+      if (padded) {
+        out = routed_experts_loop(x, selected, w, g, u, d);
+      } else {
+        const ExpertRows rows = rows_by_expert(selected, w, experts);
+        out = at::zeros_like(x);
+        const auto gs = g.unbind(0), us = u.unbind(0), ds = d.unbind(0);
+        const auto idx = rows.token_index.split_with_sizes(rows.per_expert);
+        const auto ws = rows.weights.unsqueeze(-1).split_with_sizes(rows.per_expert);
+        for (int64_t e = 0; e < experts; ++e) {
+          if (rows.per_expert[e] == 0) continue;
+          const at::Tensor xe = x.index_select(0, idx[e]);
+          const at::Tensor y =
+              at::linear(at::silu(at::linear(xe, gs[e])) * at::linear(xe, us[e]), ds[e]);
+          out.index_add_(0, idx[e], y * ws[e]);
+        }
+      }
+      // A second use of the hidden states, as the residual stream's: their gradient sums its
+      // term with the experts' pieces, in bfloat16, in autograd's order.
+      const at::Tensor residual = x * 3;
+      ((out.to(at::kFloat) + residual.to(at::kFloat)) * grad.to(at::kFloat)).sum().backward();
+      std::vector<at::Tensor> results{out};
+      for (const at::Tensor& leaf : leaves) results.push_back(leaf.grad());
+      return results;
+    };
+    for (const int threads : {1, 2}) {
+      at::set_num_threads(threads);
+      const auto mine = run(true), reference = run(false);
+      const char* names[] = {"output",    "hidden grad", "weights grad",
+                             "gate grad", "up grad",     "down grad"};
+      for (size_t i = 0; i < mine.size(); ++i) {
+        EXPECT_TRUE(at::equal(mine[i], reference[i]))
+            << names[i] << ", threads " << threads << ", " << c.hidden << " x " << c.inter;
+      }
     }
   }
   at::set_num_threads(1);

@@ -378,7 +378,8 @@ void Muon::step_fsdp(Collectives& comm, const std::vector<DistributedParam>& all
   auto options_of = [&](size_t item) -> const MuonOptions& {
     return group_options(params[item]->group);
   };
-  const std::vector<MuonOwnerBucket> plan = muon_owner_plan(items, n, owner_min_bucket_numel_);
+  const std::vector<MuonOwnerBucket>& plan =
+      plans_[{&comm, "step_fsdp"}].plan(items, n, owner_min_bucket_numel_);
   // NorMuon's v rows of this rank's shard of `item` (0 without NorMuon), and the elements one
   // row of the assembled matrix travels as (its u row, then its v row).
   auto v_rows_of = [&](size_t item) {
@@ -541,7 +542,8 @@ void Muon::step_ddp(Collectives& comm, const std::vector<DistributedParam>& all_
   auto options_of = [&](size_t item) -> const MuonOptions& {
     return group_options(params[item]->group);
   };
-  const std::vector<MuonOwnerBucket> plan = muon_owner_plan(items, n, owner_min_bucket_numel_);
+  const std::vector<MuonOwnerBucket>& plan =
+      plans_[{&comm, "step_ddp"}].plan(items, n, owner_min_bucket_numel_);
 
   // NorMuon's v rows of `item` (one per row of each of its matrices; 0 without NorMuon).
   auto v_rows_of = [&](size_t item) {

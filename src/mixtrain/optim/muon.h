@@ -274,6 +274,8 @@ class Muon : public LeafOptimizer {
   std::unique_ptr<MuonTelemetryRecorder> telemetry_;  // armed: records every path's step
   // (group, path) -> the (count, numel) every rank of the group last agreed on.
   std::map<std::pair<const Collectives*, std::string>, std::pair<int64_t, int64_t>> agreed_;
+  // (group, path) -> its owner plan, computed again only when the path's items change.
+  std::map<std::pair<const Collectives*, std::string>, MuonOwnerPlanCache> plans_;
 };
 
 }  // namespace mixtrain

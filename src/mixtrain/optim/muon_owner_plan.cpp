@@ -16,6 +16,24 @@ int64_t newton_schulz_flops(int64_t rows, int64_t cols, int64_t steps) {
   return steps * (4 * m * m * n + 2 * m * m * m);
 }
 
+bool operator==(const MuonOwnerItem& a, const MuonOwnerItem& b) {
+  return a.numel == b.numel && a.flops == b.flops && a.name == b.name;
+}
+
+const std::vector<MuonOwnerBucket>& MuonOwnerPlanCache::plan(
+    const std::vector<MuonOwnerItem>& items, int ranks, int64_t min_bucket_numel) {
+  if (valid_ && ranks == ranks_ && min_bucket_numel == min_bucket_numel_ && items == items_) {
+    return plan_;
+  }
+  plan_ = muon_owner_plan(items, ranks, min_bucket_numel);  // throws before the cache changes
+  items_ = items;
+  ranks_ = ranks;
+  min_bucket_numel_ = min_bucket_numel;
+  valid_ = true;
+  ++plans_computed_;
+  return plan_;
+}
+
 std::vector<MuonOwnerBucket> muon_owner_plan(const std::vector<MuonOwnerItem>& items, int ranks,
                                              int64_t min_bucket_numel) {
   if (ranks < 1) throw std::invalid_argument("muon_owner_plan: ranks must be >= 1");

@@ -40,6 +40,8 @@ struct MuonOwnerItem {
   int64_t flops = 0;  // its Newton–Schulz cost (newton_schulz_flops of the matrix it becomes)
 };
 
+bool operator==(const MuonOwnerItem& a, const MuonOwnerItem& b);
+
 struct MuonOwnerBucket {
   std::vector<size_t> items;  // indices into the items, in plan order
   std::vector<int> owners;    // owners[j]: the rank that orthogonalizes items[j]
@@ -53,6 +55,23 @@ inline constexpr int64_t kMuonOwnerMinBucketNumel = int64_t{1} << 20;
 // (flops, name, numel, index) of each item.
 std::vector<MuonOwnerBucket> muon_owner_plan(const std::vector<MuonOwnerItem>& items, int ranks,
                                              int64_t min_bucket_numel = kMuonOwnerMinBucketNumel);
+
+// muon_owner_plan of the last inputs, computed again only when they change: a distributed Muon
+// step's items are its last step's unless a gradient went missing or an option changed.
+class MuonOwnerPlanCache {
+ public:
+  const std::vector<MuonOwnerBucket>& plan(const std::vector<MuonOwnerItem>& items, int ranks,
+                                           int64_t min_bucket_numel);
+  int64_t plans_computed() const { return plans_computed_; }
+
+ private:
+  bool valid_ = false;
+  std::vector<MuonOwnerItem> items_;
+  int ranks_ = 0;
+  int64_t min_bucket_numel_ = 0;
+  std::vector<MuonOwnerBucket> plan_;
+  int64_t plans_computed_ = 0;
+};
 
 // FLOPs each rank owns over the whole plan, and the two balance figures of bench/README.md:
 // max / mean of the per-rank totals, and the sum over buckets of the busiest rank's FLOPs in

@@ -282,6 +282,36 @@ TEST(MuonOwnerPlanTest, LongestFirstToTheLeastLoadedRank) {
   EXPECT_DOUBLE_EQ(load.bucket_max_sum_over_mean, (7.0 + 4.0 + 3.0) / 12.0);
 }
 
+TEST(MuonOwnerPlanTest, TheCacheComputesAPlanOnlyWhenItsInputsChange) {
+  std::vector<MuonOwnerItem> items = {{1, "c", 4}, {1, "a", 7}, {1, "f", 2}, {1, "b", 5}};
+  MuonOwnerPlanCache cache;
+  const auto expect_fresh = [&](int ranks, int64_t bound, int64_t computed) {
+    const std::vector<MuonOwnerBucket>& plan = cache.plan(items, ranks, bound);
+    const std::vector<MuonOwnerBucket> fresh = muon_owner_plan(items, ranks, bound);
+    ASSERT_EQ(plan.size(), fresh.size());
+    for (size_t b = 0; b < plan.size(); ++b) {
+      EXPECT_EQ(plan[b].items, fresh[b].items);
+      EXPECT_EQ(plan[b].owners, fresh[b].owners);
+    }
+    EXPECT_EQ(cache.plans_computed(), computed);
+  };
+  expect_fresh(2, 0, 1);
+  expect_fresh(2, 0, 1);  // the same inputs: no new plan
+  expect_fresh(3, 0, 2);  // ranks
+  expect_fresh(3, 2, 3);  // bucket bound
+  items[2].flops = 9;     // a cost
+  expect_fresh(3, 2, 4);
+  items[0].name = "z";  // a name (breaks ties)
+  expect_fresh(3, 2, 5);
+  items[3].numel = 4;  // a size
+  expect_fresh(3, 2, 6);
+  items.pop_back();  // a parameter without a gradient this step
+  expect_fresh(3, 2, 7);
+  expect_fresh(3, 2, 7);
+  EXPECT_THROW(cache.plan(items, 0, 2), std::invalid_argument);
+  expect_fresh(3, 2, 7);  // a refused input leaves the cached plan
+}
+
 TEST(MuonOwnerPlanTest, SeveralMatricesPerOwnerAndRanksOwningNothing) {
   // One large matrix (10 elements, the bound) and small ones: the small ones all fit the
   // least-loaded rank's room in bucket 0, so rank 1 owns four there.

@@ -56,7 +56,9 @@ void expect_same_bits(const std::vector<at::Tensor>& a, const std::vector<at::Te
   ASSERT_EQ(a.size(), b.size());
   for (size_t i = 0; i < a.size(); ++i) {
     ASSERT_EQ(a[i].defined(), b[i].defined()) << i;
-    if (a[i].defined()) EXPECT_TRUE(a[i].cpu().equal(b[i].cpu())) << "grad " << i;
+    if (a[i].defined()) {
+      EXPECT_TRUE(a[i].cpu().equal(b[i].cpu())) << "grad " << i;
+    }
   }
 }
 

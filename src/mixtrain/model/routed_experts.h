@@ -5,7 +5,8 @@
 //            gathered, its three GEMMs, weighted, index_add_ into the output. The host reads
 //            the tokens per expert to size each GEMM (core/host_sync.h: one read per call).
 //            The CPU form: its bits are the ones every CPU test and checkpoint knows. Each
-//            expert's rows are padded as expert_mlp (below) pads them.
+//            expert's GEMMs run on the rows expert_mlp (below) pads to, the padding rows
+//            repeating the expert's first row (their gradients are zeros).
 //   grouped  the same sorted rows through three grouped GEMMs (at::_grouped_mm, one per
 //            projection for every expert at once) whose group ends are computed on the device:
 //            no host read. The rows go back to slot order (a permutation) and each token's k

@@ -15,6 +15,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <utility>
 #include <vector>
 
 #include "mixtrain/core/host_sync.h"
@@ -117,6 +118,7 @@ TEST(RoutedExperts, ExpertMlpPaddingChangesNoBit) {
     return results;
   };
   int64_t padded_cases = 0;
+  const int threads_before = at::get_num_threads();
   for (const int threads : {1, 2}) {
     at::set_num_threads(threads);
     for (const auto& [hidden, inter] : shapes) {
@@ -148,7 +150,7 @@ TEST(RoutedExperts, ExpertMlpPaddingChangesNoBit) {
     }
   }
   EXPECT_GT(padded_cases, 80);  // not vacuous: most cases pad
-  at::set_num_threads(1);
+  at::set_num_threads(threads_before);
 }
 
 // The loop form (expert_mlp's padding for all experts at once) against the same loop without
@@ -161,6 +163,7 @@ TEST(RoutedExperts, TheLoopFormsBitsAreThoseOfTheUnpaddedLoop) {
     int64_t tokens, hidden, inter;
     bool subnormal;
   };
+  const int threads_before = at::get_num_threads();
   for (const Case& c : {Case{301, 48, 40, false}, Case{41, 24, 12, true}}) {
     at::manual_seed(21);
     const int64_t experts = 6, top_k = 2;
@@ -224,7 +227,7 @@ TEST(RoutedExperts, TheLoopFormsBitsAreThoseOfTheUnpaddedLoop) {
       }
     }
   }
-  at::set_num_threads(1);
+  at::set_num_threads(threads_before);
 }
 
 }  // namespace MIXTRAIN_FILE_LOCAL

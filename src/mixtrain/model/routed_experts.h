@@ -55,7 +55,7 @@ inline constexpr int64_t kOneDnnMinGemmSize = 16 * 16 * 16;
 // (its step took up to 2x its steady time) and its cache kept missing after. Why it changes no
 // bit: oneDNN's result for a row does not depend on the row count, and the zero rows add exact
 // zeros to the weight gradients (tests/unit/model/routed_experts_test.cpp checks both, forward and
-// every gradient, 1 and 2 threads, on both sides of the threshold); padding never moves a GEMM
+// every gradient, 1, 2 and 4 threads, on both sides of the threshold); padding never moves a GEMM
 // from ATen's kernel to oneDNN, whose sums differ. Elsewhere (CUDA, float32) the rows run as
 // they are.
 torch::Tensor expert_mlp(const torch::Tensor& x, const torch::Tensor& gate, const torch::Tensor& up,

@@ -132,6 +132,29 @@ struct ModelSpec {
   std::string note = "";                    // the overrides, in the setting column
 };
 
+// Qwen3-30B-A3B's model section (dims and vocabulary) with `layers` layers of 32 of its 128
+// experts.
+std::string qwen3_30b_a3b_32_experts(int layers) {
+  return R"(model:
+  name: qwen3_moe
+  vocab_size: 151936
+  hidden_size: 2048
+  num_layers: )" +
+         std::to_string(layers) + R"(
+  num_heads: 32
+  num_kv_heads: 4
+  head_dim: 128
+  moe_intermediate_size: 768
+  num_experts: 32
+  num_experts_per_tok: 8
+  norm_topk_prob: true
+  router_aux_loss_coef: 0.001
+  rope_theta: 1000000.0
+  rms_norm_eps: 1.0e-6
+  tie_word_embeddings: false
+)";
+}
+
 std::vector<ModelSpec> model_specs() {
   return {
       {"qwen3-0.6b",
@@ -162,24 +185,7 @@ std::vector<ModelSpec> model_specs() {
   rms_norm_eps: 1.0e-6
   tie_word_embeddings: true
 )"},
-      {"qwen3-30b-a3b/1L-32E",
-       R"(model:
-  name: qwen3_moe
-  vocab_size: 151936
-  hidden_size: 2048
-  num_layers: 1
-  num_heads: 32
-  num_kv_heads: 4
-  head_dim: 128
-  moe_intermediate_size: 768
-  num_experts: 32
-  num_experts_per_tok: 8
-  norm_topk_prob: true
-  router_aux_loss_coef: 0.001
-  rope_theta: 1000000.0
-  rms_norm_eps: 1.0e-6
-  tie_word_embeddings: false
-)"},
+      {"qwen3-30b-a3b/1L-32E", qwen3_30b_a3b_32_experts(1)},
       // The pair issue 34 compares: DeepSeek-V3's architecture (MLA, sigmoid routing with the
       // balancing bias, shared experts, a dense first layer) against Qwen3-MoE's (GQA with q/k
       // norms, softmax routing) at about the same parameters per token (active 0.837e9 and
@@ -219,26 +225,8 @@ std::vector<ModelSpec> model_specs() {
   tie_word_embeddings: false
 )",
        kMoeComparisonSettings, kSwapClipOverrides, ", swap optimizer, QK-clip"},
-      // Qwen3-30B-A3B's dims (as qwen3-30b-a3b/1L-32E) with 4 layers of 32 experts.
-      {"qwen3-30b-a3b/4L-32E",
-       R"(model:
-  name: qwen3_moe
-  vocab_size: 151936
-  hidden_size: 2048
-  num_layers: 4
-  num_heads: 32
-  num_kv_heads: 4
-  head_dim: 128
-  moe_intermediate_size: 768
-  num_experts: 32
-  num_experts_per_tok: 8
-  norm_topk_prob: true
-  router_aux_loss_coef: 0.001
-  rope_theta: 1000000.0
-  rms_norm_eps: 1.0e-6
-  tie_word_embeddings: false
-)",
-       kMoeComparisonSettings, kSwapOverrides, ", swap optimizer"},
+      {"qwen3-30b-a3b/4L-32E", qwen3_30b_a3b_32_experts(4), kMoeComparisonSettings, kSwapOverrides,
+       ", swap optimizer"},
   };
 }
 

@@ -14,30 +14,18 @@
 #include <vector>
 
 #include "mixtrain/core/cpu_capability.h"
+#include "support/kernel_variants.h"
 
 namespace mixtrain {
 namespace MIXTRAIN_FILE_LOCAL {
 
 using Kernel = void (*)(float* const*, const int64_t*, int64_t, float);
 
-struct Variant {
-  CpuCapability capability;
-  Kernel kernel;
-};
+using ::mixtrain::testing::same_bits;
 
-std::vector<Variant> supported_variants() {
-  const std::vector<Variant> all = {{CpuCapability::kDefault, DEFAULT::scale_many},
-                                    {CpuCapability::kAvx2, AVX2::scale_many},
-                                    {CpuCapability::kAvx512, AVX512::scale_many}};
-  std::vector<Variant> supported;
-  for (const auto& v : all) {
-    if (v.capability <= hardware_cpu_capability()) supported.push_back(v);
-  }
-  return supported;
-}
-
-bool same_bits(const at::Tensor& a, const at::Tensor& b) {
-  return a.sizes() == b.sizes() && std::memcmp(a.data_ptr(), b.data_ptr(), a.nbytes()) == 0;
+std::vector<::mixtrain::testing::KernelVariant<Kernel>> supported_variants() {
+  return ::mixtrain::testing::runnable_variants<Kernel>(DEFAULT::scale_many, AVX2::scale_many,
+                                                        AVX512::scale_many);
 }
 
 at::Tensor values(int64_t n) {
@@ -54,7 +42,7 @@ TEST(ScaleKernelTest, MatchesATenMulBitwise) {
   const std::vector<int64_t> lengths = {1, 15, 16, 33, 200003, 0, 7};
   // 0.1 and 1/3 are not floats: the cast rounds them, as ATen's mul_ casts its scalar.
   for (const double factor : {0.1, 1.0 / 3.0, 0.7071067811865476, 1e-30}) {
-    for (const Variant& v : supported_variants()) {
+    for (const auto& v : supported_variants()) {
       for (const int threads : {1, 2}) {
         at::set_num_threads(threads);
         std::vector<at::Tensor> mine, expected;

@@ -12,30 +12,18 @@
 #include <vector>
 
 #include "mixtrain/core/cpu_capability.h"
+#include "support/kernel_variants.h"
 
 namespace mixtrain {
 namespace MIXTRAIN_FILE_LOCAL {
 
 using Kernel = void (*)(float*, const void*, c10::ScalarType, int64_t, bool);
 
-struct Variant {
-  CpuCapability capability;
-  Kernel kernel;
-};
+using ::mixtrain::testing::same_bits;
 
-std::vector<Variant> supported_variants() {
-  const std::vector<Variant> all = {{CpuCapability::kDefault, DEFAULT::widen_add},
-                                    {CpuCapability::kAvx2, AVX2::widen_add},
-                                    {CpuCapability::kAvx512, AVX512::widen_add}};
-  std::vector<Variant> supported;
-  for (const auto& v : all) {
-    if (v.capability <= hardware_cpu_capability()) supported.push_back(v);
-  }
-  return supported;
-}
-
-bool same_bits(const at::Tensor& a, const at::Tensor& b) {
-  return a.sizes() == b.sizes() && std::memcmp(a.data_ptr(), b.data_ptr(), a.nbytes()) == 0;
+std::vector<::mixtrain::testing::KernelVariant<Kernel>> supported_variants() {
+  return ::mixtrain::testing::runnable_variants<Kernel>(DEFAULT::widen_add, AVX2::widen_add,
+                                                        AVX512::widen_add);
 }
 
 // Random values of the dtype with special bit patterns spread through them.

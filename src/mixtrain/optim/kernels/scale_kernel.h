@@ -11,7 +11,7 @@
 // (ATen multiplies by the scalar cast to the tensor's dtype). All arrays in one call, where ATen
 // pays one dispatched op (and the wrapped scalar's casts) per tensor; threads split each array's
 // range with at::parallel_for; the result does not depend on the split. CPU only: on a GPU the
-// clip scales with one multi-tensor ATen launch (optim/grad_clip.cpp).
+// clip scales each gradient with its own mul_ (optim/grad_clip.cpp).
 #pragma once
 
 #include <cstdint>

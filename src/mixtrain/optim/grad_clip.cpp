@@ -31,7 +31,8 @@ double total_sum_of_squares(const std::vector<at::Tensor>& tensors) {
                (on_cuda.empty() || on_cuda.front().device() == t.device())) {
       on_cuda.push_back(t);
     } else {
-      other += t.to(at::kDouble).square().sum().item<double>();
+      // Any other (float64, a second device): its sum read like the CUDA one below.
+      other += read_double(t.to(at::kDouble).square().sum(), "grad norm (host form)");
     }
   }
   const double sum = sum_of_squares_fused(on_cpu, at::kCPU).item<double>() + other;

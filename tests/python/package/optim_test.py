@@ -2,9 +2,13 @@
 / Muon, and AdamW(fused=True) against torch's fused AdamW (at every CPU capability, in child
 processes), in one process on the same tensors: BITWISE (params and every state tensor after every
 step), with LR schedulers, two param groups, an option changed between steps, a closure, and
-state_dict() moved both ways between ours and torch's mid-run. Then the contract's edges:
-torch's refusals, our refusals of torch options we lack, a load_state_dict that fails changing
-nothing, add_param_group keeping state, the routing helper.
+state_dict() moved both ways between ours and torch's mid-run. Muon's forms torch lacks
+(momentum_style, every ns_variant, NorMuon, match_rms_adamw's factor, set_head_split) against
+float64 references written here from docs/architecture.md section 5 and the papers (within a
+stated float32 tolerance; the momentum buffers bitwise). Then the contract's edges: torch's
+refusals, our refusals of torch options we lack (capturable, differentiable,
+decoupled_weight_decay=False, ...), a load_state_dict that fails changing nothing,
+add_param_group keeping state, the routing helper.
 
 Why bitwise is the expectation: each of our leaves runs, per element, the operation sequence of
 torch's single-tensor path (the C++ oracles tests/python/{adamw,sgd,muon}_oracle.py show it
@@ -253,8 +257,9 @@ def check_muon(check):
 
 
 def check_mixtrain_forms(check):
-    """Options torch lacks reach the leaf: float32 Newton-Schulz and the sum momentum differ
-    from the defaults; a named schedule and per-step coefficients are accepted."""
+    """Options torch lacks reach the leaf: float32 Newton-Schulz differs from the default; per-
+    step coefficients equal to the triple give the triple's bits. (momentum_style, ns_variant
+    and NorMuon are checked against formulas below: check_muon_against_formulas.)"""
     import torch
 
     import mixtrain.optim as mo
@@ -263,23 +268,257 @@ def check_mixtrain_forms(check):
     grads = grads_for(shapes, 2, seed=9)
     results = {}
     for name, kwargs in {"default": {}, "float32": {"ns_dtype": torch.float32},
-                         "sum": {"momentum_style": "sum"},
-                         "asym5": {"ns_variant": "asym5"},
-                         "per step": {"ns_coefficients": [(3.4445, -4.7750, 2.0315)] * 5},
-                         "normuon": {"normuon": True}}.items():
+                         "per step": {"ns_coefficients": [(3.4445, -4.7750, 2.0315)] * 5}}.items():
         ps = make_params(shapes, torch.float32, seed=10)
         opt = mo.Muon(ps, lr=0.02, **kwargs)
         for g in grads:
             ps[0].grad = g[0].clone()
             opt.step()
         results[name] = ps[0].detach()
-    for name in ("float32", "sum", "asym5", "normuon"):
+    for name in ("float32",):
         check.expect(not torch.equal(results[name], results["default"]),
                      f"Muon {name}: same result as the defaults (option not applied)")
     check.expect(torch.equal(results["per step"], results["default"]),
                  "Muon with torch's triple written per step differs from the triple")
     opt = mo.Muon(make_params(shapes, torch.float32, seed=10), normuon=True)
     check.expect(opt.param_groups[0]["normuon"] is True, "normuon not in the param group")
+
+
+# Newton-Schulz coefficient schedules as published (docs/architecture.md section 5 names them):
+# legacy: Keller Jordan's triple (torch.optim.Muon's default); asym5 / quintic: the five triples
+# docs/architecture.md lists; hybrid: legacy for steps 0-7, then (2, -1.5, 0.5); polar_express
+# (Amsel et al., arXiv 2505.16932): 8 steps = the paper's Algorithm 1 triples, each but the last
+# divided by (1.01, 1.01^3, 1.01^5), input norm times 1.01 (Algorithm 1's code); 5 steps = the
+# five-step set modded-nanogpt / nanochat / Dion ship (safety 1.02 folded in), norm times 1.02.
+LEGACY = (3.4445, -4.7750, 2.0315)
+ASYM5 = [(4.0848, -6.8946, 2.9270), (3.9505, -6.3029, 2.6377), (3.7418, -5.5913, 2.3037),
+         (2.8769, -3.1427, 1.2046), (2.8366, -3.0525, 1.2012)]
+HYBRID_TAIL = (2.0, -1.5, 0.5)
+POLAR_EXPRESS_5 = [(8.156554524902461, -22.48329292557795, 15.878769915207462),
+                   (4.042929935166739, -2.808917465908714, 0.5000178451051316),
+                   (3.8916678022926607, -2.772484153217685, 0.5060648178503393),
+                   (3.285753657755655, -2.3681294933425376, 0.46449024233003106),
+                   (2.3465413258596377, -1.7097828382687081, 0.42323551169305323)]
+POLAR_EXPRESS_8_PAPER = [(8.28721201814563, -23.595886519098837, 17.300387312530933),
+                         (4.107059111542203, -2.9478499167379106, 0.5448431082926601),
+                         (3.9486908534822946, -2.908902115962949, 0.5518191394370137),
+                         (3.3184196573706015, -2.488488024314874, 0.51004894012372),
+                         (2.300652019954817, -1.6689039845747493, 0.4188073119525673),
+                         (1.891301407787398, -1.2679958271945868, 0.37680408948524835),
+                         (1.8750014808534479, -1.2500016453999487, 0.3750001645474248),
+                         (1.875, -1.25, 0.375)]
+POLAR_EXPRESS_8 = [(a / 1.01, b / 1.01 ** 3, c / 1.01 ** 5)
+                   for a, b, c in POLAR_EXPRESS_8_PAPER[:-1]] + POLAR_EXPRESS_8_PAPER[-1:]
+
+# Tolerance of ours (float32 Newton-Schulz, float32 params) against the float64 references below,
+# on |p_ours - p_ref| in units of lr * steps: each Newton-Schulz step rounds its three float32
+# GEMMs (inner dims <= 12 here: a few 2^-24 relative each) and the polynomial carries that error
+# into the next step; measured <= 2e-6 on these shapes over 3 steps. 2e-5 leaves 10x for another
+# GEMM blocking, and is ~3000x below what the mutations move (another schedule, scale, momentum
+# form, a missing NorMuon or head split: >= 6e-2 measured).
+MUON_TOL = 2e-5
+
+
+def reference_newton_schulz(g, schedule, eps, norm_scale=1.0):
+    """The documented iteration in float64: on the short side, X / (||X||_F * norm_scale + eps),
+    then per triple A = X X^T, X = a X + (b A + c A A) X."""
+    import torch
+
+    x = g.double()
+    tall = x.shape[-2] > x.shape[-1]
+    if tall:
+        x = x.mT
+    x = x / (torch.linalg.matrix_norm(x, keepdim=True) * norm_scale + eps)
+    for a, b, c in schedule:
+        gram = x @ x.mT
+        x = a * x + (b * gram + c * gram @ gram) @ x
+    return x.mT if tall else x
+
+
+def reference_muon(p0, grads, lr, wd, mu, schedule, nesterov=True, style="ema", norm_scale=1.0,
+                   eps=1e-7, adjust="original", rms=0.2, normuon=None, split=None):
+    """Muon in float64 from docs/architecture.md section 5 (momentum form, Newton-Schulz per
+    matrix or per head block, NorMuon of arXiv 2510.05491 with the authors' norm-preserving
+    rescale, the adjust_lr_fn scale of the (head) matrix, decoupled decay). Returns the param, the
+    momentum buffer and NorMuon's v (None without NorMuon)."""
+    import torch
+
+    p, buf, v = p0.double().clone(), torch.zeros(p0.shape, dtype=torch.float64), None
+    for g in grads:
+        g = g.double()
+        if style == "sum":                   # buf = mu buf + g; u = g + mu buf (Nesterov)
+            buf = mu * buf + g
+            u = g + mu * buf if nesterov else buf
+        else:                                # buf = lerp(buf, g, 1 - mu)
+            buf = buf + (1 - mu) * (g - buf)
+            if not nesterov:
+                u = buf
+            elif style == "ema":             # u = lerp(g, buf, mu)
+                u = (1 - mu) * g + mu * buf
+            else:                            # ema_add: u = g + mu buf
+                u = g + mu * buf
+        if split is None:
+            o = reference_newton_schulz(u, schedule, eps, norm_scale)
+            rows, cols = u.shape
+        else:                                # blocks of `block` rows (dim 0) or columns (dim 1)
+            dim, block = split
+            heads = u.split(block, dim=dim)
+            o = torch.cat([reference_newton_schulz(h, schedule, eps, norm_scale) for h in heads],
+                          dim=dim)
+            rows, cols = heads[0].shape
+        if normuon is not None:              # per row of p as stored
+            beta2, epsilon = normuon
+            v = torch.zeros(o.shape[0], dtype=torch.float64) if v is None else v
+            v = beta2 * v + (1 - beta2) * o.square().mean(-1)
+            hat = o / (v.sqrt() + epsilon)[:, None]
+            o = hat * torch.linalg.matrix_norm(o) / (torch.linalg.matrix_norm(hat) + epsilon)
+        scale = (math.sqrt(max(1.0, rows / cols)) if adjust == "original"
+                 else rms * math.sqrt(max(rows, cols)))
+        p = p * (1 - lr * wd) - lr * scale * o
+    return p, buf, v
+
+
+def float32_buffer(grads, mu, style):
+    """The momentum buffer with torch's float32 ops, one per documented form: sum
+    buf.mul_(mu).add_(g); ema and ema_add buf.lerp_(g, 1 - mu) (torch.optim.Muon's op)."""
+    import torch
+
+    buf = torch.zeros_like(grads[0])
+    for g in grads:
+        if style == "sum":
+            buf.mul_(mu).add_(g)
+        else:
+            buf.lerp_(g, 1 - mu)
+    return buf
+
+
+def run_muon(p0, grads, head_split=None, **kwargs):
+    """Ours on one float32 parameter; returns (param, momentum_buffer, normuon_v or None)."""
+    import torch
+
+    import mixtrain.optim as mo
+
+    p = torch.nn.Parameter(p0.clone())
+    opt = mo.Muon([p], **kwargs)
+    if head_split is not None:
+        opt.set_head_split(p, head_split[1], dim=head_split[0])
+    for g in grads:
+        p.grad = g.clone()
+        opt.step()
+    state = opt.state[p]
+    return p.detach(), state["momentum_buffer"], state.get("normuon_v")
+
+
+def expect_muon_matches(check, label, ours, reference, lr, steps, mu, style, grads):
+    """Params within MUON_TOL of the float64 reference; the momentum buffer bitwise equal to
+    torch's float32 ops of its form (a momentum form is scale-free through Newton-Schulz's
+    normalization: sum's buffer is ema's / (1 - mu), the same update, so the buffer is what
+    tells them apart); NorMuon's v within 1e-5 relative (float32 row means of a float32 O whose
+    error is MUON_TOL-sized: measured <= 2e-6)."""
+    import torch
+
+    p, buf, v = ours
+    p_ref, _, v_ref = reference
+    worst = float((p.double() - p_ref).abs().max()) / (lr * steps)
+    check.expect(worst <= MUON_TOL, f"{label}: max |ours - reference| = {worst:.3g} lr*steps "
+                 f"> {MUON_TOL}")
+    check.expect(torch.equal(buf, float32_buffer(grads, mu, style)),
+                 f"{label}: momentum_buffer is not the {style} form's")
+    check.expect((v is None) == (v_ref is None), f"{label}: normuon_v present: {v is not None}")
+    if v is not None and v_ref is not None:
+        rel = float(((v.double() - v_ref).abs() / v_ref).max())
+        check.expect(rel <= 1e-5, f"{label}: normuon_v off by {rel:.3g} relative")
+
+
+def check_muon_against_formulas(check):
+    """momentum_style, every ns_variant, NorMuon, adjust_lr_fn against reference_muon: small
+    matrices (tall and wide: Newton-Schulz transposes the tall one), 3 steps, float32
+    Newton-Schulz so that the comparison is tight."""
+    import torch
+
+    lr, wd, mu, steps = 0.05, 0.1, 0.9, 3
+    common = dict(lr=lr, weight_decay=wd, momentum=mu, ns_dtype=torch.float32)
+    cases = [  # (label, our keywords, reference keywords)
+        ("ns_variant=legacy", {"ns_variant": "legacy"}, {"schedule": [LEGACY] * 5}),
+        ("ns_variant=asym5", {"ns_variant": "asym5"}, {"schedule": ASYM5}),
+        ("ns_variant=asym5 ns_steps=3", {"ns_variant": "asym5", "ns_steps": 3},
+         {"schedule": ASYM5[:3]}),
+        ("ns_variant=quintic", {"ns_variant": "quintic"}, {"schedule": ASYM5}),
+        ("ns_variant=hybrid ns_steps=10", {"ns_variant": "hybrid", "ns_steps": 10},
+         {"schedule": [LEGACY] * 8 + [HYBRID_TAIL] * 2}),
+        ("ns_variant=polar_express", {"ns_variant": "polar_express"},
+         {"schedule": POLAR_EXPRESS_5, "norm_scale": 1.02}),
+        ("ns_variant=polar_express ns_steps=8", {"ns_variant": "polar_express", "ns_steps": 8},
+         {"schedule": POLAR_EXPRESS_8, "norm_scale": 1.01}),
+        ("custom per-step triples", {"ns_coefficients": ASYM5[::-1]}, {"schedule": ASYM5[::-1]}),
+        ("momentum_style=sum", {"momentum_style": "sum"},
+         {"schedule": [LEGACY] * 5, "style": "sum"}),
+        ("momentum_style=sum nesterov=False", {"momentum_style": "sum", "nesterov": False},
+         {"schedule": [LEGACY] * 5, "style": "sum", "nesterov": False}),
+        ("momentum_style=ema_add", {"momentum_style": "ema_add"},
+         {"schedule": [LEGACY] * 5, "style": "ema_add"}),
+        ("normuon", {"normuon": True, "normuon_beta2": 0.9, "normuon_epsilon": 1e-8},
+         {"schedule": [LEGACY] * 5, "normuon": (0.9, 1e-8)}),
+        ("normuon + sum + asym5", {"normuon": True, "momentum_style": "sum", "ns_variant": "asym5"},
+         {"schedule": ASYM5, "normuon": (0.95, 1e-10), "style": "sum"}),
+        ("adjust_lr_fn=match_rms_adamw", {"adjust_lr_fn": "match_rms_adamw",
+                                          "matched_adamw_rms": 0.3},
+         {"schedule": [LEGACY] * 5, "adjust": "match_rms_adamw", "rms": 0.3}),
+    ]
+    gen = torch.Generator().manual_seed(31)
+    for shape in ((12, 8), (6, 10)):
+        p0 = torch.randn(shape, generator=gen) * 0.5
+        grads = [torch.randn(shape, generator=gen) for _ in range(steps)]
+        for label, ours_kwargs, ref_kwargs in cases:
+            ours = run_muon(p0, grads, **dict(common, **ours_kwargs))
+            reference = reference_muon(p0, grads, lr, wd, mu, **ref_kwargs)
+            expect_muon_matches(check, f"Muon {label} {shape}", ours, reference, lr, steps, mu,
+                                ref_kwargs.get("style", "ema"), grads)
+
+
+def check_muon_head_split(check):
+    """set_head_split(param, head_dim, dim): Newton-Schulz on each head's block (dim 0: blocks of
+    head_dim rows, q/k/v; dim 1: blocks of columns, o) and the scale of the head's shape, against
+    reference_muon's per-block iteration; with NorMuon on the merged matrix. The whole-matrix
+    update is >= 1e-1 lr*steps away from each of these (measured), so a split ignored, put on
+    the other dim or scaled by the whole matrix's shape fails."""
+    import torch
+
+    lr, wd, mu, steps = 0.05, 0.1, 0.9, 3
+    gen = torch.Generator().manual_seed(32)
+    for dim, head_dim, shape, adjust in ((0, 4, (12, 8), "original"),
+                                         (1, 4, (8, 12), "original"),
+                                         (0, 4, (12, 8), "match_rms_adamw"),
+                                         (1, 3, (6, 9), "match_rms_adamw")):
+        p0 = torch.randn(shape, generator=gen) * 0.5
+        grads = [torch.randn(shape, generator=gen) for _ in range(steps)]
+        for normuon in (False, True):
+            label = f"Muon head split dim={dim} head_dim={head_dim} {shape} {adjust} " \
+                    f"normuon={normuon}"
+            ours = run_muon(p0, grads, head_split=(dim, head_dim), lr=lr, weight_decay=wd,
+                            momentum=mu, ns_dtype=torch.float32, adjust_lr_fn=adjust,
+                            normuon=normuon)
+            reference = reference_muon(p0, grads, lr, wd, mu, [LEGACY] * 5, adjust=adjust,
+                                       split=(dim, head_dim),
+                                       normuon=(0.95, 1e-10) if normuon else None)
+            expect_muon_matches(check, label, ours, reference, lr, steps, mu, "ema", grads)
+            whole = reference_muon(p0, grads, lr, wd, mu, [LEGACY] * 5, adjust=adjust,
+                                   normuon=(0.95, 1e-10) if normuon else None)[0]
+            apart = float((whole - reference[0]).abs().max()) / (lr * steps)
+            check.expect(apart > 100 * MUON_TOL, f"{label}: the test cannot tell heads from the "
+                         f"whole matrix ({apart:.3g})")
+    # Refused: a split that does not divide the matrix (at the step), a 3-D parameter.
+    import mixtrain.optim as mo
+
+    p = torch.nn.Parameter(torch.randn(10, 8, generator=gen))
+    opt = mo.Muon([p])
+    opt.set_head_split(p, 4, dim=0)
+    p.grad = torch.ones(10, 8)
+    expect_error(check, "head split of 10 rows by 4", ValueError, opt.step,
+                 "cannot be cut into heads of 4")
+    q = torch.nn.Parameter(torch.randn(2, 8, 8, generator=gen))
+    expect_error(check, "head split of a 3-D param", ValueError,
+                 lambda: mo.Muon([q]).set_head_split(q, 4), "2-D")
 
 
 def expect_error(check, label, kind, fn, *words):
@@ -305,6 +544,34 @@ def check_refusals(check):
     expect_error(check, "AdamW amsgrad", ValueError, lambda: mo.AdamW(p, amsgrad=True), "amsgrad")
     expect_error(check, "AdamW maximize", ValueError, lambda: mo.AdamW(p, maximize=True),
                  "maximize")
+    # torch options we lack: refused naming the option, as an argument, as a group's entry, set
+    # between steps, and in a torch state_dict being loaded. (torch.optim.AdamW itself takes no
+    # decoupled_weight_decay argument: both raise TypeError; the option reaches us through a
+    # param group or torch.optim.Adam's state.)
+    expect_error(check, "AdamW capturable", ValueError, lambda: mo.AdamW(p, capturable=True),
+                 "capturable=True")
+    expect_error(check, "AdamW differentiable", ValueError,
+                 lambda: mo.AdamW(p, differentiable=True), "differentiable=True")
+    expect_error(check, "SGD differentiable", ValueError,
+                 lambda: mo.SGD(p, differentiable=True), "differentiable=True")
+    expect_error(check, "SGD maximize", ValueError, lambda: mo.SGD(p, maximize=True), "maximize")
+    expect_error(check, "AdamW decoupled_weight_decay argument", TypeError,
+                 lambda: mo.AdamW(p, decoupled_weight_decay=False), "decoupled_weight_decay")
+    expect_error(check, "AdamW decoupled_weight_decay group", ValueError,
+                 lambda: mo.AdamW([{"params": p, "decoupled_weight_decay": False}]),
+                 "decoupled_weight_decay=False")
+    adam_state = torch.optim.Adam(p, decoupled_weight_decay=False).state_dict()
+    expect_error(check, "AdamW loading torch Adam's state", ValueError,
+                 lambda: mo.AdamW(p).load_state_dict(adam_state), "decoupled_weight_decay=False")
+    for option, value in (("capturable", True), ("differentiable", True),
+                          ("decoupled_weight_decay", False)):
+        opt = mo.AdamW(p, lr=0.1)
+        opt.param_groups[0][option] = value
+        p[0].grad = torch.ones(4, 4)
+        before = p[0].detach().clone()
+        expect_error(check, f"AdamW {option} set in the group", ValueError, opt.step,
+                     f"{option}={value}")
+        check.expect(torch.equal(p[0].detach(), before), f"a refused {option} step moved p")
     expect_error(check, "AdamW fused and foreach", ValueError,
                  lambda: mo.AdamW(p, fused=True, foreach=True), "fused")
     expect_error(check, "AdamW beta", ValueError, lambda: mo.AdamW(p, betas=(1.5, 0.9)), "beta")
@@ -442,6 +709,8 @@ def main():
     check_sgd(check)
     check_muon(check)
     check_mixtrain_forms(check)
+    check_muon_against_formulas(check)
+    check_muon_head_split(check)
     check_refusals(check)
     check_failed_load_changes_nothing(check)
     check_add_param_group(check)

@@ -3,8 +3,11 @@
 torch (float32 masters stepped by torch.optim.Muon / AdamW(foreach=False), cast to bfloat16):
 BITWISE for the model params, the main params and the optimizer state. Then main_grad
 accumulation in backward against accumulation at step() (bitwise), float16 dynamic loss
-scaling (an overflowing step is skipped), and state_dict() round trips: an interrupted run
-resumed from it continues bitwise; a partial or broken state changes nothing.
+scaling (an overflowing step is skipped; every loss_scaler option against a scale sequence
+worked out by hand and by torch's GradScaler rule), clip_grad_norm_ against
+torch.nn.utils.clip_grad_norm_'s two halves (the norm within 2e-6 of torch's in float64, the
+clipping bitwise), and state_dict() round trips: an interrupted run resumed from it continues
+bitwise; a partial or broken state changes nothing.
 
 Gradients: optim-replay hands each 16-bit parameter its float32 gradient as main_grad; the
 Python loop's gradient arrives as .grad in the parameter's dtype. The gradients here are drawn
@@ -211,6 +214,153 @@ def check_float16_loss_scaling(check):
                  f"loss_scaler state {saved['loss_scaler']}")
 
 
+def check_loss_scaler_trajectory(check):
+    """Every loss_scaler option against a scale sequence worked out by hand (and by torch's
+    GradScaler rule, torch._amp_update_scale_, with our documented floor min_scale on top):
+    initial 8, x4 after 3 consecutive clean steps, x0.25 on an overflow, never below 0.5. Exact
+    values (powers of two) throughout, so every comparison is bitwise. A float16 parameter under
+    SGD(lr=1) whose every clean step's gradient is 0.25 * the scale in effect: its main param
+    must drop by exactly 0.25 per clean step (the unscale uses the scale from before that step's
+    update) and not at all on an overflow step (skipped, counted)."""
+    import torch
+
+    import mixtrain.optim as mo
+
+    options = {"initial_scale": 8.0, "growth_factor": 4.0, "backoff_factor": 0.25,
+               "growth_interval": 3, "min_scale": 0.5}
+    overflow = [0, 0, 0, 0, 1, 0, 0, 1, 1, 1, 0, 0, 0]  # 1: an inf or nan in the gradients
+    # step:    1  2  3   4   5  6  7  8  9    10   11   12   13
+    by_hand = [8, 8, 32, 32, 8, 8, 8, 2, 0.5, 0.5, 0.5, 0.5, 2]  # the scale after each step
+    trackers = [1, 2, 0, 1, 0, 1, 2, 0, 0, 0, 1, 2, 0]            # clean steps since a change
+    torch_scale = torch.tensor([options["initial_scale"]])
+    torch_tracker = torch.zeros(1, dtype=torch.int32)
+    for k, found in enumerate(overflow):
+        torch._amp_update_scale_(torch_scale, torch_tracker, torch.tensor([float(found)]),
+                                 options["growth_factor"], options["backoff_factor"],
+                                 options["growth_interval"])
+        torch_scale.clamp_(min=options["min_scale"])
+        check.expect(float(torch_scale) == by_hand[k] and int(torch_tracker) == trackers[k],
+                     f"the hand-worked sequence disagrees with torch's rule at step {k + 1}")
+
+    named = [("w.weight", torch.nn.Parameter(torch.ones(4, 4, dtype=torch.float16)))]
+    opt = mo.FP32MainParams(mo.SGD([p for _, p in named], lr=1.0), named, loss_scaler=options)
+    check.expect(opt.loss_scale == 8.0, f"initial loss scale {opt.loss_scale}")
+    expected_main, skipped = 1.0, 0
+    for k, found in enumerate(overflow):
+        grad = torch.full((4, 4), 0.25 * opt.loss_scale, dtype=torch.float16)
+        if found:
+            grad[1, 2] = float("inf") if k % 2 else float("nan")  # one bad element suffices
+            skipped += 1
+        else:
+            expected_main -= 0.25
+        named[0][1].grad = grad
+        opt.step()
+        opt.zero_grad()
+        label = f"loss scaler step {k + 1} ({'overflow' if found else 'clean'})"
+        check.expect(opt.loss_scale == by_hand[k], f"{label}: scale {opt.loss_scale}, "
+                     f"expected {by_hand[k]}")
+        check.expect(tuple(opt.state_dict()["loss_scaler"]) == (by_hand[k], trackers[k], skipped),
+                     f"{label}: (scale, growth_tracker, skipped) "
+                     f"{opt.state_dict()['loss_scaler']}")
+        check.expect(opt.skipped_steps == skipped, f"{label}: skipped_steps {opt.skipped_steps}")
+        main = opt.main_param("w.weight").detach()
+        check.expect(torch.equal(main, torch.full((4, 4), expected_main)),
+                     f"{label}: main param {main[0, 0].item()}, expected {expected_main}")
+        check.expect(torch.equal(named[0][1].detach(), main.half()), f"{label}: model param")
+
+    # Invalid options are refused naming the option (with a float16 parameter to scale).
+    for bad, word in (({"growth_factor": 1.0}, "growth_factor"),
+                      ({"backoff_factor": 1.0}, "backoff_factor"),
+                      ({"growth_interval": 0}, "growth_interval"),
+                      ({"initial_scale": 0.0}, "initial_scale"),
+                      ({"min_scale": -1.0}, "min_scale"),
+                      ({"max_scale": 2.0}, "max_scale")):
+        p = torch.nn.Parameter(torch.ones(2, dtype=torch.float16))
+        try:
+            mo.FP32MainParams(mo.SGD([p]), [("p", p)], loss_scaler=bad)
+            check.expect(False, f"loss_scaler={bad} was accepted")
+        except ValueError as error:
+            check.expect(word in str(error), f"loss_scaler={bad}: message {error}")
+
+
+def check_clip_grad_norm(check):
+    """opt.clip_grad_norm_(max_norm) against torch.nn.utils.clip_grad_norm_, which is
+    get_total_norm followed by clip_grads_with_norm_ (torch's own docstring), each half against
+    torch: the norm against torch's get_total_norm of the main grads in float64 (ours sums in
+    double; torch's float32 get_total_norm is itself off by up to ~5e-6 relative on a 10^5-element
+    gradient, so its float32 bits are no reference), the clipping bitwise against torch's
+    clip_grads_with_norm_ given our norm. Parameter sets: float32 (their own main params),
+    bfloat16, and bfloat16 + float32 + float16 together (the float16 one brings the loss
+    scaler: every gradient carries the scale, 8 here, and is unscaled before the clip); each with
+    clipping active and inactive. Then the step (SGD, lr 1) uses the clipped gradients."""
+    import torch
+
+    import mixtrain.optim as mo
+
+    sets = {
+        "float32": [("a.weight", (33, 17), torch.float32), ("a.bias", (64,), torch.float32)],
+        "bfloat16": [("a.weight", (33, 17), torch.bfloat16), ("b.weight", (1000,), torch.bfloat16)],
+        "mixed": [("a.weight", (33, 17), torch.bfloat16), ("a.bias", (64,), torch.float32),
+                  ("c.weight", (5, 7, 9), torch.float16), ("d.weight", (20011,), torch.float32)],
+    }
+    # Norm tolerance, relative: the sum-of-squares kernel adds at most 64 float32 squares per lane
+    # before flushing to double (optim/grad_clip.h; tests/unit/optim/grad_clip_test.cpp): at most
+    # 64 * 2^-24 = 3.8e-6 on the sum, half that on the norm. Measured <= 5e-8 here.
+    norm_tolerance = 2e-6
+    gen = torch.Generator().manual_seed(41)
+    for set_name, specs in sets.items():
+        for max_norm, active in ((0.5, True), (1e6, False)):
+            label = f"clip_grad_norm_ {set_name} ({'clipping' if active else 'not clipping'})"
+            named = [(n, torch.nn.Parameter(torch.randn(shape, generator=gen).to(dtype)))
+                     for n, shape, dtype in specs]
+            start = {n: p.detach().clone() for n, p in named}
+            opt = mo.FP32MainParams(mo.SGD([p for _, p in named], lr=1.0), named,
+                                    loss_scaler={"initial_scale": 8.0})
+            scale = opt.loss_scale  # 8 with the float16 parameter, else 1 (no scaler)
+            # Unscaled gradients spanning 10^-2 .. 10^2, representable in each dtype after the
+            # (power-of-two) scale, so the float32 main grads are known exactly.
+            grads = {n: (torch.randn(shape, generator=gen) *
+                         10 ** (torch.rand(shape, generator=gen) * 4 - 2) * scale).to(dtype)
+                     for n, shape, dtype in specs}
+            main_grads = {n: g.float() / scale for n, g in grads.items()}
+            for n, p in named:
+                p.grad = grads[n]
+            ours = opt.clip_grad_norm_(max_norm)
+
+            exact = float(torch.nn.utils.get_total_norm([g.double() for g in main_grads.values()]))
+            check.expect(abs(ours - exact) <= norm_tolerance * exact,
+                         f"{label}: norm {ours!r}, torch in float64 {exact!r}")
+            reference = [torch.nn.Parameter(torch.zeros_like(g)) for g in main_grads.values()]
+            for r, g in zip(reference, main_grads.values()):
+                r.grad = g.clone()
+            torch.nn.utils.clip_grads_with_norm_(reference, max_norm,
+                                                 torch.tensor(ours, dtype=torch.float64))
+            for (n, _), r in zip(named, reference):
+                check.expect(same(opt.main_grad(n), r.grad), f"{label}: {n} clipped grad differs "
+                             "from torch's clip_grads_with_norm_")
+            coefficient = max_norm / (exact + 1e-6)
+            check.expect((coefficient < 1.0) == active, f"{label}: case set up wrong")
+            if not active:  # then torch's whole clip_grad_norm_ leaves the same bits
+                whole = [torch.nn.Parameter(torch.zeros_like(g)) for g in main_grads.values()]
+                for w, g in zip(whole, main_grads.values()):
+                    w.grad = g.clone()
+                torch.nn.utils.clip_grad_norm_(whole, max_norm)
+                check.expect(all(same(opt.main_grad(n), w.grad) for (n, _), w in zip(named, whole)),
+                             f"{label}: grads differ from torch.nn.utils.clip_grad_norm_'s")
+
+            # The step takes the clipped grads: torch's SGD(lr=1) on float32 copies of the start.
+            masters = [torch.nn.Parameter(start[n].float()) for n, _ in named]
+            for m, r in zip(masters, reference):
+                m.grad = r.grad.clone()
+            torch.optim.SGD(masters, lr=1.0, foreach=False).step()
+            opt.step()
+            for (n, p), m in zip(named, masters):
+                check.expect(same(opt.main_param(n).detach(), m.detach()),
+                             f"{label}: {n} main param after the step")
+                check.expect(same(p.detach(), m.detach().to(p.dtype)),
+                             f"{label}: {n} model param after the step")
+
+
 def check_resume(check):
     """Stop after 2 steps, save, build everything anew from the saved model params and the
     optimizer state, continue: the same bits as 4 uninterrupted steps."""
@@ -352,6 +502,8 @@ def main():
     check_against_replay_and_torch(check, args.mixtrain)
     check_backward_accumulation(check)
     check_float16_loss_scaling(check)
+    check_loss_scaler_trajectory(check)
+    check_clip_grad_norm(check)
     check_resume(check)
     check_swap(check)
     check_fused_adamw(check)

@@ -1,18 +1,32 @@
 #!/bin/bash
 # Runs two mixtrain binaries (say, main before and after a refactor) on the same inputs and
-# compares what they write, byte for byte:
+# compares what they write (docs/development.md says exactly what):
 #   optim-replay, 1 and 2 ranks (Muon + AdamW, fp32 main params, clipping on, 3 steps);
-#   mixtrain train on configs/qwen2_moe_tiny.yaml, 1 rank, 2 ranks (FSDP), and 2 ranks with
-#   expert, tensor and context parallelism, 6 steps, a checkpoint at step 6 (every file) and the logged loss,
-#   aux loss and gradient norm of each step.
+#   mixtrain train, 6 steps, a checkpoint at step 6, on configs/qwen2_moe_tiny.yaml (1 rank,
+#   2 ranks FSDP, and 2 ranks each with expert, tensor and context parallelism),
+#   configs/deepseek_v3_tiny.yaml (1 rank, 2 ranks with expert parallelism) and the dense
+#   configs/qwen2_tiny.yaml (1 rank, 2 ranks FSDP).
+# Then: the two sides' file lists (a file only one side wrote is a difference), every file byte
+# for byte except the logs and metrics.jsonl (their times differ from run to run), and of each
+# metrics.jsonl every logged value but the times (keys ending in _s), step by step.
 # Usage: scripts/bitwise_compare.sh OLD_BINARY NEW_BINARY [WORK_DIR]. Needs the project's .venv
-# (torch, safetensors) for the inputs. Exit 0 when everything is identical, 1 otherwise.
+# (torch, safetensors) for the inputs. Exit 0 when every run succeeded on both sides and
+# everything is identical, 1 otherwise.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 old=$(realpath "$1")
 new=$(realpath "$2")
 work=${3:-$(mktemp -d)}
 mkdir -p "$work"
+
+# Runs `$@` with its output in $log; a failed run leaves its exit status in $log.rc, so that a
+# binary that fails where the other does not shows as a difference rather than stopping here.
+run() {  # log command...
+  local log=$1 rc=0
+  shift
+  "$@" > "$log" 2>&1 || rc=$?
+  if [ "$rc" != 0 ]; then echo "exit $rc" > "$log.rc"; fi
+}
 
 run_all() {  # binary out_dir
   local bin=$1 out=$2
@@ -42,33 +56,68 @@ train:
   max_grad_norm: 1.0
 Y
   for n in 1 2; do
-    "$bin" optim-replay --config c.yaml --params p.safetensors --grads g.safetensors \
-      --out replay$n.safetensors --nproc $n > replay$n.log 2>&1
+    run replay$n.log "$bin" optim-replay --config c.yaml --params p.safetensors \
+      --grads g.safetensors --out replay$n.safetensors --nproc $n
   done
-  local -a layouts=("1" "2" "2 --set parallel.ep=2" "2 --set parallel.tp=2" "2 --set parallel.cp=2")
-  local i=0
-  for layout in "${layouts[@]}"; do
+  # "<config> <nproc> [--set ...]": train<i> is the i-th.
+  local -a runs=(
+    "qwen2_moe_tiny 1" "qwen2_moe_tiny 2" "qwen2_moe_tiny 2 --set parallel.ep=2"
+    "qwen2_moe_tiny 2 --set parallel.tp=2" "qwen2_moe_tiny 2 --set parallel.cp=2"
+    "deepseek_v3_tiny 1" "deepseek_v3_tiny 2 --set parallel.ep=2"
+    "qwen2_tiny 1" "qwen2_tiny 2 --set data.micro_batch_size=4")  # FSDP: 2 x 4 = its batch of 8
+  local i=0 config layout
+  for spec in "${runs[@]}"; do
     i=$((i + 1))
+    read -r config layout <<< "$spec"
     # shellcheck disable=SC2086
-    "$bin" train --config "$root/configs/qwen2_moe_tiny.yaml" --nproc $layout --set train.steps=6 \
-      --set checkpoint.interval=6 --run-dir train$i > train$i.log 2>&1
-    grep -o '"step":[0-9]*,"loss":[^,]*,"grad_norm":[^,]*\|"aux_loss":[^,]*' train$i/metrics.jsonl \
-      > train$i.numbers
+    run train$i.log "$bin" train --config "$root/configs/$config.yaml" --nproc $layout \
+      --set train.steps=6 --set checkpoint.interval=6 --run-dir train$i
+    # Every logged value but the times (tokens_per_s, elapsed_s, a profile's phase seconds).
+    if [ -f train$i/metrics.jsonl ]; then
+      sed -E 's/"[a-z_]+_s":[^,}]*,?//g' train$i/metrics.jsonl > train$i.numbers
+    fi
   done
 }
 
 (run_all "$old" "$work/old")
 (run_all "$new" "$work/new")
 status=0
-cd "$work/new"
-for f in replay1.safetensors replay2.safetensors train{1,2,3,4,5}.numbers \
-  $(find train{1,2,3,4,5}/checkpoints -type f | sort); do
+list() { (cd "$1" && find . -type f | sed 's|^\./||' | LC_ALL=C sort); }
+list "$work/old" > "$work/old.files"
+list "$work/new" > "$work/new.files"
+while read -r f; do
+  echo "ONLY OLD   $f"
+  status=1
+done < <(LC_ALL=C comm -23 "$work/old.files" "$work/new.files")
+while read -r f; do
+  echo "ONLY NEW   $f"
+  status=1
+done < <(LC_ALL=C comm -13 "$work/old.files" "$work/new.files")
+compared=0
+while read -r f; do
+  case "$f" in
+    *.log | */metrics.jsonl) continue ;;  # times; metrics.jsonl's values are in train<i>.numbers
+  esac
+  compared=$((compared + 1))
   if cmp -s "$work/old/$f" "$work/new/$f"; then
     echo "identical  $f"
   else
     echo "DIFFERENT  $f"
     status=1
   fi
+done < <(LC_ALL=C comm -12 "$work/old.files" "$work/new.files")
+# A run that failed on either side fails the comparison, even with the same failure on both.
+for side in old new; do
+  while read -r f; do
+    echo "FAILED     $side/${f%.rc}: $(cat "$work/$side/$f")"
+    status=1
+  done < <(grep '\.log\.rc$' "$work/$side.files" || true)
 done
+if [ "$status" = 0 ]; then
+  echo "identical: $compared files on both sides, no file on one side only"
+else
+  echo "DIFFERENT: see the lines above (ONLY OLD/NEW: a file one binary did not write; FAILED:"\
+    "a run that exited non-zero, its log named)"
+fi
 echo "work dir: $work"
 exit $status

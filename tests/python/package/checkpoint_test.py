@@ -13,7 +13,8 @@
    not comparable, so the check is the restore itself plus `ckpt verify`), and Python reads
    back the trainer's step-4 checkpoint.
 3. Python only: save -> read gives the same tensors, and a wrong model or a damaged file is
-   refused naming the problem, the model untouched.
+   refused naming the problem, the model untouched; save(keep_last=N) leaves the newest N steps
+   (the right ones, with their contents) and nothing else of its own removed.
 """
 
 import json
@@ -181,12 +182,72 @@ def check_python_only(check, root):
                      f"message {error}")
 
 
+def check_keep_last(check, root):
+    """save(keep_last=N): after each save the newest N complete steps (by step number) remain,
+    with their own contents, and `latest` names the one just saved; other files and incomplete
+    step directories are left alone; keep_last=0 keeps every step; a save at an earlier step
+    (a rerun) keeps the newest N and the step `latest` names (checkpoint/storage.h: never the
+    latest)."""
+    import torch
+
+    import mixtrain.checkpoint as mc
+    import mixtrain.optim as mo
+
+    def steps_in(directory):
+        return sorted(int(n[len("step-"):]) for n in os.listdir(directory)
+                      if n.startswith("step-") and
+                      os.path.exists(os.path.join(directory, n, ".metadata.json")))
+
+    def latest(directory):
+        return open(os.path.join(directory, "latest")).read().strip()
+
+    gen = torch.Generator().manual_seed(7)
+    model = [("w.weight", torch.nn.Parameter(torch.randn(6, 4, generator=gen).bfloat16())),
+             ("w.bias", torch.nn.Parameter(torch.randn(6, generator=gen)))]
+    opt = mo.FP32MainParams(mo.AdamW([p for _, p in model], lr=1e-2), model)
+    directory = os.path.join(root, "keep", "checkpoints")
+    os.makedirs(os.path.join(directory, "step-00000000"))  # no metadata: not a checkpoint
+    with open(os.path.join(directory, "notes.txt"), "w") as f:
+        f.write("not a checkpoint\n")
+    saved = {}
+    for step in range(1, 6):
+        for _, p in model:
+            p.grad = torch.randn(p.shape, generator=gen).to(p.dtype)
+        opt.step()
+        opt.zero_grad()
+        saved[step] = {n: p.detach().clone() for n, p in model}
+        mc.save(directory, step, model, opt, keep_last=2)
+        want = list(range(max(1, step - 1), step + 1))
+        check.expect(steps_in(directory) == want,
+                     f"keep_last=2 after saving step {step}: {steps_in(directory)}, want {want}")
+        check.expect(latest(directory) == f"step-{step:08d}", f"latest {latest(directory)}")
+    for step in (4, 5):
+        back = mc.read(os.path.join(directory, f"step-{step:08d}"))
+        check.expect(back.step == step and all(
+            same(back.tensors["model." + n], t) for n, t in saved[step].items()),
+            f"keep_last=2: step {step}'s directory does not hold step {step}'s model")
+    check.expect(os.path.exists(os.path.join(directory, "notes.txt")) and
+                 os.path.isdir(os.path.join(directory, "step-00000000")),
+                 "keep_last removed something that is not a complete step directory")
+
+    mc.save(directory, 2, model, opt, keep_last=2)  # a rerun from step 2
+    check.expect(steps_in(directory) == [2, 4, 5] and latest(directory) == "step-00000002",
+                 f"keep_last=2 after a rerun saved step 2: {steps_in(directory)}, latest "
+                 f"{latest(directory)}")
+
+    everything = os.path.join(root, "keep_all", "checkpoints")
+    for step in range(1, 4):
+        mc.save(everything, step, model, opt)
+    check.expect(steps_in(everything) == [1, 2, 3], f"keep_last=0: {steps_in(everything)}")
+
+
 def main():
     args, check = util.start(__doc__.splitlines()[0])
     with util.temp_dir() as root:
         step2 = check_cli_python_cli(check, args.mixtrain, root)
         check_python_cli(check, args.mixtrain, root, step2)
         check_python_only(check, root)
+        check_keep_last(check, root)
     check.finish()
 
 

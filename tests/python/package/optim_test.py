@@ -484,6 +484,8 @@ def check_muon_head_split(check):
     the other dim or scaled by the whole matrix's shape fails."""
     import torch
 
+    import mixtrain.optim as mo
+
     lr, wd, mu, steps = 0.05, 0.1, 0.9, 3
     gen = torch.Generator().manual_seed(32)
     for dim, head_dim, shape, adjust in ((0, 4, (12, 8), "original"),
@@ -508,8 +510,6 @@ def check_muon_head_split(check):
             check.expect(apart > 100 * MUON_TOL, f"{label}: the test cannot tell heads from the "
                          f"whole matrix ({apart:.3g})")
     # Refused: a split that does not divide the matrix (at the step), a 3-D parameter.
-    import mixtrain.optim as mo
-
     p = torch.nn.Parameter(torch.randn(10, 8, generator=gen))
     opt = mo.Muon([p])
     opt.set_head_split(p, 4, dim=0)

@@ -1,10 +1,12 @@
 #include "mixtrain/core/build_info.h"
 
 #include <ATen/Version.h>
+#include <ATen/cpu/Utils.h>
 #include <ATen/detail/CUDAHooksInterface.h>
 #include <torch/version.h>
 
 #include "mixtrain/core/cpu_capability.h"
+#include "mixtrain/core/cpu_gemm.h"
 #include "mixtrain/core/logging.h"
 
 #ifndef MIXTRAIN_VERSION
@@ -49,6 +51,11 @@ BuildInfo build_info() {
   info.cpu_capability = cpu_capability_name(cpu_capability());
   info.aten_capability = at::get_cpu_capability();
   info.blas = config_value(at::show_config(), "BLAS_INFO");
+  const auto caps = at::cpu::get_cpu_capabilities();
+  const auto name = caps.find("cpu_name");
+  info.cpu_name = name != caps.end() && name->second.isString() ? name->second.toStringRef()
+                                                                : std::string("unknown");
+  info.cpu_gemm = cpu_gemm_summary();
   return info;
 }
 
@@ -56,9 +63,10 @@ std::string format_build_info(const BuildInfo& info) {
   return "mixtrain " + info.version + " (commit " + info.commit + ")\n" + "Build: " + info.kind +
          "\n" + "LibTorch " + info.libtorch + "\n" +
          "CUDA: " + (info.cuda_compiled ? "compiled in" : "not compiled in") + ", " +
-         std::to_string(info.cuda_devices) + " device(s) visible\n" +
-         "CPU capability: " + info.cpu_capability + " (our kernels), " + info.aten_capability +
-         " (ATen)\n" + "BLAS: " + (info.blas.empty() ? "none" : info.blas) + "\n";
+         std::to_string(info.cuda_devices) + " device(s) visible\n" + "CPU: " + info.cpu_name +
+         "\n" + "CPU capability: " + info.cpu_capability + " (our kernels), " +
+         info.aten_capability + " (ATen)\n" + "CPU GEMM: " + info.cpu_gemm + "\n" +
+         "BLAS: " + (info.blas.empty() ? "none" : info.blas) + "\n";
 }
 
 std::string no_cuda_build_message() {

@@ -1,9 +1,10 @@
 // What this binary is and what it runs on, for `mixtrain version` and the top of every run's
 // log: mixtrain's version and commit, which kind of build it is (CUDA or CPU-only, and why: the
 // configure-time decision of cmake/torch.cmake), the LibTorch it was built against and runs with,
-// LibTorch's CUDA (loaded, devices visible), the CPU capability our kernels picked, and LibTorch's
-// BLAS. The BLAS is a build property of LibTorch (the torch wheel links MKL in); a LibTorch without
-// an optimized BLAS (BLAS_INFO absent or "generic") runs float32 GEMM many times slower: warned.
+// LibTorch's CUDA (loaded, devices visible), the CPU, its class and the capability our kernels
+// picked, how bf16/fp16 GEMMs run on it (core/cpu_gemm.h), and LibTorch's BLAS. The BLAS is a build
+// property of LibTorch (the torch wheel links MKL in); a LibTorch without an optimized BLAS
+// (BLAS_INFO absent or "generic") runs float32 GEMM many times slower: warned.
 #pragma once
 
 #include <string>
@@ -20,6 +21,8 @@ struct BuildInfo {
   std::string cpu_capability;   // our kernels' pick (core/cpu_capability)
   std::string aten_capability;  // ATen's own pick
   std::string blas;             // BLAS_INFO of LibTorch's build configuration ("" if none)
+  std::string cpu_name;         // cpuinfo's name of the CPU
+  std::string cpu_gemm;         // core/cpu_gemm's choice for bf16 and fp16 GEMMs, and why
 };
 
 BuildInfo build_info();

@@ -9,6 +9,7 @@
 #include <stdexcept>
 #include <vector>
 
+#include "mixtrain/core/cpu_gemm.h"
 #include "mixtrain/core/host_sync.h"
 #include "mixtrain/model/attention.h"
 
@@ -98,7 +99,7 @@ Partial partial_attention(const at::Tensor& q, const at::Tensor& k, const at::Te
   const at::Tensor key = repeat_kv(k, groups), value = repeat_kv(v, groups);
   at::Tensor scores;
   if (kernel == AttentionKernel::kMath) {
-    scores = (at::matmul(q, key.transpose(2, 3)) / std::sqrt(double(head_dim))).to(at::kFloat);
+    scores = (gemm::matmul(q, key.transpose(2, 3)) / std::sqrt(double(head_dim))).to(at::kFloat);
   } else {
     scores = at::matmul(q.to(at::kFloat), key.to(at::kFloat).transpose(2, 3)) *
              (1.0 / std::sqrt(double(head_dim)));
@@ -304,10 +305,10 @@ torch::Tensor ContextParallel::allgather_attention(const torch::Tensor& q, const
   }
   const int64_t groups = q.size(1) / k.size(1);
   auto weights =
-      at::matmul(q, repeat_kv(key, groups).transpose(2, 3)) / std::sqrt(double(head_dim));
+      gemm::matmul(q, repeat_kv(key, groups).transpose(2, 3)) / std::sqrt(double(head_dim));
   weights = weights.masked_fill(allowed.logical_not(), -std::numeric_limits<double>::infinity());
   weights = at::softmax(weights, -1, at::kFloat).to(q.scalar_type());
-  return at::matmul(weights, repeat_kv(value, groups));
+  return gemm::matmul(weights, repeat_kv(value, groups));
 }
 
 torch::Tensor ContextParallel::max_logits(const torch::Tensor& q, const torch::Tensor& k) {

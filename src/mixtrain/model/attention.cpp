@@ -7,6 +7,7 @@
 #include <cmath>
 #include <limits>
 
+#include "mixtrain/core/cpu_gemm.h"
 #include "mixtrain/core/host_sync.h"
 
 namespace mixtrain {
@@ -47,11 +48,11 @@ torch::Tensor causal_attention(const torch::Tensor& q, const torch::Tensor& k,
   }
   const int64_t groups = q.size(1) / k.size(1);
   const auto key = repeat_kv(k, groups), value = repeat_kv(v, groups);
-  auto weights = at::matmul(q, key.transpose(2, 3)) / std::sqrt(double(head_dim));
+  auto weights = gemm::matmul(q, key.transpose(2, 3)) / std::sqrt(double(head_dim));
   weights = weights.masked_fill(hidden, -std::numeric_limits<double>::infinity());
   // Upcast for the softmax, as HF: bf16 exp/sum over the keys loses too much.
   weights = at::softmax(weights, -1, at::kFloat).to(q.scalar_type());
-  return at::matmul(weights, value);
+  return gemm::matmul(weights, value);
 }
 
 torch::Tensor causal_max_logits(const torch::Tensor& q, const torch::Tensor& k,

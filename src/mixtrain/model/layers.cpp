@@ -7,6 +7,7 @@
 #include <cmath>
 #include <stdexcept>
 
+#include "mixtrain/core/cpu_gemm.h"
 #include "mixtrain/core/host_sync.h"
 #include "mixtrain/core/text.h"
 #include "mixtrain/model/attention.h"
@@ -61,10 +62,10 @@ torch::Tensor tp_block_input(const ParamAccess& access, const torch::Tensor& x) 
 
 torch::Tensor dense(const torch::Tensor& x, const torch::Tensor& weight,
                     const torch::Tensor& bias) {
-  if (x.dim() < 2 || !x.is_contiguous() || weight.dim() != 2) return at::linear(x, weight, bias);
+  if (x.dim() < 2 || !x.is_contiguous() || weight.dim() != 2) return gemm::linear(x, weight, bias);
   const torch::Tensor rows = x.dim() == 2 ? x : x.view({-1, x.size(-1)});
   const torch::Tensor out =
-      bias.defined() ? at::addmm(bias, rows, weight.t()) : at::mm(rows, weight.t());
+      bias.defined() ? gemm::addmm(bias, rows, weight.t()) : gemm::mm(rows, weight.t());
   if (x.dim() == 2) return out;
   std::vector<int64_t> sizes = x.sizes().vec();
   sizes.back() = weight.size(0);

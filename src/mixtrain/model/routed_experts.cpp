@@ -8,6 +8,7 @@
 #include <tuple>
 #include <vector>
 
+#include "mixtrain/core/cpu_gemm.h"
 #include "mixtrain/core/device.h"
 #include "mixtrain/core/host_sync.h"
 #include "mixtrain/model/layers.h"
@@ -55,7 +56,7 @@ int64_t expert_gemm_rows(int64_t rows) {
 }
 
 int64_t padded_expert_rows(int64_t rows, const torch::Tensor& x, const torch::Tensor& gate) {
-  const bool on_onednn = x.is_cpu() && x.scalar_type() == at::kBFloat16 &&
+  const bool on_onednn = x.is_cpu() && x.scalar_type() == at::kBFloat16 && !widens_gemm(x) &&
                          rows * gate.size(0) * gate.size(1) > kOneDnnMinGemmSize;
   return on_onednn ? expert_gemm_rows(rows) : rows;
 }

@@ -56,8 +56,8 @@ inline constexpr int64_t kOneDnnMinGemmSize = 16 * 16 * 16;
 // bit: oneDNN's result for a row does not depend on the row count, and the zero rows add exact
 // zeros to the weight gradients (tests/unit/model/routed_experts_test.cpp checks both, forward and
 // every gradient, 1, 2 and 4 threads, on both sides of the threshold); padding never moves a GEMM
-// from ATen's kernel to oneDNN, whose sums differ. Elsewhere (CUDA, float32) the rows run as
-// they are.
+// from ATen's kernel to oneDNN, whose sums differ. Elsewhere (CUDA, float32, and bf16 on the
+// widened path of core/cpu_gemm.h, a float32 GEMM) the rows run as they are.
 torch::Tensor expert_mlp(const torch::Tensor& x, const torch::Tensor& gate, const torch::Tensor& up,
                          const torch::Tensor& down);
 // The rows expert_mlp runs `rows` routed rows of x's dtype and device on, for an expert whose

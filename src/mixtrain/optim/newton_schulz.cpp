@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <stdexcept>
 
+#include "mixtrain/core/cpu_gemm.h"
+
 namespace mixtrain {
 namespace {
 
@@ -75,11 +77,11 @@ at::Tensor orthogonalize(const at::Tensor& matrices, const std::vector<NsCoeffic
   x = x / (norm + eps);
 
   for (const auto& [a, b, c] : schedule) {
-    const at::Tensor gram = at::bmm(x, x.transpose(1, 2));
+    const at::Tensor gram = gemm::bmm(x, x.transpose(1, 2));
     // b A + c A A, then a X + (b A + c A A) X: one fused GEMM each, which also rounds once
     // instead of after every product and sum.
-    const at::Tensor poly = at::baddbmm(gram, gram, gram, /*beta=*/b, /*alpha=*/c);
-    x = at::baddbmm(x, poly, x, /*beta=*/a, /*alpha=*/1.0);
+    const at::Tensor poly = gemm::baddbmm(gram, gram, gram, /*beta=*/b, /*alpha=*/c);
+    x = gemm::baddbmm(x, poly, x, /*beta=*/a, /*alpha=*/1.0);
   }
   return transposed ? x.transpose(1, 2) : x;
 }

@@ -57,7 +57,7 @@ set(MIXTRAIN_TEST_TABLE
   "tools_train_command_test                  1          230      slow"    # 22.6 (2026-12-03; 1 process)
   "tools_train_command_distributed_test      2          60"     #          4.3 (2026-12-03; 2 ranks)
   "tools_readme_walkthrough_test             2          150      slow"    # 13.8
-  "tools_tied_embeddings_train_test          2          130      slow"    # 12.6 (2026-12-04; 1-2 ranks, 10 runs)
+  "tools_tied_embeddings_train_test          2          220      slow"    # 21.9 (2026-12-08; 1-2 ranks, 10 runs, 5 recorded Trainers)
   "tools_activation_checkpointing_train_test 2          230      slow"    # 22.8 (2026-12-08; 1-2 ranks, 12 runs, counting ops)
   "tools_real_size_config_test               2          300      slow"    # ~25 (2026-12-04; 2 ranks, 151,936 vocabulary, ~4.4 GB each)
   "unit_model_mistral_test                   1          80"      #          7.8 (2026-12-04; transformers reference)

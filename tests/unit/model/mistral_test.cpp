@@ -4,18 +4,26 @@
 // the window changes the logits (so the parity case exercises it); its config section (its keys,
 // attention_bias and other models' keys refused, a window with context parallelism refused
 // naming parallel.cp); model.hf_config of transformers' own MistralConfig, with a window and
-// with null.
+// with null; QK-clip's max logits recorded through the whole windowed model against a float64
+// computation that keeps only the window's pairs.
 #include "mixtrain/model/mistral.h"
 
 #include <gtest/gtest.h>
 #include <torch/types.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdlib>
+#include <iostream>
+#include <limits>
+#include <map>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "mixtrain/config/load.h"
+#include "mixtrain/model/max_logit_recorder.h"
 #include "mixtrain/model/registry.h"
 #include "mixtrain/model/sliding_window_config.h"
 #include "support/hf_parity.h"
@@ -71,6 +79,84 @@ TEST(Mistral, TheWindowChangesOnlyThePositionsPastIt) {
   EXPECT_TRUE(torch::equal(a.narrow(1, 0, 5), b.narrow(1, 0, 5)));
   const double moved = (a.narrow(1, 5, 8) - b.narrow(1, 5, 8)).abs().max().item<double>();
   EXPECT_GT(moved, 1e-3 * b.abs().max().item<double>());
+}
+
+// QK-clip's recording through the whole windowed model (window 3, sequences of 9 and 12): each
+// head's recorded max logit is the max over the pairs the window lets through (query i, key j,
+// i - 3 < j <= i), not over every causal pair. Layer 0's is recomputed here in float64 from the
+// parameters: embedding rows, input RMSNorm, q/k projections (no bias), rotary written out, the
+// scaled dot products under the causal mask and the window. The same products without the window
+// give a larger max for some head (the case is built so: q/k weights scaled for large, distinct
+// logits; checked below), so a recorder that ignored the window would be off by far more than
+// the tolerance (measured: head 2's max is 41.2 in the window, 52.7 without it): the float32
+// model against float64 is a few 1e-6 on logits of ~40 (as the Qwen2 test of this recording);
+// 1e-4 absolute. Checked to fail when model/layers.cpp records causal_max_logits without the
+// window and when attention.cpp's causal_max_logits drops its window mask.
+TEST(Mistral, RecordsEachHeadsMaxLogitOverTheWindowsPairsOnly) {
+  constexpr int64_t kWindow = 3;
+  const auto c = tiny_mistral(kWindow);
+  const auto model = build_model(c, 5);
+  std::map<std::string, torch::Tensor> p;
+  for (const auto& item : model->named_parameters()) p[item.key()] = item.value();
+  {
+    torch::NoGradGuard no_grad;
+    p["model.layers.0.self_attn.q_proj.weight"].mul_(40);
+    p["model.layers.0.self_attn.k_proj.weight"].mul_(40);
+  }
+  auto recorder = std::make_shared<MaxLogitRecorder>();
+  model->set_max_logit_recorder(recorder);
+  torch::manual_seed(11);
+  const std::vector<torch::Tensor> batches = {torch::randint(37, {2, 9}, torch::kInt64),
+                                              torch::randint(37, {3, 12}, torch::kInt64)};
+  for (const auto& ids : batches) model->forward(ids);
+  ASSERT_EQ(recorder->layers().count("model.layers.0.self_attn."), 1u);
+  const torch::Tensor got = recorder->layers().at("model.layers.0.self_attn.");
+
+  auto d = [&](const std::string& name) { return p.at(name).detach().to(torch::kDouble); };
+  // Position m turns the pair (x_i, x_{i+4}) of each 8-wide head by m * theta^(-2i/8), i < 4
+  // (HF's rotate_half layout).
+  auto rotate = [&](const torch::Tensor& x) {  // [B, heads, S, 8]
+    const int64_t seq = x.size(2);
+    const auto position = torch::arange(seq, torch::kDouble).unsqueeze(1);
+    const auto inv_freq = torch::pow(c.rope_theta, -torch::arange(0, 8, 2, torch::kDouble) / 8.0);
+    const auto angle = position * inv_freq.unsqueeze(0);  // [S, 4]
+    const auto cos = angle.cos(), sin = angle.sin();
+    const auto x1 = x.narrow(-1, 0, 4), x2 = x.narrow(-1, 4, 4);
+    return torch::cat({x1 * cos - x2 * sin, x2 * cos + x1 * sin}, -1);
+  };
+  const double minus_inf = -std::numeric_limits<double>::infinity();
+  std::vector<double> windowed(c.num_heads, minus_inf), causal(c.num_heads, minus_inf);
+  for (const auto& ids : batches) {
+    const int64_t seq = ids.size(1);
+    auto h = d("model.embed_tokens.weight").index_select(0, ids.reshape({-1})).view({-1, seq, 24});
+    h = h * torch::rsqrt(h.pow(2).mean(-1, true) + c.rms_norm_eps) *
+        d("model.layers.0.input_layernorm.weight");
+    const std::string a = "model.layers.0.self_attn.";
+    auto q = torch::matmul(h, d(a + "q_proj.weight").t()).view({-1, seq, 4, 8}).transpose(1, 2);
+    auto k = torch::matmul(h, d(a + "k_proj.weight").t()).view({-1, seq, 2, 8}).transpose(1, 2);
+    q = rotate(q);
+    k = rotate(k);
+    // Query i sees key j when j <= i, and with the window when also j > i - kWindow.
+    const auto i = torch::arange(seq).unsqueeze(1), j = torch::arange(seq).unsqueeze(0);
+    const auto future = j > i, outside = future.logical_or(j <= i - kWindow);
+    for (int64_t head = 0; head < 4; ++head) {
+      const auto logits =
+          torch::matmul(q.select(1, head), k.select(1, head / 2).transpose(1, 2)) / std::sqrt(8.0);
+      windowed[head] =
+          std::max(windowed[head], logits.masked_fill(outside, minus_inf).max().item<double>());
+      causal[head] =
+          std::max(causal[head], logits.masked_fill(future, minus_inf).max().item<double>());
+    }
+  }
+  int64_t window_matters = 0;
+  for (int64_t head = 0; head < 4; ++head) {
+    std::cout << "head " << head << ": max logit " << got[head].item<double>() << " (float64 "
+              << windowed[head] << " in the window, " << causal[head] << " without it)\n";
+    EXPECT_NEAR(got[head].item<double>(), windowed[head], 1e-4) << head;
+    window_matters += causal[head] > windowed[head] + 1.0;
+  }
+  EXPECT_GT(window_matters, 0) << "no head's max lies outside the window: the case cannot tell";
+  EXPECT_GT(*std::max_element(windowed.begin(), windowed.end()), 1.0) << "logits too small";
 }
 
 TEST(Mistral, ItsConfigSectionAndTransformersConfigJson) {

@@ -11,13 +11,18 @@
 #include "mixtrain/model/routed_experts.h"
 
 #include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <ATen/record_function.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
+#include <string>
 #include <utility>
 #include <vector>
 
+#include "mixtrain/core/cpu_gemm.h"
 #include "mixtrain/core/host_sync.h"
 #include "support/routed_experts_reference.h"
 
@@ -228,6 +233,125 @@ TEST(RoutedExperts, TheLoopFormsBitsAreThoseOfTheUnpaddedLoop) {
     }
   }
   at::set_num_threads(threads_before);
+}
+
+// The row count and dtype of the first operand of every aten::mm `fn` dispatches on this
+// thread (what the routed experts' GEMMs run on: layers.h dense() takes gemm::mm for 2-D rows),
+// observed with a thread-local RecordFunction callback that reads the op's inputs.
+struct GemmCall {
+  int64_t rows;
+  c10::ScalarType dtype;
+};
+thread_local std::vector<GemmCall>* t_gemm_calls = nullptr;
+
+std::vector<GemmCall> gemms_of(const std::function<void()>& fn) {
+  std::vector<GemmCall> calls;
+  t_gemm_calls = &calls;
+  const at::CallbackHandle handle = at::addThreadLocalCallback(
+      at::RecordFunctionCallback(
+          [](const at::RecordFunction& record) -> std::unique_ptr<at::ObserverContext> {
+            if (t_gemm_calls == nullptr || std::string(record.name()) != "aten::mm") return nullptr;
+            const at::Tensor& a = record.inputs()[0].toTensor();
+            t_gemm_calls->push_back({a.size(0), a.scalar_type()});
+            return nullptr;
+          })
+          .needsInputs(true)
+          .scopes({at::RecordScope::FUNCTION}));
+  fn();
+  at::removeCallback(handle);
+  t_gemm_calls = nullptr;
+  return calls;
+}
+
+// The tests above show that the padding changes no bit, which they would also show if it never
+// happened. Here, where it is meant to happen: with core/cpu_gemm.h's native bf16 path forced
+// (ScopedCpuGemmPath), padded_expert_rows answers expert_gemm_rows(n) above oneDNN's threshold
+// and n at or below it, and the GEMMs expert_mlp and the loop form dispatch run on the padded
+// row counts (every aten::mm of an expert's gate, up and down projections, observed); on the
+// widened path (a float32 GEMM, no oneDNN kernel per shape to spare) and in float32 nothing is
+// padded and the GEMMs run on the routed rows themselves. Checked to fail when
+// padded_expert_rows returns its rows unchanged, and when it ignores widens_gemm.
+TEST(RoutedExperts, PadsTheExpertGemmsOnTheNativeBf16PathOnly) {
+  at::manual_seed(31);
+  const int64_t hidden = 64, inter = 48;
+  const auto bf16 = [](std::vector<int64_t> shape) {
+    return (at::randn(shape) * 0.2).to(at::kBFloat16);
+  };
+  const at::Tensor x = bf16({13, hidden}), gate = bf16({inter, hidden}), up = bf16({inter, hidden}),
+                   down = bf16({hidden, inter});
+  const at::Tensor small_gate = bf16({12, 24});  // 5 x 24 x 12 = 1440: ATen's kernel, no padding
+  const auto expert_mlp_gemms = [&] { return gemms_of([&] { expert_mlp(x, gate, up, down); }); };
+  // The loop form: 6 experts, top 2, uneven counts, expert 5 with none.
+  const int64_t tokens = 101, experts = 6;
+  at::Tensor selected = at::randint(0, experts - 1, {tokens, 2}, at::kLong);
+  selected.select(1, 1).copy_((selected.select(1, 0) + 1) % (experts - 1));
+  const at::Tensor hidden_states = bf16({tokens, hidden}), weights = at::rand({tokens, 2});
+  const at::Tensor gates = bf16({experts, inter, hidden}), ups = bf16({experts, inter, hidden}),
+                   downs = bf16({experts, hidden, inter});
+  const std::vector<int64_t> counts =
+      rows_by_expert(selected, weights.to(at::kBFloat16), experts).per_expert;
+  const auto loop_gemm_rows = [&] {
+    std::vector<int64_t> rows;
+    for (const GemmCall& call : gemms_of([&] {
+           routed_experts_loop(hidden_states, selected, weights.to(at::kBFloat16), gates, ups,
+                               downs);
+         })) {
+      EXPECT_EQ(call.dtype, at::kBFloat16);
+      rows.push_back(call.rows);
+    }
+    std::sort(rows.begin(), rows.end());
+    return rows;
+  };
+  // Each non-empty expert's three GEMMs on `rows_of(count)` rows, sorted.
+  const auto expected_loop_rows = [&](const std::function<int64_t(int64_t)>& rows_of) {
+    std::vector<int64_t> rows;
+    for (const int64_t n : counts) {
+      if (n > 0) rows.insert(rows.end(), 3, rows_of(n));
+    }
+    std::sort(rows.begin(), rows.end());
+    return rows;
+  };
+  {
+    const ScopedCpuGemmPath native(CpuGemmPath::kNative);
+    ASSERT_FALSE(widens_gemm(x));
+    EXPECT_EQ(padded_expert_rows(13, x, gate), 32);
+    EXPECT_EQ(padded_expert_rows(64, x, gate), 64);
+    EXPECT_EQ(padded_expert_rows(257, x, gate), 288);
+    EXPECT_EQ(padded_expert_rows(5, x, small_gate), 5);
+    EXPECT_EQ(padded_expert_rows(13, x.to(at::kFloat), gate.to(at::kFloat)), 13);
+    const auto calls = expert_mlp_gemms();
+    ASSERT_EQ(calls.size(), 3u);  // gate, up, down
+    for (const GemmCall& call : calls) {
+      EXPECT_EQ(call.rows, 32) << "expert_mlp's GEMMs ran on the 13 routed rows unpadded";
+      EXPECT_EQ(call.dtype, at::kBFloat16);
+    }
+    int64_t padded_experts = 0;
+    for (const int64_t n : counts) padded_experts += n > 0 && expert_gemm_rows(n) != n;
+    EXPECT_GT(padded_experts, 2) << "not vacuous: most experts' row counts pad";
+    EXPECT_EQ(loop_gemm_rows(), expected_loop_rows(expert_gemm_rows));
+  }
+  {
+    const ScopedCpuGemmPath widened(CpuGemmPath::kWidened);
+    ASSERT_TRUE(widens_gemm(x));
+    EXPECT_EQ(padded_expert_rows(13, x, gate), 13);
+    EXPECT_EQ(padded_expert_rows(257, x, gate), 257);
+    const auto calls = expert_mlp_gemms();
+    ASSERT_EQ(calls.size(), 3u);
+    for (const GemmCall& call : calls) {
+      EXPECT_EQ(call.rows, 13) << "the widened path padded";
+      EXPECT_EQ(call.dtype, at::kFloat);
+    }
+    std::vector<int64_t> rows;
+    for (const GemmCall& call : gemms_of([&] {
+           routed_experts_loop(hidden_states, selected, weights.to(at::kBFloat16), gates, ups,
+                               downs);
+         })) {
+      EXPECT_EQ(call.dtype, at::kFloat);
+      rows.push_back(call.rows);
+    }
+    std::sort(rows.begin(), rows.end());
+    EXPECT_EQ(rows, expected_loop_rows([](int64_t n) { return n; }));
+  }
 }
 
 }  // namespace MIXTRAIN_FILE_LOCAL

@@ -43,7 +43,7 @@ set(MIXTRAIN_TEST_TABLE
   "tools_ckpt_command_test                   1          150      slow"    # 13.1
   "tools_data_prepare_test                   1          90"      #          9.0 (loaded machine; 12 runs of the binary)
   "tools_cli_test                            1          120      slow"    # 11.4 (on a busy machine)
-  "tools_distributed_train_test              4          300      slow"    # 22 (2026-12-03; runs of 2 and 4 ranks, QK-clip)
+  "tools_distributed_train_test              4          700      slow"    # 69 (2026-12-08; runs of 1, 2 and 4 ranks, QK-clip, HSDP biases, muon_per_head tp)
   "tools_export_hf_command_test              2          180      slow"    # 17.5 (2026-12-03; 8 trainings, 16 transformers runs)
   "tools_eval_command_test                   4          250      slow"    # 25.5 (2026-12-03; 1, 2 and 4 ranks, transformers reference)
   "tools_qwen2_train_test                    2          100"     #          9.2 (2026-12-03; 2 ranks)
@@ -57,7 +57,7 @@ set(MIXTRAIN_TEST_TABLE
   "tools_train_command_test                  1          230      slow"    # 22.6 (2026-12-03; 1 process)
   "tools_train_command_distributed_test      2          60"     #          4.3 (2026-12-03; 2 ranks)
   "tools_readme_walkthrough_test             2          150      slow"    # 13.8
-  "tools_tied_embeddings_train_test          2          220      slow"    # 21.9 (2026-12-08; 1-2 ranks, 10 runs, 5 recorded Trainers)
+  "tools_tied_embeddings_train_test          2          220      slow"    # 12.6-21.9 (2026-12-08; 1-2 ranks, 10 runs, 5 recorded Trainers)
   "tools_activation_checkpointing_train_test 2          230      slow"    # 22.8 (2026-12-08; 1-2 ranks, 12 runs, counting ops)
   "tools_real_size_config_test               2          300      slow"    # ~25 (2026-12-04; 2 ranks, 151,936 vocabulary, ~4.4 GB each)
   "unit_model_mistral_test                   1          80"      #          7.8 (2026-12-04; transformers reference)

@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <cmath>
 #include <fstream>
+#include <iostream>
 #include <map>
 #include <numeric>
 #include <set>
@@ -306,6 +307,56 @@ TEST(DeepseekV3, BalancingBiasFollowsTheSummedLoadsAndCountsEachTokenOnce) {
     EXPECT_TRUE(torch::equal(model->model_state().begin()->second, before));
   }
   EXPECT_TRUE(torch::equal(loads_seen["0"], loads_seen["1"]));
+}
+
+// The update on data-parallel replicas (HSDP: each replica's forwards see other tokens): replica
+// B's loads come in through sum_over_data, as the trainer's all-reduce over dp_replicate brings
+// them (trainer/model_state_hook.cpp), and each bias moves by speed * sign(mean - load) of the
+// summed loads. B's batch repeats one token, so all its rows pile onto the same experts: the
+// summed loads give other signs than replica A's own for some experts (checked below; 11 of the
+// 16 here), so an update that used A's loads alone fails (checked: the test fails when
+// deepseek_v3.cpp updates each bias from its router's own loads instead of the summed ones,
+// which the test above passes: its sum is 3x the loads, whose signs are the loads' own).
+TEST(DeepseekV3, BalancingBiasUpdateUsesTheLoadsSummedOverReplicas) {
+  auto c = tiny_deepseek_v3();
+  deepseek_v3_config(c).bias_update_speed = 0.125;
+  torch::manual_seed(3);
+  const auto ids_a = torch::randint(37, {2, 9});
+  const auto ids_b = torch::full({2, 9}, 5, torch::kInt64);
+  // Each replica's own loads (the model of B: the same weights, its own batch).
+  const auto loads_of = [&](const torch::Tensor& ids) {
+    auto model = build_model(c, 7);
+    model->set_collect_state_statistics(true);
+    model->forward(ids).logits.sum().backward();
+    torch::Tensor loads;
+    model->update_model_state([&](torch::Tensor& l) { loads = l.clone(); });
+    return loads;
+  };
+  const torch::Tensor loads_b = loads_of(ids_b);
+  auto model = build_model(c, 7);
+  model->set_collect_state_statistics(true);
+  model->forward(ids_a).logits.sum().backward();
+  torch::Tensor loads_a;
+  model->update_model_state([&](torch::Tensor& loads) {
+    loads_a = loads.clone();
+    loads.add_(loads_b);  // the other replica's counts, as the all-reduce adds them
+  });
+  ASSERT_TRUE(loads_a.defined());
+  ASSERT_EQ(loads_a.sizes(), (std::vector<int64_t>{2, 8}));
+  int64_t flipped = 0;
+  int64_t layer = 0;
+  for (const auto& [name, bias] : model->model_state()) {
+    const auto summed = loads_a[layer] + loads_b[layer];
+    const auto own = loads_a[layer];
+    ++layer;
+    const auto want = torch::sign(summed.mean() - summed) * 0.125;
+    EXPECT_TRUE(torch::equal(bias, want)) << name << ": " << bias << " want " << want;
+    flipped +=
+        torch::sign(own.mean() - own).ne(torch::sign(summed.mean() - summed)).sum().item<int64_t>();
+  }
+  EXPECT_EQ(layer, 2);
+  std::cout << flipped << " of 16 experts' bias updates take another sign from the summed loads\n";
+  EXPECT_GT(flipped, 0) << "one replica's loads give the summed loads' signs: the case cannot tell";
 }
 
 TEST(DeepseekV3, SetModelStateRestoresAndRefusesStrangers) {

@@ -7,6 +7,8 @@
 #include <cctype>
 #include <cstdlib>
 #include <set>
+#include <utility>
+#include <vector>
 
 #include "mixtrain/core/error.h"
 
@@ -158,40 +160,74 @@ bool widen(std::initializer_list<const at::Tensor*> operands) {
   }
   return true;
 }
-at::Tensor wide(const at::Tensor& t) {
-  return t.defined() ? t.to(at::kFloat) : t;
+bool is_transpose_of(const at::Tensor& t, const at::Tensor& of) {
+  if (t.dim() < 2 || t.dim() != of.dim() || !t.is_alias_of(of)) return false;
+  const at::Tensor back = t.transpose(-2, -1);
+  return back.sizes() == of.sizes() && back.strides() == of.strides() &&
+         back.storage_offset() == of.storage_offset();
+}
+
+// The float32 copies of a GEMM's operands, each made once: an operand that is an earlier one,
+// or the transpose view of an earlier one (X and X^T in X X^T), reuses that copy. Values (and
+// gradients) are those of one copy per operand; it saves the casts Newton-Schulz would repeat.
+class Widener {
+ public:
+  at::Tensor operator()(const at::Tensor& t) {
+    if (!t.defined()) return t;
+    for (const auto& [original, copy] : done_) {
+      if (t.is_same(original)) return copy;
+      if (is_transpose_of(t, original)) return copy.transpose(-2, -1);
+    }
+    at::Tensor copy = at::_to_copy(t, at::TensorOptions().dtype(at::kFloat));
+    done_.emplace_back(t, copy);
+    return copy;
+  }
+
+ private:
+  std::vector<std::pair<at::Tensor, at::Tensor>> done_;
+};
+
+// The one rounding, to the operands' dtype.
+at::Tensor round_once(const at::Tensor& wide, const at::Tensor& like) {
+  return at::_to_copy(wide, at::TensorOptions().dtype(like.scalar_type()));
 }
 }  // namespace
 
 at::Tensor mm(const at::Tensor& a, const at::Tensor& b) {
   if (!widen({&a, &b})) return at::mm(a, b);
-  return at::mm(wide(a), wide(b)).to(a.scalar_type());
+  Widener wide;
+  return round_once(at::mm(wide(a), wide(b)), a);
 }
 
 at::Tensor addmm(const at::Tensor& bias, const at::Tensor& a, const at::Tensor& b) {
   if (!widen({&a, &b, &bias})) return at::addmm(bias, a, b);
-  return at::addmm(wide(bias), wide(a), wide(b)).to(a.scalar_type());
+  Widener wide;
+  return round_once(at::addmm(wide(bias), wide(a), wide(b)), a);
 }
 
 at::Tensor bmm(const at::Tensor& a, const at::Tensor& b) {
   if (!widen({&a, &b})) return at::bmm(a, b);
-  return at::bmm(wide(a), wide(b)).to(a.scalar_type());
+  Widener wide;
+  return round_once(at::bmm(wide(a), wide(b)), a);
 }
 
 at::Tensor baddbmm(const at::Tensor& c, const at::Tensor& a, const at::Tensor& b, double beta,
                    double alpha) {
   if (!widen({&a, &b, &c})) return at::baddbmm(c, a, b, beta, alpha);
-  return at::baddbmm(wide(c), wide(a), wide(b), beta, alpha).to(a.scalar_type());
+  Widener wide;
+  return round_once(at::baddbmm(wide(c), wide(a), wide(b), beta, alpha), a);
 }
 
 at::Tensor matmul(const at::Tensor& a, const at::Tensor& b) {
   if (!widen({&a, &b})) return at::matmul(a, b);
-  return at::matmul(wide(a), wide(b)).to(a.scalar_type());
+  Widener wide;
+  return round_once(at::matmul(wide(a), wide(b)), a);
 }
 
 at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias) {
   if (!widen({&x, &weight, &bias})) return at::linear(x, weight, bias);
-  return at::linear(wide(x), wide(weight), wide(bias)).to(x.scalar_type());
+  Widener wide;
+  return round_once(at::linear(wide(x), wide(weight), wide(bias)), x);
 }
 }  // namespace gemm
 

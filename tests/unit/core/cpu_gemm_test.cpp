@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 #include <torch/autograd.h>
 
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -253,6 +254,45 @@ TEST(CpuGemmOps, WidenedResultsAndGradientsAreOneFloat32GemmRoundedOnce) {
     expect_one_float32_gemm_rounded_once(gemm::matmul(a3, b3), at::matmul(a3d, b3d),
                                          at::matmul(a3d.abs(), b3d.abs()), k, tag + " matmul");
   }
+}
+
+TEST(CpuGemmOps, SharedOperandsAreWidenedOnceWithTheSameValuesAndGradients) {
+  // Newton-Schulz's X X^T and b A + c A A pass one tensor (or its transpose) several times: it
+  // is widened once, and the result and gradient are those of a separate copy per operand.
+  ScopedCpuGemmPath widened(P::kWidened);
+  at::manual_seed(5);
+  const at::Tensor x0 = at::randn({2, 12, 40}).to(at::kBFloat16);
+  const at::Tensor f = x0.to(at::kFloat);
+  auto casts = [](const std::function<void()>& run) {
+    thread_local int64_t n = 0;
+    n = 0;
+    auto handle = at::addThreadLocalCallback(
+        at::RecordFunctionCallback([](const at::RecordFunction& fn)
+                                       -> std::unique_ptr<at::ObserverContext> {
+          if (std::string(fn.name()) == "aten::_to_copy") ++n;
+          return nullptr;
+        }).scopes({at::RecordScope::FUNCTION}));
+    run();
+    at::removeCallback(handle);
+    return n;
+  };
+  at::Tensor gram;
+  EXPECT_EQ(casts([&] { gram = gemm::bmm(x0, x0.transpose(1, 2)); }), 2);  // widen once, round
+  EXPECT_TRUE(at::equal(gram, at::bmm(f, f.transpose(1, 2)).to(at::kBFloat16)));
+  const at::Tensor g = gram.to(at::kFloat);
+  at::Tensor poly;
+  EXPECT_EQ(casts([&] { poly = gemm::baddbmm(gram, gram, gram, -4.7, 2.0); }), 2);
+  EXPECT_TRUE(at::equal(poly, at::baddbmm(g, g, g, -4.7, 2.0).to(at::kBFloat16)));
+
+  at::Tensor x = x0.clone().requires_grad_(true);
+  const at::Tensor w = at::randn({2, 12, 12}).to(at::kBFloat16);
+  (gemm::bmm(x, x.transpose(1, 2)) * w).sum().backward();
+  at::Tensor xf = f.clone().requires_grad_(true);
+  (at::bmm(xf.to(at::kFloat), xf.to(at::kFloat).transpose(1, 2)).to(at::kBFloat16) * w)
+      .sum()
+      .backward();
+  ASSERT_EQ(x.grad().scalar_type(), at::kBFloat16);
+  EXPECT_TRUE(at::equal(x.grad(), xf.grad().to(at::kBFloat16)));
 }
 
 TEST(CpuGemmOps, TheBoundCatchesASecondRounding) {

@@ -21,6 +21,14 @@ AttentionKernel attention_kernel_for(c10::ScalarType dtype, c10::Device device) 
   return dtype == at::kFloat ? AttentionKernel::kFlash : AttentionKernel::kMath;
 }
 
+torch::Tensor attention_on_gemm_path(const torch::Tensor& q, const torch::Tensor& k,
+                                     const torch::Tensor& v, const AttendFn& attend) {
+  if (!widens_gemm(q)) return attend(q, k, v, attention_kernel_for(q.scalar_type(), q.device()));
+  const auto wide = [](const torch::Tensor& t) { return t.to(at::kFloat); };
+  const AttentionKernel kernel = attention_kernel_for(at::kFloat, q.device());
+  return attend(wide(q), wide(k), wide(v), kernel).to(q.scalar_type());
+}
+
 torch::Tensor causal_attention(const torch::Tensor& q, const torch::Tensor& k,
                                const torch::Tensor& v, AttentionKernel kernel, int64_t window) {
   TORCH_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4,

@@ -10,7 +10,8 @@
 //   kFlash: at::scaled_dot_product_attention (is_causal, enable_gqa), which LibTorch 2.x runs as
 //           its CPU flash-attention kernel: scores, softmax and both GEMMs' accumulations in
 //           float32, P rounded to the compute dtype only as an operand of the second GEMM.
-// The model runs attention_kernel_for(its compute dtype); the measurements behind that choice are
+// The model runs attention_kernel_for(its compute dtype), through attention_on_gemm_path (bf16
+// and fp16 on a CPU without their arithmetic: kFlash in float32); the measurements behind that are
 // in bench/README.md (attention_bench), the accuracy of both against a float64 reference in
 // tests/unit/model/attention_test.cpp. Both give the same bits for a sequence alone or inside a
 // batch, and for any number of intra-op threads, except kMath in float32 (MKL's sgemm splits the
@@ -21,6 +22,7 @@
 #include <torch/types.h>
 
 #include <cstdint>
+#include <functional>
 
 namespace mixtrain {
 
@@ -36,6 +38,17 @@ const char* attention_kernel_name(AttentionKernel kernel);  // "math", "flash"
 // matrix in memory); attention_cuda_test checks it against the math path and a float64
 // reference.
 AttentionKernel attention_kernel_for(c10::ScalarType dtype, c10::Device device = c10::kCPU);
+
+// How the model's attention layers call their kernel: `attend(q, k, v, kernel)` with
+// attention_kernel_for(q's dtype), except where q's bf16/fp16 GEMMs take the widened path of
+// core/cpu_gemm.h (a CPU without bf16/fp16 arithmetic): there q, k and v are widened to float32,
+// attention runs as the float32 model's (kFlash: scores, softmax and both products in float32)
+// and its output is rounded once to q's dtype. `attend` is the layer's own call (local or
+// context-parallel), so both run the same numerics.
+using AttendFn = std::function<torch::Tensor(const torch::Tensor&, const torch::Tensor&,
+                                             const torch::Tensor&, AttentionKernel)>;
+torch::Tensor attention_on_gemm_path(const torch::Tensor& q, const torch::Tensor& k,
+                                     const torch::Tensor& v, const AttendFn& attend);
 
 // window > 0: sliding-window causal attention (HF Mistral's sliding_window): position i attends
 // to keys max(0, i - window + 1)..i, window keys including itself; kFlash then passes the band

@@ -121,15 +121,18 @@ class MlaAttention : public torch::nn::Module {
       key = torch::constant_pad_nd(key, {0, dim - qk});
     }
     if (v_dim_ < dim) value = torch::constant_pad_nd(value, {0, dim - v_dim_});
-    const AttentionKernel kernel = attention_kernel_for(query.scalar_type(), query.device());
     ContextParallelHooks* cp = access_.context_parallel();
     if (MaxLogitRecorder* recorder = access_.max_logit_recorder()) {
       const int64_t tp_rank = tp != nullptr ? tp->tp_rank() : 0;
       recorder->record(access_.prefix, num_heads_, tp_rank * heads,
                        cp != nullptr ? cp->max_logits(query, key) : causal_max_logits(query, key));
     }
-    auto out = cp != nullptr ? cp->attention(query, key, value, kernel)
-                             : causal_attention(query, key, value, kernel);
+    auto out = attention_on_gemm_path(query, key, value,
+                                      [&](const torch::Tensor& q, const torch::Tensor& k,
+                                          const torch::Tensor& v, AttentionKernel kernel) {
+                                        return cp != nullptr ? cp->attention(q, k, v, kernel)
+                                                             : causal_attention(q, k, v, kernel);
+                                      });
     if (v_dim_ < dim) out = out.narrow(-1, 0, v_dim_);
     return o_proj->forward(out.transpose(1, 2).reshape({bsz, len, heads * v_dim_}));
   }

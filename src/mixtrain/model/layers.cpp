@@ -180,10 +180,9 @@ torch::Tensor Qwen2Attention::forward(const torch::Tensor& x, const torch::Tenso
   query = apply_rotary_pos_emb(query, cos, sin);
   key = apply_rotary_pos_emb(key, cos, sin);
   // On the CPU LibTorch's flash kernel in float32, HF's eager one in bf16/fp16, where flash's
-  // backward makes forward + backward up to 3.1x slower (bench/README.md, attention_bench); on
-  // CUDA SDPA's fused kernels. With context parallelism the keys and values of the other ranks'
-  // chunks take part too.
-  const AttentionKernel kernel = attention_kernel_for(query.scalar_type(), query.device());
+  // backward makes forward + backward up to 3.1x slower (bench/README.md, attention_bench), and
+  // float32's on widened bf16/fp16 GEMMs (attention_on_gemm_path); on CUDA SDPA's fused kernels.
+  // With context parallelism the keys and values of the other ranks' chunks take part too.
   ContextParallelHooks* cp = access_.context_parallel();
   TORCH_CHECK(cp == nullptr || sliding_window_ == 0,
               "attention: context parallelism has no sliding window (model.sliding_window ",
@@ -195,8 +194,13 @@ torch::Tensor Qwen2Attention::forward(const torch::Tensor& x, const torch::Tenso
                      cp != nullptr ? cp->max_logits(query, key)
                                    : causal_max_logits(query, key, {}, {}, sliding_window_));
   }
-  auto attn_output = cp != nullptr ? cp->attention(query, key, value, kernel)
-                                   : causal_attention(query, key, value, kernel, sliding_window_);
+  auto attn_output = attention_on_gemm_path(
+      query, key, value,
+      [&](const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+          AttentionKernel kernel) {
+        return cp != nullptr ? cp->attention(q, k, v, kernel)
+                             : causal_attention(q, k, v, kernel, sliding_window_);
+      });
   attn_output = attn_output.transpose(1, 2).reshape({bsz, q_len, heads * head_dim_});
   return o_proj->forward(attn_output);
 }

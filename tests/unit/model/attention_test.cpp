@@ -3,7 +3,7 @@
 // each kernel's error bound derived from where it rounds): float32, bfloat16 and float16
 // inputs, grouped-query and plain multi-head, odd sequence lengths, moderate and large scores;
 // the output and the gradients of q, k and v, each within its bound. Also: the same bits across
-// thread counts and batch composition, repeat_kv.
+// thread counts and batch composition, repeat_kv, and attention_on_gemm_path on both GEMM paths.
 #include "mixtrain/model/attention.h"
 
 #include <ATen/CPUGeneratorImpl.h>
@@ -20,6 +20,7 @@
 #include <tuple>
 #include <vector>
 
+#include "mixtrain/core/cpu_gemm.h"
 #include "support/attention_reference.h"
 
 namespace mixtrain {
@@ -270,6 +271,55 @@ TEST(AttentionMaxLogits, PerHeadCausalMaxMatchesTheLoopsGqaAndPositions) {
       causal_max_logits(q_local, k_perm, torch::tensor(q_rows), torch::tensor(k_rows));
   for (int64_t h = 0; h < 2; ++h) EXPECT_NEAR(got_cp[h].item<double>(), expected_cp[h], 1e-5) << h;
   EXPECT_THROW(causal_max_logits(q, k, torch::tensor(q_rows)), c10::Error);
+}
+
+// The model's call on each GEMM path (core/cpu_gemm.h): native, the layer's own call with
+// attention_kernel_for(bf16) on the bf16 tensors as given; widened, the float32 model's kernel on
+// q, k, v widened, its output (and so every gradient) that of the float32 computation rounded
+// once; in float32 nothing changes on either path.
+TEST(Attention, OnTheWidenedGemmPathBf16AttentionIsTheFloat32OneRoundedOnce) {
+  torch::manual_seed(8);
+  const auto make = [](int64_t heads, c10::ScalarType dtype) {
+    return torch::randn({2, heads, 11, 8}).to(dtype).requires_grad_();
+  };
+  for (const CpuGemmPath path : {CpuGemmPath::kNative, CpuGemmPath::kWidened}) {
+    const ScopedCpuGemmPath forced(path);
+    for (const auto dtype : {torch::kBFloat16, torch::kHalf, torch::kFloat32}) {
+      SCOPED_TRACE(std::string(cpu_gemm_path_name(path)) + " " + c10::toString(dtype));
+      const auto q = make(4, dtype), k = make(2, dtype), v = make(2, dtype);
+      std::vector<std::pair<c10::ScalarType, AttentionKernel>> seen;
+      const auto out = attention_on_gemm_path(q, k, v,
+                                              [&](const torch::Tensor& a, const torch::Tensor& b,
+                                                  const torch::Tensor& c, AttentionKernel kernel) {
+                                                seen.emplace_back(a.scalar_type(), kernel);
+                                                EXPECT_EQ(b.scalar_type(), a.scalar_type());
+                                                EXPECT_EQ(c.scalar_type(), a.scalar_type());
+                                                return causal_attention(a, b, c, kernel);
+                                              });
+      const bool widened = path == CpuGemmPath::kWidened && dtype != torch::kFloat32;
+      ASSERT_EQ(seen.size(), 1u);
+      EXPECT_EQ(seen[0].first, widened ? torch::kFloat32 : dtype);
+      EXPECT_EQ(seen[0].second, widened ? AttentionKernel::kFlash : attention_kernel_for(dtype));
+      ASSERT_EQ(out.scalar_type(), dtype);
+      const auto grad = torch::randn(out.sizes()).to(dtype);
+      out.backward(grad);
+      // The same computation written out: widened operands, the kernel, one rounding.
+      const auto qf = q.detach().to(torch::kFloat32).requires_grad_(),
+                 kf = k.detach().to(torch::kFloat32).requires_grad_(),
+                 vf = v.detach().to(torch::kFloat32).requires_grad_();
+      const auto expected =
+          widened
+              ? causal_attention(qf, kf, vf, AttentionKernel::kFlash).to(dtype)
+              : causal_attention(q.detach(), k.detach(), v.detach(), attention_kernel_for(dtype));
+      EXPECT_TRUE(torch::equal(out.detach(), expected.detach()));
+      if (widened) {
+        expected.backward(grad);
+        EXPECT_TRUE(torch::equal(q.grad(), qf.grad().to(dtype)));
+        EXPECT_TRUE(torch::equal(k.grad(), kf.grad().to(dtype)));
+        EXPECT_TRUE(torch::equal(v.grad(), vf.grad().to(dtype)));
+      }
+    }
+  }
 }
 
 }  // namespace MIXTRAIN_FILE_LOCAL

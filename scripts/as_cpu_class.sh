@@ -4,7 +4,7 @@
 #   avx2         AVX2 only (AMD Zen 2/3, Intel before Skylake-SP): ATen's AVX2 kernels, our
 #                AVX2 kernels, MKL's AVX2 kernels (float32 GEMM at ~0.65x of its AVX-512
 #                rate, as on such a machine), oneDNN capped at AVX2 (so ATen's bf16/fp16 GEMMs leave oneDNN for
-#                its generic loop, as on the real machine: measured ~1 GFLOP/s, bench/README.md
+#                its generic loop, as on the real machine: measured 0.3-5 GFLOP/s, bench/README.md
 #                cpu_gemm), and core/cpu_gemm's rule sees the cap and takes the widened path;
 #   avx512       AVX-512 without bf16 arithmetic (Skylake-SP, Cascade Lake): oneDNN emulates bf16;
 #   avx512-bf16  AVX512-BF16 without AMX or AVX512-FP16 (AMD Zen 4, Cooper Lake).

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <string>
@@ -47,7 +48,31 @@ TEST(Cli, VersionNamesLibTorchCudaCapabilityAndBlas) {
     EXPECT_TRUE(contains(r.output, "CUDA: not compiled in")) << r.output;
   }
   EXPECT_TRUE(contains(r.output, "CPU capability: ")) << r.output;
+  EXPECT_TRUE(contains(r.output, "\nCPU: ")) << r.output;
+  EXPECT_TRUE(contains(r.output, "\nCPU GEMM: bf16 ")) << r.output;
   EXPECT_TRUE(contains(r.output, "BLAS: mkl")) << r.output;
+  // The override is what it prints, for both dtypes.
+  const CommandResult widened = run_mixtrain("version", "MIXTRAIN_CPU_GEMM=widened");
+  EXPECT_TRUE(contains(widened.output, "CPU GEMM: bf16 widened, fp16 widened (CPU class "))
+      << widened.output;
+  EXPECT_TRUE(contains(widened.output, "; MIXTRAIN_CPU_GEMM=widened)")) << widened.output;
+}
+
+// A bad MIXTRAIN_CPU_GEMM is one error, exit 2, before any worker starts or the run dir exists.
+TEST(Cli, ABadCpuGemmVariableIsOneErrorBeforeAnyWorkStarts) {
+  TempDir dir;
+  const std::string run_dir = dir.path() + "/run";
+  const CommandResult r =
+      run_mixtrain("train --config " + source_path("configs/qwen2_moe_tiny.yaml") +
+                       " --nproc 2 --run-dir " + run_dir,
+                   "MIXTRAIN_CPU_GEMM=fast");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_TRUE(contains(r.output,
+                       "mixtrain: error: MIXTRAIN_CPU_GEMM='fast' is not one of auto, "
+                       "native, widened"))
+      << r.output;
+  EXPECT_FALSE(contains(r.output, "launcher")) << r.output;
+  EXPECT_FALSE(std::filesystem::exists(run_dir));
 }
 
 TEST(Cli, UnknownCommandWithHelpIsAnErrorNotTheHelp) {

@@ -22,6 +22,7 @@
 #include "mixtrain/config/load.h"
 #include "mixtrain/config/show.h"
 #include "mixtrain/core/build_info.h"
+#include "mixtrain/core/cpu_gemm.h"
 #include "mixtrain/core/device.h"
 #include "mixtrain/core/error.h"
 #include "mixtrain/core/logging.h"
@@ -222,6 +223,9 @@ int run_cli(int argc, char** argv) {
   }
 
   try {
+    // The environment's GEMM choice (MIXTRAIN_CPU_GEMM) is checked here, once, before any command
+    // starts workers or writes anything: a bad value is one error and exit 2, not one per rank.
+    cpu_gemm_choice();
     if (version->parsed()) {
       std::cout << format_build_info(build_info());
       return 0;

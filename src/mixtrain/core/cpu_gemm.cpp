@@ -70,9 +70,11 @@ CpuGemmChoice decide_cpu_gemm(const CpuGemmFeatures& f, const char* requested) {
   if (!want.empty() && want != "auto") {
     throw ConfigError("MIXTRAIN_CPU_GEMM='" + want + "' is not one of auto, native, widened");
   }
-  // Native only where oneDNN has the arithmetic: measured (bench/README.md, cpu_gemm) faster
-  // than the widened float32 GEMM there, and 2-100x slower without it (emulation on plain
-  // AVX-512, ATen's generic loop below AVX-512).
+  // Native only where oneDNN has the arithmetic (bench/README.md, cpu_gemm): on AMX 2-7x the
+  // float32 rate; without it 4x (oneDNN's emulation on plain AVX-512) to 300x (ATen's generic
+  // loop below AVX-512) slower than widened. AVX512-BF16 without AMX stays native although an
+  // emulation of it on Intel cores measured widened faster: it keeps those machines' bits (the
+  // bench README says how to decide on a real one).
   const bool bf16_hw = f.avx512_core && (f.avx512_bf16 || f.amx_bf16);
   const bool fp16_hw = f.avx512_core && (f.avx512_fp16 || f.amx_fp16);
   const bool bf16 = f.mkldnn_enabled && bf16_hw && ceiling_allows(f.onednn_max_isa, false);

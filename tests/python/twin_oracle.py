@@ -45,14 +45,12 @@ import os
 import struct
 import sys
 
-# The twin is eager PyTorch, whose bf16 GEMMs and attention run ATen's native kernels; ours run the
-# same path here (core/cpu_gemm.h), so the comparison's bounds hold on every CPU: where this
-# machine's choice is the widened path, ours would otherwise compute attention whole in float32
-# and differ by more than rounding's order (docs/architecture.md §1).
-os.environ["MIXTRAIN_CPU_GEMM"] = "native"
-
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import oracle_util as util  # noqa: E402
+
+# The twin is eager PyTorch (native bf16 GEMMs and attention): ours on the same path, so the
+# bounds below hold on every CPU (on a widened one ours would compute attention in float32).
+util.run_gemms_as_torch()
 
 SOURCE = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(SOURCE, "bench", "twin"))

@@ -17,14 +17,10 @@ bfloat16-representable, so both routes carry the same float32 values.
 import os
 import sys
 
-# Bitwise parity with torch.optim is a property of one GEMM path: torch's own bf16 GEMMs run ATen's
-# native kernel (oneDNN, or its generic loop on a CPU without bf16 arithmetic), so ours run the
-# native path too, whatever this machine's choice (core/cpu_gemm.h; docs/python.md). The widened
-# path's numerics are checked against a float64 bound in tests/unit/core/cpu_gemm_test.cpp.
-os.environ["MIXTRAIN_CPU_GEMM"] = "native"
-
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 import oracle_util as util  # noqa: E402
+
+util.run_gemms_as_torch()
 
 STEPS = 4
 LR_MUON, LR_ADAMW, WD, MU = 0.02, 3e-3, 0.1, 0.95

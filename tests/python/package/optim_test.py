@@ -22,14 +22,10 @@ import math
 import os
 import sys
 
-# Bitwise parity with torch.optim is a property of one GEMM path: torch's own bf16 GEMMs run ATen's
-# native kernel (oneDNN, or its generic loop on a CPU without bf16 arithmetic), so ours run the
-# native path too, whatever this machine's choice (core/cpu_gemm.h; docs/python.md). The widened
-# path's numerics are checked against a float64 bound in tests/unit/core/cpu_gemm_test.cpp.
-os.environ["MIXTRAIN_CPU_GEMM"] = "native"
-
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 import oracle_util as util  # noqa: E402
+
+util.run_gemms_as_torch()
 
 STEPS = 6
 
@@ -290,31 +286,9 @@ def check_mixtrain_forms(check):
     check.expect(opt.param_groups[0]["normuon"] is True, "normuon not in the param group")
 
 
-# Newton-Schulz coefficient schedules as published (docs/architecture.md section 5 names them):
-# legacy: Keller Jordan's triple (torch.optim.Muon's default); asym5 / quintic: the five triples
-# docs/architecture.md lists; hybrid: legacy for steps 0-7, then (2, -1.5, 0.5); polar_express
-# (Amsel et al., arXiv 2505.16932): 8 steps = the paper's Algorithm 1 triples, each but the last
-# divided by (1.01, 1.01^3, 1.01^5), input norm times 1.01 (Algorithm 1's code); 5 steps = the
-# five-step set modded-nanogpt / nanochat / Dion ship (safety 1.02 folded in), norm times 1.02.
-LEGACY = (3.4445, -4.7750, 2.0315)
-ASYM5 = [(4.0848, -6.8946, 2.9270), (3.9505, -6.3029, 2.6377), (3.7418, -5.5913, 2.3037),
-         (2.8769, -3.1427, 1.2046), (2.8366, -3.0525, 1.2012)]
-HYBRID_TAIL = (2.0, -1.5, 0.5)
-POLAR_EXPRESS_5 = [(8.156554524902461, -22.48329292557795, 15.878769915207462),
-                   (4.042929935166739, -2.808917465908714, 0.5000178451051316),
-                   (3.8916678022926607, -2.772484153217685, 0.5060648178503393),
-                   (3.285753657755655, -2.3681294933425376, 0.46449024233003106),
-                   (2.3465413258596377, -1.7097828382687081, 0.42323551169305323)]
-POLAR_EXPRESS_8_PAPER = [(8.28721201814563, -23.595886519098837, 17.300387312530933),
-                         (4.107059111542203, -2.9478499167379106, 0.5448431082926601),
-                         (3.9486908534822946, -2.908902115962949, 0.5518191394370137),
-                         (3.3184196573706015, -2.488488024314874, 0.51004894012372),
-                         (2.300652019954817, -1.6689039845747493, 0.4188073119525673),
-                         (1.891301407787398, -1.2679958271945868, 0.37680408948524835),
-                         (1.8750014808534479, -1.2500016453999487, 0.3750001645474248),
-                         (1.875, -1.25, 0.375)]
-POLAR_EXPRESS_8 = [(a / 1.01, b / 1.01 ** 3, c / 1.01 ** 5)
-                   for a, b, c in POLAR_EXPRESS_8_PAPER[:-1]] + POLAR_EXPRESS_8_PAPER[-1:]
+# Newton-Schulz coefficient schedules as published (oracle_util.py says whose).
+LEGACY, ASYM5, HYBRID_TAIL = util.NS_LEGACY, util.NS_ASYM5, util.NS_HYBRID_TAIL
+POLAR_EXPRESS_5, POLAR_EXPRESS_8 = util.NS_POLAR_EXPRESS_5, util.NS_POLAR_EXPRESS_8
 
 # Tolerance of ours (float32 Newton-Schulz, float32 params) against the float64 references below,
 # on |p_ours - p_ref| in units of lr * steps: each Newton-Schulz step rounds its three float32

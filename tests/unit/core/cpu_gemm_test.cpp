@@ -201,18 +201,24 @@ TEST(CpuGemmOps, OtherDtypesAndMixedOperandsGoToAtenUnchanged) {
 // float32 sum's error bound k * 2^-24 * sum_k |a||b| (Higham's gamma_k, first order), with the
 // exact value from float64 on the same (exactly representable) operands. Any second rounding
 // to bf16 (e.g. rounding the products) would break it on these sizes.
-void expect_one_float32_gemm_rounded_once(const at::Tensor& got, const at::Tensor& exact,
-                                          const at::Tensor& abs_sum, int64_t k,
-                                          const std::string& what) {
+// By how much |got - exact| exceeds that bound (<= 0 everywhere: within it).
+at::Tensor excess_over_one_rounding(const at::Tensor& got, const at::Tensor& exact,
+                                    const at::Tensor& abs_sum, int64_t k) {
   const int mantissa = got.scalar_type() == at::kBFloat16 ? 8 : 11;  // with the implicit bit
   const at::Tensor e = exact.to(at::kDouble);
   // ulp(x) = 2^(floor(log2|x|) - (mantissa - 1)); fp16's subnormals have ulp 2^-24.
   at::Tensor ulp = at::pow(2.0, at::floor(at::log2(e.abs().clamp_min(1e-30))) - (mantissa - 1));
   if (got.scalar_type() == at::kHalf) ulp = ulp.clamp_min(std::ldexp(1.0, -24));
   const at::Tensor bound = 0.5 * ulp + double(k) * std::ldexp(1.0, -24) * abs_sum;
-  const at::Tensor err = (got.to(at::kDouble) - e).abs();
-  EXPECT_TRUE(err.le(bound).all().item<bool>())
-      << what << ": worst excess " << (err - bound).max().item<double>();
+  return (got.to(at::kDouble) - e).abs() - bound;
+}
+
+void expect_one_float32_gemm_rounded_once(const at::Tensor& got, const at::Tensor& exact,
+                                          const at::Tensor& abs_sum, int64_t k,
+                                          const std::string& what) {
+  const at::Tensor excess = excess_over_one_rounding(got, exact, abs_sum, k);
+  EXPECT_TRUE(excess.le(0).all().item<bool>())
+      << what << ": worst excess " << excess.max().item<double>();
 }
 
 TEST(CpuGemmOps, WidenedResultsAndGradientsAreOneFloat32GemmRoundedOnce) {
@@ -306,10 +312,9 @@ TEST(CpuGemmOps, TheBoundCatchesASecondRounding) {
   const at::Tensor rounded_products =
       (a.to(at::kFloat).unsqueeze(2) * b.to(at::kFloat).unsqueeze(0)).to(at::kBFloat16);
   const at::Tensor twice = rounded_products.to(at::kFloat).sum(1).to(at::kBFloat16);
-  const at::Tensor exact = at::mm(ad, bd), abs_sum = at::mm(ad.abs(), bd.abs());
-  const at::Tensor ulp = at::pow(2.0, at::floor(at::log2(exact.abs().clamp_min(1e-30))) - 7);
-  const at::Tensor bound = 0.5 * ulp + double(k) * std::ldexp(1.0, -24) * abs_sum;
-  EXPECT_FALSE((twice.to(at::kDouble) - exact).abs().le(bound).all().item<bool>());
+  const at::Tensor excess =
+      excess_over_one_rounding(twice, at::mm(ad, bd), at::mm(ad.abs(), bd.abs()), k);
+  EXPECT_FALSE(excess.le(0).all().item<bool>());
 }
 
 }  // namespace MIXTRAIN_FILE_LOCAL
